@@ -1,0 +1,83 @@
+"""Tile configurations as data, chosen by (arch, head dim, causal, dtype).
+
+Each entry names the measurement that justified it (docs/perf-log.md). Under the Triton
+interpreter a single small configuration is used: the interpreter runs programs one by one
+on the CPU, and only correctness matters there.
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    BLOCK_M: int
+    BLOCK_N: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """dK/dV kernel tiles (BLOCK_M1 queries x BLOCK_N1 keys) and dQ kernel tiles (BLOCK_M2 x BLOCK_N2)."""
+    BLOCK_M1: int
+    BLOCK_N1: int
+    BLOCK_M2: int
+    BLOCK_N2: int
+    num_warps: int
+    num_stages: int
+
+
+INTERPRETER_FWD = FwdConfig(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+INTERPRETER_BWD = BwdConfig(BLOCK_M1=32, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=1)
+
+# Hopper (sm90) configurations keyed by padded head dim. Measured on the H200 with
+# benchmarks/tune.py; see docs/perf-log.md for the numbers behind each choice.
+_SM90_FWD = {
+    16: FwdConfig(128, 128, 4, 3),
+    32: FwdConfig(128, 128, 4, 3),
+    64: FwdConfig(128, 128, 8, 3),
+    128: FwdConfig(128, 128, 8, 3),
+    256: FwdConfig(128, 64, 8, 2),
+}
+_SM90_BWD = {
+    16: BwdConfig(64, 128, 128, 64, 8, 3),
+    32: BwdConfig(64, 128, 128, 64, 8, 3),
+    64: BwdConfig(64, 128, 128, 64, 8, 3),
+    128: BwdConfig(64, 128, 128, 64, 8, 2),
+    256: BwdConfig(32, 64, 64, 32, 4, 1),
+}
+
+# Every other GPU: conservative tiles that fit ~100 KB of shared memory (Ampere/Ada class).
+_GENERIC_FWD = {
+    16: FwdConfig(128, 64, 4, 2),
+    32: FwdConfig(128, 64, 4, 2),
+    64: FwdConfig(128, 64, 4, 2),
+    128: FwdConfig(128, 64, 8, 2),
+    256: FwdConfig(64, 32, 4, 1),
+}
+_GENERIC_BWD = {
+    16: BwdConfig(32, 64, 64, 32, 4, 2),
+    32: BwdConfig(32, 64, 64, 32, 4, 2),
+    64: BwdConfig(32, 64, 64, 32, 4, 2),
+    128: BwdConfig(32, 64, 64, 32, 4, 1),
+    256: BwdConfig(16, 32, 32, 16, 4, 1),
+}
+
+
+def _table_for(arch, dtype, sm90, generic):
+    # fp32 tiles take twice the shared memory: they get the conservative table everywhere.
+    is_fp32 = dtype is not None and dtype.itemsize == 4
+    return sm90 if arch is not None and arch >= (9, 0) and not is_fp32 else generic
+
+
+def fwd_config(arch, head_dim_padded, causal, dtype, interpreter=False):
+    """The forward tile configuration. arch is (major, minor) of the CUDA device, or None."""
+    if interpreter:
+        return INTERPRETER_FWD
+    return _table_for(arch, dtype, _SM90_FWD, _GENERIC_FWD)[head_dim_padded]
+
+
+def bwd_config(arch, head_dim_padded, causal, dtype, interpreter=False):
+    """The backward tile configuration (dK/dV and dQ kernels)."""
+    if interpreter:
+        return INTERPRETER_BWD
+    return _table_for(arch, dtype, _SM90_BWD, _GENERIC_BWD)[head_dim_padded]

@@ -1,0 +1,194 @@
+"""FlashAttention backward: preprocess (delta, lse in log2 units), dK/dV per key block, dQ per query block.
+
+Two kernels instead of atomics: each dK/dV program owns one key block of one key/value head and
+loops over every query head of its group, so GQA sums need no atomics and results are deterministic.
+"""
+import triton
+import triton.language as tl
+
+from .common import _causal_key_bounds, _causal_query_bounds, _load_tile, _mask_scores, _store_tile
+
+LOG2E: tl.constexpr = 1.4426950408889634
+
+
+@triton.jit
+def _attn_bwd_preprocess(Out, DOut, Lse, Delta, Lse2,
+                         stride_ob, stride_om, stride_oh,
+                         stride_dob, stride_dom, stride_doh,
+                         seqlen_q, heads_q,
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Delta = rowsum(dO * O); Lse2 = lse * log2(e), with +inf for rows that saw no key (so P = 0 there)."""
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // heads_q).to(tl.int64)
+    off_h = (pid_bh % heads_q).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    rows = offs_m[:, None].to(tl.int64)
+    o = _load_tile(Out + off_b * stride_ob + off_h * stride_oh + rows * stride_om + offs_d[None, :],
+                   offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
+    do = _load_tile(DOut + off_b * stride_dob + off_h * stride_doh + rows * stride_dom + offs_d[None, :],
+                    offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # [BLOCK_M]
+    row_ptrs = pid_bh.to(tl.int64) * seqlen_q + offs_m
+    lse = tl.load(Lse + row_ptrs, mask=offs_m < seqlen_q, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    tl.store(Delta + row_ptrs, delta, mask=offs_m < seqlen_q)
+    tl.store(Lse2 + row_ptrs, lse2, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, lse2_ptr, delta_ptr,
+                         offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k, qk_scale,
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                         IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Accumulate dK, dV of one key block over query blocks [lo, hi), working on transposed tiles."""
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_qm = start_m + offs_m
+        q = _load_tile(q_ptrs + start_m * stride_qm, offs_qm, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD,
+                       MASKED)  # [BLOCK_M, HEAD_DIM_PAD]
+        do = _load_tile(do_ptrs + start_m * stride_dom, offs_qm, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD,
+                        MASKED)  # [BLOCK_M, HEAD_DIM_PAD]
+        if MASKED:
+            # Rows past the sequence end get lse2 = +inf, hence P = 0.
+            lse2 = tl.load(lse2_ptr + offs_qm, mask=offs_qm < seqlen_q, other=float("inf"))
+            delta = tl.load(delta_ptr + offs_qm, mask=offs_qm < seqlen_q, other=0.0)
+        else:
+            lse2 = tl.load(lse2_ptr + offs_qm)
+            delta = tl.load(delta_ptr + offs_qm)
+        qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_N, BLOCK_M]
+        if MASKED:
+            qkT = _mask_scores(qkT, offs_qm[None, :], offs_n[:, None], seqlen_q, seqlen_k, IS_CAUSAL)
+        pT = tl.math.exp2(qkT - lse2[None, :])  # [BLOCK_N, BLOCK_M]
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        dsT = pT * (dpT - delta[None, :])  # [BLOCK_N, BLOCK_M]
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV,
+                   stride_qb, stride_qm, stride_qh,
+                   stride_kb, stride_kn, stride_kh,
+                   stride_vb, stride_vn, stride_vh,
+                   stride_dob, stride_dom, stride_doh,
+                   stride_dkb, stride_dkn, stride_dkh,
+                   stride_dvb, stride_dvn, stride_dvh,
+                   seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale, qk_scale,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One program per (key block, batch * key/value head); sums over the group's query heads."""
+    start_n = tl.program_id(0) * BLOCK_N
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // heads_kv).to(tl.int64)
+    off_hk = (pid_bh % heads_kv).to(tl.int64)
+
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    cols = offs_n[:, None].to(tl.int64)
+    k = _load_tile(K + off_b * stride_kb + off_hk * stride_kh + cols * stride_kn + offs_d[None, :],
+                   offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_N, HEAD_DIM_PAD]
+    v = _load_tile(V + off_b * stride_vb + off_hk * stride_vh + cols * stride_vn + offs_d[None, :],
+                   offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_N, HEAD_DIM_PAD]
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+
+    lo, full_lo, full_hi, hi = _causal_query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    rows = offs_m[:, None].to(tl.int64)
+    heads_q = heads_kv * group_size
+    for g in range(0, group_size):
+        off_h = off_hk * group_size + g
+        q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + rows * stride_qm + offs_d[None, :]
+        do_ptrs = DOut + off_b * stride_dob + off_h * stride_doh + rows * stride_dom + offs_d[None, :]
+        row_base = (off_b * heads_q + off_h) * seqlen_q
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
+                                      Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
+                                      lo, full_lo, seqlen_q, seqlen_k, qk_scale,
+                                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, IS_CAUSAL, True, DOT_PRECISION)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
+                                      Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
+                                      full_lo, full_hi, seqlen_q, seqlen_k, qk_scale,
+                                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, IS_CAUSAL, False, DOT_PRECISION)
+        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
+                                      Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
+                                      full_hi, hi, seqlen_q, seqlen_k, qk_scale,
+                                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, IS_CAUSAL, True, DOT_PRECISION)
+
+    dk = dk * softmax_scale
+    dk_ptrs = DK + off_b * stride_dkb + off_hk * stride_dkh + cols * stride_dkn + offs_d[None, :]
+    dv_ptrs = DV + off_b * stride_dvb + off_hk * stride_dvh + cols * stride_dvn + offs_d[None, :]
+    _store_tile(dk_ptrs, dk.to(DK.dtype.element_ty), offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD)
+    _store_tile(dv_ptrs, dv.to(DV.dtype.element_ty), offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD)
+
+
+@triton.jit
+def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                       offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k, qk_scale,
+                       HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                       IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Accumulate dQ of one query block over key blocks [lo, hi)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_kn = start_n + offs_n
+        k = _load_tile(k_ptrs + start_n * stride_kn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
+                       MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
+        v = _load_tile(v_ptrs + start_n * stride_vn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
+                       MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        if MASKED:
+            qk = _mask_scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, IS_CAUSAL)
+        p = tl.math.exp2(qk - lse2[:, None])  # [BLOCK_M, BLOCK_N]
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ,
+                 stride_qb, stride_qm, stride_qh,
+                 stride_kb, stride_kn, stride_kh,
+                 stride_vb, stride_vn, stride_vh,
+                 stride_dob, stride_dom, stride_doh,
+                 stride_dqb, stride_dqm, stride_dqh,
+                 seqlen_q, seqlen_k, heads_q, group_size, softmax_scale, qk_scale,
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One program per (query block, batch * query head)."""
+    pid_m = tl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // heads_q).to(tl.int64)
+    off_h = (pid_bh % heads_q).to(tl.int64)
+    off_hk = off_h // group_size
+    start_m = pid_m * BLOCK_M
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    rows = offs_m[:, None].to(tl.int64)
+    q = _load_tile(Q + off_b * stride_qb + off_h * stride_qh + rows * stride_qm + offs_d[None, :],
+                   offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
+    do = _load_tile(DOut + off_b * stride_dob + off_h * stride_doh + rows * stride_dom + offs_d[None, :],
+                    offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
+    row_ptrs = pid_bh.to(tl.int64) * seqlen_q + offs_m
+    lse2 = tl.load(Lse2 + row_ptrs, mask=offs_m < seqlen_q, other=float("inf"))  # [BLOCK_M]
+    delta = tl.load(Delta + row_ptrs, mask=offs_m < seqlen_q, other=0.0)  # [BLOCK_M]
+
+    cols = offs_n[:, None].to(tl.int64)
+    k_ptrs = K + off_b * stride_kb + off_hk * stride_kh + cols * stride_kn + offs_d[None, :]
+    v_ptrs = V + off_b * stride_vb + off_hk * stride_vh + cols * stride_vn + offs_d[None, :]
+    dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    full_hi, hi = _causal_key_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                            offs_m, offs_n, offs_d, 0, full_hi, seqlen_q, seqlen_k, qk_scale,
+                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, IS_CAUSAL, False, DOT_PRECISION)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                            offs_m, offs_n, offs_d, full_hi, hi, seqlen_q, seqlen_k, qk_scale,
+                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, IS_CAUSAL, True, DOT_PRECISION)
+    dq = dq * softmax_scale
+    dq_ptrs = DQ + off_b * stride_dqb + off_h * stride_dqh + rows * stride_dqm + offs_d[None, :]
+    _store_tile(dq_ptrs, dq.to(DQ.dtype.element_ty), offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD)

@@ -1,0 +1,87 @@
+"""FlashAttention forward: one program per (query block, batch * query head)."""
+import triton
+import triton.language as tl
+
+from .common import _causal_key_bounds, _load_tile, _mask_scores, _store_tile
+
+LN2: tl.constexpr = 0.6931471805599453
+
+
+@triton.jit
+def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                    lo, hi, seqlen_q, seqlen_k, qk_scale,
+                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                    IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online softmax over key blocks [lo, hi); MASKED blocks apply _mask_scores, the others skip it."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_kn = start_n + offs_n
+        k = _load_tile(k_ptrs + start_n * stride_kn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
+                       MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        if MASKED:
+            qk = _mask_scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, IS_CAUSAL)
+        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
+        if MASKED:
+            # A row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_sub = m_new
+        p = tl.math.exp2(qk - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
+        alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_tile(v_ptrs + start_n * stride_vn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
+                       MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, Out, Lse,
+              stride_qb, stride_qm, stride_qh,
+              stride_kb, stride_kn, stride_kh,
+              stride_vb, stride_vn, stride_vh,
+              stride_ob, stride_om, stride_oh,
+              seqlen_q, seqlen_k, heads_q, group_size, qk_scale,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log; qk_scale = softmax_scale * log2(e)."""
+    pid_m = tl.program_id(0)
+    if IS_CAUSAL:
+        # Longest rows first: the blocks near the bottom of a causal matrix do the most work.
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // heads_q).to(tl.int64)
+    off_h = (pid_bh % heads_q).to(tl.int64)
+    off_hk = off_h // group_size
+    start_m = pid_m * BLOCK_M
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :]
+    k_ptrs = K + off_b * stride_kb + off_hk * stride_kh + offs_n[:, None].to(tl.int64) * stride_kn + offs_d[None, :]
+    v_ptrs = V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :]
+
+    q = _load_tile(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+
+    full_hi, hi = _causal_key_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
+                                    offs_d, 0, full_hi, seqlen_q, seqlen_k, qk_scale,
+                                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, IS_CAUSAL, False, DOT_PRECISION)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
+                                    offs_d, full_hi, hi, seqlen_q, seqlen_k, qk_scale,
+                                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, IS_CAUSAL, True, DOT_PRECISION)
+
+    # A row that saw no key: output 0 and lse -inf.
+    empty = l_i == 0.0
+    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)  # [BLOCK_M]
+    o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :]
+    _store_tile(o_ptrs, acc.to(Out.dtype.element_ty), offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD)
+    lse_ptrs = Lse + pid_bh.to(tl.int64) * seqlen_q + offs_m
+    tl.store(lse_ptrs, lse, mask=offs_m < seqlen_q)

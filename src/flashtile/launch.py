@@ -1,0 +1,116 @@
+"""Host launchers for the Triton kernels: shapes, strides, grids, configurations, output allocation.
+
+Inputs arrive validated and normalized by interface.py: (B, S, H, D) tensors with a unit last stride.
+"""
+import os
+
+import torch
+import triton
+
+from . import configs
+from .kernels.bwd import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
+from .kernels.fwd import _attn_fwd
+
+LOG2E = 1.4426950408889634
+
+
+def interpreter_active():
+    """True when Triton kernels run through the interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _empty(shape, like, dtype=None):
+    # FLASHTILE_POISON_OUTPUTS=1 fills outputs with NaN before the kernels run, so tests catch
+    # any element a kernel fails to write.
+    dtype = dtype or like.dtype
+    if os.environ.get("FLASHTILE_POISON_OUTPUTS", "0") not in ("", "0"):
+        return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def _arch(device):
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def _head_dim_padded(head_dim):
+    # tl.dot needs at least 16 along the reduction; tiles need a power of two.
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _dot_precision(dtype):
+    # fp32 inputs follow PyTorch's TF32 switch, so flashtile is as exact as torch.matmul by default.
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def _strides3(t):
+    """(batch, sequence, head) strides of a (B, S, H, D) tensor."""
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _flash_attn_forward(q, k, v, softmax_scale, causal):
+    """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32 for q (B, Sq, Hq, D), k/v (B, Sk, Hk, D)."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    head_dim_pad = _head_dim_padded(head_dim)
+    cfg = configs.fwd_config(_arch(q.device), head_dim_pad, causal, q.dtype, interpreter_active())
+    out = _empty(q.shape, q)
+    lse = _empty((batch, heads_q, seqlen_q), q, torch.float32)
+    grid = (triton.cdiv(seqlen_q, cfg.BLOCK_M), batch * heads_q)
+    _attn_fwd[grid](
+        q, k, v, out, lse,
+        *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
+        seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, softmax_scale * LOG2E,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+        IS_CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse
+
+
+def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal):
+    """dq, dk, dv with the shapes and dtypes of q, k, v, recomputing P from q, k and lse.
+
+    dlse (B, Hq, Sq) or None is the gradient flowing into lse: since d lse_i / d s_ij = P_ij it
+    folds into delta (dS = P * (dP - (delta - dlse))), so the kernels do not change.
+    """
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    group_size = heads_q // heads_kv
+    head_dim_pad = _head_dim_padded(head_dim)
+    cfg = configs.bwd_config(_arch(q.device), head_dim_pad, causal, q.dtype, interpreter_active())
+    precision = _dot_precision(q.dtype)
+
+    delta = _empty((batch, heads_q, seqlen_q), q, torch.float32)
+    lse2 = _empty((batch, heads_q, seqlen_q), q, torch.float32)
+    pre_block = 64
+    _attn_bwd_preprocess[(triton.cdiv(seqlen_q, pre_block), batch * heads_q)](
+        out, dout, lse, delta, lse2, *_strides3(out), *_strides3(dout), seqlen_q, heads_q,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=pre_block,
+    )
+    if dlse is not None:
+        delta -= dlse
+
+    dq = _empty(q.shape, q)
+    dk = _empty(k.shape, k)
+    dv = _empty(v.shape, v)
+    common = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, IS_CAUSAL=causal, DOT_PRECISION=precision,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _attn_bwd_dkdv[(triton.cdiv(seqlen_k, cfg.BLOCK_N1), batch * heads_kv)](
+        q, k, v, dout, lse2, delta, dk, dv,
+        *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
+        seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale, softmax_scale * LOG2E,
+        BLOCK_M=cfg.BLOCK_M1, BLOCK_N=cfg.BLOCK_N1, **common,
+    )
+    _attn_bwd_dq[(triton.cdiv(seqlen_q, cfg.BLOCK_M2), batch * heads_q)](
+        q, k, v, dout, lse2, delta, dq,
+        *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
+        seqlen_q, seqlen_k, heads_q, group_size, softmax_scale, softmax_scale * LOG2E,
+        BLOCK_M=cfg.BLOCK_M2, BLOCK_N=cfg.BLOCK_N2, **common,
+    )
+    return dq, dk, dv

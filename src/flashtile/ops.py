@@ -1,0 +1,54 @@
+"""torch.library custom ops for the forward and backward, so torch.compile sees opaque ops.
+
+Each op picks its implementation by device: Triton kernels on GPUs (and on CPU tensors when the
+Triton interpreter is on, which is how CI tests the kernels), flashtile.cpu otherwise.
+Autograd for `flashtile::fwd` is registered in autograd.py.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import cpu
+
+
+def _interpreter_active():
+    from .launch import interpreter_active  # imports triton: only when a kernel may run
+
+    return interpreter_active()
+
+
+def _runs_triton(t):
+    return t.device.type != "cpu" or _interpreter_active()
+
+
+@torch.library.custom_op("flashtile::fwd", mutates_args=(), device_types=None)
+def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool) -> Tuple[Tensor, Tensor]:
+    """out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32."""
+    if _runs_triton(q):
+        from .launch import _flash_attn_forward
+
+        return _flash_attn_forward(q, k, v, softmax_scale, causal)
+    return cpu.forward(q, k, v, softmax_scale, causal)
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, softmax_scale, causal):
+    batch, seqlen_q, heads_q, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashtile::bwd", mutates_args=(), device_types=None)
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Optional[Tensor],
+        softmax_scale: float, causal: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv (shapes and dtypes of q, k, v)."""
+    if _runs_triton(q):
+        from .launch import _flash_attn_backward
+
+        return _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal)
+    return cpu.backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal)
+
+
+@bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -1,0 +1,49 @@
+"""Plain PyTorch attention: the single reference for tests and benchmarks.
+
+It materializes the (Sq, Sk) score matrix, so it is only for checking and for the
+"standard attention" baseline, never for long sequences.
+"""
+import math
+
+import torch
+
+
+def causal_visible(seqlen_q, seqlen_k, device=None):
+    """Bool [Sq, Sk]: query i sees key j iff j <= i + Sk - Sq (bottom-right aligned, as flash-attn >= 2.1)."""
+    rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    return cols <= rows + (seqlen_k - seqlen_q)
+
+
+def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return_lse=False):
+    """Standard attention softmax(Q K^T * scale) V with the flash-attn layout and semantics.
+
+    q: (B, Sq, Hq, D); k, v: (B, Sk, Hk, D) with Hq a multiple of Hk (query head h uses
+    key/value head h // (Hq // Hk)). upcast=True computes in float64 (the reference);
+    upcast=False computes in the inputs' dtype (the plain low-precision PyTorch computation).
+    Rows that see no key give output 0 and lse -inf.
+    Returns out (B, Sq, Hq, D) in q's dtype (float64 when upcast), and lse (B, Hq, Sq) when return_lse.
+    """
+    dtype = torch.float64 if upcast else q.dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    hq, hk = q.shape[2], k.shape[2]
+    if hq != hk:
+        k = k.repeat_interleave(hq // hk, dim=2)
+        v = v.repeat_interleave(hq // hk, dim=2)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale  # [B, H, Sq, Sk]
+    if causal:
+        visible = causal_visible(q.shape[1], k.shape[1], device=q.device)
+        scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores.float() if not upcast else scores, dim=-1)  # [B, H, Sq]
+    probs = torch.softmax(scores, dim=-1)
+    probs = torch.nan_to_num(probs, nan=0.0)  # rows with no visible key: 0, not NaN
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
+    if return_lse:
+        return out, lse
+    return out
+
+
+def standard_attention(q, k, v, causal=False, softmax_scale=None):
+    """The FlashAttention paper's baseline: materialized softmax(Q K^T) V in the inputs' dtype."""
+    return attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale, upcast=False)
