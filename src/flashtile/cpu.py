@@ -93,7 +93,7 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal):
         lse_b, delta_b = lse[..., m0:m1].unsqueeze(-1), delta[..., m0:m1].unsqueeze(-1)
         for n0, n1, needs_mask in _key_blocks(m0, m1, seqlen_q, seqlen_k, causal):
             kb, vb = kg[..., n0:n1, :], vg[..., n0:n1, :]
-            s = (qb @ kb.transpose(-1, -2)) * softmax_scale  # [B, Hk, G, bm, bn]
+            s = (qb * softmax_scale) @ kb.transpose(-1, -2)  # [B, Hk, G, bm, bn], rounded as in forward so P matches lse
             if needs_mask:
                 s = s.masked_fill(~_causal_mask(m0, m1, n0, n1, seqlen_q, seqlen_k), float("-inf"))
             p = torch.exp(s - lse_b)

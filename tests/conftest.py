@@ -1,0 +1,32 @@
+"""Test setup: without a GPU, Triton kernels run through the interpreter on CPU tensors.
+
+TRITON_INTERPRET must be set before triton kernels are defined, i.e. before flashtile is imported.
+Outputs are NaN-poisoned before every kernel so unwritten elements fail the comparisons.
+"""
+import os
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ["FLASHTILE_POISON_OUTPUTS"] = "1"
+
+DEVICE = "cuda" if HAS_GPU else "cpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (the GPU tier)")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(params=["triton", "cpu"])
+def backend(request, monkeypatch):
+    """Which implementation runs: the Triton kernels (GPU, or the interpreter on CPU) or flashtile.cpu."""
+    if request.param == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        return "cpu", "cpu"
+    return "triton", DEVICE

@@ -1,0 +1,197 @@
+"""Forward and backward against the float64 reference, through the Triton kernels and the CPU path."""
+import pytest
+import torch
+
+import flashtile
+from conftest import DEVICE
+from utils import assert_close_rule, make_qkv, references
+
+FAST_DTYPES = [torch.float16, torch.float32]  # the interpreter has no bf16 arithmetic
+
+
+def run_and_check(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype, device,
+                  softmax_scale=None):
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, device)
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                            return_attn_probs=True)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert lse.shape == (batch, heads_q, seqlen_q) and lse.dtype == torch.float32
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device=device)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    ref64, ref_lowp = references(q, k, v, dout, causal, softmax_scale)
+    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), ref64, ref_lowp):
+        assert got.shape == r64.shape
+        assert_close_rule(name, got, r64, rlow, dtype)
+    _check_lse(q, k, lse, causal, softmax_scale)
+
+
+def _check_lse(q, k, lse, causal, softmax_scale):
+    _, lse_ref = flashtile.attention_ref(q.detach(), k.detach(), k.detach(), causal=causal,
+                                         softmax_scale=softmax_scale, return_lse=True)
+    empty = torch.isinf(lse_ref)
+    assert torch.equal(torch.isinf(lse) & (lse < 0), empty), "lse must be -inf exactly for rows that see no key"
+    torch.testing.assert_close(lse[~empty].double(), lse_ref[~empty].double(), atol=2e-3, rtol=1e-4)
+
+
+SEQLEN_PAIRS = [(1, 1), (1, 17), (17, 1), (17, 17), (64, 64), (113, 203), (128, 128), (255, 256), (256, 64),
+                (1000, 1000)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLEN_PAIRS, ids=[f"q{a}-k{b}" for a, b in SEQLEN_PAIRS])
+def test_seqlens(backend, seqlen_q, seqlen_k, causal):
+    _, device = backend
+    run_and_check(1, seqlen_q, seqlen_k, 2, 2, 32, causal, torch.float16, device)
+
+
+HEAD_DIMS = [8, 40, 64, 72, 96, 128, 160, 192, 256]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=[f"d{d}" for d in HEAD_DIMS])
+def test_head_dims(backend, head_dim, causal):
+    _, device = backend
+    run_and_check(1, 67, 45, 2, 1, head_dim, causal, torch.float16, device)
+
+
+HEADS = [(4, 4), (4, 2), (6, 1)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads_q,heads_kv", HEADS, ids=["mha", "gqa", "mqa"])
+def test_heads(backend, heads_q, heads_kv, causal):
+    _, device = backend
+    run_and_check(2, 70, 90, heads_q, heads_kv, 64, causal, torch.float16, device)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", FAST_DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+def test_dtypes_and_scale(backend, dtype, causal):
+    _, device = backend
+    run_and_check(2, 97, 131, 4, 2, 48, causal, dtype, device, softmax_scale=0.3)
+
+
+def test_bf16_cpu_path(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    run_and_check(1, 50, 70, 2, 1, 64, True, torch.bfloat16, "cpu")
+
+
+def test_noncontiguous_inputs(backend):
+    """Strided views (e.g. slices of a fused projection) with a unit last stride are read in place."""
+    _, device = backend
+    gen = torch.Generator().manual_seed(3)
+    fused = torch.randn(2, 75, 3 * 4, 40, generator=gen).to(device=device, dtype=torch.float16)
+    q, k, v = [x.detach().requires_grad_() for x in fused.split(4, dim=2)]
+    assert not q.is_contiguous()
+    out = flashtile.flash_attn_func(q, k, v, causal=True)
+    dout = torch.randn(out.shape, generator=gen).to(device=device, dtype=torch.float16)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref64, ref_lowp = references(q, k, v, dout, True)
+    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out, *grads), ref64, ref_lowp):
+        assert_close_rule(name, got, r64, rlow, torch.float16)
+
+
+def test_transposed_dout(backend):
+    """A gradient with a non-unit last stride reaches the backward correctly."""
+    _, device = backend
+    q, k, v = make_qkv(1, 40, 40, 2, 2, 32, torch.float32, device)
+    out = flashtile.flash_attn_func(q, k, v)
+    dout = torch.randn(1, 40, 32, 2, device=device).transpose(-1, -2)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref64, ref_lowp = references(q, k, v, dout, False)
+    for name, got, r64, rlow in zip(("dq", "dk", "dv"), grads, ref64[1:], ref_lowp[1:]):
+        assert_close_rule(name, got, r64, rlow, torch.float32)
+
+
+def test_lse_gradient(backend):
+    """Gradients flowing into the returned lse are exact too (dS gains P * dlse)."""
+    _, device = backend
+    q, k, v = make_qkv(1, 33, 47, 2, 1, 16, torch.float32, device)
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    w = torch.randn(lse.shape, device=device)
+    loss = out.sum() + (lse * w).sum()
+    grads = torch.autograd.grad(loss, (q, k, v))
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    out_r, lse_r = flashtile.attention_ref(*leaves, causal=True, return_lse=True)
+    ref = torch.autograd.grad(out_r.sum() + (lse_r * w.double()).sum(), leaves)
+    for got, r in zip(grads, ref):
+        torch.testing.assert_close(got.double(), r, atol=1e-4, rtol=1e-4)
+
+
+def test_empty_rows_give_zero(backend):
+    """Causal with Sq > Sk: the first Sq - Sk rows see no key, so out is 0, lse is -inf and grads are finite."""
+    _, device = backend
+    q, k, v = make_qkv(1, 40, 8, 2, 2, 16, torch.float32, device)
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert torch.all(out[:, :32] == 0)
+    assert torch.all(lse[:, :, :32] == float("-inf"))
+    assert torch.all(torch.isfinite(lse[:, :, 32:]))
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert torch.all(grads[0][:, :32] == 0)
+
+
+def test_packed_variants(backend):
+    _, device = backend
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(2, 50, 3, 2, 32, generator=gen).to(device).requires_grad_()
+    q, k, v = qkv.unbind(2)
+    out = flashtile.flash_attn_qkvpacked_func(qkv, causal=True)
+    assert_close_rule("qkvpacked", out, flashtile.attention_ref(q, k, v, causal=True),
+                      flashtile.attention_ref(q, k, v, causal=True, upcast=False), torch.float32)
+    out.sum().backward()
+    assert qkv.grad.shape == qkv.shape and torch.isfinite(qkv.grad).all()
+
+    qq = torch.randn(2, 30, 4, 32, generator=gen).to(device)
+    kv = torch.randn(2, 50, 2, 2, 32, generator=gen).to(device)
+    out = flashtile.flash_attn_kvpacked_func(qq, kv)
+    ref = flashtile.attention_ref(qq, kv[:, :, 0], kv[:, :, 1])
+    assert_close_rule("kvpacked", out, ref, flashtile.attention_ref(qq, kv[:, :, 0], kv[:, :, 1], upcast=False),
+                      torch.float32)
+
+
+def test_custom_op_matches_api(backend):
+    """torch.ops.flashtile.fwd is differentiable on its own (autograd registered on the op)."""
+    _, device = backend
+    q, k, v = make_qkv(1, 20, 20, 2, 2, 16, torch.float32, device)
+    out, lse = torch.ops.flashtile.fwd(q, k, v, 0.25, True)
+    assert torch.equal(out, flashtile.flash_attn_func(q, k, v, softmax_scale=0.25, causal=True))
+    assert torch.autograd.grad(out.sum(), q)[0].shape == q.shape
+
+
+def test_torch_compile_fullgraph(monkeypatch):
+    """flash_attn_func inside torch.compile(fullgraph=True): no graph break, same values, gradients."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the compile test does not need the slow interpreter
+
+    def layer(q, k, v):
+        return flashtile.flash_attn_func(q * 2, k, v, causal=True).float().square().sum()
+
+    q, k, v = make_qkv(1, 64, 64, 2, 1, 32, torch.float32, "cpu")
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    got = compiled(q, k, v)
+    grads = torch.autograd.grad(got, (q, k, v))
+    want = layer(q, k, v)
+    want_grads = torch.autograd.grad(want, (q, k, v))
+    torch.testing.assert_close(got, want)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU path's memory")
+def test_cpu_path_memory_is_linear(monkeypatch):
+    """The CPU path never builds an (Sq, Sk) matrix: 4K tokens run in far less than 4K^2 floats."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    import flashtile.cpu as cpu_impl
+
+    seen = []
+    real_exp = torch.exp
+
+    def spy_exp(x, *args, **kwargs):
+        seen.append(x.numel())
+        return real_exp(x, *args, **kwargs)
+
+    monkeypatch.setattr(cpu_impl.torch, "exp", spy_exp)
+    q, k, v = make_qkv(1, 4096, 4096, 1, 1, 16, torch.float32, "cpu")
+    out = flashtile.flash_attn_func(q, k, v, causal=True)
+    torch.autograd.grad(out.sum(), (q, k, v))
+    assert max(seen) <= cpu_impl.BLOCK_M * cpu_impl.BLOCK_N

@@ -1,0 +1,95 @@
+"""Bad input raises a clear exception naming the argument, before any kernel runs."""
+import pytest
+import torch
+
+import flashtile
+
+
+def qkv(shape_q=(2, 16, 4, 32), shape_kv=(2, 16, 2, 32), dtype=torch.float16):
+    return torch.randn(shape_q, dtype=dtype), torch.randn(shape_kv, dtype=dtype), torch.randn(shape_kv, dtype=dtype)
+
+
+def expect(exc, match, q, k, v, **kwargs):
+    with pytest.raises(exc, match=match):
+        flashtile.flash_attn_func(q, k, v, **kwargs)
+
+
+def test_rank():
+    q, k, v = qkv()
+    expect(ValueError, r"q must have 4 dimensions .*got shape \(16, 4, 32\)", q[0], k, v)
+    expect(ValueError, r"k must have 4 dimensions", q, k[None], v)
+
+
+def test_not_a_tensor():
+    q, k, v = qkv()
+    expect(TypeError, "v must be a torch.Tensor, got list", q, k, [1, 2])
+
+
+def test_integer_and_float64_dtypes():
+    q, k, v = qkv()
+    expect(TypeError, r"q has dtype torch.int32; expected", q.int(), k, v)
+    expect(TypeError, r"k has dtype torch.float64; expected", q, k.double(), v)
+
+
+def test_mismatched_dtypes():
+    q, k, v = qkv()
+    expect(TypeError, r"v has dtype torch.float32 but q has torch.float16", q, k, v.float())
+
+
+def test_mismatched_batch_and_head_dim():
+    q, k, v = qkv()
+    expect(ValueError, r"k has batch size 1 but q has 2", q, k[:1], v[:1])
+    expect(ValueError, r"k has head dim 16 but q has 32", q, k[..., :16], v[..., :16])
+    expect(ValueError, r"k and v must have the same shape", q, k, v[:, :8])
+
+
+def test_head_ratio():
+    q, k, v = qkv(shape_q=(2, 16, 5, 32))
+    expect(ValueError, r"query heads \(5\) must be a multiple of the number of key/value heads \(2\)", q, k, v)
+
+
+@pytest.mark.parametrize("head_dim", [4, 12, 264, 512])
+def test_unsupported_head_dim(head_dim):
+    q, k, v = qkv((1, 8, 2, head_dim), (1, 8, 2, head_dim))
+    expect(ValueError, rf"head dim must be a multiple of 8 between 8 and 256, got {head_dim}", q, k, v)
+
+
+def test_last_dim_stride():
+    q, k, v = qkv((1, 8, 2, 32), (1, 8, 2, 32))
+    qt = torch.randn(1, 8, 32, 2, dtype=torch.float16).transpose(-1, -2)
+    expect(ValueError, r"q must have stride 1 in its last \(head\) dimension", qt, k, v)
+
+
+def test_empty_tensors():
+    q, k, v = qkv()
+    expect(ValueError, r"q is empty \(shape \(2, 0, 4, 32\)\)", q[:, :0], k, v)
+    expect(ValueError, r"k is empty", q, k[:, :0], v[:, :0])
+
+
+def test_devices():
+    q, k, v = qkv()
+    meta = torch.empty(k.shape, dtype=k.dtype, device="meta")
+    expect(ValueError, r"k is on meta but q is on cpu", q, meta, v)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(dropout_p=0.1), "dropout_p=0.1: dropout is not supported yet"),
+    (dict(window_size=(16, 0)), r"window_size=\(16, 0\): sliding-window attention is not supported yet"),
+    (dict(softcap=30.0), "softcap=30.0: softcapping is not supported yet"),
+    (dict(alibi_slopes=torch.ones(4)), "alibi_slopes: ALiBi is not supported yet"),
+], ids=["dropout", "window", "softcap", "alibi"])
+def test_not_yet_supported(kwargs, match):
+    expect(NotImplementedError, match, *qkv(), **kwargs)
+
+
+def test_bad_scalars():
+    expect(TypeError, "softmax_scale must be a float or None, got str", *qkv(), softmax_scale="0.1")
+    expect(ValueError, "softmax_scale must be finite, got nan", *qkv(), softmax_scale=float("nan"))
+    expect(TypeError, "causal must be a bool, got int", *qkv(), causal=1)
+
+
+def test_packed_shapes():
+    with pytest.raises(ValueError, match=r"qkv must have shape \(batch, seqlen, 3, nheads, headdim\)"):
+        flashtile.flash_attn_qkvpacked_func(torch.randn(2, 16, 2, 4, 32))
+    with pytest.raises(ValueError, match=r"kv must have shape \(batch, seqlen_k, 2, nheads_k, headdim\)"):
+        flashtile.flash_attn_kvpacked_func(torch.randn(2, 16, 4, 32), torch.randn(2, 16, 4, 32))
