@@ -100,6 +100,19 @@ def test_plots(records, tmp_path):
     assert all(os.path.getsize(p) > 0 for p in paths)
 
 
+def test_plots_and_progress_degrade_without_optional_packages(records, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
+    with pytest.raises(ImportError):
+        report.write_plots(str(tmp_path), records)
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    bar = sweep._progress(2)
+    bar.set_postfix_str("flashtile B1")
+    bar.update()
+    bar.close()
+    assert "[1/2] flashtile B1" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--providers", "flashtile,nope"], "unknown provider 'nope'"),
     (["--head-dims", "60"], "multiple of 8"),

@@ -31,19 +31,20 @@ INTERPRETER_BWD = BwdConfig(BLOCK_M1=32, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=32, 
 
 # Hopper (sm90) configurations keyed by padded head dim. Measured on the H200 with
 # benchmarks/tune.py; see docs/perf-log.md for the numbers behind each choice.
+# Sweep of 2026-11-29 (bf16, seqlen 4096, 16K tokens): perf-log.md, "v1 tile sweep".
 _SM90_FWD = {
-    16: FwdConfig(128, 128, 4, 3),
-    32: FwdConfig(128, 128, 4, 3),
-    64: FwdConfig(128, 128, 8, 3),
-    128: FwdConfig(128, 128, 8, 3),
-    256: FwdConfig(128, 64, 8, 2),
+    16: FwdConfig(128, 64, 4, 3),
+    32: FwdConfig(128, 64, 4, 3),
+    64: FwdConfig(128, 64, 4, 3),  # 383 TFLOP/s (128x128: 369; 8 warps: 349)
+    128: FwdConfig(128, 64, 8, 3),  # 466 (128x128: 465; 4 warps: 208)
+    256: FwdConfig(128, 64, 8, 2),  # 454 (3 stages does not fit in shared memory)
 }
 _SM90_BWD = {
-    16: BwdConfig(64, 128, 128, 64, 8, 3),
-    32: BwdConfig(64, 128, 128, 64, 8, 3),
-    64: BwdConfig(64, 128, 128, 64, 8, 3),
-    128: BwdConfig(64, 128, 128, 64, 8, 2),
-    256: BwdConfig(32, 64, 64, 32, 4, 1),
+    16: BwdConfig(64, 64, 64, 64, 4, 3),
+    32: BwdConfig(64, 64, 64, 64, 4, 3),
+    64: BwdConfig(64, 64, 64, 64, 4, 3),  # 355 (64/128 tiles, 8 warps: 335)
+    128: BwdConfig(64, 128, 128, 64, 8, 2),  # 353 (64x64, 4 warps: 350)
+    256: BwdConfig(32, 32, 32, 32, 4, 2),  # 149: below FA2, see perf-log.md
 }
 
 # Every other GPU: conservative tiles that fit ~100 KB of shared memory (Ampere/Ada class).

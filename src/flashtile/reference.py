@@ -35,11 +35,11 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return
     if causal:
         visible = causal_visible(q.shape[1], k.shape[1], device=q.device)
         scores = scores.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(scores.float() if not upcast else scores, dim=-1)  # [B, H, Sq]
     probs = torch.softmax(scores, dim=-1)
     probs = torch.nan_to_num(probs, nan=0.0)  # rows with no visible key: 0, not NaN
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     if return_lse:
+        lse = torch.logsumexp(scores if upcast else scores.float(), dim=-1)  # [B, H, Sq]
         return out, lse
     return out
 

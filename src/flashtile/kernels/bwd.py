@@ -8,7 +8,7 @@ import triton.language as tl
 
 from .common import _causal_key_bounds, _causal_query_bounds, _load_tile, _mask_scores, _store_tile
 
-LOG2E: tl.constexpr = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit

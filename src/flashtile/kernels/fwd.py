@@ -4,7 +4,7 @@ import triton.language as tl
 
 from .common import _causal_key_bounds, _load_tile, _mask_scores, _store_tile
 
-LN2: tl.constexpr = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit

@@ -1,0 +1,137 @@
+"""Sweep tile configurations for the forward and backward on the GPU, next to cuDNN in the same run.
+
+Usage (on a CUDA machine, from the repo root):
+    PYTHONPATH=src python benchmarks/tune.py --seqlen 4096 --out results.json
+Shapes follow the papers: batch = 16384 / seqlen, heads = 2048 / head_dim, bf16.
+Each candidate is checked against SDPA's output before it is timed; the fastest valid one per
+(head dim, causal, direction) is printed last. The chosen ones go into configs.py by hand, with
+the numbers in docs/perf-log.md.
+"""
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+import flashtile
+from flashtile import configs
+from flashtile.configs import BwdConfig, FwdConfig
+
+FWD_CANDIDATES = {
+    64: [FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 4, 3), FwdConfig(128, 128, 8, 3), FwdConfig(128, 64, 4, 4),
+         FwdConfig(256, 64, 8, 3), FwdConfig(128, 128, 8, 4)],
+    128: [FwdConfig(128, 64, 8, 3), FwdConfig(128, 128, 8, 3), FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 2),
+          FwdConfig(128, 64, 8, 4), FwdConfig(64, 64, 4, 3)],
+    256: [FwdConfig(128, 64, 8, 2), FwdConfig(64, 64, 4, 2), FwdConfig(128, 32, 8, 2), FwdConfig(64, 128, 8, 2),
+          FwdConfig(128, 64, 8, 3)],
+}
+BWD_CANDIDATES = {
+    64: [BwdConfig(64, 128, 128, 64, 8, 3), BwdConfig(32, 128, 128, 32, 4, 3), BwdConfig(64, 64, 64, 64, 4, 3),
+         BwdConfig(64, 128, 128, 64, 8, 2), BwdConfig(32, 64, 64, 32, 4, 4)],
+    128: [BwdConfig(64, 128, 128, 64, 8, 2), BwdConfig(32, 128, 128, 32, 4, 3), BwdConfig(64, 64, 64, 64, 4, 2),
+          BwdConfig(64, 128, 128, 64, 8, 1), BwdConfig(32, 64, 64, 32, 4, 3)],
+    256: [BwdConfig(32, 64, 64, 32, 4, 1), BwdConfig(64, 64, 64, 64, 8, 1), BwdConfig(32, 32, 32, 32, 4, 2),
+          BwdConfig(32, 64, 64, 32, 8, 2), BwdConfig(16, 64, 64, 16, 4, 2)],
+}
+
+
+def tflops(batch, heads, seqlen, head_dim, causal, ms, factor=1.0):
+    flops = 4 * batch * heads * seqlen * seqlen * head_dim * (0.5 if causal else 1.0) * factor
+    return flops / ms * 1e-9
+
+
+def sdpa(backend, q, k, v, causal):
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    with sdpa_kernel(backend):
+        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+
+
+def time_fwd_bwd(fn, q, k, v, dout):
+    fwd_ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+    out = fn()
+    bwd_ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
+                      warmup=25, rep=100, return_mode="median")
+    return fwd_ms, bwd_ms
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqlen", type=int, default=4096)
+    parser.add_argument("--head-dims", default="64,128,256")
+    parser.add_argument("--causal", default="0,1")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    records = []
+    for head_dim in [int(d) for d in args.head_dims.split(",")]:
+        for causal in [bool(int(c)) for c in args.causal.split(",")]:
+            seqlen = args.seqlen
+            batch, heads = max(1, 16384 // seqlen), 2048 // head_dim
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
+                                   generator=gen).requires_grad_() for _ in range(3))
+            dout = torch.randn_like(q)
+            ref = sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal).detach()
+            shape = dict(head_dim=head_dim, causal=causal, seqlen=seqlen, batch=batch, heads=heads)
+            for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
+                try:
+                    f, b = time_fwd_bwd(lambda: sdpa(backend, q, k, v, causal), q, k, v, dout)
+                    records.append(dict(shape, provider=name, config=None, fwd_ms=f, bwd_ms=b,
+                                        fwd_tflops=tflops(batch, heads, seqlen, head_dim, causal, f),
+                                        bwd_tflops=tflops(batch, heads, seqlen, head_dim, causal, b, 2.5)))
+                except Exception as exc:  # an anchor missing on this machine is reported, not fatal
+                    print(f"{name}: {exc}", file=sys.stderr)
+            pad = max(16, head_dim)
+            run = lambda: flashtile.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+            fwd_default = configs._SM90_FWD[pad]
+            for cfg in FWD_CANDIDATES.get(head_dim, []):
+                configs._SM90_FWD[pad] = cfg
+                try:
+                    err = (run() - ref).abs().max().item()
+                    ms = do_bench(run, warmup=25, rep=100, return_mode="median")
+                    records.append(dict(shape, provider="flashtile", direction="fwd", config=repr(cfg), err=err,
+                                        fwd_ms=ms, fwd_tflops=tflops(batch, heads, seqlen, head_dim, causal, ms)))
+                except Exception as exc:
+                    records.append(dict(shape, provider="flashtile", direction="fwd", config=repr(cfg),
+                                        error=str(exc)[:200]))
+                print(records[-1], flush=True)
+            configs._SM90_FWD[pad] = fwd_default
+            out = run()
+            for cfg in BWD_CANDIDATES.get(head_dim, []):
+                bwd_default = configs._SM90_BWD[pad]
+                configs._SM90_BWD[pad] = cfg
+                try:
+                    grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+                    ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
+                                  warmup=25, rep=100, return_mode="median")
+                    records.append(dict(shape, provider="flashtile", direction="bwd", config=repr(cfg),
+                                        finite=all(bool(torch.isfinite(g).all()) for g in grads),
+                                        bwd_ms=ms, bwd_tflops=tflops(batch, heads, seqlen, head_dim, causal, ms, 2.5)))
+                except Exception as exc:
+                    records.append(dict(shape, provider="flashtile", direction="bwd", config=repr(cfg),
+                                        error=str(exc)[:200]))
+                configs._SM90_BWD[pad] = bwd_default
+                print(records[-1], flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, records=records), f, indent=1)
+    print("\nhead_dim causal  cudnn fwd/bwd   flash fwd/bwd   best flashtile fwd (config)   best bwd (config)")
+    keys = sorted({(r["head_dim"], r["causal"]) for r in records})
+    for hd, c in keys:
+        rs = [r for r in records if r["head_dim"] == hd and r["causal"] == c]
+        anchor = {r["provider"]: r for r in rs if r["provider"] != "flashtile"}
+        fwd = max((r for r in rs if r.get("direction") == "fwd" and "fwd_tflops" in r and r["err"] < 0.05),
+                  key=lambda r: r["fwd_tflops"], default=None)
+        bwd = max((r for r in rs if r.get("direction") == "bwd" and "bwd_tflops" in r and r["finite"]),
+                  key=lambda r: r["bwd_tflops"], default=None)
+        cud, fl = anchor.get("cudnn", {}), anchor.get("sdpa-flash", {})
+        print(f"{hd:8d} {c!s:6} {cud.get('fwd_tflops', 0):6.0f}/{cud.get('bwd_tflops', 0):<6.0f} "
+              f"{fl.get('fwd_tflops', 0):6.0f}/{fl.get('bwd_tflops', 0):<6.0f} "
+              f"{fwd and fwd['fwd_tflops'] or 0:6.0f} {fwd and fwd['config']}  "
+              f"{bwd and bwd['bwd_tflops'] or 0:6.0f} {bwd and bwd['config']}")
+
+
+if __name__ == "__main__":
+    main()

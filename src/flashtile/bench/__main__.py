@@ -1,0 +1,228 @@
+"""Command line of the benchmark: ``python -m flashtile.bench [flags]`` (or ``flashtile-bench``)."""
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import sys
+import time
+from importlib import metadata
+
+import torch
+
+from flashtile.bench.flops import MODES
+from flashtile.bench.providers import PROVIDERS
+from flashtile.bench import report, sweep
+
+# Defaults per device. GPU: the FlashAttention papers' setup (16K tokens, hidden 2048). CPU: small
+# enough for about a minute on two cores while standard attention's quadratic memory still shows.
+GPU_DEFAULTS = dict(tokens=16384, hidden=2048, head_dims=[64, 128, 256],
+                    seqlens=[512, 1024, 2048, 4096, 8192, 16384], dtype="bf16", modes=["fwd", "bwd"],
+                    warmup=25, rep=100, probe_cap=262144)
+CPU_DEFAULTS = dict(batch=1, heads=4, head_dims=[64], seqlens=[256, 512, 1024, 2048], dtype="fp32",
+                    modes=["fwd", "bwd"], warmup=0, rep=200, probe_cap=0)
+GPU_QUICK = dict(head_dims=[64, 128], seqlens=[1024, 4096], warmup=10, rep=30, probe_cap=0)
+CPU_QUICK = dict(heads=2, head_dims=[64], seqlens=[128, 256], rep=20, probe_cap=0)
+
+
+def _int_list(text):
+    """'512,1k,16K' -> [512, 1024, 16384]."""
+    values = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        try:
+            values.append(int(item[:-1]) * 1024 if item.endswith("k") else int(item))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    return values
+
+
+def _name_list(text):
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="python -m flashtile.bench",
+        description="Benchmark flashtile against standard attention, SDPA backends, FlexAttention and "
+                    "flash-attn: time (median ms), TFLOP/s, speedups, peak memory and accuracy. "
+                    "Defaults follow the FlashAttention papers on a GPU and are small on CPU.")
+    shape = p.add_argument_group("shapes")
+    shape.add_argument("--batch", type=int, help="batch size (default: tokens // seqlen on GPU, 1 on CPU)")
+    shape.add_argument("--tokens", type=int, help="total tokens per batch, batch = tokens // seqlen (GPU default 16384)")
+    shape.add_argument("--hidden", type=int, help="model width: heads = hidden // head_dim (GPU default 2048)")
+    shape.add_argument("--heads", type=int, help="query heads (overrides --hidden; CPU default 4)")
+    kv = shape.add_mutually_exclusive_group()
+    kv.add_argument("--heads-kv", type=int, help="key/value heads (default: = heads)")
+    kv.add_argument("--gqa", type=int, help="query heads per key/value head (heads_kv = heads // gqa)")
+    shape.add_argument("--head-dims", type=_int_list, help="comma-separated head dims (GPU: 64,128,256)")
+    shape.add_argument("--seqlens", type=_int_list, help="comma-separated query lengths, 'k' = 1024")
+    shape.add_argument("--seqlens-k", type=_int_list, help="key lengths: one value or one per --seqlens (default = seqlen)")
+    shape.add_argument("--dtype", choices=sorted(sweep.DTYPES), help="bf16 on GPU, fp32 on CPU by default")
+    shape.add_argument("--causal", choices=["0", "1", "both"], default="both", help="default: both")
+    run = p.add_argument_group("run")
+    run.add_argument("--modes", type=_name_list, help="comma-separated: fwd, bwd, fwd_bwd (default fwd,bwd)")
+    run.add_argument("--providers", type=_name_list, help=f"comma-separated subset of: {', '.join(PROVIDERS)}")
+    run.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    run.add_argument("--quick", action="store_true", help="a tiny sweep (explicit flags still win)")
+    run.add_argument("--warmup", type=int, help="warm-up ms (do_bench; GPU default 25)")
+    run.add_argument("--rep", type=int, help="measurement ms (do_bench; GPU default 100, CPU 200)")
+    run.add_argument("--max-seqlen-probe", type=_int_list, dest="probe_cap", metavar="CAP",
+                     help="longest-sequence probe up to CAP, batch 1 (GPU default 256k; 0 = off, CPU default)")
+    run.add_argument("--seed", type=int, default=0)
+    out = p.add_argument_group("output")
+    out.add_argument("--out", default="bench-out", help="directory for results.json/csv and plots (default bench-out)")
+    out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    return p
+
+
+def resolve(args, parser, device):
+    """Fill unset flags from the device's defaults (and --quick), then validate; errors exit with usage."""
+    defaults = dict(GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS)
+    if args.quick:
+        defaults.update(GPU_QUICK if device.type == "cuda" else CPU_QUICK)
+    for key, value in defaults.items():
+        if key == "batch" and args.tokens is not None:
+            continue  # --tokens asks for a tokens-derived batch
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if isinstance(args.probe_cap, list):
+        if len(args.probe_cap) != 1:
+            parser.error("--max-seqlen-probe takes one value")
+        args.probe_cap = args.probe_cap[0]
+    if args.batch is None:
+        args.tokens = args.tokens or GPU_DEFAULTS["tokens"]
+    if args.heads is None:
+        args.hidden = args.hidden or GPU_DEFAULTS["hidden"]
+
+    for name in ("batch", "tokens", "hidden", "heads", "heads_kv", "gqa"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.warmup < 0 or args.rep < 1 or args.probe_cap < 0:
+        parser.error("--warmup must be >= 0, --rep >= 1 and --max-seqlen-probe >= 0")
+    for d in args.head_dims:
+        if d % 8 or not 8 <= d <= 256:
+            parser.error(f"--head-dims: each head dim must be a multiple of 8 in [8, 256], got {d}")
+    args.seqlens_k = args.seqlens_k or list(args.seqlens)
+    if len(args.seqlens_k) == 1:
+        args.seqlens_k = args.seqlens_k * len(args.seqlens)
+    if len(args.seqlens_k) != len(args.seqlens):
+        parser.error(f"--seqlens-k needs one value or {len(args.seqlens)} (one per --seqlens), got {len(args.seqlens_k)}")
+    for s in (*args.seqlens, *args.seqlens_k):
+        if s < 1:
+            parser.error(f"--seqlens/--seqlens-k: sequence lengths must be >= 1, got {s}")
+    bad = [m for m in args.modes if m not in MODES]
+    if bad or not args.modes:
+        parser.error(f"--modes: unknown mode {bad[0]!r} (choose from {', '.join(MODES)})" if bad else "--modes is empty")
+    args.providers = args.providers or list(PROVIDERS)
+    bad = [n for n in args.providers if n not in PROVIDERS]
+    if bad or not args.providers:
+        parser.error(f"--providers: unknown provider {bad[0]!r} (choose from {', '.join(PROVIDERS)})"
+                     if bad else "--providers is empty")
+    args.causal = {"0": [False], "1": [True], "both": [False, True]}[args.causal]
+
+    def heads_for(head_dim):
+        heads = args.heads or args.hidden // head_dim
+        if heads < 1:
+            parser.error(f"--hidden {args.hidden} is smaller than head dim {head_dim}")
+        heads_kv = args.heads_kv or (heads // args.gqa if args.gqa else heads)
+        if heads_kv < 1 or heads % heads_kv:
+            parser.error(f"query heads ({heads}) must be a multiple of key/value heads ({heads_kv})")
+        return heads, heads_kv
+
+    for d in args.head_dims:
+        heads_for(d)
+    args.heads_for = heads_for
+    return args
+
+
+def _version(package):
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def collect_meta(args, argv, device):
+    """Machine, versions and the exact command, for results.json."""
+    cuda = device.type == "cuda"
+    config = {k: v for k, v in vars(args).items() if k != "heads_for"}
+    return {
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "cpu_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "cuda": torch.version.cuda,
+        "flashtile": _version("flashtile"),
+        "flash_attn": _version("flash_attn") or _version("flash-attn"),
+        "python": platform.python_version(),
+        "command": "python -m flashtile.bench" + "".join(" " + shlex.quote(a) for a in argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": config,
+        "peak_mem_method": ("torch.cuda.max_memory_allocated during one fwd+bwd, minus memory allocated before"
+                            if cuda else "estimate: live tensor-storage bytes created by torch ops during one "
+                            "fwd+bwd (TorchDispatchMode tracker), excludes allocator overhead"),
+    }
+
+
+def main(argv=None):
+    """Run the benchmark; returns the exit status. ``argv`` defaults to sys.argv[1:]."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA GPU is available")
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    resolve(args, parser, device)
+
+    providers = []
+    for name in args.providers:
+        reason = PROVIDERS[name].unavailable(device)
+        if reason:
+            print(f"skip {name}: {reason}")
+        else:
+            providers.append(PROVIDERS[name])
+    meta = collect_meta(args, argv, device)
+    print(f"device {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, dtype {args.dtype}, "
+          f"providers: {', '.join(p.name for p in providers) or 'none'}")
+    if not providers:
+        print("nothing to run")
+        return 1
+
+    start = time.perf_counter()
+    records = report.annotate(sweep.run_sweep(args, providers, device))
+    probes = []
+    if args.probe_cap:
+        for provider in providers:
+            if provider.name in ("standard", "flashtile"):
+                print(f"probing the longest sequence for {provider.name} (up to {args.probe_cap}) ...",
+                      file=sys.stderr)
+                probes.append(sweep.probe_max_seqlen(provider, args, device))
+    meta["wall_s"] = round(time.perf_counter() - start, 1)
+
+    for mode in args.modes:
+        print()
+        print(report.format_table(records, mode))
+    print()
+    print(report.paper_tables(records, probes))
+
+    os.makedirs(args.out, exist_ok=True)
+    report.write_json(os.path.join(args.out, "results.json"), meta, records, probes)
+    report.write_csv(os.path.join(args.out, "results.csv"), records)
+    written = ["results.json", "results.csv"]
+    if not args.no_plots:
+        try:
+            title = f"{meta['gpu']}, {args.dtype}, torch {meta['torch']}"
+            written += [os.path.basename(p) for p in report.write_plots(args.out, records, title)]
+        except ImportError:
+            print("skip plots: matplotlib is not installed (pip install matplotlib)")
+    print(f"\nwrote {', '.join(written)} to {args.out}/ ({meta['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""Attention implementations to benchmark, each behind one small interface.
+
+A provider turns flash-attn layout inputs q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) into a ``Prepared``:
+leaf tensors in the provider's own layout (converted before timing, so transposes are never timed)
+and a forward closure. Third-party imports happen inside the methods, so this module imports
+without a GPU, flash-attn or triton.
+"""
+import contextlib
+import importlib
+
+import torch
+
+# Causal is bottom-right aligned everywhere (flash-attn >= 2.1 semantics), so all providers compute
+# the same function when seqlen_q != seqlen_k.
+
+
+class Prepared:
+    """One provider bound to one set of inputs.
+
+    inputs: leaf tensors (requires_grad) in the provider's layout; backward differentiates w.r.t. them.
+    fn(): the forward; returns the output in the provider's layout.
+    to_bshd(out): that output as (B, Sq, Hq, D), for the accuracy check (not timed).
+    context(): entered around every call (e.g. to pin an SDPA backend); costs nothing per call.
+    """
+
+    def __init__(self, inputs, fn, to_bshd=None, context=None):
+        self.inputs = inputs
+        self.fn = fn
+        self.to_bshd = to_bshd or (lambda out: out)
+        self.context = context or contextlib.nullcontext
+
+
+def _leaf(x):
+    return x.detach().clone().requires_grad_(True)
+
+
+def _leaf_bhsd(x):
+    return x.detach().transpose(1, 2).contiguous().requires_grad_(True)
+
+
+def _first(out):
+    # Some versions of flash-attn return (out, lse) or (out, lse, probs).
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+class Provider:
+    """Base class: ``name``, whether it needs CUDA, and how to bind it to inputs."""
+
+    name = ""
+    needs_cuda = True
+
+    def unavailable(self, device):
+        """None when the provider can run on ``device``, else a short reason."""
+        if self.needs_cuda and device.type != "cuda":
+            return "needs a CUDA GPU"
+        return None
+
+    def prepare(self, q, k, v, causal):
+        raise NotImplementedError
+
+    def predicted_bytes(self, batch, heads_q, seqlen_q, seqlen_k, element_size):
+        """Memory a fwd+bwd is expected to need beyond the inputs (0 = linear, never skipped)."""
+        return 0
+
+
+class FlashTile(Provider):
+    name = "flashtile"
+    needs_cuda = False
+
+    def unavailable(self, device):
+        try:
+            flashtile = importlib.import_module("flashtile")
+            flashtile.flash_attn_func
+        except (ImportError, AttributeError) as e:
+            return f"flashtile.flash_attn_func not importable ({e})"
+        return None
+
+    def prepare(self, q, k, v, causal):
+        from flashtile import flash_attn_func
+
+        q, k, v = _leaf(q), _leaf(k), _leaf(v)
+        return Prepared((q, k, v), lambda: flash_attn_func(q, k, v, causal=causal))
+
+
+class Standard(Provider):
+    """The paper's baseline: materialized softmax in the inputs' dtype (flashtile.reference)."""
+
+    name = "standard"
+    needs_cuda = False
+
+    def prepare(self, q, k, v, causal):
+        from flashtile.reference import standard_attention
+
+        q, k, v = _leaf(q), _leaf(k), _leaf(v)
+        return Prepared((q, k, v), lambda: standard_attention(q, k, v, causal=causal))
+
+    def predicted_bytes(self, batch, heads_q, seqlen_q, seqlen_k, element_size):
+        # Measured with the CPU tracker (timing.TensorMemoryTracker): the peak of fwd+bwd holds three
+        # score-sized tensors in the input dtype plus the fp32 copy reference.py takes for lse
+        # (10.1 B/element in bf16, 15.5 in fp32); 10% margin for allocator rounding.
+        return int(1.1 * batch * heads_q * seqlen_q * seqlen_k * (3 * element_size + 4))
+
+
+class Sdpa(Provider):
+    """torch.nn.functional.scaled_dot_product_attention pinned to one backend."""
+
+    def __init__(self, name, backend):
+        self.name = name
+        self.backend = backend
+
+    def prepare(self, q, k, v, causal):
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, self.backend)
+        sq, sk = q.shape[1], k.shape[1]
+        gqa = q.shape[2] != k.shape[2]
+        kwargs = {"enable_gqa": True} if gqa else {}
+        mask = None
+        if causal and sq != sk:
+            from torch.nn.attention.bias import causal_lower_right
+
+            # is_causal=True is top-left aligned; the lower-right bias matches flash-attn.
+            mask = causal_lower_right(sq, sk)
+        is_causal = causal and mask is None
+        q, k, v = _leaf_bhsd(q), _leaf_bhsd(k), _leaf_bhsd(v)
+
+        def fn():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, **kwargs)
+
+        return Prepared((q, k, v), fn, lambda out: out.transpose(1, 2), lambda: sdpa_kernel(backend))
+
+
+_FLEX = {}
+
+
+def _compiled_flex():
+    """One compiled flex_attention for the whole run (dynamic=False recompiles per shape)."""
+    if "fn" not in _FLEX:
+        import torch._dynamo.config as dynamo_config
+        from torch.nn.attention.flex_attention import flex_attention
+
+        # Every (shape, head dim, causal) is a recompile; without this dynamo gives up after 8
+        # and silently falls back to the slow eager path.
+        for key in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                    "accumulated_cache_size_limit"):
+            if hasattr(dynamo_config, key):
+                setattr(dynamo_config, key, max(getattr(dynamo_config, key), 1024))
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    return _FLEX["fn"]
+
+
+class Flex(Provider):
+    name = "flex"
+
+    def unavailable(self, device):
+        reason = super().unavailable(device)
+        if reason is None:
+            try:
+                importlib.import_module("torch.nn.attention.flex_attention")
+            except ImportError as e:
+                reason = f"torch.nn.attention.flex_attention not importable ({e})"
+        return reason
+
+    def prepare(self, q, k, v, causal):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        sq, sk = q.shape[1], k.shape[1]
+        block_mask = None
+        if causal:
+            offset = sk - sq
+
+            def causal_mask(b, h, q_idx, kv_idx):
+                return q_idx + offset >= kv_idx
+
+            block_mask = create_block_mask(causal_mask, None, None, sq, sk, device=q.device)
+        gqa = q.shape[2] != k.shape[2]
+        flex = _compiled_flex()
+        q, k, v = _leaf_bhsd(q), _leaf_bhsd(k), _leaf_bhsd(v)
+
+        def fn():
+            return flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+
+        return Prepared((q, k, v), fn, lambda out: out.transpose(1, 2))
+
+
+class FlashAttnPackage(Provider):
+    """flash-attn 2/3 (``flash_attn``) or flash-attn 4 (``flash_attn.cute``), same layout as ours."""
+
+    def __init__(self, name, module):
+        self.name = name
+        self.module = module
+
+    def unavailable(self, device):
+        reason = super().unavailable(device)
+        if reason is None:
+            try:
+                importlib.import_module(self.module).flash_attn_func
+            except Exception as e:  # a broken CUDA extension raises OSError/RuntimeError, not ImportError
+                reason = f"{self.module}.flash_attn_func not importable ({type(e).__name__}: {e})"
+        return reason
+
+    def prepare(self, q, k, v, causal):
+        func = importlib.import_module(self.module).flash_attn_func
+        q, k, v = _leaf(q), _leaf(k), _leaf(v)
+        return Prepared((q, k, v), lambda: _first(func(q, k, v, causal=causal)))
+
+
+PROVIDERS = {
+    p.name: p
+    for p in (
+        FlashTile(),
+        Standard(),
+        Sdpa("sdpa-flash", "FLASH_ATTENTION"),
+        Sdpa("sdpa-efficient", "EFFICIENT_ATTENTION"),
+        Sdpa("sdpa-cudnn", "CUDNN_ATTENTION"),
+        Flex(),
+        FlashAttnPackage("flash-attn", "flash_attn"),
+        FlashAttnPackage("fa4", "flash_attn.cute"),
+    )
+}
