@@ -105,7 +105,7 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal):
         q, k, v, dout, lse2, delta, dk, dv,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
         seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale, softmax_scale * LOG2E,
-        BLOCK_M=cfg.BLOCK_M1, BLOCK_N=cfg.BLOCK_N1, **common,
+        BLOCK_M=cfg.BLOCK_M1, BLOCK_N=cfg.BLOCK_N1, SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1, **common,
     )
     _attn_bwd_dq[(triton.cdiv(seqlen_q, cfg.BLOCK_M2), batch * heads_q)](
         q, k, v, dout, lse2, delta, dq,

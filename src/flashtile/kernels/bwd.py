@@ -77,7 +77,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV,
                    seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale, qk_scale,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_GROUP_SUM: tl.constexpr):
     """One program per (key block, batch * key/value head); sums over the group's query heads."""
     start_n = tl.program_id(0) * BLOCK_N
     pid_bh = tl.program_id(1)
@@ -103,6 +103,12 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV,
         q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + rows * stride_qm + offs_d[None, :]
         do_ptrs = DOut + off_b * stride_dob + off_h * stride_doh + rows * stride_dom + offs_d[None, :]
         row_base = (off_b * heads_q + off_h) * seqlen_q
+        if SPLIT_GROUP_SUM:
+            # fp32: a sum over group_size * Sq rows in one running fp32 accumulator drifts like
+            # sqrt(n) ulps; summing each head apart first keeps fp32 GQA as exact as PyTorch.
+            dk_all, dv_all = dk, dv
+            dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+            dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
                                       Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
                                       lo, full_lo, seqlen_q, seqlen_k, qk_scale,
@@ -115,6 +121,9 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV,
                                       Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
                                       full_hi, hi, seqlen_q, seqlen_k, qk_scale,
                                       HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, IS_CAUSAL, True, DOT_PRECISION)
+        if SPLIT_GROUP_SUM:
+            dk = dk_all + dk
+            dv = dv_all + dv
 
     dk = dk * softmax_scale
     dk_ptrs = DK + off_b * stride_dkb + off_hk * stride_dkh + cols * stride_dkn + offs_d[None, :]
