@@ -3,6 +3,7 @@
 Inputs arrive validated and normalized by interface.py: (B, S, H, D) tensors with a unit last stride.
 """
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -51,23 +52,79 @@ def _strides3(t):
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def _flash_attn_forward(q, k, v, softmax_scale, causal):
-    """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32 for q (B, Sq, Hq, D), k/v (B, Sk, Hk, D)."""
+@dataclass
+class KernelLaunch:
+    """One kernel launch as data: run it here, or compile it ahead of time for another GPU
+    (tests/compile_check.py compiles every launch for sm90 and sm80 on a machine without a GPU)."""
+    kernel: object
+    grid: tuple
+    args: tuple
+    constexprs: dict
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def run(self):
+        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+def forward_launches(q, k, v, out, lse, softmax_scale, causal, arch, interpreter):
+    """The forward's one launch, writing out (B, Sq, Hq, D) and lse (B, Hq, Sq)."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     head_dim_pad = _head_dim_padded(head_dim)
-    cfg = configs.fwd_config(_arch(q.device), head_dim_pad, causal, q.dtype, interpreter_active())
+    cfg = configs.fwd_config(arch, head_dim_pad, causal, q.dtype, interpreter)
+    return [KernelLaunch(
+        _attn_fwd, (triton.cdiv(seqlen_q, cfg.BLOCK_M), batch * heads_q),
+        (q, k, v, out, lse, *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
+         seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, softmax_scale * LOG2E),
+        dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+             IS_CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype)),
+        cfg.num_warps, cfg.num_stages,
+    )]
+
+
+def backward_launches(dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_scale, causal, arch, interpreter):
+    """The backward's three launches: preprocess (delta, lse2), dK/dV, dQ."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    group_size = heads_q // heads_kv
+    head_dim_pad = _head_dim_padded(head_dim)
+    cfg = configs.bwd_config(arch, head_dim_pad, causal, q.dtype, interpreter)
+    precision = _dot_precision(q.dtype)
+    pre_block = 64
+    common = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, IS_CAUSAL=causal, DOT_PRECISION=precision)
+    preprocess = KernelLaunch(
+        _attn_bwd_preprocess, (triton.cdiv(seqlen_q, pre_block), batch * heads_q),
+        (out, dout, lse, delta, lse2, *_strides3(out), *_strides3(dout), seqlen_q, heads_q),
+        dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=pre_block),
+    )
+    dkdv = KernelLaunch(
+        _attn_bwd_dkdv, (triton.cdiv(seqlen_k, cfg.BLOCK_N1), batch * heads_kv),
+        (q, k, v, dout, lse2, delta, dk, dv,
+         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
+         seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale, softmax_scale * LOG2E),
+        dict(BLOCK_M=cfg.BLOCK_M1, BLOCK_N=cfg.BLOCK_N1, SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1,
+             **common),
+        cfg.num_warps, cfg.num_stages,
+    )
+    dq_launch = KernelLaunch(
+        _attn_bwd_dq, (triton.cdiv(seqlen_q, cfg.BLOCK_M2), batch * heads_q),
+        (q, k, v, dout, lse2, delta, dq,
+         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
+         seqlen_q, seqlen_k, heads_q, group_size, softmax_scale, softmax_scale * LOG2E),
+        dict(BLOCK_M=cfg.BLOCK_M2, BLOCK_N=cfg.BLOCK_N2, **common),
+        cfg.num_warps, cfg.num_stages,
+    )
+    return [preprocess, dkdv, dq_launch]
+
+
+def _flash_attn_forward(q, k, v, softmax_scale, causal):
+    """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32 for q (B, Sq, Hq, D), k/v (B, Sk, Hk, D)."""
+    batch, seqlen_q, heads_q, _ = q.shape
     out = _empty(q.shape, q)
     lse = _empty((batch, heads_q, seqlen_q), q, torch.float32)
-    grid = (triton.cdiv(seqlen_q, cfg.BLOCK_M), batch * heads_q)
-    _attn_fwd[grid](
-        q, k, v, out, lse,
-        *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
-        seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, softmax_scale * LOG2E,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-        IS_CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    for launch in forward_launches(q, k, v, out, lse, softmax_scale, causal, _arch(q.device), interpreter_active()):
+        launch.run()
     return out, lse
 
 
@@ -79,38 +136,15 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal):
     """
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    group_size = heads_q // heads_kv
-    head_dim_pad = _head_dim_padded(head_dim)
-    cfg = configs.bwd_config(_arch(q.device), head_dim_pad, causal, q.dtype, interpreter_active())
-    precision = _dot_precision(q.dtype)
-
+    batch, seqlen_q, heads_q, _ = q.shape
     delta = _empty((batch, heads_q, seqlen_q), q, torch.float32)
     lse2 = _empty((batch, heads_q, seqlen_q), q, torch.float32)
-    pre_block = 64
-    _attn_bwd_preprocess[(triton.cdiv(seqlen_q, pre_block), batch * heads_q)](
-        out, dout, lse, delta, lse2, *_strides3(out), *_strides3(dout), seqlen_q, heads_q,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=pre_block,
-    )
+    dq, dk, dv = _empty(q.shape, q), _empty(k.shape, k), _empty(v.shape, v)
+    preprocess, *grads = backward_launches(dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_scale, causal,
+                                           _arch(q.device), interpreter_active())
+    preprocess.run()
     if dlse is not None:
         delta -= dlse
-
-    dq = _empty(q.shape, q)
-    dk = _empty(k.shape, k)
-    dv = _empty(v.shape, v)
-    common = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, IS_CAUSAL=causal, DOT_PRECISION=precision,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    _attn_bwd_dkdv[(triton.cdiv(seqlen_k, cfg.BLOCK_N1), batch * heads_kv)](
-        q, k, v, dout, lse2, delta, dk, dv,
-        *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
-        seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale, softmax_scale * LOG2E,
-        BLOCK_M=cfg.BLOCK_M1, BLOCK_N=cfg.BLOCK_N1, SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1, **common,
-    )
-    _attn_bwd_dq[(triton.cdiv(seqlen_q, cfg.BLOCK_M2), batch * heads_q)](
-        q, k, v, dout, lse2, delta, dq,
-        *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
-        seqlen_q, seqlen_k, heads_q, group_size, softmax_scale, softmax_scale * LOG2E,
-        BLOCK_M=cfg.BLOCK_M2, BLOCK_N=cfg.BLOCK_N2, **common,
-    )
+    for launch in grads:
+        launch.run()
     return dq, dk, dv

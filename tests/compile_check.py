@@ -1,0 +1,102 @@
+"""Compile every kernel launch flashtile makes, ahead of time for GPUs that are not here.
+
+Catches, on a machine without a GPU, what the interpreter cannot: code the Triton compiler rejects
+and tile configurations whose shared memory exceeds the target's limit (which would otherwise fail
+only at launch on the GPU). Run: python tests/compile_check.py  (TRITON_INTERPRET must be unset).
+Prints one line per compiled kernel and exits 1 if any failed.
+"""
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from flashtile import launch
+
+# Per-block shared memory limits (bytes) of the targets checked: H100/H200 and A100.
+TARGETS = {(9, 0): 232448, (8, 0): 166912}
+TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}
+
+
+def _signature(kl):
+    names = kl.kernel.arg_names
+    sig, constexprs = {}, {}
+    values = dict(zip(names, kl.args), **kl.constexprs)
+    for i, name in enumerate(names):
+        value = values[name]
+        if name in kl.constexprs:
+            sig[name] = "constexpr"
+            constexprs[(i,)] = value
+        elif isinstance(value, torch.Tensor):
+            sig[name] = TRITON_TYPES[value.dtype]
+        elif isinstance(value, float):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig, constexprs
+
+
+def compile_launch(kl, arch):
+    sig, constexprs = _signature(kl)
+    src = ASTSource(fn=kl.kernel, signature=sig, constexprs=constexprs)
+    target = GPUTarget("cuda", arch[0] * 10 + arch[1], 32)
+    return triton.compile(src, target=target, options=dict(num_warps=kl.num_warps, num_stages=kl.num_stages))
+
+
+# (head_dim, causal, dtype, heads_q, heads_kv): the head-dim buckets users hit most, both causal modes,
+# GQA, a padded head dim, and fp32 (ieee dots, the group-sum path, the largest tiles in bytes).
+CASES = [
+    (64, True, torch.bfloat16, 2, 1),
+    (128, True, torch.bfloat16, 2, 1),
+    (256, True, torch.bfloat16, 2, 1),
+    (128, False, torch.float16, 2, 2),
+    (72, True, torch.bfloat16, 2, 2),
+    (256, True, torch.float32, 2, 1),
+]
+
+
+def check_case(arch, case):
+    """Compile one case's launches for arch; returns (failures, report lines)."""
+    head_dim, causal, dtype, heads_q, heads_kv = case
+    smem_limit = TARGETS[arch]
+    q = torch.zeros(1, 64, heads_q, head_dim, dtype=dtype)
+    k = torch.zeros(1, 64, heads_kv, head_dim, dtype=dtype)
+    lse = torch.zeros(1, heads_q, 64)
+    launches = launch.forward_launches(q, k, k, q, lse, 0.1, causal, arch, interpreter=False)
+    launches += launch.backward_launches(q, q, k, k, q, lse, lse, lse, q, k, k, 0.1, causal, arch,
+                                         interpreter=False)
+    failures, lines = 0, []
+    for kl in launches:
+        what = (f"sm{arch[0]}{arch[1]} {kl.kernel.fn.__name__} D{head_dim} causal={causal} "
+                f"{str(dtype).removeprefix('torch.')} warps={kl.num_warps} stages={kl.num_stages}")
+        try:
+            shared = compile_launch(kl, arch).metadata.shared
+        except Exception as exc:  # report every failure, not only the first
+            failures += 1
+            lines.append(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        ok = shared <= smem_limit
+        failures += not ok
+        lines.append(f"{'ok' if ok else 'FAIL':4} {what}: shared memory {shared} of {smem_limit} bytes")
+    return failures, lines
+
+
+def main():
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        sys.exit("unset TRITON_INTERPRET: the interpreter does not compile")
+    jobs = [(arch, case) for arch in TARGETS for case in CASES]
+    with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
+        results = list(pool.map(check_case, *zip(*jobs)))
+    failures = 0
+    for count, lines in results:
+        failures += count
+        print("\n".join(lines))
+    print(f"{failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
