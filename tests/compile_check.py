@@ -46,32 +46,37 @@ def compile_launch(kl, arch):
     return triton.compile(src, target=target, options=dict(num_warps=kl.num_warps, num_stages=kl.num_stages))
 
 
-# (head_dim, causal, dtype, heads_q, heads_kv): the head-dim buckets users hit most, both causal modes,
-# GQA, a padded head dim, and fp32 (ieee dots, the group-sum path, the largest tiles in bytes).
+# (head_dim, causal, dtype, heads_q, heads_kv, score features): the head-dim buckets users hit most, both
+# causal modes, GQA, a padded head dim, fp32 (ieee dots, the group-sum path, the largest tiles in bytes),
+# and every score feature switched on at once.
+ALL_FEATURES = dict(window_left=32, window_right=8, softcap=30.0, alibi=True)
 CASES = [
-    (64, True, torch.bfloat16, 2, 1),
-    (128, True, torch.bfloat16, 2, 1),
-    (256, True, torch.bfloat16, 2, 1),
-    (128, False, torch.float16, 2, 2),
-    (72, True, torch.bfloat16, 2, 2),
-    (256, True, torch.float32, 2, 1),
+    (64, True, torch.bfloat16, 2, 1, {}),
+    (128, True, torch.bfloat16, 2, 1, {}),
+    (256, True, torch.bfloat16, 2, 1, {}),
+    (128, False, torch.float16, 2, 2, {}),
+    (72, True, torch.bfloat16, 2, 2, {}),
+    (256, True, torch.float32, 2, 1, {}),
+    (128, False, torch.bfloat16, 2, 1, ALL_FEATURES),
 ]
 
 
 def check_case(arch, case):
     """Compile one case's launches for arch; returns (failures, report lines)."""
-    head_dim, causal, dtype, heads_q, heads_kv = case
+    head_dim, causal, dtype, heads_q, heads_kv, features = case
     smem_limit = TARGETS[arch]
     q = torch.zeros(1, 64, heads_q, head_dim, dtype=dtype)
     k = torch.zeros(1, 64, heads_kv, head_dim, dtype=dtype)
     lse = torch.zeros(1, heads_q, 64)
-    launches = launch.forward_launches(q, k, k, q, lse, 0.1, causal, arch, interpreter=False)
-    launches += launch.backward_launches(q, q, k, k, q, lse, lse, lse, q, k, k, 0.1, causal, arch,
-                                         interpreter=False)
+    slopes = torch.ones(heads_q) if features.get("alibi") else None
+    sa = launch.ScoreArgs.make(q, k, 0.1, features.get("window_left", -1), 0 if causal else features.get(
+        "window_right", -1), features.get("softcap", 0.0), slopes, lse)
+    launches = launch.forward_launches(q, k, k, q, lse, 0.1, sa, arch, interpreter=False)
+    launches += launch.backward_launches(q, q, k, k, q, lse, lse, lse, q, k, k, 0.1, sa, arch, interpreter=False)
     failures, lines = 0, []
     for kl in launches:
         what = (f"sm{arch[0]}{arch[1]} {kl.kernel.fn.__name__} D{head_dim} causal={causal} "
-                f"{str(dtype).removeprefix('torch.')} warps={kl.num_warps} stages={kl.num_stages}")
+                f"{str(dtype).removeprefix('torch.')} {features or ''} warps={kl.num_warps} stages={kl.num_stages}")
         try:
             shared = compile_launch(kl, arch).metadata.shared
         except Exception as exc:  # report every failure, not only the first

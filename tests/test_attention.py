@@ -10,24 +10,25 @@ FAST_DTYPES = [torch.float16, torch.float32]  # the interpreter has no bf16 arit
 
 
 def run_and_check(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype, device,
-                  softmax_scale=None):
+                  softmax_scale=None, **features):
+    """Forward, gradients and lse against the float64 reference; features go to both (window_size, ...)."""
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, device)
     out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                            return_attn_probs=True)
+                                            return_attn_probs=True, **features)
     assert out.shape == q.shape and out.dtype == dtype
     assert lse.shape == (batch, heads_q, seqlen_q) and lse.dtype == torch.float32
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device=device)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
-    ref64, ref_lowp = references(q, k, v, dout, causal, softmax_scale)
+    ref64, ref_lowp = references(q, k, v, dout, causal, softmax_scale, **features)
     for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), ref64, ref_lowp):
         assert got.shape == r64.shape
         assert_close_rule(name, got, r64, rlow, dtype)
-    _check_lse(q, k, lse, causal, softmax_scale)
+    _check_lse(q, k, lse, causal, softmax_scale, **features)
 
 
-def _check_lse(q, k, lse, causal, softmax_scale):
+def _check_lse(q, k, lse, causal, softmax_scale, **features):
     _, lse_ref = flashtile.attention_ref(q.detach(), k.detach(), k.detach(), causal=causal,
-                                         softmax_scale=softmax_scale, return_lse=True)
+                                         softmax_scale=softmax_scale, return_lse=True, **features)
     empty = torch.isinf(lse_ref)
     assert torch.equal(torch.isinf(lse) & (lse < 0), empty), "lse must be -inf exactly for rows that see no key"
     torch.testing.assert_close(lse[~empty].double(), lse_ref[~empty].double(), atol=2e-3, rtol=1e-4)
@@ -154,7 +155,7 @@ def test_custom_op_matches_api(backend):
     """torch.ops.flashtile.fwd is differentiable on its own (autograd registered on the op)."""
     _, device = backend
     q, k, v = make_qkv(1, 20, 20, 2, 2, 16, torch.float32, device)
-    out, lse = torch.ops.flashtile.fwd(q, k, v, 0.25, True)
+    out, lse = torch.ops.flashtile.fwd(q, k, v, 0.25, -1, 0, 0.0, None)  # causal: window (-1, 0)
     assert torch.equal(out, flashtile.flash_attn_func(q, k, v, softmax_scale=0.25, causal=True))
     assert torch.autograd.grad(out.sum(), q)[0].shape == q.shape
 

@@ -2,6 +2,8 @@
 
 Runs the compiler ahead of time, so it needs no GPU; a subprocess because the test session's
 kernels are interpreter objects (TRITON_INTERPRET=1 is set before flashtile is imported).
+With FLASHTILE_DEVICE_TRITON=DIR (a `pip install --target DIR triton==X` of the GPU machine's
+Triton, which .ci/run provides), the check also runs with that Triton, whose front end may differ.
 """
 import os
 import subprocess
@@ -12,10 +14,16 @@ import pytest
 
 pytest.importorskip("triton.backends.nvidia")
 
+TRITONS = ["installed"] + (["device"] if os.environ.get("FLASHTILE_DEVICE_TRITON") else [])
 
-def test_kernels_compile_for_gpus():
+
+@pytest.mark.parametrize("which", TRITONS)
+def test_kernels_compile_for_gpus(which, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if which == "device":
+        env["PYTHONPATH"] = os.pathsep.join([os.environ["FLASHTILE_DEVICE_TRITON"], env.get("PYTHONPATH", "")])
+        env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # keep the two Tritons' caches apart
     script = Path(__file__).with_name("compile_check.py")
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.stdout.strip().endswith("0 failed")

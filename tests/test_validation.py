@@ -72,14 +72,35 @@ def test_devices():
     expect(ValueError, r"k is on meta but q is on cpu", q, meta, v)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(dropout_p=0.1), "dropout_p=0.1: dropout is not supported yet"),
-    (dict(window_size=(16, 0)), r"window_size=\(16, 0\): sliding-window attention is not supported yet"),
-    (dict(softcap=30.0), "softcap=30.0: softcapping is not supported yet"),
-    (dict(alibi_slopes=torch.ones(4)), "alibi_slopes: ALiBi is not supported yet"),
-], ids=["dropout", "window", "softcap", "alibi"])
-def test_not_yet_supported(kwargs, match):
-    expect(NotImplementedError, match, *qkv(), **kwargs)
+def test_dropout_not_yet_supported():
+    expect(NotImplementedError, "dropout_p=0.1: dropout is not supported yet", *qkv(), dropout_p=0.1)
+
+
+@pytest.mark.parametrize("window,match", [
+    ((-2, 0), r"window_size left must be an integer >= -1 \(-1 = unbounded\), got -2"),
+    ((4, 1.5), r"window_size right must be an integer >= -1 .*got 1.5"),
+    ((4,), r"window_size must be a pair \(left, right\), got \(4,\)"),
+    (8, r"window_size must be a pair \(left, right\), got 8"),
+], ids=["negative", "float", "one-value", "int"])
+def test_bad_window(window, match):
+    expect(ValueError, match, *qkv(), window_size=window)
+
+
+def test_bad_softcap():
+    expect(ValueError, r"softcap must be finite and >= 0 \(0 = off\), got -1.0", *qkv(), softcap=-1.0)
+    expect(TypeError, "softcap must be a float, got str", *qkv(), softcap="30")
+
+
+def test_bad_alibi_slopes():
+    q, k, v = qkv()  # batch 2, 4 query heads
+    expect(TypeError, "alibi_slopes has dtype torch.float16; expected torch.float32", q, k, v,
+           alibi_slopes=torch.ones(4, dtype=torch.float16))
+    expect(ValueError, r"alibi_slopes must have shape \(4,\) or \(2, 4\) \(nheads of q\), got \(2,\)", q, k, v,
+           alibi_slopes=torch.ones(2))
+    expect(ValueError, r"alibi_slopes must have shape .* got \(3, 4\)", q, k, v, alibi_slopes=torch.ones(3, 4))
+    expect(TypeError, "alibi_slopes must be a torch.Tensor or None, got list", q, k, v, alibi_slopes=[1.0] * 4)
+    expect(ValueError, "alibi_slopes is on meta but q is on cpu", q, k, v,
+           alibi_slopes=torch.ones(4, device="meta"))
 
 
 def test_bad_scalars():

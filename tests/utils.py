@@ -35,12 +35,15 @@ def make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, devi
             for s in shapes]
 
 
-def references(q, k, v, dout, causal, softmax_scale=None):
-    """(out, dq, dk, dv) in float64, and the same computed by plain PyTorch in q's dtype."""
+def references(q, k, v, dout, causal, softmax_scale=None, **features):
+    """(out, dq, dk, dv) in float64, and the same computed by plain PyTorch in q's dtype.
+
+    features: window_size, softcap, alibi_slopes, as flash_attn_func takes them.
+    """
     results = []
     for upcast in (True, False):
         leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-        out = attention_ref(*leaves, causal=causal, softmax_scale=softmax_scale, upcast=upcast)
+        out = attention_ref(*leaves, causal=causal, softmax_scale=softmax_scale, upcast=upcast, **features)
         grads = torch.autograd.grad(out, leaves, dout.to(out.dtype))
         results.append((out.detach(), *grads))
     return results

@@ -1,4 +1,4 @@
-"""Tile configurations as data, chosen by (arch, head dim, causal, dtype).
+"""Tile configurations as data, chosen by (arch, head dim, local (causal or window), dtype).
 
 Each entry names the measurement that justified it (docs/perf-log.md). Under the Triton
 interpreter a single small configuration is used: the interpreter runs programs one by one
@@ -70,14 +70,14 @@ def _table_for(arch, dtype, sm90, generic):
     return sm90 if arch is not None and arch >= (9, 0) and not is_fp32 else generic
 
 
-def fwd_config(arch, head_dim_padded, causal, dtype, interpreter=False):
+def fwd_config(arch, head_dim_padded, local, dtype, interpreter=False):
     """The forward tile configuration. arch is (major, minor) of the CUDA device, or None."""
     if interpreter:
         return INTERPRETER_FWD
     return _table_for(arch, dtype, _SM90_FWD, _GENERIC_FWD)[head_dim_padded]
 
 
-def bwd_config(arch, head_dim_padded, causal, dtype, interpreter=False):
+def bwd_config(arch, head_dim_padded, local, dtype, interpreter=False):
     """The backward tile configuration (dK/dV and dQ kernels)."""
     if interpreter:
         return INTERPRETER_BWD

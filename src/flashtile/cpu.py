@@ -27,37 +27,67 @@ def _merge_heads(x):
     return x.permute(0, 3, 1, 2, 4).reshape(batch, seqlen, heads_kv * group, head_dim)
 
 
-def _key_blocks(m0, m1, seqlen_q, seqlen_k, causal):
-    """Key blocks (n0, n1, needs_mask) seen by query rows [m0, m1); causal skips blocks above the diagonal."""
-    diag = seqlen_k - seqlen_q
-    hi = min(seqlen_k, max(0, m1 + diag)) if causal else seqlen_k
-    for n0 in range(0, hi, BLOCK_N):
-        n1 = min(hi, n0 + BLOCK_N)
-        yield n0, n1, causal and n1 - 1 > m0 + diag
+class _Scores:
+    """Scores of one (query block, key block) tile, in the kernels' fixed order: softcap, ALiBi, masks.
+
+    window_left / window_right: -1 for unbounded (causal is right = 0). alibi_slopes: (Hq,) or (B, Hq).
+    """
+
+    def __init__(self, q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes):
+        self.seqlen_q, self.seqlen_k = q.shape[1], k.shape[1]
+        self.diag = self.seqlen_k - self.seqlen_q
+        self.scale = softmax_scale
+        self.left, self.right = window_left, window_right
+        self.softcap = softcap
+        self.slopes = None
+        if alibi_slopes is not None:
+            batch, heads_kv = q.shape[0], k.shape[2]
+            slopes = alibi_slopes.float().expand(batch, q.shape[2])
+            self.slopes = slopes.reshape(batch, heads_kv, -1, 1, 1)  # [B, Hk, G, 1, 1]
+
+    def key_blocks(self, m0, m1):
+        """Key blocks (n0, n1) that rows [m0, m1) may see: blocks outside the window are skipped."""
+        lo = max(0, m0 + self.diag - self.left) // BLOCK_N * BLOCK_N if self.left >= 0 else 0
+        hi = min(self.seqlen_k, m1 + self.diag + self.right) if self.right >= 0 else self.seqlen_k
+        for n0 in range(lo, hi, BLOCK_N):
+            yield n0, min(hi, n0 + BLOCK_N)
+
+    def __call__(self, qb, kb, m0, m1, n0, n1):
+        """(s, t): s [B, Hk, G, bm, bn] natural-log scores, -inf where masked; t = tanh(...) under softcap."""
+        s = (qb * self.scale) @ kb.transpose(-1, -2)
+        t = None
+        if self.softcap > 0:
+            t = torch.tanh(s / self.softcap)
+            s = self.softcap * t
+        rows = torch.arange(m0, m1).unsqueeze(1) + self.diag  # [bm, 1], shifted to the key axis
+        cols = torch.arange(n0, n1).unsqueeze(0)  # [1, bn]
+        if self.slopes is not None:
+            s = s - self.slopes * (rows - cols).abs()
+        visible = torch.ones_like(cols, dtype=torch.bool)
+        if self.right >= 0:
+            visible = visible & (cols <= rows + self.right)
+        if self.left >= 0:
+            visible = visible & (cols >= rows - self.left)
+        if not visible.all():
+            s = s.masked_fill(~visible, float("-inf"))
+        return s, t
 
 
-def _causal_mask(m0, m1, n0, n1, seqlen_q, seqlen_k):
-    rows = torch.arange(m0, m1).unsqueeze(1)
-    cols = torch.arange(n0, n1).unsqueeze(0)
-    return cols <= rows + (seqlen_k - seqlen_q)  # [bm, bn]
-
-
-def forward(q, k, v, softmax_scale, causal):
+def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes):
     """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32, as the Triton forward."""
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    seqlen_q = q.shape[1]
+    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes)
     qg, kg, vg = _split_heads(q, k, v)
     out = torch.empty_like(qg)  # [B, Hk, G, Sq, D]
     lse = torch.empty(qg.shape[:-1], dtype=torch.float32)  # [B, Hk, G, Sq]
     for m0 in range(0, seqlen_q, BLOCK_M):
         m1 = min(seqlen_q, m0 + BLOCK_M)
-        qb = qg[..., m0:m1, :] * softmax_scale
+        qb = qg[..., m0:m1, :]
         m_i = torch.full(qb.shape[:-1], float("-inf"))
         l_i = torch.zeros(qb.shape[:-1])
         acc = torch.zeros(qb.shape)
-        for n0, n1, needs_mask in _key_blocks(m0, m1, seqlen_q, seqlen_k, causal):
-            s = qb @ kg[..., n0:n1, :].transpose(-1, -2)  # [B, Hk, G, bm, bn]
-            if needs_mask:
-                s = s.masked_fill(~_causal_mask(m0, m1, n0, n1, seqlen_q, seqlen_k), float("-inf"))
+        for n0, n1 in scores.key_blocks(m0, m1):
+            s, _ = scores(qb, kg[..., n0:n1, :], m0, m1, n0, n1)  # [B, Hk, G, bm, bn]
             m_new = torch.maximum(m_i, s.amax(-1))
             m_sub = torch.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet
             p = torch.exp(s - m_sub.unsqueeze(-1))
@@ -72,9 +102,10 @@ def forward(q, k, v, softmax_scale, causal):
     return _merge_heads(out).to(q.dtype), lse.reshape(batch, heads_q, seqlen_q)
 
 
-def backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal):
+def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes):
     """dq, dk, dv (dtypes of q, k, v); dlse (B, Hq, Sq) or None is the gradient flowing into lse."""
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes)
     qg, kg, vg = _split_heads(q, k, v)
     dog = _split_heads(dout, k, v)[0]  # [B, Hk, G, Sq, D]
     group_shape = qg.shape[:-1]
@@ -91,14 +122,14 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal):
         m1 = min(seqlen_q, m0 + BLOCK_M)
         qb, dob = qg[..., m0:m1, :], dog[..., m0:m1, :]
         lse_b, delta_b = lse[..., m0:m1].unsqueeze(-1), delta[..., m0:m1].unsqueeze(-1)
-        for n0, n1, needs_mask in _key_blocks(m0, m1, seqlen_q, seqlen_k, causal):
+        for n0, n1 in scores.key_blocks(m0, m1):
             kb, vb = kg[..., n0:n1, :], vg[..., n0:n1, :]
-            s = (qb * softmax_scale) @ kb.transpose(-1, -2)  # [B, Hk, G, bm, bn], rounded as in forward so P matches lse
-            if needs_mask:
-                s = s.masked_fill(~_causal_mask(m0, m1, n0, n1, seqlen_q, seqlen_k), float("-inf"))
+            s, t = scores(qb, kb, m0, m1, n0, n1)  # [B, Hk, G, bm, bn], rounded as in forward
             p = torch.exp(s - lse_b)
             dv[..., n0:n1, :] += (p.transpose(-1, -2) @ dob).sum(2)
             ds = p * (dob @ vb.transpose(-1, -2) - delta_b)
+            if t is not None:
+                ds = ds * (1 - t * t)  # d softcap*tanh(x/softcap) / dx
             dq[..., m0:m1, :] += (ds @ kb) * softmax_scale
             dk[..., n0:n1, :] += (ds.transpose(-1, -2) @ qb).sum(2) * softmax_scale
     dk = dk.transpose(1, 2).contiguous().to(k.dtype)

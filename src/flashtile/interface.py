@@ -62,28 +62,54 @@ def _softmax_scale(softmax_scale, head_dim):
     return float(softmax_scale)
 
 
-def _check_unsupported(dropout_p, window_size, softcap, alibi_slopes):
-    """Arguments of the flash-attn signature that flashtile does not implement yet."""
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not supported yet (only dropout_p=0.0)")
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError(f"window_size={tuple(window_size)}: sliding-window attention is not supported "
-                                  f"yet (only (-1, -1))")
-    if softcap != 0.0:
-        raise NotImplementedError(f"softcap={softcap}: softcapping is not supported yet (only softcap=0.0)")
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes: ALiBi is not supported yet (only alibi_slopes=None)")
+def _window(window_size, causal):
+    """(left, right) with -1 for unbounded; causal forces right = 0, as flash-attn does."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}") from None
+    for name, side in (("left", left), ("right", right)):
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral) or side < -1:
+            raise ValueError(f"window_size {name} must be an integer >= -1 (-1 = unbounded), got {side!r}")
+    return int(left), 0 if causal else int(right)
+
+
+def _softcap(softcap):
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    if not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap must be finite and >= 0 (0 = off), got {softcap}")
+    return float(softcap)
+
+
+def _alibi(alibi_slopes, q):
+    """None, or fp32 slopes of shape (nheads,) or (batch, nheads) on q's device, contiguous."""
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes has dtype {alibi_slopes.dtype}; expected torch.float32")
+    batch, heads = q.shape[0], q.shape[2]
+    if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}) (nheads of q), "
+                         f"got {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
+    return alibi_slopes.contiguous()
 
 
 def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                deterministic, return_attn_probs):
     _check_qkv(q, k, v)
-    _check_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not supported yet (only dropout_p=0.0)")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     scale = _softmax_scale(softmax_scale, q.shape[-1])
+    window_left, window_right = _window(window_size, causal)
     # deterministic needs nothing: the backward uses no atomics, so it is always deterministic.
-    out, lse = ops.fwd(q, k, v, scale, causal)
+    out, lse = ops.fwd(q, k, v, scale, window_left, window_right, _softcap(softcap), _alibi(alibi_slopes, q))
     if return_attn_probs:
         return out, lse, None
     return out
@@ -100,7 +126,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     no key gets output 0 and lse -inf. softmax_scale defaults to 1 / sqrt(headdim).
     Returns out (batch, seqlen_q, nheads, headdim) in q's dtype; with return_attn_probs=True returns
     (out, softmax_lse (batch, nheads, seqlen_q) float32, None). Differentiable in q, k, v (and lse).
-    dropout_p, window_size, softcap and alibi_slopes other than their defaults raise NotImplementedError.
+    window_size=(left, right): query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right, -1 meaning
+    unbounded on that side (causal=True sets right = 0). softcap > 0 replaces each score s by
+    softcap * tanh(s / softcap). alibi_slopes (nheads,) or (batch, nheads) fp32 adds
+    -slope * |i + Sk - Sq - j| to the scores. dropout_p other than 0 raises NotImplementedError.
     """
     return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                       deterministic, return_attn_probs)

@@ -67,32 +67,67 @@ class KernelLaunch:
         self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
 
 
-def forward_launches(q, k, v, out, lse, softmax_scale, causal, arch, interpreter):
-    """The forward's one launch, writing out (B, Sq, Hq, D) and lse (B, Hq, Sq)."""
+@dataclass(frozen=True)
+class ScoreArgs:
+    """What kernels/common._scores needs: runtime arguments and the constexpr switches.
+
+    window_left / window_right are -1 for unbounded at the API (causal is right = 0); the kernels get
+    Sq + Sk instead, which no position difference reaches, so the loop bounds need no special case.
+    """
+    alibi: torch.Tensor
+    stride_alibi_b: int
+    qk_scale: float
+    softcap_log2: float
+    window_left: int
+    window_right: int
+    constexprs: dict
+
+    @staticmethod
+    def make(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, placeholder):
+        unbounded = q.shape[1] + k.shape[1]
+        has_alibi = alibi_slopes is not None
+        return ScoreArgs(
+            # An unused pointer argument still needs a tensor: any fp32 one does.
+            alibi=alibi_slopes if has_alibi else placeholder,
+            stride_alibi_b=alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0,
+            qk_scale=softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E,
+            softcap_log2=softcap * LOG2E,
+            window_left=window_left if window_left >= 0 else unbounded,
+            window_right=window_right if window_right >= 0 else unbounded,
+            constexprs=dict(IS_LOCAL=window_left >= 0 or window_right >= 0, SOFTCAP=softcap > 0,
+                            HAS_ALIBI=has_alibi),
+        )
+
+    def scalars(self):
+        return self.qk_scale, self.softcap_log2, self.window_left, self.window_right
+
+
+def forward_launches(q, k, v, out, lse, softmax_scale, sa, arch, interpreter):
+    """The forward's one launch, writing out (B, Sq, Hq, D) and lse (B, Hq, Sq); sa: ScoreArgs."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     head_dim_pad = _head_dim_padded(head_dim)
-    cfg = configs.fwd_config(arch, head_dim_pad, causal, q.dtype, interpreter)
+    cfg = configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
     return [KernelLaunch(
         _attn_fwd, (triton.cdiv(seqlen_q, cfg.BLOCK_M), batch * heads_q),
-        (q, k, v, out, lse, *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
-         seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, softmax_scale * LOG2E),
+        (q, k, v, out, lse, sa.alibi, *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
+         sa.stride_alibi_b, seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, *sa.scalars()),
         dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-             IS_CAUSAL=causal, DOT_PRECISION=_dot_precision(q.dtype)),
+             DOT_PRECISION=_dot_precision(q.dtype), **sa.constexprs),
         cfg.num_warps, cfg.num_stages,
     )]
 
 
-def backward_launches(dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_scale, causal, arch, interpreter):
-    """The backward's three launches: preprocess (delta, lse2), dK/dV, dQ."""
+def backward_launches(dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_scale, sa, arch, interpreter):
+    """The backward's three launches: preprocess (delta, lse2), dK/dV, dQ; sa: ScoreArgs."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     group_size = heads_q // heads_kv
     head_dim_pad = _head_dim_padded(head_dim)
-    cfg = configs.bwd_config(arch, head_dim_pad, causal, q.dtype, interpreter)
+    cfg = configs.bwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
     precision = _dot_precision(q.dtype)
     pre_block = 64
-    common = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, IS_CAUSAL=causal, DOT_PRECISION=precision)
+    common = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, DOT_PRECISION=precision, **sa.constexprs)
     preprocess = KernelLaunch(
         _attn_bwd_preprocess, (triton.cdiv(seqlen_q, pre_block), batch * heads_q),
         (out, dout, lse, delta, lse2, *_strides3(out), *_strides3(dout), seqlen_q, heads_q),
@@ -100,35 +135,37 @@ def backward_launches(dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_
     )
     dkdv = KernelLaunch(
         _attn_bwd_dkdv, (triton.cdiv(seqlen_k, cfg.BLOCK_N1), batch * heads_kv),
-        (q, k, v, dout, lse2, delta, dk, dv,
+        (q, k, v, dout, lse2, delta, dk, dv, sa.alibi,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
-         seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale, softmax_scale * LOG2E),
+         sa.stride_alibi_b, seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale, *sa.scalars()),
         dict(BLOCK_M=cfg.BLOCK_M1, BLOCK_N=cfg.BLOCK_N1, SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1,
              **common),
         cfg.num_warps, cfg.num_stages,
     )
     dq_launch = KernelLaunch(
         _attn_bwd_dq, (triton.cdiv(seqlen_q, cfg.BLOCK_M2), batch * heads_q),
-        (q, k, v, dout, lse2, delta, dq,
+        (q, k, v, dout, lse2, delta, dq, sa.alibi,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
-         seqlen_q, seqlen_k, heads_q, group_size, softmax_scale, softmax_scale * LOG2E),
+         sa.stride_alibi_b, seqlen_q, seqlen_k, heads_q, group_size, softmax_scale, *sa.scalars()),
         dict(BLOCK_M=cfg.BLOCK_M2, BLOCK_N=cfg.BLOCK_N2, **common),
         cfg.num_warps, cfg.num_stages,
     )
     return [preprocess, dkdv, dq_launch]
 
 
-def _flash_attn_forward(q, k, v, softmax_scale, causal):
+def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes):
     """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32 for q (B, Sq, Hq, D), k/v (B, Sk, Hk, D)."""
     batch, seqlen_q, heads_q, _ = q.shape
     out = _empty(q.shape, q)
     lse = _empty((batch, heads_q, seqlen_q), q, torch.float32)
-    for launch in forward_launches(q, k, v, out, lse, softmax_scale, causal, _arch(q.device), interpreter_active()):
+    sa = ScoreArgs.make(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
+    for launch in forward_launches(q, k, v, out, lse, softmax_scale, sa, _arch(q.device), interpreter_active()):
         launch.run()
     return out, lse
 
 
-def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal):
+def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
+                         alibi_slopes):
     """dq, dk, dv with the shapes and dtypes of q, k, v, recomputing P from q, k and lse.
 
     dlse (B, Hq, Sq) or None is the gradient flowing into lse: since d lse_i / d s_ij = P_ij it
@@ -140,7 +177,8 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal):
     delta = _empty((batch, heads_q, seqlen_q), q, torch.float32)
     lse2 = _empty((batch, heads_q, seqlen_q), q, torch.float32)
     dq, dk, dv = _empty(q.shape, q), _empty(k.shape, k), _empty(v.shape, v)
-    preprocess, *grads = backward_launches(dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_scale, causal,
+    sa = ScoreArgs.make(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
+    preprocess, *grads = backward_launches(dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_scale, sa,
                                            _arch(q.device), interpreter_active())
     preprocess.run()
     if dlse is not None:

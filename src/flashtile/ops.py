@@ -23,32 +23,35 @@ def _runs_triton(t):
 
 
 @torch.library.custom_op("flashtile::fwd", mutates_args=(), device_types=None)
-def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool) -> Tuple[Tensor, Tensor]:
-    """out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32."""
+def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int, window_right: int,
+        softcap: float, alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32. window_left/right: -1 = unbounded (causal: right = 0)."""
     if _runs_triton(q):
         from .launch import _flash_attn_forward
 
-        return _flash_attn_forward(q, k, v, softmax_scale, causal)
-    return cpu.forward(q, k, v, softmax_scale, causal)
+        return _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes)
+    return cpu.forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes)
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, causal):
+def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes):
     batch, seqlen_q, heads_q, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
 
 
 @torch.library.custom_op("flashtile::bwd", mutates_args=(), device_types=None)
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Optional[Tensor],
-        softmax_scale: float, causal: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        softmax_scale: float, window_left: int, window_right: int, softcap: float,
+        alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (shapes and dtypes of q, k, v)."""
+    args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     if _runs_triton(q):
         from .launch import _flash_attn_backward
 
-        return _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal)
-    return cpu.backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal)
+        return _flash_attn_backward(dout, q, k, v, out, lse, dlse, *args)
+    return cpu.backward(dout, q, k, v, out, lse, dlse, *args)
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, causal):
+def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

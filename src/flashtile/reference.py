@@ -8,19 +8,14 @@ import math
 import torch
 
 
-def causal_visible(seqlen_q, seqlen_k, device=None):
-    """Bool [Sq, Sk]: query i sees key j iff j <= i + Sk - Sq (bottom-right aligned, as flash-attn >= 2.1)."""
-    rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
-    cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
-    return cols <= rows + (seqlen_k - seqlen_q)
-
-
-def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return_lse=False):
+def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return_lse=False, window_size=(-1, -1),
+                  softcap=0.0, alibi_slopes=None):
     """Standard attention softmax(Q K^T * scale) V with the flash-attn layout and semantics.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hk, D) with Hq a multiple of Hk (query head h uses
     key/value head h // (Hq // Hk)). upcast=True computes in float64 (the reference);
     upcast=False computes in the inputs' dtype (the plain low-precision PyTorch computation).
+    window_size, softcap and alibi_slopes as in flash_attn_func (applied in that order: softcap, ALiBi, masks).
     Rows that see no key give output 0 and lse -inf.
     Returns out (B, Sq, Hq, D) in q's dtype (float64 when upcast), and lse (B, Hq, Sq) when return_lse.
     """
@@ -32,9 +27,23 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return
         v = v.repeat_interleave(hq // hk, dim=2)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale  # [B, H, Sq, Sk]
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    rows = torch.arange(seqlen_q, device=q.device).unsqueeze(1) + (seqlen_k - seqlen_q)  # shifted to keys
+    cols = torch.arange(seqlen_k, device=q.device).unsqueeze(0)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(dtype).expand(q.shape[0], q.shape[2])[:, :, None, None]  # [B, H, 1, 1]
+        scores = scores - slopes * (rows - cols).abs().to(dtype)
+    left, right = window_size
     if causal:
-        visible = causal_visible(q.shape[1], k.shape[1], device=q.device)
-        scores = scores.masked_fill(~visible, float("-inf"))
+        right = 0
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device)
+    if right >= 0:
+        visible &= cols <= rows + right
+    if left >= 0:
+        visible &= cols >= rows - left
+    scores = scores.masked_fill(~visible, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     probs = torch.nan_to_num(probs, nan=0.0)  # rows with no visible key: 0, not NaN
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)

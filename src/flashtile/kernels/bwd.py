@@ -6,9 +6,8 @@ loops over every query head of its group, so GQA sums need no atomics and result
 import triton
 import triton.language as tl
 
-from .common import _causal_key_bounds, _causal_query_bounds, _load_tile, _mask_scores, _store_tile
+from .common import LOG2E, _key_range, _load_tile, _query_range, _scores, _store_tile
 
-LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -38,10 +37,16 @@ def _attn_bwd_preprocess(Out, DOut, Lse, Delta, Lse2,
 
 @triton.jit
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, lse2_ptr, delta_ptr,
-                         offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k, qk_scale,
+                         offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k,
+                         qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                         IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Accumulate dK, dV of one key block over query blocks [lo, hi), working on transposed tiles."""
+                         MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
+                         HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Accumulate dK, dV of one key block over query blocks [lo, hi), working on transposed tiles.
+
+    dK is accumulated with respect to the raw products q.k (softcap's chain rule applied here); the
+    caller multiplies by softmax_scale once at the end.
+    """
     for start_m in range(lo, hi, BLOCK_M):
         offs_qm = start_m + offs_m
         q = _load_tile(q_ptrs + start_m * stride_qm, offs_qm, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD,
@@ -55,29 +60,34 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
         else:
             lse2 = tl.load(lse2_ptr + offs_qm)
             delta = tl.load(delta_ptr + offs_qm)
-        qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_N, BLOCK_M]
-        if MASKED:
-            qkT = _mask_scores(qkT, offs_qm[None, :], offs_n[:, None], seqlen_q, seqlen_k, IS_CAUSAL)
-        pT = tl.math.exp2(qkT - lse2[None, :])  # [BLOCK_N, BLOCK_M]
+        qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        sT, tT = _scores(qkT, offs_qm[None, :], offs_n[:, None], seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                         alibi_slope, window_left, window_right, MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+        pT = tl.math.exp2(sT - lse2[None, :])  # [BLOCK_N, BLOCK_M]
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
         dsT = pT * (dpT - delta[None, :])  # [BLOCK_N, BLOCK_M]
+        if SOFTCAP:
+            dsT = dsT * (1.0 - tT * tT)
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
     return dk, dv
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV,
+def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi,
                    stride_qb, stride_qm, stride_qh,
                    stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh,
                    stride_dob, stride_dom, stride_doh,
                    stride_dkb, stride_dkn, stride_dkh,
                    stride_dvb, stride_dvn, stride_dvh,
-                   seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale, qk_scale,
+                   stride_alibi_b,
+                   seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale,
+                   qk_scale, softcap_log2, window_left, window_right,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_GROUP_SUM: tl.constexpr):
+                   IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, SPLIT_GROUP_SUM: tl.constexpr):
     """One program per (key block, batch * key/value head); sums over the group's query heads."""
     start_n = tl.program_id(0) * BLOCK_N
     pid_bh = tl.program_id(1)
@@ -95,7 +105,8 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV,
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
 
-    lo, full_lo, full_hi, hi = _causal_query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    lo, full_lo, full_hi, hi = _query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
+                                            BLOCK_M, BLOCK_N)
     rows = offs_m[:, None].to(tl.int64)
     heads_q = heads_kv * group_size
     for g in range(0, group_size):
@@ -103,6 +114,9 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV,
         q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + rows * stride_qm + offs_d[None, :]
         do_ptrs = DOut + off_b * stride_dob + off_h * stride_doh + rows * stride_dom + offs_d[None, :]
         row_base = (off_b * heads_q + off_h) * seqlen_q
+        alibi_slope = 0.0
+        if HAS_ALIBI:
+            alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
         if SPLIT_GROUP_SUM:
             # fp32: a sum over group_size * Sq rows in one running fp32 accumulator drifts like
             # sqrt(n) ulps; summing each head apart first keeps fp32 GQA as exact as PyTorch.
@@ -111,16 +125,22 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV,
             dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
                                       Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
-                                      lo, full_lo, seqlen_q, seqlen_k, qk_scale,
-                                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, IS_CAUSAL, True, DOT_PRECISION)
+                                      lo, full_lo, seqlen_q, seqlen_k,
+                                      qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
+                                      True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
                                       Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
-                                      full_lo, full_hi, seqlen_q, seqlen_k, qk_scale,
-                                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, IS_CAUSAL, False, DOT_PRECISION)
+                                      full_lo, full_hi, seqlen_q, seqlen_k,
+                                      qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
+                                      False, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
                                       Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
-                                      full_hi, hi, seqlen_q, seqlen_k, qk_scale,
-                                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, IS_CAUSAL, True, DOT_PRECISION)
+                                      full_hi, hi, seqlen_q, seqlen_k,
+                                      qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
+                                      True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
         if SPLIT_GROUP_SUM:
             dk = dk_all + dk
             dv = dv_all + dv
@@ -134,9 +154,11 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV,
 
 @triton.jit
 def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                       offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k, qk_scale,
+                       offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k,
+                       qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                        HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                       IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                       MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
+                       HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Accumulate dQ of one query block over key blocks [lo, hi)."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_kn = start_n + offs_n
@@ -144,30 +166,35 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
                        MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         v = _load_tile(v_ptrs + start_n * stride_vn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
                        MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        if MASKED:
-            qk = _mask_scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, IS_CAUSAL)
-        p = tl.math.exp2(qk - lse2[:, None])  # [BLOCK_M, BLOCK_N]
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        s, t = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                       alibi_slope, window_left, window_right, MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+        p = tl.math.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N]
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
     return dq
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ,
+def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi,
                  stride_qb, stride_qm, stride_qh,
                  stride_kb, stride_kn, stride_kh,
                  stride_vb, stride_vn, stride_vh,
                  stride_dob, stride_dom, stride_doh,
                  stride_dqb, stride_dqm, stride_dqh,
-                 seqlen_q, seqlen_k, heads_q, group_size, softmax_scale, qk_scale,
+                 stride_alibi_b,
+                 seqlen_q, seqlen_k, heads_q, group_size, softmax_scale,
+                 qk_scale, softcap_log2, window_left, window_right,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
     """One program per (query block, batch * query head)."""
     pid_m = tl.program_id(0)
-    if IS_CAUSAL:
+    if IS_LOCAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_q).to(tl.int64)
@@ -186,18 +213,27 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ,
     row_ptrs = pid_bh.to(tl.int64) * seqlen_q + offs_m
     lse2 = tl.load(Lse2 + row_ptrs, mask=offs_m < seqlen_q, other=float("inf"))  # [BLOCK_M]
     delta = tl.load(Delta + row_ptrs, mask=offs_m < seqlen_q, other=0.0)  # [BLOCK_M]
+    alibi_slope = 0.0
+    if HAS_ALIBI:
+        alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
 
     cols = offs_n[:, None].to(tl.int64)
     k_ptrs = K + off_b * stride_kb + off_hk * stride_kh + cols * stride_kn + offs_d[None, :]
     v_ptrs = V + off_b * stride_vb + off_hk * stride_vh + cols * stride_vn + offs_d[None, :]
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    full_hi, hi = _causal_key_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N)
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                            offs_m, offs_n, offs_d, 0, full_hi, seqlen_q, seqlen_k, qk_scale,
-                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, IS_CAUSAL, False, DOT_PRECISION)
+                            offs_m, offs_n, offs_d, lo, full_lo, seqlen_q, seqlen_k,
+                            qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                            offs_m, offs_n, offs_d, full_hi, hi, seqlen_q, seqlen_k, qk_scale,
-                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, IS_CAUSAL, True, DOT_PRECISION)
+                            offs_m, offs_n, offs_d, full_lo, full_hi, seqlen_q, seqlen_k,
+                            qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                            offs_m, offs_n, offs_d, full_hi, hi, seqlen_q, seqlen_k,
+                            qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
     dq = dq * softmax_scale
     dq_ptrs = DQ + off_b * stride_dqb + off_h * stride_dqh + rows * stride_dqm + offs_d[None, :]
     _store_tile(dq_ptrs, dq.to(DQ.dtype.element_ty), offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD)

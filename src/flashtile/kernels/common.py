@@ -3,20 +3,45 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
-def _mask_scores(s, q_idx, k_idx, seqlen_q, seqlen_k, IS_CAUSAL: tl.constexpr):
-    """The one place where scores are changed: -inf where a query may not see a key.
+LOG2E = tl.constexpr(1.4426950408889634)
 
-    s: scores in log2 units; q_idx / k_idx: query and key positions broadcastable to s's shape
-    ([M, 1] and [1, N] in the forward and dQ kernels, [1, M] and [N, 1] in the dK/dV kernel,
-    which works on the transposed tile). Called only on blocks that need masking: full blocks
-    are decided by the loop bounds, so they skip this entirely.
+
+@triton.jit
+def _tanh(x):
+    # Through exp2, since the interpreter has no libdevice; saturates to +-1 without NaN.
+    return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
+            window_left, window_right,
+            MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """The one place where raw q.k products become scores, in a fixed order: softcap, ALiBi, masks.
+
+    qk: raw dot products; q_idx / k_idx: query and key positions broadcastable to qk's shape ([M, 1]
+    and [1, N] in the forward and dQ kernels, [1, M] and [N, 1] in the dK/dV kernel, which works on
+    the transposed tile). Returns (s, t): s in log2 units, -inf where masked; t = tanh(qk * qk_scale)
+    under SOFTCAP (the backward's chain rule needs 1 - t^2), else s.
+    qk_scale is softmax_scale * log2(e), or softmax_scale / softcap under SOFTCAP (then softcap_log2 =
+    softcap * log2(e)). Only MASKED blocks evaluate masks: the loop bounds decide which blocks are full.
     """
-    visible = k_idx < seqlen_k
-    if IS_CAUSAL:
-        # Bottom-right aligned: query i sees key j iff j <= i + Sk - Sq.
-        visible = visible & (k_idx <= q_idx + (seqlen_k - seqlen_q))
-    return tl.where(visible, s, float("-inf"))
+    if SOFTCAP:
+        t = _tanh(qk * qk_scale)
+        s = t * softcap_log2
+    else:
+        s = qk * qk_scale
+        t = s
+    if HAS_ALIBI:
+        # -slope * |i + Sk - Sq - j|, in log2 units
+        s = s - (alibi_slope * LOG2E) * tl.abs(q_idx + (seqlen_k - seqlen_q) - k_idx).to(tl.float32)
+    if MASKED:
+        visible = k_idx < seqlen_k
+        if IS_LOCAL:
+            # Bottom-right aligned window: query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right.
+            shifted = q_idx + (seqlen_k - seqlen_q)
+            visible = visible & (k_idx <= shifted + window_right) & (k_idx >= shifted - window_left)
+        s = tl.where(visible, s, float("-inf"))
+    return s, t
 
 
 @triton.jit
@@ -42,46 +67,43 @@ def _store_tile(ptrs, value, offs_rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, 
 
 
 @triton.jit
-def _causal_key_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       IS_CAUSAL: tl.constexpr):
-    """Key range of a query block: [0, full_hi) needs no mask, [full_hi, hi) does.
+def _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key range of a query block: [lo, full_lo) and [full_hi, hi) need masks, [full_lo, full_hi) none.
 
-    Causal query i sees keys j <= i + Sk - Sq, so the block's last row bounds hi and its first
-    row bounds the keys every row sees. full_hi is a multiple of BLOCK_N.
+    window_left / window_right are finite here: the launcher passes Sq + Sk for an unbounded side and
+    right = 0 for causal. Only real rows count (padding rows are never stored). Blocks outside the
+    window are never visited, so work scales with the window. Operands of // are kept >= 0.
     """
-    if IS_CAUSAL:
-        diag = seqlen_k - seqlen_q
-        hi = tl.minimum(seqlen_k, start_m + BLOCK_M + diag)
-        hi = tl.maximum(hi, 0)
-        all_see = tl.minimum(start_m + diag + 1, seqlen_k)
-        full_hi = tl.maximum(all_see, 0) // BLOCK_N * BLOCK_N
-    else:
-        hi = seqlen_k
-        full_hi = seqlen_k // BLOCK_N * BLOCK_N
-    full_hi = tl.minimum(full_hi, hi)
-    return full_hi, hi
+    diag = seqlen_k - seqlen_q
+    first_row = start_m + diag
+    last_row = tl.minimum(start_m + BLOCK_M, seqlen_q) - 1 + diag
+    lo = tl.maximum(first_row - window_left, 0) // BLOCK_N * BLOCK_N
+    hi = tl.maximum(tl.minimum(last_row + window_right + 1, seqlen_k), lo)
+    full_lo = tl.cdiv(tl.maximum(last_row - window_left, 0), BLOCK_N) * BLOCK_N
+    full_hi = tl.maximum(tl.minimum(first_row + window_right + 1, seqlen_k), 0) // BLOCK_N * BLOCK_N
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
 
 
 @triton.jit
-def _causal_query_bounds(start_n, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         IS_CAUSAL: tl.constexpr):
-    """Query range of a key block (the dK/dV kernel's loop), all multiples of BLOCK_M.
+def _query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query range of a key block (the dK/dV loop), like _key_range seen from the keys' side.
 
-    Returns (lo, full_lo, full_hi, hi): [lo, full_lo) and [full_hi, hi) need masks, [full_lo, full_hi)
-    does not. Causal key j is seen by queries i >= j - (Sk - Sq).
+    Key j is seen by queries j - (Sk - Sq) - right <= i <= j - (Sk - Sq) + left. Padding keys past Sk need
+    no mask here: they only feed dK/dV rows that are never stored.
     """
-    hi = tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
-    if IS_CAUSAL:
-        diag = seqlen_k - seqlen_q
-        lo = tl.maximum(start_n - diag, 0) // BLOCK_M * BLOCK_M
-        lo = tl.minimum(lo, hi)
-        full_lo = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - diag, 0), BLOCK_M) * BLOCK_M
-        full_lo = tl.minimum(full_lo, hi)
-    else:
-        lo = 0
-        full_lo = 0
-    if start_n + BLOCK_N <= seqlen_k:
-        full_hi = tl.maximum(seqlen_q // BLOCK_M * BLOCK_M, full_lo)
-    else:
-        full_hi = full_lo  # a key block past the sequence end is masked on every query block
+    diag = seqlen_k - seqlen_q
+    first_key = start_n - diag
+    last_key = tl.minimum(start_n + BLOCK_N, seqlen_k) - 1 - diag
+    rows_end = tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
+    lo = tl.minimum(tl.maximum(first_key - window_right, 0) // BLOCK_M * BLOCK_M, rows_end)
+    hi = tl.cdiv(tl.maximum(tl.minimum(last_key + window_left + 1, seqlen_q), 0), BLOCK_M) * BLOCK_M
+    hi = tl.maximum(hi, lo)
+    full_lo = tl.cdiv(tl.maximum(last_key - window_right, 0), BLOCK_M) * BLOCK_M
+    full_hi = tl.maximum(tl.minimum(first_key + window_left + 1, seqlen_q), 0) // BLOCK_M * BLOCK_M
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
     return lo, full_lo, full_hi, hi

@@ -2,31 +2,32 @@
 import triton
 import triton.language as tl
 
-from .common import _causal_key_bounds, _load_tile, _mask_scores, _store_tile
+from .common import _key_range, _load_tile, _scores, _store_tile
 
 LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                    lo, hi, seqlen_q, seqlen_k, qk_scale,
+                    lo, hi, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                    IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Online softmax over key blocks [lo, hi); MASKED blocks apply _mask_scores, the others skip it."""
+                    MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
+                    HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online softmax over key blocks [lo, hi); MASKED blocks evaluate the masks, the others skip them."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_kn = start_n + offs_n
         k = _load_tile(k_ptrs + start_n * stride_kn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
                        MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        if MASKED:
-            qk = _mask_scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, IS_CAUSAL)
-        m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        s, _ = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                       alibi_slope, window_left, window_right, MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
         if MASKED:
             # A row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_sub = m_new
-        p = tl.math.exp2(qk - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
+        p = tl.math.exp2(s - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
         alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_tile(v_ptrs + start_n * stride_vn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
@@ -37,19 +38,21 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse,
+def _attn_fwd(Q, K, V, Out, Lse, Alibi,
               stride_qb, stride_qm, stride_qh,
               stride_kb, stride_kn, stride_kh,
               stride_vb, stride_vn, stride_vh,
               stride_ob, stride_om, stride_oh,
-              seqlen_q, seqlen_k, heads_q, group_size, qk_scale,
+              stride_alibi_b,
+              seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log; qk_scale = softmax_scale * log2(e)."""
+              IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log. Score arguments: see _scores."""
     pid_m = tl.program_id(0)
-    if IS_CAUSAL:
-        # Longest rows first: the blocks near the bottom of a causal matrix do the most work.
+    if IS_LOCAL:
+        # Longest rows first: under a causal mask the bottom blocks do the most work.
         pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_q).to(tl.int64)
@@ -63,19 +66,28 @@ def _attn_fwd(Q, K, V, Out, Lse,
     q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :]
     k_ptrs = K + off_b * stride_kb + off_hk * stride_kh + offs_n[:, None].to(tl.int64) * stride_kn + offs_d[None, :]
     v_ptrs = V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :]
+    alibi_slope = 0.0
+    if HAS_ALIBI:
+        alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
 
     q = _load_tile(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
-    full_hi, hi = _causal_key_bounds(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
-                                    offs_d, 0, full_hi, seqlen_q, seqlen_k, qk_scale,
-                                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, IS_CAUSAL, False, DOT_PRECISION)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
-                                    offs_d, full_hi, hi, seqlen_q, seqlen_k, qk_scale,
-                                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, IS_CAUSAL, True, DOT_PRECISION)
+    lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                                    lo, full_lo, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
+                                    window_left, window_right, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
+                                    True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                                    full_lo, full_hi, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
+                                    window_left, window_right, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
+                                    False, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
+                                    full_hi, hi, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
+                                    window_left, window_right, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
+                                    True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
 
     # A row that saw no key: output 0 and lse -inf.
     empty = l_i == 0.0
