@@ -49,7 +49,7 @@ def compile_launch(kl, arch):
 # (head_dim, causal, dtype, heads_q, heads_kv, score features): the head-dim buckets users hit most, both
 # causal modes, GQA, a padded head dim, fp32 (ieee dots, the group-sum path, the largest tiles in bytes),
 # and every score feature switched on at once.
-ALL_FEATURES = dict(window_left=32, window_right=8, softcap=30.0, alibi=True)
+ALL_FEATURES = dict(window_left=32, window_right=8, softcap=30.0, alibi=True, sink=True)
 CASES = [
     (64, True, torch.bfloat16, 2, 1, {}),
     (128, True, torch.bfloat16, 2, 1, {}),
@@ -71,7 +71,8 @@ def check_case(arch, case):
     slopes = torch.ones(heads_q) if features.get("alibi") else None
     sa = launch.ScoreArgs.make(q, k, 0.1, features.get("window_left", -1), 0 if causal else features.get(
         "window_right", -1), features.get("softcap", 0.0), slopes, lse)
-    launches = launch.forward_launches(q, k, k, q, lse, 0.1, sa, arch, interpreter=False)
+    sink = torch.zeros(heads_q) if features.get("sink") else None
+    launches = launch.forward_launches(q, k, k, q, lse, sink, 0.1, sa, arch, interpreter=False)
     launches += launch.backward_launches(q, q, k, k, q, lse, lse, lse, q, k, k, 0.1, sa, arch, interpreter=False)
     failures, lines = 0, []
     for kl in launches:

@@ -4,7 +4,7 @@ import torch
 
 import flashtile
 from test_attention import run_and_check
-from utils import make_qkv
+from utils import assert_close_rule, make_qkv
 
 WINDOWS = [(16, 0), (8, 8), (0, 0), (40, -1), (-1, 5), (3, 70)]
 SEQLENS = [(97, 97), (50, 130), (130, 50)]
@@ -75,3 +75,37 @@ def test_window_skips_blocks(monkeypatch):
     flashtile.flash_attn_func(q, k, v, window_size=(100, 0))
     # 8 query blocks of 256 rows; a window of 100 keys reaches at most 2 key blocks each.
     assert sum(visited) <= 8 * 2 * cpu_impl.BLOCK_N
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sink(backend, causal):
+    """Attention sinks: forward, lse and the gradients of q, k, v and the sink logits themselves."""
+    _, device = backend
+    dtype = torch.float32
+    q, k, v = make_qkv(2, 45, 70, 4, 2, 32, dtype, device)
+    sink = torch.tensor([0.5, -1.0, 2.0, 8.0], device=device, requires_grad=True)
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, sink=sink, return_attn_probs=True)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(device)
+    grads = torch.autograd.grad(out, (q, k, v, sink), dout)
+    results = []
+    for upcast in (True, False):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, sink)]
+        ref, ref_lse = flashtile.attention_ref(*leaves[:3], causal=causal, upcast=upcast, sink=leaves[3],
+                                               return_lse=True)
+        results.append((ref.detach(), *torch.autograd.grad(ref, leaves, dout.to(ref.dtype)), ref_lse))
+    ref64, ref_lowp = results
+    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv", "dsink"), (out, *grads), ref64, ref_lowp):
+        assert_close_rule(name, got, r64, rlow, dtype)
+    torch.testing.assert_close(lse.double(), ref64[-1], atol=1e-5, rtol=1e-5)
+
+
+def test_sink_on_rows_without_keys(backend):
+    """A row that sees no key attends only to the sink: output 0, lse = sink, finite gradients."""
+    _, device = backend
+    q, k, v = make_qkv(1, 40, 8, 2, 2, 16, torch.float32, device)
+    sink = torch.tensor([1.5, -0.5], device=device, requires_grad=True)
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=True, sink=sink, return_attn_probs=True)
+    assert torch.all(out[:, :32] == 0)
+    torch.testing.assert_close(lse[0, :, :32], sink.detach()[:, None].expand(2, 32))
+    grads = torch.autograd.grad(out.sum() + lse.sum(), (q, k, v, sink))
+    assert all(torch.isfinite(g).all() for g in grads)

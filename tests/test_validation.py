@@ -114,3 +114,11 @@ def test_packed_shapes():
         flashtile.flash_attn_qkvpacked_func(torch.randn(2, 16, 2, 4, 32))
     with pytest.raises(ValueError, match=r"kv must have shape \(batch, seqlen_k, 2, nheads_k, headdim\)"):
         flashtile.flash_attn_kvpacked_func(torch.randn(2, 16, 4, 32), torch.randn(2, 16, 4, 32))
+
+
+def test_bad_sink():
+    q, k, v = qkv()  # 4 query heads
+    expect(ValueError, r"sink must have shape \(4,\) \(nheads of q\), got \(2,\)", q, k, v, sink=torch.ones(2))
+    expect(TypeError, "sink has dtype torch.int64; expected", q, k, v, sink=torch.ones(4, dtype=torch.long))
+    expect(TypeError, "sink must be a torch.Tensor or None, got float", q, k, v, sink=1.0)
+    expect(ValueError, "sink is on meta but q is on cpu", q, k, v, sink=torch.ones(4, device="meta"))

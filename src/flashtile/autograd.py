@@ -2,7 +2,7 @@
 
 Registered on the custom op itself (torch.library.register_autograd) rather than wrapped in a
 torch.autograd.Function, so `torch.ops.flashtile.fwd` is differentiable on its own and
-torch.compile traces it without a graph break. Saved: q, k, v, out, lse (and ALiBi slopes), O(N) memory.
+torch.compile traces it without a graph break. Saved: q, k, v, out, lse (and ALiBi slopes, sinks), O(N) memory.
 """
 import torch
 
@@ -10,16 +10,30 @@ from . import ops
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes = inputs
+    q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes)
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sink)
     ctx.scalars = (softmax_scale, window_left, window_right, softcap)
 
 
+def _sink_grad(dout, out, lse, dlse, sink):
+    """d loss / d sink_h = -sum over batch and rows of P_sink * (delta - dlse), P_sink = exp(sink - lse).
+
+    The sink carries no value, so dS of the real keys is unchanged (the kernels need nothing new);
+    only this O(B * H * Sq) reduction is added.
+    """
+    delta = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # [B, Hq, Sq]
+    if dlse is not None:
+        delta = delta - dlse
+    p_sink = torch.exp(sink[None, :, None] - lse)  # [B, Hq, Sq]
+    return -(p_sink * delta).sum((0, 2))
+
+
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, alibi_slopes = ctx.saved_tensors
+    q, k, v, out, lse, alibi_slopes, sink = ctx.saved_tensors
     dq, dk, dv = ops.bwd(dout, q, k, v, out, lse, dlse, *ctx.scalars, alibi_slopes)
-    return dq, dk, dv, None, None, None, None, None
+    dsink = _sink_grad(dout, out, lse, dlse, sink) if sink is not None and ctx.needs_input_grad[8] else None
+    return dq, dk, dv, None, None, None, None, None, dsink
 
 
 torch.library.register_autograd("flashtile::fwd", _backward, setup_context=_setup_context)

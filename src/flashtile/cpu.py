@@ -73,8 +73,11 @@ class _Scores:
         return s, t
 
 
-def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes):
-    """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32, as the Triton forward."""
+def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
+    """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32, as the Triton forward.
+
+    sink: (Hq,) logits that join each row's denominator without a value, or None.
+    """
     seqlen_q = q.shape[1]
     scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes)
     qg, kg, vg = _split_heads(q, k, v)
@@ -83,8 +86,12 @@ def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_sl
     for m0 in range(0, seqlen_q, BLOCK_M):
         m1 = min(seqlen_q, m0 + BLOCK_M)
         qb = qg[..., m0:m1, :]
-        m_i = torch.full(qb.shape[:-1], float("-inf"))
-        l_i = torch.zeros(qb.shape[:-1])
+        if sink is None:
+            m_i = torch.full(qb.shape[:-1], float("-inf"))
+            l_i = torch.zeros(qb.shape[:-1])
+        else:  # the online softmax starts from the sink: max = sink, denominator exp(0) = 1
+            m_i = sink.float().reshape(1, k.shape[2], -1, 1).expand(qb.shape[:-1]).clone()
+            l_i = torch.ones(qb.shape[:-1])
         acc = torch.zeros(qb.shape)
         for n0, n1 in scores.key_blocks(m0, m1):
             s, _ = scores(qb, kg[..., n0:n1, :], m0, m1, n0, n1)  # [B, Hk, G, bm, bn]

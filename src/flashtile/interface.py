@@ -99,8 +99,23 @@ def _alibi(alibi_slopes, q):
     return alibi_slopes.contiguous()
 
 
+def _sink(sink, q):
+    """None, or the (nheads,) sink logits as fp32 on q's device (autograd casts the gradient back)."""
+    if sink is None:
+        return None
+    if not isinstance(sink, torch.Tensor):
+        raise TypeError(f"sink must be a torch.Tensor or None, got {type(sink).__name__}")
+    if sink.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"sink has dtype {sink.dtype}; expected torch.float16, torch.bfloat16 or torch.float32")
+    if tuple(sink.shape) != (q.shape[2],):
+        raise ValueError(f"sink must have shape ({q.shape[2]},) (nheads of q), got {tuple(sink.shape)}")
+    if sink.device != q.device:
+        raise ValueError(f"sink is on {sink.device} but q is on {q.device}")
+    return sink.float().contiguous()
+
+
 def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-               deterministic, return_attn_probs):
+               deterministic, return_attn_probs, sink=None):
     _check_qkv(q, k, v)
     if dropout_p != 0.0:
         raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not supported yet (only dropout_p=0.0)")
@@ -109,14 +124,15 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     scale = _softmax_scale(softmax_scale, q.shape[-1])
     window_left, window_right = _window(window_size, causal)
     # deterministic needs nothing: the backward uses no atomics, so it is always deterministic.
-    out, lse = ops.fwd(q, k, v, scale, window_left, window_right, _softcap(softcap), _alibi(alibi_slopes, q))
+    out, lse = ops.fwd(q, k, v, scale, window_left, window_right, _softcap(softcap), _alibi(alibi_slopes, q),
+                       _sink(sink, q))
     if return_attn_probs:
         return out, lse, None
     return out
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, sink=None):
     """Exact attention softmax(q k^T * softmax_scale) v without materializing the score matrix.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), with nheads a
@@ -129,27 +145,31 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     window_size=(left, right): query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right, -1 meaning
     unbounded on that side (causal=True sets right = 0). softcap > 0 replaces each score s by
     softcap * tanh(s / softcap). alibi_slopes (nheads,) or (batch, nheads) fp32 adds
-    -slope * |i + Sk - Sq - j| to the scores. dropout_p other than 0 raises NotImplementedError.
+    -slope * |i + Sk - Sq - j| to the scores. sink (nheads,): a learnable per-head logit that joins every
+    row's softmax denominator without a value (attention sinks, as in gpt-oss); it receives a gradient,
+    and softmax_lse includes it. dropout_p other than 0 raises NotImplementedError.
     """
     return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      deterministic, return_attn_probs)
+                      deterministic, return_attn_probs, sink)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                             sink=None):
     """flash_attn_func with kv packed as (batch, seqlen_k, 2, nheads_k, headdim)."""
     if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[2] != 2:
         shape = tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__
         raise ValueError(f"kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got {shape}")
     return _attention(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
-                      alibi_slopes, deterministic, return_attn_probs)
+                      alibi_slopes, deterministic, return_attn_probs, sink)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                              sink=None):
     """flash_attn_func with q, k, v packed as (batch, seqlen, 3, nheads, headdim)."""
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 5 or qkv.shape[2] != 3:
         shape = tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__
         raise ValueError(f"qkv must have shape (batch, seqlen, 3, nheads, headdim), got {shape}")
     return _attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
-                      softcap, alibi_slopes, deterministic, return_attn_probs)
+                      softcap, alibi_slopes, deterministic, return_attn_probs, sink)

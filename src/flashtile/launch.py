@@ -84,10 +84,10 @@ class ScoreArgs:
 
     @staticmethod
     def make(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, placeholder):
+        """placeholder: any fp32 tensor, passed where an optional tensor argument is absent."""
         unbounded = q.shape[1] + k.shape[1]
         has_alibi = alibi_slopes is not None
         return ScoreArgs(
-            # An unused pointer argument still needs a tensor: any fp32 one does.
             alibi=alibi_slopes if has_alibi else placeholder,
             stride_alibi_b=alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0,
             qk_scale=softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E,
@@ -102,18 +102,22 @@ class ScoreArgs:
         return self.qk_scale, self.softcap_log2, self.window_left, self.window_right
 
 
-def forward_launches(q, k, v, out, lse, softmax_scale, sa, arch, interpreter):
-    """The forward's one launch, writing out (B, Sq, Hq, D) and lse (B, Hq, Sq); sa: ScoreArgs."""
+def forward_launches(q, k, v, out, lse, sink, softmax_scale, sa, arch, interpreter):
+    """The forward's one launch, writing out (B, Sq, Hq, D) and lse (B, Hq, Sq).
+
+    sa: ScoreArgs; sink: fp32 (Hq,) attention-sink logits or None.
+    """
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     head_dim_pad = _head_dim_padded(head_dim)
     cfg = configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
     return [KernelLaunch(
         _attn_fwd, (triton.cdiv(seqlen_q, cfg.BLOCK_M), batch * heads_q),
-        (q, k, v, out, lse, sa.alibi, *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
+        (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse,
+         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
          sa.stride_alibi_b, seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, *sa.scalars()),
         dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-             DOT_PRECISION=_dot_precision(q.dtype), **sa.constexprs),
+             HAS_SINK=sink is not None, DOT_PRECISION=_dot_precision(q.dtype), **sa.constexprs),
         cfg.num_warps, cfg.num_stages,
     )]
 
@@ -153,13 +157,14 @@ def backward_launches(dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_
     return [preprocess, dkdv, dq_launch]
 
 
-def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes):
+def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
     """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32 for q (B, Sq, Hq, D), k/v (B, Sk, Hk, D)."""
     batch, seqlen_q, heads_q, _ = q.shape
     out = _empty(q.shape, q)
     lse = _empty((batch, heads_q, seqlen_q), q, torch.float32)
     sa = ScoreArgs.make(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
-    for launch in forward_launches(q, k, v, out, lse, softmax_scale, sa, _arch(q.device), interpreter_active()):
+    for launch in forward_launches(q, k, v, out, lse, sink, softmax_scale, sa, _arch(q.device),
+                                   interpreter_active()):
         launch.run()
     return out, lse
 

@@ -24,17 +24,21 @@ def _runs_triton(t):
 
 @torch.library.custom_op("flashtile::fwd", mutates_args=(), device_types=None)
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int, window_right: int,
-        softcap: float, alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32. window_left/right: -1 = unbounded (causal: right = 0)."""
+        softcap: float, alibi_slopes: Optional[Tensor], sink: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32. window_left/right: -1 = unbounded (causal: right = 0).
+
+    sink: fp32 (Hq,) attention-sink logits or None; the backward needs no kernel change for it (autograd.py).
+    """
+    args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
     if _runs_triton(q):
         from .launch import _flash_attn_forward
 
-        return _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes)
-    return cpu.forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes)
+        return _flash_attn_forward(q, k, v, *args)
+    return cpu.forward(q, k, v, *args)
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes):
+def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
     batch, seqlen_q, heads_q, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
 

@@ -9,13 +9,14 @@ import torch
 
 
 def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return_lse=False, window_size=(-1, -1),
-                  softcap=0.0, alibi_slopes=None):
+                  softcap=0.0, alibi_slopes=None, sink=None):
     """Standard attention softmax(Q K^T * scale) V with the flash-attn layout and semantics.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hk, D) with Hq a multiple of Hk (query head h uses
     key/value head h // (Hq // Hk)). upcast=True computes in float64 (the reference);
     upcast=False computes in the inputs' dtype (the plain low-precision PyTorch computation).
-    window_size, softcap and alibi_slopes as in flash_attn_func (applied in that order: softcap, ALiBi, masks).
+    window_size, softcap, alibi_slopes and sink as in flash_attn_func (scores: softcap, ALiBi, masks; the
+    sink joins the softmax as one extra column without a value).
     Rows that see no key give output 0 and lse -inf.
     Returns out (B, Sq, Hq, D) in q's dtype (float64 when upcast), and lse (B, Hq, Sq) when return_lse.
     """
@@ -44,8 +45,13 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return
     if left >= 0:
         visible &= cols >= rows - left
     scores = scores.masked_fill(~visible, float("-inf"))
+    if sink is not None:
+        sink_col = sink.to(dtype)[None, :, None, None].expand(*scores.shape[:-1], 1)  # [B, H, Sq, 1]
+        scores = torch.cat([scores, sink_col], dim=-1)
     probs = torch.softmax(scores, dim=-1)
     probs = torch.nan_to_num(probs, nan=0.0)  # rows with no visible key: 0, not NaN
+    if sink is not None:
+        probs = probs[..., :-1]
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     if return_lse:
         lse = torch.logsumexp(scores if upcast else scores.float(), dim=-1)  # [B, H, Sq]
@@ -53,6 +59,9 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return
     return out
 
 
-def standard_attention(q, k, v, causal=False, softmax_scale=None):
-    """The FlashAttention paper's baseline: materialized softmax(Q K^T) V in the inputs' dtype."""
-    return attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale, upcast=False)
+def standard_attention(q, k, v, causal=False, softmax_scale=None, **features):
+    """The FlashAttention paper's baseline: materialized softmax(Q K^T) V in the inputs' dtype.
+
+    ``features``: window_size, softcap, alibi_slopes, passed to attention_ref.
+    """
+    return attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale, upcast=False, **features)

@@ -2,7 +2,7 @@
 import triton
 import triton.language as tl
 
-from .common import _key_range, _load_tile, _scores, _store_tile
+from .common import LOG2E, _key_range, _load_tile, _scores, _store_tile
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -38,7 +38,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse, Alibi,
+def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink,
               stride_qb, stride_qm, stride_qh,
               stride_kb, stride_kn, stride_kh,
               stride_vb, stride_vn, stride_vh,
@@ -47,9 +47,13 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi,
               seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
               DOT_PRECISION: tl.constexpr):
-    """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log. Score arguments: see _scores."""
+    """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log. Score arguments: see _scores.
+
+    HAS_SINK: Sink (Hq,) holds one logit per head that joins every row's softmax denominator but
+    carries no value (attention sinks); the online softmax simply starts from it.
+    """
     pid_m = tl.program_id(0)
     if IS_LOCAL:
         # Longest rows first: under a causal mask the bottom blocks do the most work.
@@ -71,8 +75,12 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi,
         alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
 
     q = _load_tile(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINK:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(Sink + off_h).to(tl.float32) * LOG2E
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
     lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N)
@@ -89,7 +97,7 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi,
                                     window_left, window_right, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
                                     True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
 
-    # A row that saw no key: output 0 and lse -inf.
+    # A row that saw no key (and no sink): output 0 and lse -inf.
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)  # [BLOCK_M]
