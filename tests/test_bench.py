@@ -4,15 +4,16 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
 from flashtile.bench import __main__ as cli
-from flashtile.bench import report, sweep
+from flashtile.bench import features, report, sweep
 from flashtile.bench.flops import attention_flops, tflops
-from flashtile.bench.providers import Provider
+from flashtile.bench.providers import PROVIDERS, FlashAttnPackage, Provider
 from flashtile.bench.timing import peak_memory_mb
 
 
@@ -29,6 +30,24 @@ def test_flops_causal_and_modes(causal):
     assert fwd == 4 * 4 * 8 * 1000 * 1000 * 128 / (2 if causal else 1)
     assert attention_flops(4, 8, 1000, 1000, 128, causal, mode="bwd") == 2.5 * fwd
     assert attention_flops(4, 8, 1000, 1000, 128, causal, mode="fwd_bwd") == 3.5 * fwd
+
+
+@pytest.mark.parametrize("sq, sk", [(1, 1), (7, 7), (5, 13), (13, 5), (16, 40)])
+@pytest.mark.parametrize("window", [(0, 0), (3, 0), (2, 5), (-1, 4), (4, -1), (20, 20), (-1, 0)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flops_window_counts_visible_pairs(sq, sk, window, causal):
+    rows = torch.arange(sq).unsqueeze(1) + (sk - sq)  # bottom-right aligned, as attention_ref
+    cols = torch.arange(sk).unsqueeze(0)
+    left, right = window[0], 0 if causal else window[1]
+    visible = torch.ones(sq, sk, dtype=torch.bool)
+    if right >= 0:
+        visible &= cols <= rows + right
+    if left >= 0:
+        visible &= cols >= rows - left
+    pairs = visible.sum().item()
+    expect = sq * sk / 2 if causal and left < 0 else pairs  # plain causal keeps the papers' half
+    assert attention_flops(2, 3, sq, sk, 8, causal, "fwd", window) == 4 * 2 * 3 * expect * 8
+    assert attention_flops(2, 3, sq, sk, 8, causal, "fwd_bwd", window) == 3.5 * 4 * 2 * 3 * expect * 8
 
 
 def test_flops_rejects_unknown_mode_and_tflops():
@@ -139,11 +158,118 @@ def test_int_list_accepts_k_suffix():
     assert cli._int_list("512,1k,16K") == [512, 1024, 16384]
 
 
+@pytest.mark.parametrize("spec, canon, window, softcap, alibi", [
+    ("none", "none", (-1, -1), 0.0, False),
+    (" Window:1024:0 ", "window:1024:0", (1024, 0), 0.0, False),
+    ("window:-1:8", "window:-1:8", (-1, 8), 0.0, False),
+    ("softcap:30.0", "softcap:30", (-1, -1), 30.0, False),
+    ("alibi", "alibi", (-1, -1), 0.0, True),
+    ("window:512:0+softcap:30+alibi", "window:512:0+softcap:30+alibi", (512, 0), 30.0, True),
+])
+def test_feature_spec_parsing(spec, canon, window, softcap, alibi):
+    feature = features.parse(spec)
+    assert (feature.spec, feature.window_size, feature.softcap, feature.alibi) == (canon, window, softcap, alibi)
+    assert features.parse(feature.spec) == feature
+    assert cli._feature(spec) == canon
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("window:10", "window takes two values"),
+    ("window:a:0", "window LEFT must be an integer"),
+    ("window:0:-2", "window RIGHT must be >= -1"),
+    ("window:-1:-1", "use 'none'"),
+    ("softcap:0", "finite number > 0"),
+    ("softcap:inf", "finite number > 0"),
+    ("softcap", "finite number > 0"),
+    ("alibi:2", "alibi takes no values"),
+    ("none+alibi", "cannot be combined"),
+    ("window:1:0+window:2:0", "appears twice"),
+    ("dropout:0.1", "unknown feature 'dropout'"),
+])
+def test_bad_feature_specs(spec, message):
+    with pytest.raises(ValueError, match=message):
+        features.parse(spec)
+    with pytest.raises(SystemExit):
+        cli.main(["--device", "cpu", "--out", "unused", "--feature", spec])
+
+
+def test_alibi_slopes():
+    assert features.alibi_slopes(4).tolist() == [0.25, 0.0625, 0.015625, 0.00390625]
+    twelve = features.alibi_slopes(12)  # 8 geometric slopes, then every other one of 16
+    assert twelve.dtype == torch.float32 and twelve.shape == (12,)
+    assert twelve[8].item() == pytest.approx(2 ** -0.5) and twelve[9].item() == pytest.approx(2 ** -1.5)
+
+
+@pytest.mark.parametrize("spec", ["window:7:3", "window:-1:2", "window:5:-1+alibi", "window:10:0+softcap:3+alibi"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flex_mods_match_reference(spec, causal):
+    flex_attention = pytest.importorskip("torch.nn.attention.flex_attention").flex_attention
+    from flashtile.bench import flex
+    from flashtile.reference import attention_ref
+
+    feature, heads, sq, sk = features.parse(spec), 4, 40, 100
+    q, k, v = (torch.randn(1, s, heads, 16, dtype=torch.float64) for s in (sq, sk, sk))
+    block_mask = flex.block_mask_for(sq, sk, causal, feature, "cpu")
+    score_mod = flex.score_mod_for(sq, sk, feature, features.alibi_slopes(heads))
+    with warnings.catch_warnings():  # eager flex warns (once) that it is unfused
+        warnings.simplefilter("ignore", UserWarning)
+        out = flex_attention(*(x.transpose(1, 2) for x in (q, k, v)), score_mod=score_mod, block_mask=block_mask)
+    ref = attention_ref(q, k, v, causal=causal, **feature.kwargs(heads, "cpu"))
+    torch.testing.assert_close(out.transpose(1, 2), ref)
+
+
+def test_unsupported_features_are_skips(monkeypatch):
+    shape = sweep.Shape(1, 16, 16, 2, 2, 64, False, "fp32", "softcap:30")
+    inputs = sweep.make_inputs(shape, torch.device("cpu"))
+    recs = sweep.measure(PROVIDERS["sdpa-flash"], shape, inputs, ["fwd"], torch.device("cpu"), 0, 1)
+    assert recs[0]["error"] == "skipped: softcap not supported by SDPA" and recs[0]["features"] == "softcap:30"
+    assert PROVIDERS["sdpa-cudnn"].unsupported(features.parse("none")) is None
+
+    calls = []
+    fake = type(sys)("fake_fa4")
+    fake.flash_attn_func = lambda q, k, v, softmax_scale=None, causal=False, window_size=(None, None), \
+        softcap=0.0: calls.append(window_size) or q
+    monkeypatch.setitem(sys.modules, "fake_fa4", fake)
+    fa4 = FlashAttnPackage("fa4", "fake_fa4")
+    reason = fa4.unsupported(features.parse("window:8:0+alibi"))
+    assert reason == "fake_fa4.flash_attn_func does not accept alibi_slopes"
+    assert fa4.unsupported(features.parse("window:8:0+softcap:5")) is None
+    fa4.prepare(*inputs, False, features.parse("window:-1:4")).fn()
+    assert calls == [(None, 4)]  # flash-attn 4 spells unbounded None
+
+
+def test_standard_memory_prediction_covers_measured_peak():
+    shape = sweep.Shape(1, 256, 256, 2, 2, 64, False, "fp32")
+    q, k, v = sweep.make_inputs(shape, torch.device("cpu"))
+    for spec in ("none", "softcap:30+alibi+window:64:0"):
+        feature = features.parse(spec)
+        prep = PROVIDERS["standard"].prepare(q, k, v, False, feature)
+        dout = torch.randn_like(q)
+        peak = peak_memory_mb(lambda: torch.autograd.grad(prep.fn(), prep.inputs, dout), torch.device("cpu"),
+                              (*prep.inputs, dout))
+        predicted = PROVIDERS["standard"].predicted_bytes(1, 2, 256, 256, 4, feature) / 2**20
+        assert peak <= predicted < 1.35 * peak, (spec, peak, predicted)
+
+
+def test_feature_tables(records):
+    assert report.feature_summaries(records) == ""
+    recs = []
+    for spec, ms in (("none", 2.0), ("window:64:0", 1.0), ("window:16:0", 0.5), ("softcap:30+alibi", 2.2)):
+        rec = _rec("flashtile", 512, "fwd", ms, 1.0)
+        recs.append(dict(rec, features=spec))
+    text = report.feature_summaries(report.annotate(recs))
+    assert "feature cost for flashtile" in text and "0.50x" in text and "1.10x" in text
+    scaling = text[text.index("window scaling"):]
+    assert scaling.index("16:0") < scaling.index("64:0") < scaling.index("full") and "0.500" in scaling
+    table = report.format_table(recs, "fwd")
+    assert "features" in table and "softcap:30+alibi" in table
+
+
 class _Broken(Provider):
     name = "broken"
     needs_cuda = False
 
-    def prepare(self, q, k, v, causal):
+    def prepare(self, q, k, v, causal, feature=None):
         raise RuntimeError("unsupported head dim\nsecond line")
 
 
@@ -177,18 +303,22 @@ def test_cpu_peak_memory_tracker():
     assert peak_memory_mb(fn, torch.device("cpu"), keep=(keep,)) == pytest.approx(2.0)
 
 
-def test_cpu_run_end_to_end(tmp_path):
-    """The command on the CPU path (flashtile.cpu, not the interpreter): both providers, small errors."""
+def _run_cli(argv):
+    """``python -m flashtile.bench argv`` on the CPU path (flashtile.cpu, not the interpreter)."""
     import flashtile
 
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FLASHTILE_POISON_OUTPUTS")}
     src = str(Path(flashtile.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
-    argv = ["--quick", "--device", "cpu", "--seqlens", "64,200", "--rep", "1", "--out", str(tmp_path),
-            "--no-plots"]
-    proc = subprocess.run([sys.executable, "-m", "flashtile.bench", *argv], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "flashtile.bench", "--device", "cpu", "--rep", "1", *argv],
+                          env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_cpu_run_end_to_end(tmp_path):
+    """The command on the CPU: both providers, small errors."""
+    proc = _run_cli(["--quick", "--seqlens", "64,200", "--out", str(tmp_path), "--no-plots"])
     assert "skip sdpa-flash: needs a CUDA GPU" in proc.stdout
     assert "== fwd ==" in proc.stdout and "== bwd ==" in proc.stdout and "(a) speedup" in proc.stdout
     data = json.loads((tmp_path / "results.json").read_text())
@@ -204,3 +334,24 @@ def test_cpu_run_end_to_end(tmp_path):
             assert rec["ms"] > 0 and rec["tflops"] > 0 and rec["peak_mem_mb"] > 0
             assert rec["max_err"] < 1e-4
     assert (tmp_path / "results.csv").exists() and not (tmp_path / "tflops.png").exists()
+
+
+def test_cpu_run_with_features(tmp_path):
+    """Three feature settings on one Sq != Sk shape: records carry them, errors stay small, cost table prints."""
+    specs = ["none", "window:64:0", "softcap:30+alibi"]
+    proc = _run_cli(["--quick", "--seqlens", "200", "--seqlens-k", "256", "--causal", "1", "--out", str(tmp_path),
+                     "--no-plots", *(a for spec in specs for a in ("--feature", spec))])
+    assert "feature cost for flashtile" in proc.stdout and "window scaling" not in proc.stdout
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["meta"]["config"]["features"] == specs
+    recs = data["records"]
+    assert sorted(r["features"] for r in recs) == sorted(specs * 2 * 2)  # providers x modes
+    for rec in recs:
+        assert rec["error"] is None and rec["max_err"] < 1e-4, rec
+    fwd = {(r["provider"], r["features"]): r for r in recs if r["mode"] == "fwd"}
+    window_flops = fwd["flashtile", "window:64:0"]["tflops"] * fwd["flashtile", "window:64:0"]["ms"]
+    full_flops = fwd["flashtile", "none"]["tflops"] * fwd["flashtile", "none"]["ms"]
+    visible = sum(range(57, 65)) + 192 * 65  # rows 0-7 see keys 0..i+56, the rest 65 keys
+    assert window_flops / full_flops == pytest.approx(visible / (200 * 256 / 2))
+    with open(tmp_path / "results.csv", newline="") as f:
+        assert next(csv.DictReader(f))["features"] == "none"

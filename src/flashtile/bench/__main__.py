@@ -10,9 +10,9 @@ from importlib import metadata
 
 import torch
 
+from flashtile.bench import features, report, sweep
 from flashtile.bench.flops import MODES
 from flashtile.bench.providers import PROVIDERS
-from flashtile.bench import report, sweep
 
 # Defaults per device. GPU: the FlashAttention papers' setup (16K tokens, hidden 2048). CPU: small
 # enough for about a minute on two cores while standard attention's quadratic memory still shows.
@@ -35,6 +35,14 @@ def _int_list(text):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     return values
+
+
+def _feature(text):
+    """One --feature SPEC -> its canonical text (argparse turns the error into a usage error)."""
+    try:
+        return features.parse(text).spec
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"bad SPEC {text!r}: {e}") from None
 
 
 def _name_list(text):
@@ -60,6 +68,12 @@ def build_parser():
     shape.add_argument("--seqlens-k", type=_int_list, help="key lengths: one value or one per --seqlens (default = seqlen)")
     shape.add_argument("--dtype", choices=sorted(sweep.DTYPES), help="bf16 on GPU, fp32 on CPU by default")
     shape.add_argument("--causal", choices=["0", "1", "both"], default="both", help="default: both")
+    shape.add_argument("--feature", type=_feature, action="append", dest="features", metavar="SPEC",
+                       help="repeatable; every shape runs once per setting (default: none). SPEC: none, "
+                            "window:L:R (sliding window, -1 = unbounded side), softcap:X (X > 0), alibi "
+                            "(standard slopes), or parts joined with '+', e.g. window:512:0+softcap:30. "
+                            "SDPA backends skip everything but none. With none and others: a feature-cost "
+                            "table; with several windows: a window-scaling table")
     run = p.add_argument_group("run")
     run.add_argument("--modes", type=_name_list, help="comma-separated: fwd, bwd, fwd_bwd (default fwd,bwd)")
     run.add_argument("--providers", type=_name_list, help=f"comma-separated subset of: {', '.join(PROVIDERS)}")
@@ -121,6 +135,7 @@ def resolve(args, parser, device):
         parser.error(f"--providers: unknown provider {bad[0]!r} (choose from {', '.join(PROVIDERS)})"
                      if bad else "--providers is empty")
     args.causal = {"0": [False], "1": [True], "both": [False, True]}[args.causal]
+    args.features = list(dict.fromkeys(args.features or [features.NONE]))
 
     def heads_for(head_dim):
         heads = args.heads or args.hidden // head_dim
@@ -209,6 +224,10 @@ def main(argv=None):
         print(report.format_table(records, mode))
     print()
     print(report.paper_tables(records, probes))
+    summaries = report.feature_summaries(records)
+    if summaries:
+        print()
+        print(summaries)
 
     os.makedirs(args.out, exist_ok=True)
     report.write_json(os.path.join(args.out, "results.json"), meta, records, probes)

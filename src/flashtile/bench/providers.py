@@ -1,14 +1,15 @@
 """Attention implementations to benchmark, each behind one small interface.
 
-A provider turns flash-attn layout inputs q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) into a ``Prepared``:
-leaf tensors in the provider's own layout (converted before timing, so transposes are never timed)
-and a forward closure. Third-party imports happen inside the methods, so this module imports
-without a GPU, flash-attn or triton.
+A provider turns flash-attn layout inputs q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) and a feature setting
+(features.Feature: window, softcap, ALiBi) into a ``Prepared``: leaf tensors in the provider's own layout
+(converted before timing, so transposes are never timed) and a forward closure. Third-party imports
+happen inside the methods, so this module imports without a GPU, flash-attn or triton.
 """
 import contextlib
 import importlib
+import inspect
 
-import torch
+from flashtile.bench.features import Feature
 
 # Causal is bottom-right aligned everywhere (flash-attn >= 2.1 semantics), so all providers compute
 # the same function when seqlen_q != seqlen_k.
@@ -55,10 +56,14 @@ class Provider:
             return "needs a CUDA GPU"
         return None
 
-    def prepare(self, q, k, v, causal):
+    def unsupported(self, feature):
+        """None when the provider can run ``feature`` (a features.Feature), else a short reason."""
+        return None
+
+    def prepare(self, q, k, v, causal, feature=Feature()):
         raise NotImplementedError
 
-    def predicted_bytes(self, batch, heads_q, seqlen_q, seqlen_k, element_size):
+    def predicted_bytes(self, batch, heads_q, seqlen_q, seqlen_k, element_size, feature=Feature()):
         """Memory a fwd+bwd is expected to need beyond the inputs (0 = linear, never skipped)."""
         return 0
 
@@ -75,11 +80,12 @@ class FlashTile(Provider):
             return f"flashtile.flash_attn_func not importable ({e})"
         return None
 
-    def prepare(self, q, k, v, causal):
+    def prepare(self, q, k, v, causal, feature=Feature()):
         from flashtile import flash_attn_func
 
+        extra = feature.kwargs(q.shape[2], q.device)
         q, k, v = _leaf(q), _leaf(k), _leaf(v)
-        return Prepared((q, k, v), lambda: flash_attn_func(q, k, v, causal=causal))
+        return Prepared((q, k, v), lambda: flash_attn_func(q, k, v, causal=causal, **extra))
 
 
 class Standard(Provider):
@@ -88,17 +94,21 @@ class Standard(Provider):
     name = "standard"
     needs_cuda = False
 
-    def prepare(self, q, k, v, causal):
+    def prepare(self, q, k, v, causal, feature=Feature()):
         from flashtile.reference import standard_attention
 
+        extra = feature.kwargs(q.shape[2], q.device)
         q, k, v = _leaf(q), _leaf(k), _leaf(v)
-        return Prepared((q, k, v), lambda: standard_attention(q, k, v, causal=causal))
+        return Prepared((q, k, v), lambda: standard_attention(q, k, v, causal=causal, **extra))
 
-    def predicted_bytes(self, batch, heads_q, seqlen_q, seqlen_k, element_size):
-        # Measured with the CPU tracker (timing.TensorMemoryTracker): the peak of fwd+bwd holds three
-        # score-sized tensors in the input dtype plus the fp32 copy reference.py takes for lse
-        # (10.1 B/element in bf16, 15.5 in fp32); 10% margin for allocator rounding.
-        return int(1.1 * batch * heads_q * seqlen_q * seqlen_k * (3 * element_size + 4))
+    def predicted_bytes(self, batch, heads_q, seqlen_q, seqlen_k, element_size, feature=Feature()):
+        # Measured with the CPU tracker (timing.TensorMemoryTracker), B1 H4 S512: the peak, in backward,
+        # holds four score-sized tensors in the input dtype (forward saves softmax's output and its
+        # nan_to_num copy; backward adds gradients of that size): 16.25 B/element in fp32, 9.75 in bf16.
+        # Bool masks and CPU bf16 temporaries make the rest, hence + 2 B. Softcap saves tanh's output,
+        # one more (20.25 / 11.75); windows and ALiBi measured no extra. 10% margin for the allocator.
+        tensors = 5 if feature.softcap else 4
+        return int(1.1 * batch * heads_q * seqlen_q * seqlen_k * (tensors * element_size + 2))
 
 
 class Sdpa(Provider):
@@ -108,7 +118,10 @@ class Sdpa(Provider):
         self.name = name
         self.backend = backend
 
-    def prepare(self, q, k, v, causal):
+    def unsupported(self, feature):
+        return f"{'/'.join(feature.parts())} not supported by SDPA" if feature.parts() else None
+
+    def prepare(self, q, k, v, causal, feature=Feature()):
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -131,25 +144,6 @@ class Sdpa(Provider):
         return Prepared((q, k, v), fn, lambda out: out.transpose(1, 2), lambda: sdpa_kernel(backend))
 
 
-_FLEX = {}
-
-
-def _compiled_flex():
-    """One compiled flex_attention for the whole run (dynamic=False recompiles per shape)."""
-    if "fn" not in _FLEX:
-        import torch._dynamo.config as dynamo_config
-        from torch.nn.attention.flex_attention import flex_attention
-
-        # Every (shape, head dim, causal) is a recompile; without this dynamo gives up after 8
-        # and silently falls back to the slow eager path.
-        for key in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                    "accumulated_cache_size_limit"):
-            if hasattr(dynamo_config, key):
-                setattr(dynamo_config, key, max(getattr(dynamo_config, key), 1024))
-        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
-    return _FLEX["fn"]
-
-
 class Flex(Provider):
     name = "flex"
 
@@ -162,24 +156,20 @@ class Flex(Provider):
                 reason = f"torch.nn.attention.flex_attention not importable ({e})"
         return reason
 
-    def prepare(self, q, k, v, causal):
-        from torch.nn.attention.flex_attention import create_block_mask
+    def prepare(self, q, k, v, causal, feature=Feature()):
+        from flashtile.bench import flex as flex_parts
+        from flashtile.bench.features import alibi_slopes
 
         sq, sk = q.shape[1], k.shape[1]
-        block_mask = None
-        if causal:
-            offset = sk - sq
-
-            def causal_mask(b, h, q_idx, kv_idx):
-                return q_idx + offset >= kv_idx
-
-            block_mask = create_block_mask(causal_mask, None, None, sq, sk, device=q.device)
+        block_mask = flex_parts.block_mask_for(sq, sk, causal, feature, q.device)
+        slopes = alibi_slopes(q.shape[2], q.device) if feature.alibi else None
+        score_mod = flex_parts.score_mod_for(sq, sk, feature, slopes)
         gqa = q.shape[2] != k.shape[2]
-        flex = _compiled_flex()
+        flex = flex_parts.compiled_flex()
         q, k, v = _leaf_bhsd(q), _leaf_bhsd(k), _leaf_bhsd(v)
 
         def fn():
-            return flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+            return flex(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)
 
         return Prepared((q, k, v), fn, lambda out: out.transpose(1, 2))
 
@@ -200,10 +190,27 @@ class FlashAttnPackage(Provider):
                 reason = f"{self.module}.flash_attn_func not importable ({type(e).__name__}: {e})"
         return reason
 
-    def prepare(self, q, k, v, causal):
+    def _params(self):
+        try:
+            return inspect.signature(importlib.import_module(self.module).flash_attn_func).parameters
+        except (TypeError, ValueError):  # no introspectable signature: let the call decide
+            return None
+
+    def unsupported(self, feature):
+        params = self._params()
+        names = {"window": "window_size", "softcap": "softcap", "alibi": "alibi_slopes"}
+        missing = [names[p] for p in feature.parts() if params is not None and names[p] not in params]
+        return f"{self.module}.flash_attn_func does not accept {', '.join(missing)}" if missing else None
+
+    def prepare(self, q, k, v, causal, feature=Feature()):
         func = importlib.import_module(self.module).flash_attn_func
+        extra = feature.kwargs(q.shape[2], q.device)
+        params = self._params()
+        if "window_size" in extra and params and params["window_size"].default == (None, None):
+            # flash-attn 4 spells an unbounded side None, not -1.
+            extra["window_size"] = tuple(None if w < 0 else w for w in extra["window_size"])
         q, k, v = _leaf(q), _leaf(k), _leaf(v)
-        return Prepared((q, k, v), lambda: _first(func(q, k, v, causal=causal)))
+        return Prepared((q, k, v), lambda: _first(func(q, k, v, causal=causal, **extra)))
 
 
 PROVIDERS = {

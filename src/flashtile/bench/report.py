@@ -3,16 +3,19 @@ import csv
 import json
 from collections import defaultdict
 
+from flashtile.bench.feature_tables import feature_cost_table, settings, window_scaling_table
+from flashtile.bench.features import NONE
 from flashtile.bench.flops import MODES
 
 RECORD_KEYS = ("provider", "mode", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim",
                "causal", "dtype", "ms", "tflops", "peak_mem_mb", "max_err", "error",
-               "speedup_vs_standard", "vs_best_other", "best_other")
+               "speedup_vs_standard", "vs_best_other", "best_other", "features")
 SHAPE_KEYS = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "causal", "dtype")
 
 
 def shape_key(rec):
-    return tuple(rec[k] for k in SHAPE_KEYS)
+    """The shape and feature setting (records from before --feature count as 'none')."""
+    return (*(rec[k] for k in SHAPE_KEYS), rec.get("features", NONE))
 
 
 def annotate(records):
@@ -48,9 +51,11 @@ def _render(header, rows):
 
 
 def format_table(records, mode):
-    """The per-mode table: one row per (shape, provider), in sweep order."""
-    header = ("provider", "B", "Sq", "Sk", "Hq", "Hk", "D", "causal", "ms", "TFLOP/s", "vs std",
-              "vs best other", "fwd+bwd MB", "max err", "error")
+    """The per-mode table: one row per (shape, feature, provider), in sweep order; a features column
+    when the run has more than one setting."""
+    multi = len(settings(records)) > 1
+    header = ("provider", "B", "Sq", "Sk", "Hq", "Hk", "D", "causal", *(("features",) if multi else ()), "ms",
+              "TFLOP/s", "vs std", "vs best other", "fwd+bwd MB", "max err", "error")
     rows = []
     for rec in (r for r in records if r["mode"] == mode):
         best = "-"
@@ -58,7 +63,8 @@ def format_table(records, mode):
             best = f"{rec['vs_best_other']:.2f}x {rec['best_other']}"
         error = rec["error"] or ""
         rows.append((rec["provider"], rec["batch"], rec["seqlen_q"], rec["seqlen_k"], rec["heads_q"],
-                     rec["heads_kv"], rec["head_dim"], int(rec["causal"]), _fmt(rec["ms"], ".3f"),
+                     rec["heads_kv"], rec["head_dim"], int(rec["causal"]),
+                     *((rec.get("features", NONE),) if multi else ()), _fmt(rec["ms"], ".3f"),
                      _fmt(rec["tflops"], ".3g"), _fmt(rec.get("speedup_vs_standard"), ".2f"), best,
                      _fmt(rec["peak_mem_mb"], ".1f"), _fmt(rec["max_err"], ".1e"),
                      error if len(error) <= 60 else error[:57] + "..."))
@@ -73,7 +79,10 @@ def _by_seqlen_table(title, rows_by_key, seqlens, row_names):
 
 def paper_tables(records, probes=()):
     """The FlashAttention paper's summaries as text: (a) speedup of flashtile over standard attention,
-    (b) memory reduction (standard peak / flashtile peak), (c) longest sequence that fits at batch 1."""
+    (b) memory reduction (standard peak / flashtile peak), (c) longest sequence that fits at batch 1.
+    Rows of (a) and (b) are split by feature setting when the run has more than one."""
+    order = {spec: i for i, spec in enumerate(settings(records))}
+    extra = ("features",) if len(order) > 1 else ()
     pairs = defaultdict(dict)
     for rec in records:
         if rec["provider"] in ("flashtile", "standard"):
@@ -85,20 +94,26 @@ def paper_tables(records, probes=()):
         if not ours or not std:
             continue
         seqlen, head_dim, causal = shape[1], shape[5], int(shape[6])
+        feature = (shape[-1],) if extra else ()
         if ours["ms"] and std["ms"]:
-            speed[(mode, head_dim, causal)][seqlen] = f"{std['ms'] / ours['ms']:.2f}x"
+            speed[(mode, head_dim, causal, *feature)][seqlen] = f"{std['ms'] / ours['ms']:.2f}x"
         elif ours["ms"]:
-            speed[(mode, head_dim, causal)][seqlen] = "std failed"
+            speed[(mode, head_dim, causal, *feature)][seqlen] = "std failed"
         if ours["peak_mem_mb"] and std["peak_mem_mb"]:
-            memory[(head_dim, causal)][seqlen] = f"{std['peak_mem_mb'] / ours['peak_mem_mb']:.1f}x"
+            memory[(head_dim, causal, *feature)][seqlen] = f"{std['peak_mem_mb'] / ours['peak_mem_mb']:.1f}x"
         elif ours["peak_mem_mb"] and std["error"]:
-            memory[(head_dim, causal)][seqlen] = "std failed"
-    speed = dict(sorted(speed.items(), key=lambda kv: (MODES.index(kv[0][0]), kv[0][1:])))
+            memory[(head_dim, causal, *feature)][seqlen] = "std failed"
+
+    def feature_order(key):
+        return (*key[:-1], order[key[-1]]) if extra else key
+
+    speed = dict(sorted(speed.items(), key=lambda kv: (MODES.index(kv[0][0]), *feature_order(kv[0][1:]))))
     parts = [
         _by_seqlen_table("(a) speedup of flashtile over standard attention (standard ms / flashtile ms)",
-                         speed, seqlens, ("mode", "D", "causal")),
+                         speed, seqlens, ("mode", "D", "causal", *extra)),
         _by_seqlen_table("(b) memory reduction of fwd+bwd (standard peak / flashtile peak)",
-                         dict(sorted(memory.items())), seqlens, ("D", "causal")),
+                         dict(sorted(memory.items(), key=lambda kv: feature_order(kv[0]))), seqlens,
+                         ("D", "causal", *extra)),
     ]
     if probes:
         lines = ["(c) longest sequence that fits (batch 1, causal fwd+bwd, doubling from 1024)"]
@@ -107,6 +122,12 @@ def paper_tables(records, probes=()):
                          f"(H{p['heads_q']}/{p['heads_kv']} D{p['head_dim']} {p['dtype']}; stopped {p['stopped']})")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def feature_summaries(records):
+    """The feature-cost and window-scaling tables as text ("" when the run has neither)."""
+    tables = (feature_cost_table(records, _render), window_scaling_table(records, _render))
+    return "\n\n".join(t for t in tables if t)
 
 
 def write_json(path, meta, records, probes=()):
@@ -133,10 +154,12 @@ def _panels(records):
 
 
 def _lines(ax, records, value, log_y=False):
+    multi = len(settings(records)) > 1  # one line per (provider, feature setting)
     by_provider = defaultdict(list)
     for rec in records:
         if rec[value] is not None:
-            by_provider[rec["provider"]].append((rec["seqlen_q"], rec[value]))
+            label = f"{rec['provider']} [{rec.get('features', NONE)}]" if multi else rec["provider"]
+            by_provider[label].append((rec["seqlen_q"], rec[value]))
     for provider, points in by_provider.items():
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=provider)

@@ -2,10 +2,11 @@
 import gc
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from flashtile.bench.features import NONE, Feature, parse as parse_feature
 from flashtile.bench.flops import attention_flops, tflops
 from flashtile.bench.timing import bench_ms, free_bytes, peak_memory_mb
 
@@ -23,22 +24,27 @@ class Shape:
     head_dim: int
     causal: bool
     dtype: str
+    features: str = NONE  # canonical --feature SPEC
 
     def label(self):
         causal = " causal" if self.causal else ""
+        extra = "" if self.features == NONE else f" [{self.features}]"
         return (f"B{self.batch} S{self.seqlen_q}x{self.seqlen_k} H{self.heads_q}/{self.heads_kv} "
-                f"D{self.head_dim}{causal}")
+                f"D{self.head_dim}{causal}{extra}")
 
 
 def make_shapes(cfg):
-    """Every (head dim, causal, seqlen pair) of the resolved config, in sweep order."""
+    """Every (head dim, causal, seqlen pair, feature) of the resolved config, in sweep order
+    (features innermost, so one shape's settings run back to back on the same inputs)."""
     shapes = []
     for head_dim in cfg.head_dims:
         heads_q, heads_kv = cfg.heads_for(head_dim)
         for causal in cfg.causal:
             for seqlen_q, seqlen_k in zip(cfg.seqlens, cfg.seqlens_k):
                 batch = cfg.batch or max(1, cfg.tokens // seqlen_q)
-                shapes.append(Shape(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, cfg.dtype))
+                for spec in getattr(cfg, "features", None) or [NONE]:
+                    shapes.append(Shape(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal,
+                                        cfg.dtype, spec))
     return shapes
 
 
@@ -61,12 +67,13 @@ def make_inputs(shape, device, seed=0):
     return randn(shape.seqlen_q, shape.heads_q), randn(shape.seqlen_k, shape.heads_kv), randn(shape.seqlen_k, shape.heads_kv)
 
 
-def max_error(out, q, k, v, causal):
+def max_error(out, q, k, v, causal, feature=Feature()):
     """Max abs error of out (B, Sq, Hq, D) vs the float64 reference on a slice.
 
     The slice is batch 0, one or two query heads with their KV heads, and the *last* rows queries:
     with bottom-right causal alignment, the last m queries against all keys are exactly what
-    attention_ref computes for a query block of length m, so no extra provider call is needed.
+    attention_ref computes for a query block of length m, so no extra provider call is needed
+    (windows and ALiBi distances are bottom-right aligned too). ``feature``: a Feature.
     """
     from flashtile.reference import attention_ref
 
@@ -74,7 +81,8 @@ def max_error(out, q, k, v, causal):
     heads_q = min(group, 2) if group > 1 else min(q.shape[2], 2)
     heads_kv = 1 if group > 1 else heads_q
     rows = min(q.shape[1], ACCURACY_ROWS)
-    ref = attention_ref(q[:1, -rows:, :heads_q], k[:1, :, :heads_kv], v[:1, :, :heads_kv], causal=causal)
+    extra = feature.kwargs(heads_q, q.device)  # ALiBi slopes of the first heads_q heads
+    ref = attention_ref(q[:1, -rows:, :heads_q], k[:1, :, :heads_kv], v[:1, :, :heads_kv], causal=causal, **extra)
     got = out[:1, -rows:, :heads_q].to(torch.float64)
     if not torch.isfinite(got).all():
         return float("nan")
@@ -101,8 +109,12 @@ def _mode_fn(prep, mode, dout):
 
 
 def _skip_reason(provider, shape, device):
+    feature = parse_feature(shape.features)
+    unsupported = provider.unsupported(feature)
+    if unsupported:
+        return f"skipped: {unsupported}"
     need = provider.predicted_bytes(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k,
-                                    DTYPES[shape.dtype].itemsize)
+                                    DTYPES[shape.dtype].itemsize, feature)
     free = free_bytes(device) if need else None
     if need and free is not None and need > free:
         return f"skipped: would need {need / 1e9:.1f} GB ({free / 1e9:.1f} GB free)"
@@ -120,14 +132,15 @@ def measure(provider, shape, inputs, modes, device, warmup, rep):
             rec["error"] = error
         return list(records.values())
     q, k, v = inputs
+    feature = parse_feature(shape.features)
     prep = None
     try:
-        prep = provider.prepare(q, k, v, shape.causal)
+        prep = provider.prepare(q, k, v, shape.causal, feature)
         with prep.context():
             out = prep.fn()  # compile / warm-up, and the output for the accuracy check
             detached, dout = out.detach(), torch.randn_like(out)
             del out  # frees the autograd graph (score-sized for standard) before the reference runs
-            err = max_error(prep.to_bshd(detached), q, k, v, shape.causal)
+            err = max_error(prep.to_bshd(detached), q, k, v, shape.causal, feature)
             del detached
             for mode, rec in records.items():
                 if math.isnan(err):
@@ -154,8 +167,8 @@ def _time_mode(rec, prep, dout, shape, device, warmup, rep):
         fn = _mode_fn(prep, mode, dout)
         fn()
         rec["ms"] = bench_ms(fn, device, warmup, rep)
-        flops = attention_flops(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k,
-                                shape.head_dim, shape.causal, mode)
+        flops = attention_flops(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k, shape.head_dim,
+                                shape.causal, mode, parse_feature(shape.features).window_size)
         rec["tflops"] = tflops(flops, rec["ms"])
     except Exception as e:  # OOM, unsupported head dim, ...: record it and go on
         rec["error"] = describe_error(e)
@@ -204,15 +217,19 @@ def run_sweep(cfg, providers, device):
     shapes = make_shapes(cfg)
     records = []
     bar = _progress(len(shapes) * len(providers))
+    base, inputs, i = None, None, -1
     try:
-        for i, shape in enumerate(shapes):
-            inputs = make_inputs(shape, device, seed=cfg.seed + i)
+        for shape in shapes:
+            if replace(shape, features=NONE) != base:  # feature settings share their shape's inputs
+                base, inputs, i = replace(shape, features=NONE), None, i + 1
+                _release(device)
+                inputs = make_inputs(shape, device, seed=cfg.seed + i)
             for provider in providers:
                 bar.set_postfix_str(f"{provider.name} {shape.label()}")
                 records += measure(provider, shape, inputs, cfg.modes, device, cfg.warmup, cfg.rep)
                 bar.update(1)
-            del inputs
-            _release(device)
+        inputs = None
+        _release(device)
     finally:
         bar.close()
     return records
