@@ -18,7 +18,7 @@ from flashtile import launch
 
 # Per-block shared memory limits (bytes) of the targets checked: H100/H200 and A100.
 TARGETS = {(9, 0): 232448, (8, 0): 166912}
-TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}
+TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
 
 
 def _signature(kl):
@@ -58,6 +58,7 @@ CASES = [
     (72, True, torch.bfloat16, 2, 2, {}),
     (256, True, torch.float32, 2, 1, {}),
     (128, False, torch.bfloat16, 2, 1, ALL_FEATURES),
+    (128, True, torch.bfloat16, 2, 1, dict(varlen=True)),
 ]
 
 
@@ -69,11 +70,18 @@ def check_case(arch, case):
     k = torch.zeros(1, 64, heads_kv, head_dim, dtype=dtype)
     lse = torch.zeros(1, heads_q, 64)
     slopes = torch.ones(heads_q) if features.get("alibi") else None
-    sa = launch.ScoreArgs.make(q, k, 0.1, features.get("window_left", -1), 0 if causal else features.get(
+    geo = launch.Geometry.of(q, k)
+    if features.get("varlen"):
+        q, k = q[0], k[0]
+        cu = torch.tensor([0, 30, 64], dtype=torch.int32)
+        geo = launch.Geometry.of(q, k, cu, cu, 34, 34)
+        lse = torch.zeros(heads_q, 64)
+    sa = launch.ScoreArgs.make(geo, 0.1, features.get("window_left", -1), 0 if causal else features.get(
         "window_right", -1), features.get("softcap", 0.0), slopes, lse)
     sink = torch.zeros(heads_q) if features.get("sink") else None
-    launches = launch.forward_launches(q, k, k, q, lse, sink, 0.1, sa, arch, interpreter=False)
-    launches += launch.backward_launches(q, q, k, k, q, lse, lse, lse, q, k, k, 0.1, sa, arch, interpreter=False)
+    launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False)
+    launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, 0.1, sa, arch,
+                                         interpreter=False)
     failures, lines = 0, []
     for kl in launches:
         what = (f"sm{arch[0]}{arch[1]} {kl.kernel.fn.__name__} D{head_dim} causal={causal} "

@@ -4,7 +4,7 @@ import torch
 from flashtile.reference import attention_ref
 
 
-ABS_FLOOR = {torch.float32: 1e-6, torch.float16: 1e-5, torch.bfloat16: 1e-4}
+ABS_FLOOR = {torch.float32: 1e-5, torch.float16: 1e-5, torch.bfloat16: 1e-4}
 
 
 def max_err(x, ref):
@@ -15,8 +15,10 @@ def assert_close_rule(name, got, ref64, ref_lowp, dtype):
     """got's max error vs the float64 reference <= 2 x the plain low-precision PyTorch error + a floor.
 
     The floor is the error of merely rounding the reference to dtype (half an ulp at its magnitude)
-    plus a small absolute term far below one ulp at unit scale, so cases that are exact in PyTorch
-    (e.g. dq = 0 with a single key) still pass when the kernel sums in another order.
+    plus a small absolute term, so cases that are exact in PyTorch (dq = dk = 0 with a single key,
+    where dP - delta cancels exactly) still pass when the kernel sums the same terms in another order:
+    1e-5 for fp32 (the residue of a few dozen O(1) products), 1e-5 for fp16 and 1e-4 for bf16, far
+    below one ulp at unit scale for the half types.
     """
     assert not torch.isnan(got).any(), f"{name}: NaN in output (unwritten elements are NaN-poisoned)"
     assert not torch.isinf(got).any(), f"{name}: Inf in output"

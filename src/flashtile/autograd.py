@@ -10,30 +10,33 @@ from . import ops
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink = inputs
+    (q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
+     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sink)
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k)
     ctx.scalars = (softmax_scale, window_left, window_right, softcap)
+    ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
 
 
 def _sink_grad(dout, out, lse, dlse, sink):
     """d loss / d sink_h = -sum over batch and rows of P_sink * (delta - dlse), P_sink = exp(sink - lse).
 
     The sink carries no value, so dS of the real keys is unchanged (the kernels need nothing new);
-    only this O(B * H * Sq) reduction is added.
+    only this O(B * H * Sq) reduction is added. Works for dense lse (B, Hq, Sq) and varlen (Hq, total).
     """
-    delta = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # [B, Hq, Sq]
+    delta = (dout.float() * out.float()).sum(-1).movedim(-1, -2)  # lse's layout
     if dlse is not None:
         delta = delta - dlse
-    p_sink = torch.exp(sink[None, :, None] - lse)  # [B, Hq, Sq]
-    return -(p_sink * delta).sum((0, 2))
+    p_sink = torch.exp(sink[:, None] - lse)
+    return -(p_sink * delta).sum(-1).reshape(-1, sink.shape[0]).sum(0)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, alibi_slopes, sink = ctx.saved_tensors
-    dq, dk, dv = ops.bwd(dout, q, k, v, out, lse, dlse, *ctx.scalars, alibi_slopes)
+    q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = ops.bwd(dout, q, k, v, out, lse, dlse, *ctx.scalars, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                         *ctx.max_seqlens)
     dsink = _sink_grad(dout, out, lse, dlse, sink) if sink is not None and ctx.needs_input_grad[8] else None
-    return dq, dk, dv, None, None, None, None, None, dsink
+    return dq, dk, dv, None, None, None, None, None, dsink, None, None, None, None
 
 
 torch.library.register_autograd("flashtile::fwd", _backward, setup_context=_setup_context)

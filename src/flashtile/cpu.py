@@ -142,3 +142,39 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_r
     dk = dk.transpose(1, 2).contiguous().to(k.dtype)
     dv = dv.transpose(1, 2).contiguous().to(v.dtype)
     return _merge_heads(dq).to(q.dtype), dk, dv
+
+
+def _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+    """(query slice, key slice, that sequence's ALiBi slopes) for each sequence of a varlen batch."""
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cu_q) - 1):
+        slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        yield slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1]), slopes
+
+
+def varlen_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
+                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """Packed q (total_q, Hq, D), k/v (total_k, Hk, D): each sequence alone; out like q, lse (Hq, total_q)."""
+    out = torch.zeros_like(q)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"))
+    for sq, sk, slopes in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+        if sq.stop == sq.start:
+            continue
+        o, l = forward(q[None, sq], k[None, sk], v[None, sk], softmax_scale, window_left, window_right, softcap,
+                       slopes, sink)
+        out[sq], lse[:, sq] = o[0], l[0]
+    return out, lse
+
+
+def varlen_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """dq, dk, dv of the packed layout, each sequence alone."""
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for sq, sk, slopes in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+        if sq.stop == sq.start or sk.stop == sk.start:
+            continue
+        grads = backward(dout[None, sq], q[None, sq], k[None, sk], v[None, sk], out[None, sq], lse[None, :, sq],
+                         None if dlse is None else dlse[None, :, sq], softmax_scale, window_left, window_right,
+                         softcap, slopes)
+        dq[sq], dk[sk], dv[sk] = (g[0] for g in grads)
+    return dq, dk, dv

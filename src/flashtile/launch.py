@@ -48,8 +48,49 @@ def _dot_precision(dtype):
 
 
 def _strides3(t):
-    """(batch, sequence, head) strides of a (B, S, H, D) tensor."""
+    """(batch, sequence, head) strides of a (B, S, H, D) tensor, or of a packed varlen (total, H, D) one."""
+    if t.dim() == 3:
+        return 0, t.stride(0), t.stride(1)
     return t.stride(0), t.stride(1), t.stride(2)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Sizes of one call: dense q (B, Sq, Hq, D), or varlen q (total_q, Hq, D) packed at int32 cu_seqlens.
+
+    In varlen mode seqlen_q / seqlen_k are the maxima (they size the grid) and lse is (Hq, total_q).
+    """
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    cu_seqlens_q: object = None
+    cu_seqlens_k: object = None
+
+    @staticmethod
+    def of(q, k, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+        if cu_seqlens_q is None:
+            return Geometry(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
+        return Geometry(cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, q.shape[1], k.shape[1], q.shape[2],
+                        cu_seqlens_q, cu_seqlens_k)
+
+    @property
+    def is_varlen(self):
+        return self.cu_seqlens_q is not None
+
+    def lse_shape(self, q):
+        return (self.heads_q, q.shape[0]) if self.is_varlen else (self.batch, self.heads_q, self.seqlen_q)
+
+    def lse_strides(self, lse):
+        return (0, lse.stride(0)) if self.is_varlen else (lse.stride(0), lse.stride(1))
+
+    def cu_args(self, placeholder):
+        """The two cu_seqlens pointers; any tensor stands in for them in dense mode (never read)."""
+        if self.is_varlen:
+            return self.cu_seqlens_q, self.cu_seqlens_k
+        return placeholder, placeholder
 
 
 @dataclass
@@ -83,9 +124,9 @@ class ScoreArgs:
     constexprs: dict
 
     @staticmethod
-    def make(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, placeholder):
+    def make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, placeholder):
         """placeholder: any fp32 tensor, passed where an optional tensor argument is absent."""
-        unbounded = q.shape[1] + k.shape[1]
+        unbounded = geo.seqlen_q + geo.seqlen_k
         has_alibi = alibi_slopes is not None
         return ScoreArgs(
             alibi=alibi_slopes if has_alibi else placeholder,
@@ -102,88 +143,90 @@ class ScoreArgs:
         return self.qk_scale, self.softcap_log2, self.window_left, self.window_right
 
 
-def forward_launches(q, k, v, out, lse, sink, softmax_scale, sa, arch, interpreter):
-    """The forward's one launch, writing out (B, Sq, Hq, D) and lse (B, Hq, Sq).
+def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter):
+    """The forward's one launch, writing out (q's shape) and lse (geo.lse_shape).
 
     sa: ScoreArgs; sink: fp32 (Hq,) attention-sink logits or None.
     """
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    head_dim_pad = _head_dim_padded(head_dim)
+    head_dim_pad = _head_dim_padded(geo.head_dim)
     cfg = configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
     return [KernelLaunch(
-        _attn_fwd, (triton.cdiv(seqlen_q, cfg.BLOCK_M), batch * heads_q),
-        (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse,
-         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
-         sa.stride_alibi_b, seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, *sa.scalars()),
-        dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-             HAS_SINK=sink is not None, DOT_PRECISION=_dot_precision(q.dtype), **sa.constexprs),
+        _attn_fwd, (triton.cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
+        (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse, *geo.cu_args(lse),
+         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out), *geo.lse_strides(lse),
+         sa.stride_alibi_b, geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars()),
+        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+             HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, DOT_PRECISION=_dot_precision(q.dtype),
+             **sa.constexprs),
         cfg.num_warps, cfg.num_stages,
     )]
 
 
-def backward_launches(dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_scale, sa, arch, interpreter):
-    """The backward's three launches: preprocess (delta, lse2), dK/dV, dQ; sa: ScoreArgs."""
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    group_size = heads_q // heads_kv
-    head_dim_pad = _head_dim_padded(head_dim)
+def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_scale, sa, arch, interpreter):
+    """The backward's three launches: preprocess (delta, lse2, laid out as lse), dK/dV, dQ; sa: ScoreArgs."""
+    group_size = geo.heads_q // geo.heads_kv
+    head_dim_pad = _head_dim_padded(geo.head_dim)
     cfg = configs.bwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
     precision = _dot_precision(q.dtype)
     pre_block = 64
-    common = dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, DOT_PRECISION=precision, **sa.constexprs)
+    cu_q, cu_k = geo.cu_args(lse)
+    common = dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, DOT_PRECISION=precision,
+                  IS_VARLEN=geo.is_varlen, **sa.constexprs)
     preprocess = KernelLaunch(
-        _attn_bwd_preprocess, (triton.cdiv(seqlen_q, pre_block), batch * heads_q),
-        (out, dout, lse, delta, lse2, *_strides3(out), *_strides3(dout), seqlen_q, heads_q),
-        dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=pre_block),
+        _attn_bwd_preprocess, (triton.cdiv(geo.seqlen_q, pre_block), geo.batch * geo.heads_q),
+        (out, dout, lse, delta, lse2, cu_q, *_strides3(out), *_strides3(dout), *geo.lse_strides(lse),
+         geo.seqlen_q, geo.heads_q),
+        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=pre_block, IS_VARLEN=geo.is_varlen),
     )
     dkdv = KernelLaunch(
-        _attn_bwd_dkdv, (triton.cdiv(seqlen_k, cfg.BLOCK_N1), batch * heads_kv),
-        (q, k, v, dout, lse2, delta, dk, dv, sa.alibi,
+        _attn_bwd_dkdv, (triton.cdiv(geo.seqlen_k, cfg.BLOCK_N1), geo.batch * geo.heads_kv),
+        (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
-         sa.stride_alibi_b, seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale, *sa.scalars()),
+         *geo.lse_strides(lse), sa.stride_alibi_b,
+         geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars()),
         dict(BLOCK_M=cfg.BLOCK_M1, BLOCK_N=cfg.BLOCK_N1, SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1,
              **common),
         cfg.num_warps, cfg.num_stages,
     )
     dq_launch = KernelLaunch(
-        _attn_bwd_dq, (triton.cdiv(seqlen_q, cfg.BLOCK_M2), batch * heads_q),
-        (q, k, v, dout, lse2, delta, dq, sa.alibi,
+        _attn_bwd_dq, (triton.cdiv(geo.seqlen_q, cfg.BLOCK_M2), geo.batch * geo.heads_q),
+        (q, k, v, dout, lse2, delta, dq, sa.alibi, cu_q, cu_k,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
-         sa.stride_alibi_b, seqlen_q, seqlen_k, heads_q, group_size, softmax_scale, *sa.scalars()),
+         *geo.lse_strides(lse), sa.stride_alibi_b,
+         geo.seqlen_q, geo.seqlen_k, geo.heads_q, group_size, softmax_scale, *sa.scalars()),
         dict(BLOCK_M=cfg.BLOCK_M2, BLOCK_N=cfg.BLOCK_N2, **common),
         cfg.num_warps, cfg.num_stages,
     )
     return [preprocess, dkdv, dq_launch]
 
 
-def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
-    """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32 for q (B, Sq, Hq, D), k/v (B, Sk, Hk, D)."""
-    batch, seqlen_q, heads_q, _ = q.shape
+def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
+                        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+    """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), or (Hq, total_q) when cu_seqlens are given."""
+    geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     out = _empty(q.shape, q)
-    lse = _empty((batch, heads_q, seqlen_q), q, torch.float32)
-    sa = ScoreArgs.make(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
-    for launch in forward_launches(q, k, v, out, lse, sink, softmax_scale, sa, _arch(q.device),
-                                   interpreter_active()):
+    lse = _empty(geo.lse_shape(q), q, torch.float32)
+    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
+    for launch in forward_launches(geo, q, k, v, out, lse, sink, sa, _arch(q.device), interpreter_active()):
         launch.run()
     return out, lse
 
 
 def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
-                         alibi_slopes):
+                         alibi_slopes, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
     """dq, dk, dv with the shapes and dtypes of q, k, v, recomputing P from q, k and lse.
 
-    dlse (B, Hq, Sq) or None is the gradient flowing into lse: since d lse_i / d s_ij = P_ij it
+    dlse (lse's shape) or None is the gradient flowing into lse: since d lse_i / d s_ij = P_ij it
     folds into delta (dS = P * (dP - (delta - dlse))), so the kernels do not change.
     """
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    batch, seqlen_q, heads_q, _ = q.shape
-    delta = _empty((batch, heads_q, seqlen_q), q, torch.float32)
-    lse2 = _empty((batch, heads_q, seqlen_q), q, torch.float32)
+    geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    delta = _empty(lse.shape, q, torch.float32)
+    lse2 = _empty(lse.shape, q, torch.float32)
     dq, dk, dv = _empty(q.shape, q), _empty(k.shape, k), _empty(v.shape, v)
-    sa = ScoreArgs.make(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
-    preprocess, *grads = backward_launches(dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_scale, sa,
+    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
+    preprocess, *grads = backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_scale, sa,
                                            _arch(q.device), interpreter_active())
     preprocess.run()
     if dlse is not None:

@@ -24,38 +24,54 @@ def _runs_triton(t):
 
 @torch.library.custom_op("flashtile::fwd", mutates_args=(), device_types=None)
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int, window_right: int,
-        softcap: float, alibi_slopes: Optional[Tensor], sink: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32. window_left/right: -1 = unbounded (causal: right = 0).
+        softcap: float, alibi_slopes: Optional[Tensor], sink: Optional[Tensor],
+        cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
+        max_seqlen_k: int) -> Tuple[Tensor, Tensor]:
+    """out (q's shape), lse fp32: (B, Hq, Sq) dense, (Hq, total_q) varlen (cu_seqlens given, q (total_q, Hq, D)).
 
-    sink: fp32 (Hq,) attention-sink logits or None; the backward needs no kernel change for it (autograd.py).
+    window_left/right: -1 = unbounded (causal: right = 0). sink: fp32 (Hq,) attention-sink logits or None;
+    the backward needs no kernel change for it (autograd.py). max_seqlen_* are plain ints, so sequence
+    lengths never become part of a compiled graph's guards beyond these two numbers.
     """
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
+    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
         from .launch import _flash_attn_forward
 
-        return _flash_attn_forward(q, k, v, *args)
+        return _flash_attn_forward(q, k, v, *args, *varlen)
+    if cu_seqlens_q is not None:
+        return cpu.varlen_forward(q, k, v, *args, *varlen)
     return cpu.forward(q, k, v, *args)
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
-    batch, seqlen_q, heads_q, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
+              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    if cu_seqlens_q is not None:
+        lse_shape = (q.shape[1], q.shape[0])
+    else:
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+    return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 @torch.library.custom_op("flashtile::bwd", mutates_args=(), device_types=None)
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Optional[Tensor],
         softmax_scale: float, window_left: int, window_right: int, softcap: float,
-        alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        alibi_slopes: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+        max_seqlen_q: int, max_seqlen_k: int) -> Tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv (shapes and dtypes of q, k, v)."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
+    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
         from .launch import _flash_attn_backward
 
-        return _flash_attn_backward(dout, q, k, v, out, lse, dlse, *args)
+        return _flash_attn_backward(dout, q, k, v, out, lse, dlse, *args, *varlen)
+    if cu_seqlens_q is not None:
+        return cpu.varlen_backward(dout, q, k, v, out, lse, dlse, *args, *varlen)
     return cpu.backward(dout, q, k, v, out, lse, dlse, *args)
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes):
+def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

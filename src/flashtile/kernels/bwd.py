@@ -6,29 +6,41 @@ loops over every query head of its group, so GQA sums need no atomics and result
 import triton
 import triton.language as tl
 
-from .common import LOG2E, _key_range, _load_tile, _query_range, _scores, _store_tile
+from .common import LOG2E, _key_range, _load_tile, _query_range, _scores, _seq_offset, _seq_range, _store_tile
 
 
 
 @triton.jit
-def _attn_bwd_preprocess(Out, DOut, Lse, Delta, Lse2,
+def _attn_bwd_preprocess(Out, DOut, Lse, Delta, Lse2, CuSeqlensQ,
                          stride_ob, stride_om, stride_oh,
                          stride_dob, stride_dom, stride_doh,
+                         stride_lse_b, stride_lse_h,
                          seqlen_q, heads_q,
-                         HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Delta = rowsum(dO * O); Lse2 = lse * log2(e), with +inf for rows that saw no key (so P = 0 there)."""
+                         HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                         IS_VARLEN: tl.constexpr):
+    """Delta = rowsum(dO * O); Lse2 = lse * log2(e), with +inf for rows that saw no key (so P = 0 there).
+
+    Delta and Lse2 have Lse's layout: (B, Hq, Sq), or (Hq, total_q) in varlen mode.
+    """
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_q).to(tl.int64)
     off_h = (pid_bh % heads_q).to(tl.int64)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    start_m = tl.program_id(0) * BLOCK_M
+    q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
+    if IS_VARLEN:
+        if start_m >= seqlen_q:
+            return
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     rows = offs_m[:, None].to(tl.int64)
-    o = _load_tile(Out + off_b * stride_ob + off_h * stride_oh + rows * stride_om + offs_d[None, :],
+    o = _load_tile(Out + _seq_offset(off_b, q_start, stride_ob, stride_om, IS_VARLEN) + off_h * stride_oh
+                   + rows * stride_om + offs_d[None, :],
                    offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
-    do = _load_tile(DOut + off_b * stride_dob + off_h * stride_doh + rows * stride_dom + offs_d[None, :],
+    do = _load_tile(DOut + _seq_offset(off_b, q_start, stride_dob, stride_dom, IS_VARLEN) + off_h * stride_doh
+                    + rows * stride_dom + offs_d[None, :],
                     offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # [BLOCK_M]
-    row_ptrs = pid_bh.to(tl.int64) * seqlen_q + offs_m
+    row_ptrs = off_b * stride_lse_b + off_h * stride_lse_h + q_start + offs_m
     lse = tl.load(Lse + row_ptrs, mask=offs_m < seqlen_q, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
     tl.store(Delta + row_ptrs, delta, mask=offs_m < seqlen_q)
@@ -74,33 +86,40 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi,
+def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeqlensK,
                    stride_qb, stride_qm, stride_qh,
                    stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh,
                    stride_dob, stride_dom, stride_doh,
                    stride_dkb, stride_dkn, stride_dkh,
                    stride_dvb, stride_dvn, stride_dvh,
-                   stride_alibi_b,
+                   stride_lse_b, stride_lse_h, stride_alibi_b,
                    seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale,
                    qk_scale, softcap_log2, window_left, window_right,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, SPLIT_GROUP_SUM: tl.constexpr):
+                   IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_GROUP_SUM: tl.constexpr):
     """One program per (key block, batch * key/value head); sums over the group's query heads."""
     start_n = tl.program_id(0) * BLOCK_N
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_kv).to(tl.int64)
     off_hk = (pid_bh % heads_kv).to(tl.int64)
+    q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
+    k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
+    if IS_VARLEN:
+        if start_n >= seqlen_k:
+            return
 
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     cols = offs_n[:, None].to(tl.int64)
-    k = _load_tile(K + off_b * stride_kb + off_hk * stride_kh + cols * stride_kn + offs_d[None, :],
+    k = _load_tile(K + _seq_offset(off_b, k_start, stride_kb, stride_kn, IS_VARLEN) + off_hk * stride_kh
+                   + cols * stride_kn + offs_d[None, :],
                    offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_N, HEAD_DIM_PAD]
-    v = _load_tile(V + off_b * stride_vb + off_hk * stride_vh + cols * stride_vn + offs_d[None, :],
+    v = _load_tile(V + _seq_offset(off_b, k_start, stride_vb, stride_vn, IS_VARLEN) + off_hk * stride_vh
+                   + cols * stride_vn + offs_d[None, :],
                    offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_N, HEAD_DIM_PAD]
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
@@ -108,12 +127,13 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi,
     lo, full_lo, full_hi, hi = _query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
                                             BLOCK_M, BLOCK_N)
     rows = offs_m[:, None].to(tl.int64)
-    heads_q = heads_kv * group_size
+    q_base = _seq_offset(off_b, q_start, stride_qb, stride_qm, IS_VARLEN)
+    do_base = _seq_offset(off_b, q_start, stride_dob, stride_dom, IS_VARLEN)
     for g in range(0, group_size):
         off_h = off_hk * group_size + g
-        q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + rows * stride_qm + offs_d[None, :]
-        do_ptrs = DOut + off_b * stride_dob + off_h * stride_doh + rows * stride_dom + offs_d[None, :]
-        row_base = (off_b * heads_q + off_h) * seqlen_q
+        q_ptrs = Q + q_base + off_h * stride_qh + rows * stride_qm + offs_d[None, :]
+        do_ptrs = DOut + do_base + off_h * stride_doh + rows * stride_dom + offs_d[None, :]
+        row_base = off_b * stride_lse_b + off_h * stride_lse_h + q_start
         alibi_slope = 0.0
         if HAS_ALIBI:
             alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
@@ -146,8 +166,10 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi,
             dv = dv_all + dv
 
     dk = dk * softmax_scale
-    dk_ptrs = DK + off_b * stride_dkb + off_hk * stride_dkh + cols * stride_dkn + offs_d[None, :]
-    dv_ptrs = DV + off_b * stride_dvb + off_hk * stride_dvh + cols * stride_dvn + offs_d[None, :]
+    dk_ptrs = (DK + _seq_offset(off_b, k_start, stride_dkb, stride_dkn, IS_VARLEN) + off_hk * stride_dkh
+               + cols * stride_dkn + offs_d[None, :])
+    dv_ptrs = (DV + _seq_offset(off_b, k_start, stride_dvb, stride_dvn, IS_VARLEN) + off_hk * stride_dvh
+               + cols * stride_dvn + offs_d[None, :])
     _store_tile(dk_ptrs, dk.to(DK.dtype.element_ty), offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD)
     _store_tile(dv_ptrs, dv.to(DV.dtype.element_ty), offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD)
 
@@ -179,19 +201,19 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi,
+def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK,
                  stride_qb, stride_qm, stride_qh,
                  stride_kb, stride_kn, stride_kh,
                  stride_vb, stride_vn, stride_vh,
                  stride_dob, stride_dom, stride_doh,
                  stride_dqb, stride_dqm, stride_dqh,
-                 stride_alibi_b,
+                 stride_lse_b, stride_lse_h, stride_alibi_b,
                  seqlen_q, seqlen_k, heads_q, group_size, softmax_scale,
                  qk_scale, softcap_log2, window_left, window_right,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
+                 IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One program per (query block, batch * query head)."""
     pid_m = tl.program_id(0)
     if IS_LOCAL:
@@ -201,16 +223,23 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi,
     off_h = (pid_bh % heads_q).to(tl.int64)
     off_hk = off_h // group_size
     start_m = pid_m * BLOCK_M
+    q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
+    k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
+    if IS_VARLEN:
+        if start_m >= seqlen_q:
+            return
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     rows = offs_m[:, None].to(tl.int64)
-    q = _load_tile(Q + off_b * stride_qb + off_h * stride_qh + rows * stride_qm + offs_d[None, :],
+    q = _load_tile(Q + _seq_offset(off_b, q_start, stride_qb, stride_qm, IS_VARLEN) + off_h * stride_qh
+                   + rows * stride_qm + offs_d[None, :],
                    offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
-    do = _load_tile(DOut + off_b * stride_dob + off_h * stride_doh + rows * stride_dom + offs_d[None, :],
+    do = _load_tile(DOut + _seq_offset(off_b, q_start, stride_dob, stride_dom, IS_VARLEN) + off_h * stride_doh
+                    + rows * stride_dom + offs_d[None, :],
                     offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
-    row_ptrs = pid_bh.to(tl.int64) * seqlen_q + offs_m
+    row_ptrs = off_b * stride_lse_b + off_h * stride_lse_h + q_start + offs_m
     lse2 = tl.load(Lse2 + row_ptrs, mask=offs_m < seqlen_q, other=float("inf"))  # [BLOCK_M]
     delta = tl.load(Delta + row_ptrs, mask=offs_m < seqlen_q, other=0.0)  # [BLOCK_M]
     alibi_slope = 0.0
@@ -218,8 +247,10 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi,
         alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
 
     cols = offs_n[:, None].to(tl.int64)
-    k_ptrs = K + off_b * stride_kb + off_hk * stride_kh + cols * stride_kn + offs_d[None, :]
-    v_ptrs = V + off_b * stride_vb + off_hk * stride_vh + cols * stride_vn + offs_d[None, :]
+    k_ptrs = (K + _seq_offset(off_b, k_start, stride_kb, stride_kn, IS_VARLEN) + off_hk * stride_kh
+              + cols * stride_kn + offs_d[None, :])
+    v_ptrs = (V + _seq_offset(off_b, k_start, stride_vb, stride_vn, IS_VARLEN) + off_hk * stride_vh
+              + cols * stride_vn + offs_d[None, :])
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N)
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
@@ -235,5 +266,6 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi,
                             qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
     dq = dq * softmax_scale
-    dq_ptrs = DQ + off_b * stride_dqb + off_h * stride_dqh + rows * stride_dqm + offs_d[None, :]
+    dq_ptrs = (DQ + _seq_offset(off_b, q_start, stride_dqb, stride_dqm, IS_VARLEN) + off_h * stride_dqh
+               + rows * stride_dqm + offs_d[None, :])
     _store_tile(dq_ptrs, dq.to(DQ.dtype.element_ty), offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD)

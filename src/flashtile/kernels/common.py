@@ -45,6 +45,23 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
 
 
 @triton.jit
+def _seq_range(CuSeqlens, off_b, seqlen, IS_VARLEN: tl.constexpr):
+    """(first token, length) of sequence off_b: from cu_seqlens in varlen mode, (0, seqlen) when dense."""
+    if IS_VARLEN:
+        start = tl.load(CuSeqlens + off_b)
+        return start, tl.load(CuSeqlens + off_b + 1) - start
+    return 0, seqlen
+
+
+@triton.jit
+def _seq_offset(off_b, start, stride_b, stride_s, IS_VARLEN: tl.constexpr):
+    """Element offset of a sequence's first token: packed tokens in varlen mode, the batch stride when dense."""
+    if IS_VARLEN:
+        return start.to(tl.int64) * stride_s
+    return off_b * stride_b
+
+
+@triton.jit
 def _load_tile(ptrs, offs_rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                MASK_ROWS: tl.constexpr):
     """Load a [rows, HEAD_DIM_PAD] tile, zero outside the sequence and the real head dim."""

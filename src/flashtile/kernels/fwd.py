@@ -2,7 +2,7 @@
 import triton
 import triton.language as tl
 
-from .common import LOG2E, _key_range, _load_tile, _scores, _store_tile
+from .common import LOG2E, _key_range, _load_tile, _scores, _seq_offset, _seq_range, _store_tile
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -38,18 +38,21 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink,
+def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK,
               stride_qb, stride_qm, stride_qh,
               stride_kb, stride_kn, stride_kh,
               stride_vb, stride_vn, stride_vh,
               stride_ob, stride_om, stride_oh,
-              stride_alibi_b,
+              stride_lse_b, stride_lse_h, stride_alibi_b,
               seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
+              IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log. Score arguments: see _scores.
+
+    IS_VARLEN: sequences are packed along the token axis (total, H, D) at offsets CuSeqlensQ/K (int32,
+    B + 1); seqlen_q/seqlen_k are then the maxima that sized the grid, and Lse is (Hq, total_q).
 
     HAS_SINK: Sink (Hq,) holds one logit per head that joins every row's softmax denominator but
     carries no value (attention sinks); the online softmax simply starts from it.
@@ -63,13 +66,23 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink,
     off_h = (pid_bh % heads_q).to(tl.int64)
     off_hk = off_h // group_size
     start_m = pid_m * BLOCK_M
+    q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
+    k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
+    if IS_VARLEN:
+        if start_m >= seqlen_q:  # the grid covers the longest sequence
+            return
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :]
-    k_ptrs = K + off_b * stride_kb + off_hk * stride_kh + offs_n[:, None].to(tl.int64) * stride_kn + offs_d[None, :]
-    v_ptrs = V + off_b * stride_vb + off_hk * stride_vh + offs_n[:, None].to(tl.int64) * stride_vn + offs_d[None, :]
+    rows = offs_m[:, None].to(tl.int64)
+    cols = offs_n[:, None].to(tl.int64)
+    q_ptrs = (Q + _seq_offset(off_b, q_start, stride_qb, stride_qm, IS_VARLEN) + off_h * stride_qh
+              + rows * stride_qm + offs_d[None, :])
+    k_ptrs = (K + _seq_offset(off_b, k_start, stride_kb, stride_kn, IS_VARLEN) + off_hk * stride_kh
+              + cols * stride_kn + offs_d[None, :])
+    v_ptrs = (V + _seq_offset(off_b, k_start, stride_vb, stride_vn, IS_VARLEN) + off_hk * stride_vh
+              + cols * stride_vn + offs_d[None, :])
     alibi_slope = 0.0
     if HAS_ALIBI:
         alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
@@ -101,7 +114,8 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink,
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)  # [BLOCK_M]
-    o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None].to(tl.int64) * stride_om + offs_d[None, :]
+    o_ptrs = (Out + _seq_offset(off_b, q_start, stride_ob, stride_om, IS_VARLEN) + off_h * stride_oh
+              + rows * stride_om + offs_d[None, :])
     _store_tile(o_ptrs, acc.to(Out.dtype.element_ty), offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD)
-    lse_ptrs = Lse + pid_bh.to(tl.int64) * seqlen_q + offs_m
+    lse_ptrs = Lse + off_b * stride_lse_b + off_h * stride_lse_h + q_start + offs_m
     tl.store(lse_ptrs, lse, mask=offs_m < seqlen_q)

@@ -1,0 +1,148 @@
+"""Argument checks of the public API: each bad input raises naming the argument, what it got, what it expects."""
+import math
+import numbers
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+def _check_tensor(name, t, rank, layout):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dimensions {layout}, got shape {tuple(t.shape)}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected torch.float16, torch.bfloat16 or torch.float32")
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must have stride 1 in its last (head) dimension, got strides {t.stride()}; "
+                         f"call .contiguous() first")
+
+
+def check_qkv(q, k, v, varlen=False):
+    """Validate q, k, v against each other: dense (B, S, H, D), or varlen (total, H, D) packed tokens."""
+    rank, layout = (3, "(total_tokens, heads, headdim)") if varlen else (4, "(batch, seqlen, heads, headdim)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t, rank, layout)
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; q, k and v must share one dtype")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; q, k and v must be on one device")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if not varlen and k.shape[0] != q.shape[0]:
+        raise ValueError(f"k has batch size {k.shape[0]} but q has {q.shape[0]}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k has head dim {k.shape[-1]} but q has {q.shape[-1]}; they must be equal")
+    heads_q, heads_kv = q.shape[-2], k.shape[-2]
+    if heads_q % heads_kv != 0:
+        raise ValueError(f"the number of query heads ({heads_q}) must be a multiple of the number of "
+                         f"key/value heads ({heads_kv}) for MQA/GQA")
+    head_dim = q.shape[-1]
+    if head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be a multiple of 8 between 8 and {MAX_HEAD_DIM}, got {head_dim}")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q is on {q.device}; flashtile runs on CUDA GPUs and on the CPU")
+
+
+def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k):
+    """cu_seqlens: int32 (batch + 1,) offsets from 0 to the token count, non-decreasing; max_seqlen: ints that
+    bound every sequence (they size the grid). The value checks read the offsets (one device sync); they
+    are skipped while torch.compile traces, where reading values would break the graph."""
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name} has dtype {cu.dtype}; expected torch.int32")
+        if cu.dim() != 1 or cu.numel() < 2:
+            raise ValueError(f"{name} must have shape (batch + 1,) with batch >= 1, got {tuple(cu.shape)}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
+                         f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise TypeError(f"{name} must be a non-negative int, got {value!r}")
+    if torch.compiler.is_compiling():
+        return
+    for name, cu, tokens, max_len in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+                                      ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
+        offsets = cu.tolist()
+        if offsets[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {offsets[0]}")
+        lengths = [b - a for a, b in zip(offsets, offsets[1:])]
+        if min(lengths) < 0:
+            raise ValueError(f"{name} must be non-decreasing, got {offsets}")
+        if offsets[-1] != tokens:
+            raise ValueError(f"{name} must end at the number of tokens ({tokens}), got {offsets[-1]}")
+        max_name = "max_seqlen_q" if name == "cu_seqlens_q" else "max_seqlen_k"
+        if max(lengths) > max_len:
+            raise ValueError(f"{max_name}={max_len} is smaller than the longest sequence in {name} ({max(lengths)})")
+
+
+def softmax_scale_or_default(softmax_scale, head_dim):
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def window(window_size, causal):
+    """(left, right) with -1 for unbounded; causal forces right = 0, as flash-attn does."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}") from None
+    for name, side in (("left", left), ("right", right)):
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral) or side < -1:
+            raise ValueError(f"window_size {name} must be an integer >= -1 (-1 = unbounded), got {side!r}")
+    return int(left), 0 if causal else int(right)
+
+
+def softcap_value(softcap):
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
+    if not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap must be finite and >= 0 (0 = off), got {softcap}")
+    return float(softcap)
+
+
+def alibi(alibi_slopes, q, batch, heads):
+    """None, or fp32 slopes of shape (nheads,) or (batch, nheads) on q's device, contiguous."""
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes has dtype {alibi_slopes.dtype}; expected torch.float32")
+    if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}) (nheads of q), "
+                         f"got {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
+    return alibi_slopes.contiguous()
+
+
+def sink_logits(sink, q, heads):
+    """None, or the (nheads,) sink logits as fp32 on q's device (autograd casts the gradient back)."""
+    if sink is None:
+        return None
+    if not isinstance(sink, torch.Tensor):
+        raise TypeError(f"sink must be a torch.Tensor or None, got {type(sink).__name__}")
+    if sink.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"sink has dtype {sink.dtype}; expected torch.float16, torch.bfloat16 or torch.float32")
+    if tuple(sink.shape) != (heads,):
+        raise ValueError(f"sink must have shape ({heads},) (nheads of q), got {tuple(sink.shape)}")
+    if sink.device != q.device:
+        raise ValueError(f"sink is on {sink.device} but q is on {q.device}")
+    return sink.float().contiguous()
+
+

@@ -1,0 +1,141 @@
+"""Variable-length batches: packed tokens with cu_seqlens equal each sequence run alone."""
+import pytest
+import torch
+
+import flashtile
+from utils import assert_close_rule
+
+SEQLENS_Q = [1, 17, 0, 64, 100, 33]
+SEQLENS_K = [5, 1, 9, 64, 30, 0]
+
+
+def cu(seqlens, device):
+    return torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32, device=device)
+
+
+def packed(seqlens_q, seqlens_k, heads_q, heads_kv, head_dim, dtype, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    make = lambda total, heads: torch.randn(total, heads, head_dim, generator=gen).to(device, dtype)  # noqa: E731
+    q = make(sum(seqlens_q), heads_q).requires_grad_()
+    k, v = (make(sum(seqlens_k), heads_kv).requires_grad_() for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("features", [{}, dict(window_size=(8, 4)), dict(softcap=10.0, alibi=True)],
+                         ids=["plain", "window", "softcap-alibi"])
+def test_varlen_equals_each_sequence_alone(backend, causal, features):
+    _, device = backend
+    dtype = torch.float32
+    features = dict(features)
+    slopes = None
+    if features.pop("alibi", False):
+        slopes = torch.rand(len(SEQLENS_Q), 4, generator=torch.Generator().manual_seed(3)).to(device)
+        features["alibi_slopes"] = slopes
+    q, k, v = packed(SEQLENS_Q, SEQLENS_K, 4, 2, 32, dtype, device)
+    cu_q, cu_k = cu(SEQLENS_Q, device), cu(SEQLENS_K, device)
+    out, lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(SEQLENS_Q), max(SEQLENS_K),
+                                                   causal=causal, return_attn_probs=True, **features)
+    assert out.shape == q.shape and lse.shape == (4, q.shape[0])
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+
+    for b, (sq, sk) in enumerate(zip(SEQLENS_Q, SEQLENS_K)):
+        if sq == 0:
+            continue
+        qs, ks = slice(cu_q[b].item(), cu_q[b + 1].item()), slice(cu_k[b].item(), cu_k[b + 1].item())
+        if sk == 0:  # no key at all: output 0, lse -inf, no gradient
+            assert torch.all(out[qs] == 0) and torch.all(lse[:, qs] == float("-inf"))
+            assert torch.all(grads[0][qs] == 0)
+            continue
+        leaves = [x.detach()[s][None].clone().requires_grad_() for x, s in ((q, qs), (k, ks), (v, ks))]
+        seq_features = dict(features, alibi_slopes=slopes[b]) if slopes is not None else features
+        ref = flashtile.attention_ref(*leaves, causal=causal, **seq_features)
+        ref_grads = torch.autograd.grad(ref, leaves, dout[qs][None].double())
+        low = flashtile.attention_ref(*leaves, causal=causal, upcast=False, **seq_features)
+        low_grads = torch.autograd.grad(low, leaves, dout[qs][None])
+        got = (out[qs], grads[0][qs], grads[1][ks], grads[2][ks])
+        for name, g, r, lo in zip(("out", "dq", "dk", "dv"), got, (ref, *ref_grads), (low, *low_grads)):
+            assert_close_rule(f"sequence {b} {name}", g[None] if g.dim() == 3 else g, r, lo, dtype)
+
+
+def test_varlen_matches_dense_batch(backend):
+    """Equal-length sequences packed give exactly the dense batched result."""
+    _, device = backend
+    q, k, v = packed([40] * 3, [50] * 3, 2, 1, 16, torch.float16, device, seed=5)
+    out = flashtile.flash_attn_varlen_func(q, k, v, cu([40] * 3, device), cu([50] * 3, device), 40, 50,
+                                           causal=True)
+    dense = flashtile.flash_attn_func(q.reshape(3, 40, 2, 16), k.reshape(3, 50, 1, 16), v.reshape(3, 50, 1, 16),
+                                      causal=True)
+    torch.testing.assert_close(out.reshape(3, 40, 2, 16), dense, rtol=0, atol=0)
+
+
+def test_varlen_packed_variants(backend):
+    _, device = backend
+    gen = torch.Generator().manual_seed(9)
+    seqlens = [7, 20, 13]
+    qkv = torch.randn(sum(seqlens), 3, 2, 16, generator=gen).to(device).requires_grad_()
+    c = cu(seqlens, device)
+    out = flashtile.flash_attn_varlen_qkvpacked_func(qkv, c, max(seqlens), causal=True)
+    want = flashtile.flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], c, c, max(seqlens), max(seqlens),
+                                            causal=True)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    out.sum().backward()
+    assert qkv.grad.shape == qkv.shape
+    kv = qkv.detach()[:, 1:]
+    out = flashtile.flash_attn_varlen_kvpacked_func(qkv.detach()[:, 0], kv, c, c, max(seqlens), max(seqlens))
+    want = flashtile.flash_attn_varlen_func(qkv.detach()[:, 0], kv[:, 0], kv[:, 1], c, c, max(seqlens),
+                                            max(seqlens))
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def test_unpad_pad_round_trip(backend):
+    """unpad_input -> varlen attention -> pad_input equals masking padded keys/queries by hand."""
+    _, device = backend
+    gen = torch.Generator().manual_seed(4)
+    batch, seqlen, heads, head_dim = 3, 24, 2, 16
+    lengths = torch.tensor([24, 10, 1])
+    mask = torch.arange(seqlen)[None, :] < lengths[:, None]
+    x = torch.randn(batch, seqlen, heads, head_dim, generator=gen).to(device)
+    x_unpad, indices, cu_seqlens, max_len, seqlens = flashtile.unpad_input(x, mask.to(device))
+    assert cu_seqlens.dtype == torch.int32 and cu_seqlens.tolist() == [0, 24, 34, 35] and max_len == 24
+    assert seqlens.tolist() == [24, 10, 1]
+    torch.testing.assert_close(flashtile.pad_input(x_unpad, indices, batch, seqlen), x * mask[..., None, None].to(device))
+    out = flashtile.flash_attn_varlen_func(x_unpad, x_unpad, x_unpad, cu_seqlens, cu_seqlens, max_len, max_len)
+    padded = flashtile.pad_input(out, indices, batch, seqlen)
+    for b, n in enumerate(lengths.tolist()):
+        alone = flashtile.flash_attn_func(x[b:b + 1, :n], x[b:b + 1, :n], x[b:b + 1, :n])
+        torch.testing.assert_close(padded[b:b + 1, :n], alone)
+        assert torch.all(padded[b, n:] == 0)
+
+
+def _args(device="cpu"):
+    q, k, v = packed([3, 5], [4, 4], 2, 2, 16, torch.float32, device)
+    return q.detach(), k.detach(), v.detach(), cu([3, 5], device), cu([4, 4], device)
+
+
+@pytest.mark.parametrize("mutate,exc,match", [
+    (lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"].long()), TypeError,
+     "cu_seqlens_q has dtype torch.int64; expected torch.int32"),
+    (lambda a: a.update(cu_seqlens_q=torch.tensor([0, 6, 8], dtype=torch.int32)), ValueError,
+     r"max_seqlen_q=5 is smaller than the longest sequence in cu_seqlens_q \(6\)"),
+    (lambda a: a.update(cu_seqlens_k=torch.tensor([0, 5, 3, 8], dtype=torch.int32)), ValueError,
+     "cu_seqlens_q and cu_seqlens_k must have the same length"),
+    (lambda a: a.update(cu_seqlens_k=torch.tensor([0, 6, 5], dtype=torch.int32)), ValueError,
+     r"cu_seqlens_k must be non-decreasing, got \[0, 6, 5\]"),
+    (lambda a: a.update(cu_seqlens_k=torch.tensor([0, 4, 7], dtype=torch.int32)), ValueError,
+     r"cu_seqlens_k must end at the number of tokens \(8\), got 7"),
+    (lambda a: a.update(cu_seqlens_q=torch.tensor([1, 4, 8], dtype=torch.int32)), ValueError,
+     "cu_seqlens_q must start at 0, got 1"),
+    (lambda a: a.update(max_seqlen_k=-1), TypeError, "max_seqlen_k must be a non-negative int, got -1"),
+    (lambda a: a.update(q=a["q"][None]), ValueError, r"q must have 3 dimensions \(total_tokens, heads, headdim\)"),
+    (lambda a: a.update(block_table=torch.zeros(2, 1, dtype=torch.int32)), NotImplementedError,
+     "block_table: paged KV caches are not supported yet"),
+], ids=["int64", "max-too-small", "lengths-differ", "decreasing", "wrong-total", "nonzero-start", "negative-max",
+        "rank", "block-table"])
+def test_varlen_bad_input(mutate, exc, match):
+    q, k, v, cu_q, cu_k = _args()
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=5, max_seqlen_k=4)
+    mutate(args)
+    with pytest.raises(exc, match=match):
+        flashtile.flash_attn_varlen_func(**args)
