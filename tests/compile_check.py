@@ -49,7 +49,7 @@ def compile_launch(kl, arch):
 # (head_dim, causal, dtype, heads_q, heads_kv, score features): the head-dim buckets users hit most, both
 # causal modes, GQA, a padded head dim, fp32 (ieee dots, the group-sum path, the largest tiles in bytes),
 # and every score feature switched on at once.
-ALL_FEATURES = dict(window_left=32, window_right=8, softcap=30.0, alibi=True, sink=True)
+ALL_FEATURES = dict(window_left=32, window_right=8, softcap=30.0, alibi=True, sink=True, bias=True)
 CASES = [
     (64, True, torch.bfloat16, 2, 1, {}),
     (128, True, torch.bfloat16, 2, 1, {}),
@@ -76,11 +76,14 @@ def check_case(arch, case):
         cu = torch.tensor([0, 30, 64], dtype=torch.int32)
         geo = launch.Geometry.of(q, k, cu, cu, 34, 34)
         lse = torch.zeros(heads_q, 64)
+    bias = dbias = None
+    if features.get("bias"):
+        bias, dbias = torch.zeros(1, heads_q, 64, 64, dtype=dtype), torch.zeros(1, heads_q, 64, 64)
     sa = launch.ScoreArgs.make(geo, 0.1, features.get("window_left", -1), 0 if causal else features.get(
-        "window_right", -1), features.get("softcap", 0.0), slopes, lse)
+        "window_right", -1), features.get("softcap", 0.0), slopes, lse, bias)
     sink = torch.zeros(heads_q) if features.get("sink") else None
     launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False)
-    launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, 0.1, sa, arch,
+    launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
                                          interpreter=False)
     failures, lines = 0, []
     for kl in launches:

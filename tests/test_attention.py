@@ -155,7 +155,7 @@ def test_custom_op_matches_api(backend):
     """torch.ops.flashtile.fwd is differentiable on its own (autograd registered on the op)."""
     _, device = backend
     q, k, v = make_qkv(1, 20, 20, 2, 2, 16, torch.float32, device)
-    out, lse = torch.ops.flashtile.fwd(q, k, v, 0.25, -1, 0, 0.0, None, None, None, None, 0, 0)  # causal
+    out, lse = torch.ops.flashtile.fwd(q, k, v, 0.25, -1, 0, 0.0, None, None, None, None, 0, 0, None)  # causal
     assert torch.equal(out, flashtile.flash_attn_func(q, k, v, softmax_scale=0.25, causal=True))
     assert torch.autograd.grad(out.sum(), q)[0].shape == q.shape
 

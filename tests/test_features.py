@@ -109,3 +109,48 @@ def test_sink_on_rows_without_keys(backend):
     torch.testing.assert_close(lse[0, :, :32], sink.detach()[:, None].expand(2, 32))
     grads = torch.autograd.grad(out.sum() + lse.sum(), (q, k, v, sink))
     assert all(torch.isfinite(g).all() for g in grads)
+
+
+BIAS_SHAPES = {"full": (2, 4, 45, 70), "per-head": (4, 45, 70), "batch-1": (1, 4, 45, 70), "rows-1": (2, 4, 1, 70),
+               "shared": (45, 70)}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", list(BIAS_SHAPES), ids=list(BIAS_SHAPES))
+def test_attn_bias(backend, shape, causal):
+    """Additive bias of any broadcastable shape: forward and the gradients of q, k, v and the bias."""
+    _, device = backend
+    dtype = torch.float32
+    q, k, v = make_qkv(2, 45, 70, 4, 2, 32, dtype, device)
+    bias = torch.randn(BIAS_SHAPES[shape], generator=torch.Generator().manual_seed(6)).to(device).requires_grad_()
+    out = flashtile.flash_attn_func(q, k, v, causal=causal, attn_bias=bias, window_size=(30, -1))
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(device)
+    grads = torch.autograd.grad(out, (q, k, v, bias), dout)
+    results = []
+    for upcast in (True, False):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, bias)]
+        ref = flashtile.attention_ref(*leaves[:3], causal=causal, upcast=upcast, attn_bias=leaves[3],
+                                      window_size=(30, -1))
+        results.append((ref.detach(), *torch.autograd.grad(ref, leaves, dout.to(ref.dtype))))
+    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv", "dbias"), (out, *grads), *results):
+        assert got.shape == r64.shape
+        assert_close_rule(name, got, r64, rlow, dtype)
+
+
+def test_attn_bias_without_grad_and_half(backend):
+    _, device = backend
+    q, k, v = make_qkv(1, 33, 40, 2, 2, 16, torch.float16, device)
+    bias = torch.randn(1, 2, 33, 40, generator=torch.Generator().manual_seed(8)).to(device, torch.float16)
+    run_and_check(1, 33, 40, 2, 2, 16, True, torch.float16, device, attn_bias=bias)
+
+
+def test_bad_attn_bias():
+    q, k, v = make_qkv(2, 8, 12, 4, 2, 16, torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"attn_bias of shape \(3, 8, 12\) does not broadcast to \(2, 4, 8, 12\)"):
+        flashtile.flash_attn_func(q, k, v, attn_bias=torch.zeros(3, 8, 12))
+    with pytest.raises(TypeError, match="attn_bias has dtype torch.int64"):
+        flashtile.flash_attn_func(q, k, v, attn_bias=torch.zeros(8, 12, dtype=torch.long))
+    with pytest.raises(ValueError, match="attn_bias must have 1 to 4 dimensions"):
+        flashtile.flash_attn_func(q, k, v, attn_bias=torch.zeros(1, 2, 4, 8, 12))
+    with pytest.raises(ValueError, match="attn_bias is on meta but q is on cpu"):
+        flashtile.flash_attn_func(q, k, v, attn_bias=torch.zeros(8, 12, device="meta"))

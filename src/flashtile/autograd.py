@@ -2,7 +2,7 @@
 
 Registered on the custom op itself (torch.library.register_autograd) rather than wrapped in a
 torch.autograd.Function, so `torch.ops.flashtile.fwd` is differentiable on its own and
-torch.compile traces it without a graph break. Saved: q, k, v, out, lse (and ALiBi slopes, sinks), O(N) memory.
+torch.compile traces it without a graph break. Saved: q, k, v, out, lse (and ALiBi slopes, sinks, bias), O(N) memory beyond the bias.
 """
 import torch
 
@@ -11,9 +11,9 @@ from . import ops
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) = inputs
+     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k)
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k, attn_bias)
     ctx.scalars = (softmax_scale, window_left, window_right, softcap)
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
 
@@ -31,12 +31,20 @@ def _sink_grad(dout, out, lse, dlse, sink):
     return -(p_sink * delta).sum(-1).reshape(-1, sink.shape[0]).sum(0)
 
 
+def _bias_grad(dscores, attn_bias):
+    """Sum the full (B, Hq, Sq, Sk) score gradient over the dims the bias broadcasts along."""
+    dims = tuple(i for i, size in enumerate(attn_bias.shape) if size == 1 and dscores.shape[i] != 1)
+    return (dscores.sum(dims, keepdim=True) if dims else dscores).to(attn_bias.dtype)
+
+
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv = ops.bwd(dout, q, k, v, out, lse, dlse, *ctx.scalars, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                         *ctx.max_seqlens)
+    q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k, attn_bias = ctx.saved_tensors
+    bias_grad = attn_bias is not None and ctx.needs_input_grad[13]
+    dq, dk, dv, dscores = ops.bwd(dout, q, k, v, out, lse, dlse, *ctx.scalars, alibi_slopes, cu_seqlens_q,
+                                  cu_seqlens_k, *ctx.max_seqlens, attn_bias, bias_grad)
     dsink = _sink_grad(dout, out, lse, dlse, sink) if sink is not None and ctx.needs_input_grad[8] else None
-    return dq, dk, dv, None, None, None, None, None, dsink, None, None, None, None
+    dbias = _bias_grad(dscores, attn_bias) if bias_grad else None
+    return dq, dk, dv, None, None, None, None, None, dsink, None, None, None, None, dbias
 
 
 torch.library.register_autograd("flashtile::fwd", _backward, setup_context=_setup_context)

@@ -146,3 +146,24 @@ def sink_logits(sink, q, heads):
     return sink.float().contiguous()
 
 
+
+
+def attn_bias(bias, q, k):
+    """None, or the additive bias as a 4-D view broadcastable to (batch, nheads, seqlen_q, seqlen_k)."""
+    if bias is None:
+        return None
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"attn_bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    if bias.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"attn_bias has dtype {bias.dtype}; expected torch.float16, torch.bfloat16 or torch.float32")
+    if bias.device != q.device:
+        raise ValueError(f"attn_bias is on {bias.device} but q is on {q.device}")
+    target = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+    if not 1 <= bias.dim() <= 4:
+        raise ValueError(f"attn_bias must have 1 to 4 dimensions, broadcastable to {target} "
+                         f"(batch, nheads, seqlen_q, seqlen_k), got shape {tuple(bias.shape)}")
+    bias4 = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    if any(size not in (1, want) for size, want in zip(bias4.shape, target)):
+        raise ValueError(f"attn_bias of shape {tuple(bias.shape)} does not broadcast to {target} "
+                         f"(batch, nheads, seqlen_q, seqlen_k)")
+    return bias4

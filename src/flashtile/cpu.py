@@ -31,9 +31,10 @@ class _Scores:
     """Scores of one (query block, key block) tile, in the kernels' fixed order: softcap, ALiBi, masks.
 
     window_left / window_right: -1 for unbounded (causal is right = 0). alibi_slopes: (Hq,) or (B, Hq).
+    attn_bias: 4-D, broadcastable to (B, Hq, Sq, Sk).
     """
 
-    def __init__(self, q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes):
+    def __init__(self, q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias=None):
         self.seqlen_q, self.seqlen_k = q.shape[1], k.shape[1]
         self.diag = self.seqlen_k - self.seqlen_q
         self.scale = softmax_scale
@@ -44,6 +45,10 @@ class _Scores:
             batch, heads_kv = q.shape[0], k.shape[2]
             slopes = alibi_slopes.float().expand(batch, q.shape[2])
             self.slopes = slopes.reshape(batch, heads_kv, -1, 1, 1)  # [B, Hk, G, 1, 1]
+        self.bias = None
+        if attn_bias is not None:  # a view: broadcast dims keep stride 0
+            full = attn_bias.expand(q.shape[0], q.shape[2], self.seqlen_q, self.seqlen_k)
+            self.bias = full.reshape(q.shape[0], k.shape[2], -1, self.seqlen_q, self.seqlen_k)  # [B, Hk, G, Sq, Sk]
 
     def key_blocks(self, m0, m1):
         """Key blocks (n0, n1) that rows [m0, m1) may see: blocks outside the window are skipped."""
@@ -63,6 +68,8 @@ class _Scores:
         cols = torch.arange(n0, n1).unsqueeze(0)  # [1, bn]
         if self.slopes is not None:
             s = s - self.slopes * (rows - cols).abs()
+        if self.bias is not None:
+            s = s + self.bias[..., m0:m1, n0:n1].float()
         visible = torch.ones_like(cols, dtype=torch.bool)
         if self.right >= 0:
             visible = visible & (cols <= rows + self.right)
@@ -73,13 +80,13 @@ class _Scores:
         return s, t
 
 
-def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
+def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink, attn_bias=None):
     """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32, as the Triton forward.
 
     sink: (Hq,) logits that join each row's denominator without a value, or None.
     """
     seqlen_q = q.shape[1]
-    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes)
+    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias)
     qg, kg, vg = _split_heads(q, k, v)
     out = torch.empty_like(qg)  # [B, Hk, G, Sq, D]
     lse = torch.empty(qg.shape[:-1], dtype=torch.float32)  # [B, Hk, G, Sq]
@@ -109,10 +116,12 @@ def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_sl
     return _merge_heads(out).to(q.dtype), lse.reshape(batch, heads_q, seqlen_q)
 
 
-def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes):
-    """dq, dk, dv (dtypes of q, k, v); dlse (B, Hq, Sq) or None is the gradient flowing into lse."""
+def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+             attn_bias=None, bias_grad=False):
+    """dq, dk, dv (dtypes of q, k, v) and dscores (fp32 (B, Hq, Sq, Sk) when bias_grad, else empty);
+    dlse (B, Hq, Sq) or None is the gradient flowing into lse."""
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes)
+    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias)
     qg, kg, vg = _split_heads(q, k, v)
     dog = _split_heads(dout, k, v)[0]  # [B, Hk, G, Sq, D]
     group_shape = qg.shape[:-1]
@@ -125,6 +134,7 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_r
     dq = torch.zeros_like(qg)
     dk = torch.zeros(kg.shape[0], kg.shape[1], seqlen_k, kg.shape[-1])  # [B, Hk, Sk, D]
     dv = torch.zeros_like(dk)
+    dscores = torch.zeros(*qg.shape[:-1], seqlen_k) if bias_grad else torch.zeros(0)  # [B, Hk, G, Sq, Sk]
     for m0 in range(0, seqlen_q, BLOCK_M):
         m1 = min(seqlen_q, m0 + BLOCK_M)
         qb, dob = qg[..., m0:m1, :], dog[..., m0:m1, :]
@@ -135,13 +145,17 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_r
             p = torch.exp(s - lse_b)
             dv[..., n0:n1, :] += (p.transpose(-1, -2) @ dob).sum(2)
             ds = p * (dob @ vb.transpose(-1, -2) - delta_b)
+            if bias_grad:
+                dscores[..., m0:m1, n0:n1] = ds
             if t is not None:
                 ds = ds * (1 - t * t)  # d softcap*tanh(x/softcap) / dx
             dq[..., m0:m1, :] += (ds @ kb) * softmax_scale
             dk[..., n0:n1, :] += (ds.transpose(-1, -2) @ qb).sum(2) * softmax_scale
     dk = dk.transpose(1, 2).contiguous().to(k.dtype)
     dv = dv.transpose(1, 2).contiguous().to(v.dtype)
-    return _merge_heads(dq).to(q.dtype), dk, dv
+    if bias_grad:
+        dscores = dscores.reshape(q.shape[0], q.shape[2], seqlen_q, seqlen_k)
+    return _merge_heads(dq).to(q.dtype), dk, dv, dscores
 
 
 def _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
@@ -175,6 +189,6 @@ def varlen_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, w
             continue
         grads = backward(dout[None, sq], q[None, sq], k[None, sk], v[None, sk], out[None, sq], lse[None, :, sq],
                          None if dlse is None else dlse[None, :, sq], softmax_scale, window_left, window_right,
-                         softcap, slopes)
+                         softcap, slopes)[:3]
         dq[sq], dk[sk], dv[sk] = (g[0] for g in grads)
     return dq, dk, dv

@@ -6,15 +6,18 @@ from . import checks, ops
 
 
 def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-               deterministic, return_attn_probs, sink=None, varlen=None):
+               deterministic, return_attn_probs, sink=None, varlen=None, attn_bias=None):
     """Shared by every entry point. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) or None."""
     checks.check_qkv(q, k, v, varlen=varlen is not None)
     if varlen is not None:
         checks.check_cu_seqlens(*varlen, q, k)
         batch = varlen[0].numel() - 1
+        if attn_bias is not None:
+            raise NotImplementedError("attn_bias with variable-length inputs is not supported yet")
     else:
         batch = q.shape[0]
         varlen = (None, None, 0, 0)
+        attn_bias = checks.attn_bias(attn_bias, q, k)
     if dropout_p != 0.0:
         raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not supported yet (only dropout_p=0.0)")
     if not isinstance(causal, bool):
@@ -24,14 +27,16 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     window_left, window_right = checks.window(window_size, causal)
     # deterministic needs nothing: the backward uses no atomics, so it is always deterministic.
     out, lse = ops.fwd(q, k, v, scale, window_left, window_right, checks.softcap_value(softcap),
-                       checks.alibi(alibi_slopes, q, batch, heads), checks.sink_logits(sink, q, heads), *varlen)
+                       checks.alibi(alibi_slopes, q, batch, heads), checks.sink_logits(sink, q, heads), *varlen,
+                       attn_bias)
     if return_attn_probs:
         return out, lse, None
     return out
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, sink=None):
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, sink=None,
+                    attn_bias=None):
     """Exact attention softmax(q k^T * softmax_scale) v without materializing the score matrix.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), with nheads a
@@ -46,10 +51,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     softcap * tanh(s / softcap). alibi_slopes (nheads,) or (batch, nheads) fp32 adds
     -slope * |i + Sk - Sq - j| to the scores. sink (nheads,): a learnable per-head logit that joins every
     row's softmax denominator without a value (attention sinks, as in gpt-oss); it receives a gradient,
-    and softmax_lse includes it. dropout_p other than 0 raises NotImplementedError.
+    and softmax_lse includes it. attn_bias: fp16/bf16/fp32, broadcastable to (batch, nheads, seqlen_q,
+    seqlen_k) (any dim may be 1), added to the scores after softcap and ALiBi; it gets a gradient when it
+    requires one (computed as a full fp32 (batch, nheads, seqlen_q, seqlen_k) buffer, then summed over
+    broadcast dims). dropout_p other than 0 raises NotImplementedError.
     """
     return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      deterministic, return_attn_probs, sink)
+                      deterministic, return_attn_probs, sink, attn_bias=attn_bias)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),

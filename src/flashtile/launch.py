@@ -117,6 +117,8 @@ class ScoreArgs:
     """
     alibi: torch.Tensor
     stride_alibi_b: int
+    bias: torch.Tensor
+    bias_strides: tuple
     qk_scale: float
     softcap_log2: float
     window_left: int
@@ -124,19 +126,24 @@ class ScoreArgs:
     constexprs: dict
 
     @staticmethod
-    def make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, placeholder):
-        """placeholder: any fp32 tensor, passed where an optional tensor argument is absent."""
+    def make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, placeholder, attn_bias=None):
+        """placeholder: any fp32 tensor, passed where an optional tensor argument is absent.
+        attn_bias: 4-D, broadcastable to (B, Hq, Sq, Sk) (size-1 dims are read with stride 0), or None."""
         unbounded = geo.seqlen_q + geo.seqlen_k
         has_alibi = alibi_slopes is not None
+        has_bias = attn_bias is not None
         return ScoreArgs(
             alibi=alibi_slopes if has_alibi else placeholder,
             stride_alibi_b=alibi_slopes.stride(0) if has_alibi and alibi_slopes.dim() == 2 else 0,
+            bias=attn_bias if has_bias else placeholder,
+            bias_strides=tuple(0 if size == 1 else stride for size, stride in zip(attn_bias.shape, attn_bias.stride()))
+            if has_bias else (0, 0, 0, 0),
             qk_scale=softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E,
             softcap_log2=softcap * LOG2E,
             window_left=window_left if window_left >= 0 else unbounded,
             window_right=window_right if window_right >= 0 else unbounded,
             constexprs=dict(IS_LOCAL=window_left >= 0 or window_right >= 0, SOFTCAP=softcap > 0,
-                            HAS_ALIBI=has_alibi),
+                            HAS_ALIBI=has_alibi, HAS_BIAS=has_bias),
         )
 
     def scalars(self):
@@ -152,9 +159,9 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter):
     cfg = configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
     return [KernelLaunch(
         _attn_fwd, (triton.cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
-        (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse, *geo.cu_args(lse),
+        (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse, *geo.cu_args(lse), sa.bias,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out), *geo.lse_strides(lse),
-         sa.stride_alibi_b, geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars()),
+         sa.stride_alibi_b, *sa.bias_strides, geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, DOT_PRECISION=_dot_precision(q.dtype),
              **sa.constexprs),
@@ -162,8 +169,12 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter):
     )]
 
 
-def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_scale, sa, arch, interpreter):
-    """The backward's three launches: preprocess (delta, lse2, laid out as lse), dK/dV, dQ; sa: ScoreArgs."""
+def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale, sa, arch,
+                      interpreter):
+    """The backward's three launches: preprocess (delta, lse2, laid out as lse), dK/dV, dQ; sa: ScoreArgs.
+
+    dbias: a zero-filled fp32 (B, Hq, Sq, Sk) buffer that the dQ kernel fills with dS, or None.
+    """
     group_size = geo.heads_q // geo.heads_kv
     head_dim_pad = _head_dim_padded(geo.head_dim)
     cfg = configs.bwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
@@ -180,9 +191,9 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, sof
     )
     dkdv = KernelLaunch(
         _attn_bwd_dkdv, (triton.cdiv(geo.seqlen_k, cfg.BLOCK_N1), geo.batch * geo.heads_kv),
-        (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k,
+        (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k, sa.bias,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
-         *geo.lse_strides(lse), sa.stride_alibi_b,
+         *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
          geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars()),
         dict(BLOCK_M=cfg.BLOCK_M1, BLOCK_N=cfg.BLOCK_N1, SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1,
              **common),
@@ -190,31 +201,33 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, sof
     )
     dq_launch = KernelLaunch(
         _attn_bwd_dq, (triton.cdiv(geo.seqlen_q, cfg.BLOCK_M2), geo.batch * geo.heads_q),
-        (q, k, v, dout, lse2, delta, dq, sa.alibi, cu_q, cu_k,
+        (q, k, v, dout, lse2, delta, dq, sa.alibi, cu_q, cu_k, sa.bias, dbias if dbias is not None else lse,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
-         *geo.lse_strides(lse), sa.stride_alibi_b,
+         *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, group_size, softmax_scale, *sa.scalars()),
-        dict(BLOCK_M=cfg.BLOCK_M2, BLOCK_N=cfg.BLOCK_N2, **common),
+        dict(BLOCK_M=cfg.BLOCK_M2, BLOCK_N=cfg.BLOCK_N2, STORE_DBIAS=dbias is not None, **common),
         cfg.num_warps, cfg.num_stages,
     )
     return [preprocess, dkdv, dq_launch]
 
 
 def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-                        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+                        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None):
     """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), or (Hq, total_q) when cu_seqlens are given."""
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
-    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
+    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias)
     for launch in forward_launches(geo, q, k, v, out, lse, sink, sa, _arch(q.device), interpreter_active()):
         launch.run()
     return out, lse
 
 
 def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
-                         alibi_slopes, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
-    """dq, dk, dv with the shapes and dtypes of q, k, v, recomputing P from q, k and lse.
+                         alibi_slopes, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
+                         attn_bias=None, bias_grad=False):
+    """dq, dk, dv with the shapes and dtypes of q, k, v, recomputing P from q, k and lse, and dbias:
+    the full (B, Hq, Sq, Sk) fp32 gradient of the scores when bias_grad, else an empty tensor.
 
     dlse (lse's shape) or None is the gradient flowing into lse: since d lse_i / d s_ij = P_ij it
     folds into delta (dS = P * (dP - (delta - dlse))), so the kernels do not change.
@@ -225,12 +238,15 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
     delta = _empty(lse.shape, q, torch.float32)
     lse2 = _empty(lse.shape, q, torch.float32)
     dq, dk, dv = _empty(q.shape, q), _empty(k.shape, k), _empty(v.shape, v)
-    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
-    preprocess, *grads = backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, softmax_scale, sa,
-                                           _arch(q.device), interpreter_active())
+    # Zeros, not poison: blocks the kernels skip (outside a window or causal mask) have dS = 0.
+    dbias = (torch.zeros((geo.batch, geo.heads_q, geo.seqlen_q, geo.seqlen_k), dtype=torch.float32, device=q.device)
+             if bias_grad else None)
+    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias)
+    preprocess, *grads = backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale,
+                                           sa, _arch(q.device), interpreter_active())
     preprocess.run()
     if dlse is not None:
         delta -= dlse
     for launch in grads:
         launch.run()
-    return dq, dk, dv
+    return dq, dk, dv, dbias if dbias is not None else q.new_empty(0, dtype=torch.float32)

@@ -26,27 +26,28 @@ def _runs_triton(t):
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int, window_right: int,
         softcap: float, alibi_slopes: Optional[Tensor], sink: Optional[Tensor],
         cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
-        max_seqlen_k: int) -> Tuple[Tensor, Tensor]:
+        max_seqlen_k: int, attn_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     """out (q's shape), lse fp32: (B, Hq, Sq) dense, (Hq, total_q) varlen (cu_seqlens given, q (total_q, Hq, D)).
 
     window_left/right: -1 = unbounded (causal: right = 0). sink: fp32 (Hq,) attention-sink logits or None;
     the backward needs no kernel change for it (autograd.py). max_seqlen_* are plain ints, so sequence
-    lengths never become part of a compiled graph's guards beyond these two numbers.
+    lengths never become part of a compiled graph's guards beyond these two numbers. attn_bias: 4-D,
+    broadcastable to (B, Hq, Sq, Sk), added to the scores (dense inputs only).
     """
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
         from .launch import _flash_attn_forward
 
-        return _flash_attn_forward(q, k, v, *args, *varlen)
+        return _flash_attn_forward(q, k, v, *args, *varlen, attn_bias)
     if cu_seqlens_q is not None:
         return cpu.varlen_forward(q, k, v, *args, *varlen)
-    return cpu.forward(q, k, v, *args)
+    return cpu.forward(q, k, v, *args, attn_bias)
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias):
     if cu_seqlens_q is not None:
         lse_shape = (q.shape[1], q.shape[0])
     else:
@@ -58,20 +59,23 @@ def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Optional[Tensor],
         softmax_scale: float, window_left: int, window_right: int, softcap: float,
         alibi_slopes: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-        max_seqlen_q: int, max_seqlen_k: int) -> Tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv (shapes and dtypes of q, k, v)."""
+        max_seqlen_q: int, max_seqlen_k: int, attn_bias: Optional[Tensor],
+        bias_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv (shapes and dtypes of q, k, v) and dscores: fp32 (B, Hq, Sq, Sk) when bias_grad, else empty."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
         from .launch import _flash_attn_backward
 
-        return _flash_attn_backward(dout, q, k, v, out, lse, dlse, *args, *varlen)
+        return _flash_attn_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad)
     if cu_seqlens_q is not None:
-        return cpu.varlen_backward(dout, q, k, v, out, lse, dlse, *args, *varlen)
-    return cpu.backward(dout, q, k, v, out, lse, dlse, *args)
+        return (*cpu.varlen_backward(dout, q, k, v, out, lse, dlse, *args, *varlen), q.new_empty(0))
+    return cpu.backward(dout, q, k, v, out, lse, dlse, *args, attn_bias, bias_grad)
 
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, bias_grad):
+    dscores = (q.new_empty((q.shape[0], q.shape[2], q.shape[1], k.shape[1]), dtype=torch.float32) if bias_grad
+               else q.new_empty(0, dtype=torch.float32))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dscores

@@ -9,14 +9,14 @@ import torch
 
 
 def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return_lse=False, window_size=(-1, -1),
-                  softcap=0.0, alibi_slopes=None, sink=None):
+                  softcap=0.0, alibi_slopes=None, sink=None, attn_bias=None):
     """Standard attention softmax(Q K^T * scale) V with the flash-attn layout and semantics.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hk, D) with Hq a multiple of Hk (query head h uses
     key/value head h // (Hq // Hk)). upcast=True computes in float64 (the reference);
     upcast=False computes in the inputs' dtype (the plain low-precision PyTorch computation).
-    window_size, softcap, alibi_slopes and sink as in flash_attn_func (scores: softcap, ALiBi, masks; the
-    sink joins the softmax as one extra column without a value).
+    window_size, softcap, alibi_slopes, attn_bias and sink as in flash_attn_func (scores: softcap, ALiBi,
+    bias, masks; the sink joins the softmax as one extra column without a value).
     Rows that see no key give output 0 and lse -inf.
     Returns out (B, Sq, Hq, D) in q's dtype (float64 when upcast), and lse (B, Hq, Sq) when return_lse.
     """
@@ -36,6 +36,8 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return
     if alibi_slopes is not None:
         slopes = alibi_slopes.to(dtype).expand(q.shape[0], q.shape[2])[:, :, None, None]  # [B, H, 1, 1]
         scores = scores - slopes * (rows - cols).abs().to(dtype)
+    if attn_bias is not None:
+        scores = scores + attn_bias.to(dtype)
     left, right = window_size
     if causal:
         right = 0

@@ -51,9 +51,10 @@ def _attn_bwd_preprocess(Out, DOut, Lse, Delta, Lse2, CuSeqlensQ,
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, lse2_ptr, delta_ptr,
                          offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k,
                          qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                         bias_ptr, stride_bias_m, stride_bias_n,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                          MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
-                         HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                         HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Accumulate dK, dV of one key block over query blocks [lo, hi), working on transposed tiles.
 
     dK is accumulated with respect to the raw products q.k (softcap's chain rule applied here); the
@@ -74,7 +75,8 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
             delta = tl.load(delta_ptr + offs_qm)
         qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
         sT, tT = _scores(qkT, offs_qm[None, :], offs_n[:, None], seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                         alibi_slope, window_left, window_right, MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+                         alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
+                         MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS)
         pT = tl.math.exp2(sT - lse2[None, :])  # [BLOCK_N, BLOCK_M]
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
@@ -86,7 +88,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeqlensK,
+def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeqlensK, Bias,
                    stride_qb, stride_qm, stride_qh,
                    stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh,
@@ -94,11 +96,12 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                    stride_dkb, stride_dkn, stride_dkh,
                    stride_dvb, stride_dvn, stride_dvh,
                    stride_lse_b, stride_lse_h, stride_alibi_b,
+                   stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                    seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale,
                    qk_scale, softcap_log2, window_left, window_right,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                   IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
                    IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_GROUP_SUM: tl.constexpr):
     """One program per (key block, batch * key/value head); sums over the group's query heads."""
     start_n = tl.program_id(0) * BLOCK_N
@@ -137,6 +140,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
         alibi_slope = 0.0
         if HAS_ALIBI:
             alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
+        bias_ptr = Bias + off_b * stride_bias_b + off_h * stride_bias_h
         if SPLIT_GROUP_SUM:
             # fp32: a sum over group_size * Sq rows in one running fp32 accumulator drifts like
             # sqrt(n) ulps; summing each head apart first keeps fp32 GQA as exact as PyTorch.
@@ -147,20 +151,20 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                       Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
                                       lo, full_lo, seqlen_q, seqlen_k,
                                       qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
-                                      True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                                      bias_ptr, stride_bias_m, stride_bias_n, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
+                                      True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
                                       Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
                                       full_lo, full_hi, seqlen_q, seqlen_k,
                                       qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
-                                      False, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                                      bias_ptr, stride_bias_m, stride_bias_n, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
+                                      False, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
         dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
                                       Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
                                       full_hi, hi, seqlen_q, seqlen_k,
                                       qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                      HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
-                                      True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                                      bias_ptr, stride_bias_m, stride_bias_n, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
+                                      True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
         if SPLIT_GROUP_SUM:
             dk = dk_all + dk
             dv = dv_all + dv
@@ -178,10 +182,16 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
 def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
                        offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k,
                        qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                       bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, stride_dbias_m,
                        HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                        MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
-                       HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Accumulate dQ of one query block over key blocks [lo, hi)."""
+                       HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_DBIAS: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr):
+    """Accumulate dQ of one query block over key blocks [lo, hi).
+
+    STORE_DBIAS: dS (the gradient of the score after softcap and ALiBi, i.e. of the additive bias) is
+    also written to this (batch, head)'s slice of a full (Sq, Sk) fp32 buffer; each element once.
+    """
     for start_n in range(lo, hi, BLOCK_N):
         offs_kn = start_n + offs_n
         k = _load_tile(k_ptrs + start_n * stride_kn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
@@ -190,10 +200,14 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
                        MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         s, t = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                       alibi_slope, window_left, window_right, MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+                       alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
+                       MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS)
         p = tl.math.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N]
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
+        if STORE_DBIAS:
+            tl.store(dbias_ptr + offs_m[:, None].to(tl.int64) * stride_dbias_m + offs_kn[None, :], ds,
+                     mask=(offs_m[:, None] < seqlen_q) & (offs_kn[None, :] < seqlen_k))
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
@@ -201,20 +215,21 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK,
+def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, Bias, DBias,
                  stride_qb, stride_qm, stride_qh,
                  stride_kb, stride_kn, stride_kh,
                  stride_vb, stride_vn, stride_vh,
                  stride_dob, stride_dom, stride_doh,
                  stride_dqb, stride_dqm, stride_dqh,
                  stride_lse_b, stride_lse_h, stride_alibi_b,
+                 stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                  seqlen_q, seqlen_k, heads_q, group_size, softmax_scale,
                  qk_scale, softcap_log2, window_left, window_right,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                 IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One program per (query block, batch * query head)."""
+                 IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 STORE_DBIAS: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One program per (query block, batch * query head). DBias: (B, Hq, Sq, Sk) fp32, zero-filled."""
     pid_m = tl.program_id(0)
     if IS_LOCAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -245,6 +260,8 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK,
     alibi_slope = 0.0
     if HAS_ALIBI:
         alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
+    bias_ptr = Bias + off_b * stride_bias_b + off_h * stride_bias_h
+    dbias_ptr = DBias + pid_bh.to(tl.int64) * seqlen_q * seqlen_k
 
     cols = offs_n[:, None].to(tl.int64)
     k_ptrs = (K + _seq_offset(off_b, k_start, stride_kb, stride_kn, IS_VARLEN) + off_hk * stride_kh
@@ -256,15 +273,21 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK,
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
                             offs_m, offs_n, offs_d, lo, full_lo, seqlen_q, seqlen_k,
                             qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                            bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, seqlen_k,
+                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS,
+                            STORE_DBIAS, DOT_PRECISION)
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
                             offs_m, offs_n, offs_d, full_lo, full_hi, seqlen_q, seqlen_k,
                             qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                            bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, seqlen_k,
+                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS,
+                            STORE_DBIAS, DOT_PRECISION)
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
                             offs_m, offs_n, offs_d, full_hi, hi, seqlen_q, seqlen_k,
                             qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                            bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, seqlen_k,
+                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS,
+                            STORE_DBIAS, DOT_PRECISION)
     dq = dq * softmax_scale
     dq_ptrs = (DQ + _seq_offset(off_b, q_start, stride_dqb, stride_dqm, IS_VARLEN) + off_h * stride_dqh
                + rows * stride_dqm + offs_d[None, :])

@@ -14,16 +14,19 @@ def _tanh(x):
 
 @triton.jit
 def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
-            window_left, window_right,
-            MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    """The one place where raw q.k products become scores, in a fixed order: softcap, ALiBi, masks.
+            window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
+            MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+            HAS_BIAS: tl.constexpr):
+    """The one place where raw q.k products become scores, in a fixed order: softcap, ALiBi, bias, masks.
 
     qk: raw dot products; q_idx / k_idx: query and key positions broadcastable to qk's shape ([M, 1]
     and [1, N] in the forward and dQ kernels, [1, M] and [N, 1] in the dK/dV kernel, which works on
     the transposed tile). Returns (s, t): s in log2 units, -inf where masked; t = tanh(qk * qk_scale)
     under SOFTCAP (the backward's chain rule needs 1 - t^2), else s.
     qk_scale is softmax_scale * log2(e), or softmax_scale / softcap under SOFTCAP (then softcap_log2 =
-    softcap * log2(e)). Only MASKED blocks evaluate masks: the loop bounds decide which blocks are full.
+    softcap * log2(e)). bias_ptr points at this (batch, head)'s additive bias, read at
+    (q_idx, k_idx) with the given strides (0 along broadcast dims). Only MASKED blocks evaluate masks:
+    the loop bounds decide which blocks are full.
     """
     if SOFTCAP:
         t = _tanh(qk * qk_scale)
@@ -34,6 +37,11 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
     if HAS_ALIBI:
         # -slope * |i + Sk - Sq - j|, in log2 units
         s = s - (alibi_slope * LOG2E) * tl.abs(q_idx + (seqlen_k - seqlen_q) - k_idx).to(tl.float32)
+    if HAS_BIAS:
+        in_bounds = (q_idx < seqlen_q) & (k_idx < seqlen_k)
+        bias = tl.load(bias_ptr + q_idx.to(tl.int64) * stride_bias_m + k_idx.to(tl.int64) * stride_bias_n,
+                       mask=in_bounds, other=0.0)
+        s = s + bias.to(tl.float32) * LOG2E
     if MASKED:
         visible = k_idx < seqlen_k
         if IS_LOCAL:

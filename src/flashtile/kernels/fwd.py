@@ -10,9 +10,10 @@ LN2 = tl.constexpr(0.6931471805599453)
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                     lo, hi, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                    bias_ptr, stride_bias_m, stride_bias_n,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
-                    HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Online softmax over key blocks [lo, hi); MASKED blocks evaluate the masks, the others skip them."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_kn = start_n + offs_n
@@ -20,7 +21,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
                        MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         s, _ = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                       alibi_slope, window_left, window_right, MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+                       alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
+                       MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS)
         m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
         if MASKED:
             # A row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
@@ -38,17 +40,18 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK,
+def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias,
               stride_qb, stride_qm, stride_qh,
               stride_kb, stride_kn, stride_kh,
               stride_vb, stride_vn, stride_vh,
               stride_ob, stride_om, stride_oh,
               stride_lse_b, stride_lse_h, stride_alibi_b,
+              stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
               seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
-              IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log. Score arguments: see _scores.
 
     IS_VARLEN: sequences are packed along the token axis (total, H, D) at offsets CuSeqlensQ/K (int32,
@@ -86,6 +89,7 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK,
     alibi_slope = 0.0
     if HAS_ALIBI:
         alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
+    bias_ptr = Bias + off_b * stride_bias_b + off_h * stride_bias_h
 
     q = _load_tile(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
     if HAS_SINK:
@@ -99,16 +103,19 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK,
     lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     lo, full_lo, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
-                                    window_left, window_right, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
-                                    True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                                    window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
+                                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
+                                    True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     full_lo, full_hi, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
-                                    window_left, window_right, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
-                                    False, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                                    window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
+                                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
+                                    False, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                                     full_hi, hi, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
-                                    window_left, window_right, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
-                                    True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                                    window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
+                                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
+                                    True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
 
     # A row that saw no key (and no sink): output 0 and lse -inf.
     empty = l_i == 0.0
