@@ -6,7 +6,8 @@ loops over every query head of its group, so GQA sums need no atomics and result
 import triton
 import triton.language as tl
 
-from .common import LOG2E, _key_range, _load_tile, _query_range, _scores, _seq_offset, _seq_range, _store_tile
+from .common import (LOG2E, _key_range, _load_tile, _query_range, _scores, _segment, _seq_offset, _seq_range,
+                     _store_tile)
 
 
 
@@ -147,24 +148,14 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
             dk_all, dv_all = dk, dv
             dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
             dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
-                                      Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
-                                      lo, full_lo, seqlen_q, seqlen_k,
-                                      qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                      bias_ptr, stride_bias_m, stride_bias_n, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
-                                      True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
-                                      Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
-                                      full_lo, full_hi, seqlen_q, seqlen_k,
-                                      qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                      bias_ptr, stride_bias_m, stride_bias_n, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
-                                      False, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
-        dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
-                                      Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
-                                      full_hi, hi, seqlen_q, seqlen_k,
-                                      qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                      bias_ptr, stride_bias_m, stride_bias_n, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
-                                      True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
+        for SEGMENT in tl.static_range(3):
+            seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
+            dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
+                                          Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
+                                          seg_lo, seg_hi, seqlen_q, seqlen_k,
+                                          qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                                          bias_ptr, stride_bias_m, stride_bias_n, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
+                                          SEGMENT != 1, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
         if SPLIT_GROUP_SUM:
             dk = dk_all + dk
             dv = dv_all + dv
@@ -270,24 +261,14 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
               + cols * stride_vn + offs_d[None, :])
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N)
-    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                            offs_m, offs_n, offs_d, lo, full_lo, seqlen_q, seqlen_k,
-                            qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                            bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, seqlen_k,
-                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS,
-                            STORE_DBIAS, DOT_PRECISION)
-    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                            offs_m, offs_n, offs_d, full_lo, full_hi, seqlen_q, seqlen_k,
-                            qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                            bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, seqlen_k,
-                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, False, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS,
-                            STORE_DBIAS, DOT_PRECISION)
-    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                            offs_m, offs_n, offs_d, full_hi, hi, seqlen_q, seqlen_k,
-                            qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                            bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, seqlen_k,
-                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS,
-                            STORE_DBIAS, DOT_PRECISION)
+    for SEGMENT in tl.static_range(3):
+        seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
+        dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                offs_m, offs_n, offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k,
+                                qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                                bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, seqlen_k,
+                                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                                HAS_BIAS, STORE_DBIAS, DOT_PRECISION)
     dq = dq * softmax_scale
     dq_ptrs = (DQ + _seq_offset(off_b, q_start, stride_dqb, stride_dqm, IS_VARLEN) + off_h * stride_dqh
                + rows * stride_dqm + offs_d[None, :])

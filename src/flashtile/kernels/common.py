@@ -113,6 +113,17 @@ def _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
 
 
 @triton.jit
+def _segment(SEGMENT: tl.constexpr, lo, full_lo, full_hi, hi):
+    """Bounds of loop segment 0 (masked blocks before the full ones), 1 (full blocks, no masks) or 2
+    (masked blocks after); kernels loop over tl.static_range(3) and pass MASKED = SEGMENT != 1."""
+    if SEGMENT == 0:
+        return lo, full_lo
+    if SEGMENT == 1:
+        return full_lo, full_hi
+    return full_hi, hi
+
+
+@triton.jit
 def _query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Query range of a key block (the dK/dV loop), like _key_range seen from the keys' side.

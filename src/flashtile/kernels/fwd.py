@@ -2,7 +2,7 @@
 import triton
 import triton.language as tl
 
-from .common import LOG2E, _key_range, _load_tile, _scores, _seq_offset, _seq_range, _store_tile
+from .common import LOG2E, _key_range, _load_tile, _scores, _segment, _seq_offset, _seq_range, _store_tile
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -101,21 +101,13 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias,
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
     lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                    lo, full_lo, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
-                                    window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
-                                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
-                                    True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                    full_lo, full_hi, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
-                                    window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
-                                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
-                                    False, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
-                                    full_hi, hi, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
-                                    window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
-                                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
-                                    True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
+    for SEGMENT in tl.static_range(3):
+        seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
+                                        offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                                        alibi_slope, window_left, window_right, bias_ptr, stride_bias_m,
+                                        stride_bias_n, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL,
+                                        SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
 
     # A row that saw no key (and no sink): output 0 and lse -inf.
     empty = l_i == 0.0
