@@ -18,23 +18,25 @@ from triton.testing import do_bench
 
 import flashtile
 from flashtile import configs
-from flashtile.configs import BwdConfig, FwdConfig
+from flashtile.configs import BwdConfig, TileConfig
 
+T = TileConfig
 FWD_CANDIDATES = {
-    64: [FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 4, 3), FwdConfig(128, 128, 8, 3), FwdConfig(128, 64, 4, 4),
-         FwdConfig(256, 64, 8, 3), FwdConfig(128, 128, 8, 4)],
-    128: [FwdConfig(128, 64, 8, 3), FwdConfig(128, 128, 8, 3), FwdConfig(128, 64, 4, 3), FwdConfig(128, 128, 8, 2),
-          FwdConfig(128, 64, 8, 4), FwdConfig(64, 64, 4, 3)],
-    256: [FwdConfig(128, 64, 8, 2), FwdConfig(64, 64, 4, 2), FwdConfig(128, 32, 8, 2), FwdConfig(64, 128, 8, 2),
-          FwdConfig(128, 64, 8, 3)],
+    64: [T(128, 64, 4, 3), T(128, 128, 4, 3), T(128, 64, 4, 4), T(64, 64, 4, 3), T(128, 32, 4, 3)],
+    128: [T(128, 64, 8, 3), T(128, 128, 8, 3), T(128, 64, 8, 4), T(64, 64, 4, 3), T(64, 128, 4, 3)],
+    256: [T(128, 64, 8, 2), T(64, 64, 4, 2), T(128, 32, 8, 2), T(64, 32, 4, 3), T(64, 64, 8, 2)],
 }
-BWD_CANDIDATES = {
-    64: [BwdConfig(64, 128, 128, 64, 8, 3), BwdConfig(32, 128, 128, 32, 4, 3), BwdConfig(64, 64, 64, 64, 4, 3),
-         BwdConfig(64, 128, 128, 64, 8, 2), BwdConfig(32, 64, 64, 32, 4, 4)],
-    128: [BwdConfig(64, 128, 128, 64, 8, 2), BwdConfig(32, 128, 128, 32, 4, 3), BwdConfig(64, 64, 64, 64, 4, 2),
-          BwdConfig(64, 128, 128, 64, 8, 1), BwdConfig(32, 64, 64, 32, 4, 3)],
-    256: [BwdConfig(32, 64, 64, 32, 4, 1), BwdConfig(64, 64, 64, 64, 8, 1), BwdConfig(32, 32, 32, 32, 4, 2),
-          BwdConfig(32, 64, 64, 32, 8, 2), BwdConfig(16, 64, 64, 16, 4, 2)],
+# The dK/dV kernel keeps k, v, dk, dv tiles of [BLOCK_N, D] resident; the dQ kernel q, do, dq of [BLOCK_M, D].
+# Each is swept with the other held at its configs.py value, then the best pair is timed together.
+DKDV_CANDIDATES = {
+    64: [T(64, 64, 4, 3), T(32, 128, 4, 3), T(64, 128, 8, 3), T(32, 64, 4, 4), T(64, 128, 8, 2)],
+    128: [T(64, 128, 8, 2), T(32, 128, 4, 3), T(64, 64, 4, 2), T(32, 64, 4, 3), T(64, 128, 8, 3)],
+    256: [T(32, 32, 4, 2), T(32, 64, 8, 2), T(64, 64, 8, 1), T(32, 64, 4, 2), T(16, 64, 4, 2), T(64, 32, 8, 2)],
+}
+DQ_CANDIDATES = {
+    64: [T(64, 64, 4, 3), T(128, 32, 4, 3), T(128, 64, 8, 3), T(64, 32, 4, 4)],
+    128: [T(128, 64, 8, 2), T(128, 32, 4, 3), T(64, 64, 4, 2), T(64, 32, 4, 3)],
+    256: [T(32, 32, 4, 2), T(64, 32, 8, 2), T(64, 64, 8, 1), T(64, 32, 4, 2), T(128, 32, 8, 2)],
 }
 
 
@@ -55,6 +57,22 @@ def time_fwd_bwd(fn, q, k, v, dout):
     bwd_ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
                       warmup=25, rep=100, return_mode="median")
     return fwd_ms, bwd_ms
+
+
+def time_bwd(cfg, pad, out, q, k, v, dout, shape, part):
+    """Time the whole backward with cfg installed for this head dim; a record for the summary."""
+    configs._SM90_BWD[pad] = cfg
+    batch, heads, seqlen, head_dim, causal = (shape[x] for x in ("batch", "heads", "seqlen", "head_dim", "causal"))
+    rec = dict(shape, provider="flashtile", direction="bwd", part=part, config=repr(cfg))
+    try:
+        grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
+                      warmup=25, rep=100, return_mode="median")
+        rec.update(finite=all(bool(torch.isfinite(g).all()) for g in grads), bwd_ms=ms,
+                   bwd_tflops=tflops(batch, heads, seqlen, head_dim, causal, ms, 2.5))
+    except Exception as exc:  # a config that does not fit is a result, not a crash
+        rec.update(error=str(exc)[:200])
+    return rec
 
 
 def main():
@@ -99,21 +117,18 @@ def main():
                 print(records[-1], flush=True)
             configs._SM90_FWD[pad] = fwd_default
             out = run()
-            for cfg in BWD_CANDIDATES.get(head_dim, []):
-                bwd_default = configs._SM90_BWD[pad]
-                configs._SM90_BWD[pad] = cfg
-                try:
-                    grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-                    ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
-                                  warmup=25, rep=100, return_mode="median")
-                    records.append(dict(shape, provider="flashtile", direction="bwd", config=repr(cfg),
-                                        finite=all(bool(torch.isfinite(g).all()) for g in grads),
-                                        bwd_ms=ms, bwd_tflops=tflops(batch, heads, seqlen, head_dim, causal, ms, 2.5)))
-                except Exception as exc:
-                    records.append(dict(shape, provider="flashtile", direction="bwd", config=repr(cfg),
-                                        error=str(exc)[:200]))
-                configs._SM90_BWD[pad] = bwd_default
-                print(records[-1], flush=True)
+            bwd_default = configs._SM90_BWD[pad]
+            best = {}
+            for part, candidates in (("dkdv", DKDV_CANDIDATES), ("dq", DQ_CANDIDATES)):
+                for tiles in candidates.get(head_dim, []):
+                    others = dict(dkdv=best.get("dkdv", bwd_default.dkdv), dq=bwd_default.dq)
+                    cfg = BwdConfig(**dict(others, **{part: tiles}))
+                    rec = time_bwd(cfg, pad, out, q, k, v, dout, shape, part)
+                    records.append(rec)
+                    print(rec, flush=True)
+                    if rec.get("finite") and rec["bwd_tflops"] > best.get(part + "_tflops", 0):
+                        best[part], best[part + "_tflops"] = tiles, rec["bwd_tflops"]
+            configs._SM90_BWD[pad] = bwd_default
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, records=records), f, indent=1)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class FwdConfig:
+class TileConfig:
+    """One kernel's tiles (BLOCK_M queries x BLOCK_N keys), warps and software-pipelining depth."""
     BLOCK_M: int
     BLOCK_N: int
     num_warps: int
@@ -17,50 +18,50 @@ class FwdConfig:
 
 @dataclass(frozen=True)
 class BwdConfig:
-    """dK/dV kernel tiles (BLOCK_M1 queries x BLOCK_N1 keys) and dQ kernel tiles (BLOCK_M2 x BLOCK_N2)."""
-    BLOCK_M1: int
-    BLOCK_N1: int
-    BLOCK_M2: int
-    BLOCK_N2: int
-    num_warps: int
-    num_stages: int
+    """The backward's two main kernels are tuned apart: dK/dV (keys resident) and dQ (queries resident)."""
+    dkdv: TileConfig
+    dq: TileConfig
 
 
-INTERPRETER_FWD = FwdConfig(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
-INTERPRETER_BWD = BwdConfig(BLOCK_M1=32, BLOCK_N1=32, BLOCK_M2=32, BLOCK_N2=32, num_warps=4, num_stages=1)
+def _bwd(m1, n1, m2, n2, warps, stages):
+    return BwdConfig(TileConfig(m1, n1, warps, stages), TileConfig(m2, n2, warps, stages))
+
+
+INTERPRETER_FWD = TileConfig(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+INTERPRETER_BWD = _bwd(32, 32, 32, 32, 4, 1)
 
 # Hopper (sm90) configurations keyed by padded head dim. Measured on the H200 with
 # benchmarks/tune.py; see docs/perf-log.md for the numbers behind each choice.
 # Sweep of 2026-11-29 (bf16, seqlen 4096, 16K tokens): perf-log.md, "v1 tile sweep".
 _SM90_FWD = {
-    16: FwdConfig(128, 64, 4, 3),
-    32: FwdConfig(128, 64, 4, 3),
-    64: FwdConfig(128, 64, 4, 3),  # 383 TFLOP/s (128x128: 369; 8 warps: 349)
-    128: FwdConfig(128, 64, 8, 3),  # 466 (128x128: 465; 4 warps: 208)
-    256: FwdConfig(128, 64, 8, 2),  # 454 (3 stages does not fit in shared memory)
+    16: TileConfig(128, 64, 4, 3),
+    32: TileConfig(128, 64, 4, 3),
+    64: TileConfig(128, 64, 4, 3),  # 383 TFLOP/s (128x128: 369; 8 warps: 349)
+    128: TileConfig(128, 64, 8, 3),  # 466 (128x128: 465; 4 warps: 208)
+    256: TileConfig(128, 64, 8, 2),  # 454 (3 stages does not fit in shared memory)
 }
 _SM90_BWD = {
-    16: BwdConfig(64, 64, 64, 64, 4, 3),
-    32: BwdConfig(64, 64, 64, 64, 4, 3),
-    64: BwdConfig(64, 64, 64, 64, 4, 3),  # 355 (64/128 tiles, 8 warps: 335)
-    128: BwdConfig(64, 128, 128, 64, 8, 2),  # 353 (64x64, 4 warps: 350)
-    256: BwdConfig(32, 32, 32, 32, 4, 2),  # 149: below FA2, see perf-log.md
+    16: _bwd(64, 64, 64, 64, 4, 3),
+    32: _bwd(64, 64, 64, 64, 4, 3),
+    64: _bwd(64, 64, 64, 64, 4, 3),  # 355 (64/128 tiles, 8 warps: 335)
+    128: _bwd(64, 128, 128, 64, 8, 2),  # 353 (64x64, 4 warps: 350)
+    256: _bwd(32, 32, 32, 32, 4, 2),  # 149: below FA2, see perf-log.md
 }
 
 # Every other GPU: conservative tiles that fit ~100 KB of shared memory (Ampere/Ada class).
 _GENERIC_FWD = {
-    16: FwdConfig(128, 64, 4, 2),
-    32: FwdConfig(128, 64, 4, 2),
-    64: FwdConfig(128, 64, 4, 2),
-    128: FwdConfig(128, 64, 8, 2),
-    256: FwdConfig(64, 32, 4, 1),
+    16: TileConfig(128, 64, 4, 2),
+    32: TileConfig(128, 64, 4, 2),
+    64: TileConfig(128, 64, 4, 2),
+    128: TileConfig(128, 64, 8, 2),
+    256: TileConfig(64, 32, 4, 1),
 }
 _GENERIC_BWD = {
-    16: BwdConfig(32, 64, 64, 32, 4, 2),
-    32: BwdConfig(32, 64, 64, 32, 4, 2),
-    64: BwdConfig(32, 64, 64, 32, 4, 2),
-    128: BwdConfig(32, 64, 64, 32, 4, 1),
-    256: BwdConfig(16, 32, 32, 16, 4, 1),
+    16: _bwd(32, 64, 64, 32, 4, 2),
+    32: _bwd(32, 64, 64, 32, 4, 2),
+    64: _bwd(32, 64, 64, 32, 4, 2),
+    128: _bwd(32, 64, 64, 32, 4, 1),
+    256: _bwd(16, 32, 32, 16, 4, 1),
 }
 
 

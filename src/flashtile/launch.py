@@ -190,23 +190,23 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=pre_block, IS_VARLEN=geo.is_varlen),
     )
     dkdv = KernelLaunch(
-        _attn_bwd_dkdv, (triton.cdiv(geo.seqlen_k, cfg.BLOCK_N1), geo.batch * geo.heads_kv),
+        _attn_bwd_dkdv, (triton.cdiv(geo.seqlen_k, cfg.dkdv.BLOCK_N), geo.batch * geo.heads_kv),
         (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k, sa.bias,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
          *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
          geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars()),
-        dict(BLOCK_M=cfg.BLOCK_M1, BLOCK_N=cfg.BLOCK_N1, SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1,
-             **common),
-        cfg.num_warps, cfg.num_stages,
+        dict(BLOCK_M=cfg.dkdv.BLOCK_M, BLOCK_N=cfg.dkdv.BLOCK_N,
+             SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1, **common),
+        cfg.dkdv.num_warps, cfg.dkdv.num_stages,
     )
     dq_launch = KernelLaunch(
-        _attn_bwd_dq, (triton.cdiv(geo.seqlen_q, cfg.BLOCK_M2), geo.batch * geo.heads_q),
+        _attn_bwd_dq, (triton.cdiv(geo.seqlen_q, cfg.dq.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, v, dout, lse2, delta, dq, sa.alibi, cu_q, cu_k, sa.bias, dbias if dbias is not None else lse,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
          *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, group_size, softmax_scale, *sa.scalars()),
-        dict(BLOCK_M=cfg.BLOCK_M2, BLOCK_N=cfg.BLOCK_N2, STORE_DBIAS=dbias is not None, **common),
-        cfg.num_warps, cfg.num_stages,
+        dict(BLOCK_M=cfg.dq.BLOCK_M, BLOCK_N=cfg.dq.BLOCK_N, STORE_DBIAS=dbias is not None, **common),
+        cfg.dq.num_warps, cfg.dq.num_stages,
     )
     return [preprocess, dkdv, dq_launch]
 
