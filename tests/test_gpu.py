@@ -3,7 +3,6 @@ import pytest
 import torch
 
 import flashtile
-from conftest import HAS_GPU
 from test_attention import HEAD_DIMS, run_and_check
 from utils import assert_close_rule, make_qkv
 
@@ -56,12 +55,15 @@ def test_long_sequences_and_memory(seqlen, causal):
             assert_close_rule(f"{name}[head {head}]", got[sl], r64, rlow, dtype)
 
 
-@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
 def test_deterministic_backward():
+    """100 backward passes give bitwise identical dq, dk, dv and bias / sink gradients (no atomics anywhere)."""
     q, k, v = make_qkv(2, 1000, 1000, 8, 2, 64, torch.bfloat16, "cuda")
-    out = flashtile.flash_attn_func(q, k, v, causal=True, deterministic=True)
+    bias = torch.randn(8, 1000, 1000, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    sink = torch.zeros(8, device="cuda", requires_grad=True)
+    out = flashtile.flash_attn_func(q, k, v, causal=True, deterministic=True, attn_bias=bias, sink=sink)
     dout = torch.randn_like(out)
-    first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-    for _ in range(20):
-        again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    leaves = (q, k, v, bias, sink)
+    first = torch.autograd.grad(out, leaves, dout, retain_graph=True)
+    for _ in range(100):
+        again = torch.autograd.grad(out, leaves, dout, retain_graph=True)
         assert all(torch.equal(a, b) for a, b in zip(first, again))
