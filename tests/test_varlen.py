@@ -100,7 +100,8 @@ def test_unpad_pad_round_trip(backend):
     x_unpad, indices, cu_seqlens, max_len, seqlens = flashtile.unpad_input(x, mask.to(device))
     assert cu_seqlens.dtype == torch.int32 and cu_seqlens.tolist() == [0, 24, 34, 35] and max_len == 24
     assert seqlens.tolist() == [24, 10, 1]
-    torch.testing.assert_close(flashtile.pad_input(x_unpad, indices, batch, seqlen), x * mask[..., None, None].to(device))
+    padded_back = flashtile.pad_input(x_unpad, indices, batch, seqlen)
+    torch.testing.assert_close(padded_back, x * mask[..., None, None].to(device))
     out = flashtile.flash_attn_varlen_func(x_unpad, x_unpad, x_unpad, cu_seqlens, cu_seqlens, max_len, max_len)
     padded = flashtile.pad_input(out, indices, batch, seqlen)
     for b, n in enumerate(lengths.tolist()):

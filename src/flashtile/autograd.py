@@ -2,7 +2,8 @@
 
 Registered on the custom op itself (torch.library.register_autograd) rather than wrapped in a
 torch.autograd.Function, so `torch.ops.flashtile.fwd` is differentiable on its own and
-torch.compile traces it without a graph break. Saved: q, k, v, out, lse (and ALiBi slopes, sinks, bias), O(N) memory beyond the bias.
+torch.compile traces it without a graph break. Saved: q, k, v, out, lse (and ALiBi slopes, sinks,
+bias): O(N) memory beyond the bias.
 """
 import torch
 
