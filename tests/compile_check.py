@@ -5,6 +5,7 @@ and tile configurations whose shared memory exceeds the target's limit (which wo
 only at launch on the GPU). Run: python tests/compile_check.py  (TRITON_INTERPRET must be unset).
 Prints one line per compiled kernel and exits 1 if any failed.
 """
+import dataclasses
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -59,6 +60,7 @@ CASES = [
     (256, True, torch.float32, 2, 1, {}),
     (128, False, torch.bfloat16, 2, 1, ALL_FEATURES),
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True)),
+    (128, True, torch.bfloat16, 2, 1, dict(kvcache=True)),
 ]
 
 
@@ -82,8 +84,10 @@ def check_case(arch, case):
     sa = launch.ScoreArgs.make(geo, 0.1, features.get("window_left", -1), 0 if causal else features.get(
         "window_right", -1), features.get("softcap", 0.0), slopes, lse, bias)
     sink = torch.zeros(heads_q) if features.get("sink") else None
+    if features.get("kvcache"):  # inference only: the forward with per-row key counts
+        geo = dataclasses.replace(geo, seqused_k=torch.tensor([50], dtype=torch.int32))
     launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False)
-    launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
+    launches += [] if features.get("kvcache") else launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
                                          interpreter=False)
     failures, lines = 0, []
     for kl in launches:

@@ -192,3 +192,15 @@ def varlen_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, w
                          softcap, slopes)[:3]
         dq[sq], dk[sk], dv[sk] = (g[0] for g in grads)
     return dq, dk, dv
+
+
+def kvcache_forward(q, k_cache, v_cache, seqused_k, softmax_scale, window_left, window_right, softcap,
+                    alibi_slopes):
+    """Batch row b attends to k_cache[b, :seqused_k[b]]; out like q, lse (B, Hq, Sq)."""
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1])
+    for b, used in enumerate(seqused_k.tolist()):
+        slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        out[b:b + 1], lse[b:b + 1] = forward(q[b:b + 1], k_cache[b:b + 1, :used], v_cache[b:b + 1, :used],
+                                             softmax_scale, window_left, window_right, softcap, slopes, None)
+    return out, lse

@@ -3,7 +3,7 @@
 Inputs arrive validated and normalized by interface.py: (B, S, H, D) tensors with a unit last stride.
 """
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -68,6 +68,7 @@ class Geometry:
     head_dim: int
     cu_seqlens_q: object = None
     cu_seqlens_k: object = None
+    seqused_k: object = None  # int32 (B,): keys each batch row uses (KV cache); seqlen_k is the capacity
 
     @staticmethod
     def of(q, k, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
@@ -87,10 +88,11 @@ class Geometry:
         return (0, lse.stride(0)) if self.is_varlen else (lse.stride(0), lse.stride(1))
 
     def cu_args(self, placeholder):
-        """The two cu_seqlens pointers; any tensor stands in for them in dense mode (never read)."""
+        """The two cu_seqlens pointers (the second carries seqused_k for a KV cache); any tensor stands in
+        for an absent one (never read)."""
         if self.is_varlen:
             return self.cu_seqlens_q, self.cu_seqlens_k
-        return placeholder, placeholder
+        return placeholder, self.seqused_k if self.seqused_k is not None else placeholder
 
 
 @dataclass
@@ -164,7 +166,8 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter):
          sa.stride_alibi_b, *sa.bias_strides,
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-             HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, DOT_PRECISION=_dot_precision(q.dtype),
+             HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, SEQUSED_K=geo.seqused_k is not None,
+             DOT_PRECISION=_dot_precision(q.dtype),
              **sa.constexprs),
         cfg.num_warps, cfg.num_stages,
     )]
@@ -220,6 +223,19 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
     lse = _empty(geo.lse_shape(q), q, torch.float32)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias)
     for launch in forward_launches(geo, q, k, v, out, lse, sink, sa, _arch(q.device), interpreter_active()):
+        launch.run()
+    return out, lse
+
+
+def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, softmax_scale, window_left, window_right, softcap,
+                                alibi_slopes):
+    """Forward over a KV cache: batch b attends to k_cache[b, :seqused_k[b]]; out like q, lse (B, Hq, Sq)."""
+    geo = replace(Geometry.of(q, k_cache), seqused_k=seqused_k)
+    out = _empty(q.shape, q)
+    lse = _empty(geo.lse_shape(q), q, torch.float32)
+    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
+    for launch in forward_launches(geo, q, k_cache, v_cache, out, lse, None, sa, _arch(q.device),
+                                   interpreter_active()):
         launch.run()
     return out, lse
 

@@ -79,3 +79,22 @@ def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_
     dscores = (q.new_empty((q.shape[0], q.shape[2], q.shape[1], k.shape[1]), dtype=torch.float32) if bias_grad
                else q.new_empty(0, dtype=torch.float32))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dscores
+
+
+@torch.library.custom_op("flashtile::fwd_kvcache", mutates_args=(), device_types=None)
+def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqused_k: Tensor, softmax_scale: float,
+                window_left: int, window_right: int, softcap: float,
+                alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """Inference forward over a cache (no autograd): batch b sees k_cache[b, :seqused_k[b]] (int32 (B,))."""
+    args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
+    if _runs_triton(q):
+        from .launch import _flash_attn_forward_kvcache
+
+        return _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, *args)
+    return cpu.kvcache_forward(q, k_cache, v_cache, seqused_k, *args)
+
+
+@fwd_kvcache.register_fake
+def _fwd_kvcache_fake(q, k_cache, v_cache, seqused_k, softmax_scale, window_left, window_right, softcap,
+                      alibi_slopes):
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)

@@ -51,11 +51,13 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
-              HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr, SEQUSED_K: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
     """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log. Score arguments: see _scores.
 
     IS_VARLEN: sequences are packed along the token axis (total, H, D) at offsets CuSeqlensQ/K (int32,
     B + 1); seqlen_q/seqlen_k are then the maxima that sized the grid, and Lse is (Hq, total_q).
+    SEQUSED_K (dense, KV cache): batch b attends to its first CuSeqlensK[b] keys only.
 
     HAS_SINK: Sink (Hq,) holds one logit per head that joins every row's softmax denominator but
     carries no value (attention sinks); the online softmax simply starts from it.
@@ -71,6 +73,8 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias,
     start_m = pid_m * BLOCK_M
     q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
+    if SEQUSED_K:
+        seqlen_k = tl.load(CuSeqlensK + off_b)
     if IS_VARLEN:
         if start_m >= seqlen_q:  # the grid covers the longest sequence
             return

@@ -1,0 +1,72 @@
+"""Inference over a KV cache, as flash-attn's flash_attn_with_kvcache: append new keys in place, then attend."""
+import numbers
+
+import torch
+
+from . import checks, ops
+
+
+def _cache_seqlens(cache_seqlens, batch, device):
+    """int32 (batch,) on the cache's device from an int or a tensor."""
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        return torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
+        raise TypeError(f"cache_seqlens must be an int or an int32 tensor of shape ({batch},), got "
+                        f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
+    if tuple(cache_seqlens.shape) != (batch,):
+        raise ValueError(f"cache_seqlens must have shape ({batch},), got {tuple(cache_seqlens.shape)}")
+    if cache_seqlens.device != device:
+        raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but k_cache is on {device}")
+    return cache_seqlens
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Attention of q (B, Sq, Hq, D) over a cache k_cache/v_cache (B, capacity, Hk, D) (no autograd).
+
+    cache_seqlens (int or int32 (B,)): tokens already in each row of the cache (default: the whole cache).
+    With k, v (B, Sk_new, Hk, D) the new tokens are first written into the cache in place at
+    cache_seqlens[b] (all checks happen before anything is written), then batch row b attends to its
+    first cache_seqlens[b] + Sk_new keys. Causal and windows are bottom-right aligned on that length, as
+    flash-attn. Returns out (B, Sq, Hq, D), and softmax_lse (B, Hq, Sq) when return_softmax_lse.
+    Not supported yet (NotImplementedError): rotary_cos/rotary_sin, cache_batch_idx, cache_leftpad,
+    block_table (paged KV). num_splits is accepted and ignored (no split-KV kernel yet).
+    """
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
+                        ("cache_leftpad", cache_leftpad), ("block_table", block_table)):
+        if value is not None:
+            raise NotImplementedError(f"{name}: not supported yet by flash_attn_with_kvcache (only None)")
+    checks.check_qkv(q, k_cache, v_cache)
+    batch, capacity = k_cache.shape[0], k_cache.shape[1]
+    if cache_seqlens is None:
+        cache_seqlens = capacity
+    used = _cache_seqlens(cache_seqlens, batch, k_cache.device)
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together (the new tokens to append) or both be None")
+    if k is not None:
+        checks.check_qkv(q, k, v)
+        if k.shape[2:] != k_cache.shape[2:]:
+            raise ValueError(f"k has (heads, headdim) {tuple(k.shape[2:])} but k_cache has {tuple(k_cache.shape[2:])}")
+        end = used + k.shape[1]
+    else:
+        end = used
+    lengths = end.tolist()  # one sync: the cache must not be written past its end
+    if min(used.tolist()) < 0 or max(lengths) > capacity:
+        raise ValueError(f"cache_seqlens + new tokens must lie in [0, {capacity}] (the cache's capacity), got "
+                         f"{lengths}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    scale = checks.softmax_scale_or_default(softmax_scale, q.shape[-1])
+    window_left, window_right = checks.window(window_size, causal)
+    slopes = checks.alibi(alibi_slopes, q, batch, q.shape[2])
+    softcap = checks.softcap_value(softcap)
+    if k is not None:
+        positions = used[:, None].long() + torch.arange(k.shape[1], device=k.device)  # [B, Sk_new]
+        rows = torch.arange(batch, device=k.device)[:, None].expand_as(positions)
+        with torch.no_grad():
+            k_cache[rows, positions] = k
+            v_cache[rows, positions] = v
+    out, lse = ops.fwd_kvcache(q, k_cache, v_cache, end, scale, window_left, window_right, softcap, slopes)
+    return (out, lse) if return_softmax_lse else out

@@ -1,0 +1,70 @@
+"""flash_attn_with_kvcache: in-place append, then attention over each row's used cache prefix."""
+import pytest
+import torch
+
+import flashtile
+from utils import assert_close_rule
+
+
+def cache_inputs(device, batch=3, capacity=80, heads_q=4, heads_kv=2, head_dim=32, seqlen_q=5, new=5, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, generator=gen).to(device)  # noqa: E731
+    q = make(batch, seqlen_q, heads_q, head_dim)
+    k_cache, v_cache = make(batch, capacity, heads_kv, head_dim), make(batch, capacity, heads_kv, head_dim)
+    k_new, v_new = make(batch, new, heads_kv, head_dim), make(batch, new, heads_kv, head_dim)
+    return q, k_cache, v_cache, k_new, v_new
+
+
+def check_against_reference(out, q, k_cache, v_cache, lengths, **features):
+    slopes = features.pop("alibi_slopes", None)
+    for b, n in enumerate(lengths):
+        args = (q[b:b + 1].double(), k_cache[b:b + 1, :n].double(), v_cache[b:b + 1, :n].double())
+        row_slopes = slopes[b] if slopes is not None and slopes.dim() == 2 else slopes
+        ref = flashtile.attention_ref(*args, alibi_slopes=row_slopes, **features)
+        low = flashtile.attention_ref(*(a.float() for a in args), upcast=False, alibi_slopes=row_slopes, **features)
+        assert_close_rule(f"row {b}", out[b:b + 1], ref, low, torch.float32)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q", [1, 5], ids=["decode", "chunk"])
+def test_append_then_attend(backend, causal, seqlen_q):
+    _, device = backend
+    q, k_cache, v_cache, k_new, v_new = cache_inputs(device, seqlen_q=seqlen_q)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    cache_seqlens = torch.tensor([0, 17, 75], dtype=torch.int32, device=device)
+    out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=cache_seqlens,
+                                                 causal=causal, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (3, 4, seqlen_q)
+    for b, start in enumerate(cache_seqlens.tolist()):  # new tokens written in place, nothing else touched
+        assert torch.equal(k_cache[b, start:start + 5], k_new[b]) and torch.equal(v_cache[b, start:start + 5], v_new[b])
+        assert torch.equal(k_cache[b, :start], before_k[b, :start])
+        assert torch.equal(k_cache[b, start + 5:], before_k[b, start + 5:])
+    check_against_reference(out, q, k_cache, v_cache, [5, 22, 80], causal=causal)
+
+
+def test_features_without_append(backend):
+    _, device = backend
+    q, k_cache, v_cache, _, _ = cache_inputs(device, seqlen_q=3)
+    slopes = torch.rand(3, 4, generator=torch.Generator().manual_seed(1)).to(device)
+    features = dict(causal=True, window_size=(10, -1), softcap=8.0, alibi_slopes=slopes)
+    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=33, **features)
+    check_against_reference(out, q, k_cache, v_cache, [33] * 3, **features)
+
+
+def test_refusals_leave_the_cache_untouched():
+    q, k_cache, v_cache, k_new, v_new = cache_inputs("cpu")
+    before = k_cache.clone()
+    with pytest.raises(ValueError, match=r"cache_seqlens \+ new tokens must lie in \[0, 80\]"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=78)
+    assert torch.equal(k_cache, before)
+    with pytest.raises(TypeError, match="cache_seqlens must be an int or an int32 tensor"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"cache_seqlens must have shape \(3,\)"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="k and v must be given together"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, None)
+    with pytest.raises(NotImplementedError, match="rotary_cos: not supported yet"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(1))
+    with pytest.raises(NotImplementedError, match="block_table: not supported yet"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, block_table=torch.zeros(3, 1, dtype=torch.int32))
+    assert torch.equal(k_cache, before)
