@@ -63,8 +63,60 @@ def test_refusals_leave_the_cache_untouched():
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match="k and v must be given together"):
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, None)
-    with pytest.raises(NotImplementedError, match="rotary_cos: not supported yet"):
-        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(1))
     with pytest.raises(NotImplementedError, match="block_table: not supported yet"):
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, block_table=torch.zeros(3, 1, dtype=torch.int32))
     assert torch.equal(k_cache, before)
+
+
+def rotate_reference(x, cos, sin, positions, interleaved):
+    """Rotary embedding written as complex multiplication, independent of kvcache.apply_rotary."""
+    half = cos.shape[1]
+    xr = x[..., :2 * half].double()
+    if interleaved:
+        pairs = torch.complex(xr[..., 0::2], xr[..., 1::2])
+    else:
+        pairs = torch.complex(xr[..., :half], xr[..., half:])
+    angle = torch.polar(torch.ones_like(cos.double()), torch.atan2(sin.double(), cos.double()))[positions][:, :, None]
+    turned = pairs * angle
+    if interleaved:
+        rotated = torch.stack([turned.real, turned.imag], dim=-1).flatten(-2)
+    else:
+        rotated = torch.cat([turned.real, turned.imag], dim=-1)
+    return torch.cat([rotated, x[..., 2 * half:].double()], dim=-1).to(x.dtype)
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "neox"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_rotary(backend, interleaved, causal):
+    """q and the new k are rotated at their cache positions (q at one position when not causal)."""
+    _, device = backend
+    q, k_cache, v_cache, k_new, v_new = cache_inputs(device, seqlen_q=4, new=4)
+    angles = torch.arange(100)[:, None].float() * (0.5 ** torch.arange(12))[None, :]  # rotary dim 24 of 32
+    cos, sin = angles.cos().to(device), angles.sin().to(device)
+    cache_seqlens = torch.tensor([3, 40, 60], dtype=torch.int32, device=device)
+    expect_k, expect_v = k_cache.clone(), v_cache.clone()
+    positions = cache_seqlens[:, None].long() + torch.arange(4, device=device)
+    q_positions = positions if causal else cache_seqlens[:, None].long().expand(3, 4)
+    for b, start in enumerate(cache_seqlens.tolist()):
+        expect_k[b, start:start + 4] = rotate_reference(k_new, cos, sin, positions, interleaved)[b]
+        expect_v[b, start:start + 4] = v_new[b]
+    out = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                            cache_seqlens=cache_seqlens, causal=causal,
+                                            rotary_interleaved=interleaved)
+    torch.testing.assert_close(k_cache, expect_k, atol=1e-5, rtol=1e-5)
+    assert torch.equal(v_cache, expect_v)
+    q_rot = rotate_reference(q, cos, sin, q_positions, interleaved)
+    check_against_reference(out, q_rot, k_cache, v_cache, [7, 44, 64], causal=causal)
+
+
+def test_bad_rotary():
+    q, k_cache, v_cache, k_new, v_new = cache_inputs("cpu")
+    cos = torch.ones(10, 8)
+    with pytest.raises(ValueError, match="rotary_cos and rotary_sin must be given together"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=cos)
+    with pytest.raises(ValueError, match=r"rotary_cos has 10 positions but position 21 is needed"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=cos,
+                                          cache_seqlens=17)
+    with pytest.raises(ValueError, match=r"rotary dim 2 \* 20 exceeds the head dim 32"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(90, 20),
+                                          rotary_sin=torch.ones(90, 20), cache_seqlens=0)

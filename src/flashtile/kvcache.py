@@ -20,6 +20,41 @@ def _cache_seqlens(cache_seqlens, batch, device):
     return cache_seqlens
 
 
+def apply_rotary(x, cos, sin, positions, interleaved):
+    """Rotary embedding of x (B, S, H, D) at integer positions (B, S): the first 2 * cos.shape[1] channels
+    rotate in pairs, (2i, 2i + 1) when interleaved (GPT-J) or (i, i + rotary_dim / 2) otherwise (GPT-NeoX);
+    cos, sin: (seqlen_ro, rotary_dim / 2). Computed in fp32, returned in x's dtype."""
+    half = cos.shape[1]
+    c = cos[positions].unsqueeze(2).float()  # [B, S, 1, rotary_dim / 2]
+    s = sin[positions].unsqueeze(2).float()
+    xr = x[..., :2 * half].float()
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rotated = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., :half], xr[..., half:]
+        rotated = torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
+    return torch.cat([rotated.to(x.dtype), x[..., 2 * half:]], dim=-1)
+
+
+def _check_rotary(rotary_cos, rotary_sin, q, last_position):
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin must be given together or both be None")
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D tensor (seqlen_ro, rotary_dim / 2), got "
+                             f"{getattr(t, 'shape', type(t).__name__)}")
+        if t.device != q.device or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor on {q.device}, got {t.dtype} on {t.device}")
+    if rotary_cos.shape != rotary_sin.shape:
+        raise ValueError(f"rotary_cos and rotary_sin must have one shape, got {tuple(rotary_cos.shape)} and "
+                         f"{tuple(rotary_sin.shape)}")
+    if 2 * rotary_cos.shape[1] > q.shape[-1]:
+        raise ValueError(f"rotary dim 2 * {rotary_cos.shape[1]} exceeds the head dim {q.shape[-1]}")
+    if last_position >= rotary_cos.shape[0]:
+        raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions but position {last_position} is needed")
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -31,11 +66,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens[b] (all checks happen before anything is written), then batch row b attends to its
     first cache_seqlens[b] + Sk_new keys. Causal and windows are bottom-right aligned on that length, as
     flash-attn. Returns out (B, Sq, Hq, D), and softmax_lse (B, Hq, Sq) when return_softmax_lse.
-    Not supported yet (NotImplementedError): rotary_cos/rotary_sin, cache_batch_idx, cache_leftpad,
-    block_table (paged KV). num_splits is accepted and ignored (no split-KV kernel yet).
+    rotary_cos, rotary_sin (seqlen_ro, rotary_dim / 2): rotary embedding of the new k at positions
+    cache_seqlens[b] + i, and of q at the same positions when causal or windowed, else at cache_seqlens[b]
+    (every query at the position of the first new token), as flash-attn; rotary_interleaved picks the
+    pairing (see apply_rotary). It runs in PyTorch before the append, not fused into the kernel.
+    Not supported yet (NotImplementedError): cache_batch_idx, cache_leftpad, block_table (paged KV).
+    num_splits is accepted and ignored (no split-KV kernel yet).
     """
-    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
-                        ("cache_leftpad", cache_leftpad), ("block_table", block_table)):
+    for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                        ("block_table", block_table)):
         if value is not None:
             raise NotImplementedError(f"{name}: not supported yet by flash_attn_with_kvcache (only None)")
     checks.check_qkv(q, k_cache, v_cache)
@@ -56,15 +95,25 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if min(used.tolist()) < 0 or max(lengths) > capacity:
         raise ValueError(f"cache_seqlens + new tokens must lie in [0, {capacity}] (the cache's capacity), got "
                          f"{lengths}")
+    local = causal or tuple(window_size) != (-1, -1)
+    if rotary_cos is not None or rotary_sin is not None:
+        span = max(q.shape[1] if local else 1, k.shape[1] if k is not None else 0)
+        _check_rotary(rotary_cos, rotary_sin, q, max(used.tolist()) + span - 1)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     scale = checks.softmax_scale_or_default(softmax_scale, q.shape[-1])
     window_left, window_right = checks.window(window_size, causal)
     slopes = checks.alibi(alibi_slopes, q, batch, q.shape[2])
     softcap = checks.softcap_value(softcap)
+    if rotary_cos is not None:
+        steps = torch.arange(q.shape[1], device=q.device) if local else torch.zeros(q.shape[1], dtype=torch.long,
+                                                                                       device=q.device)
+        q = apply_rotary(q, rotary_cos, rotary_sin, used[:, None].long() + steps, rotary_interleaved)
     if k is not None:
         positions = used[:, None].long() + torch.arange(k.shape[1], device=k.device)  # [B, Sk_new]
         rows = torch.arange(batch, device=k.device)[:, None].expand_as(positions)
+        if rotary_cos is not None:
+            k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
         with torch.no_grad():
             k_cache[rows, positions] = k
             v_cache[rows, positions] = v
