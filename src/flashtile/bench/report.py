@@ -173,6 +173,16 @@ def _lines(ax, records, value, log_y=False):
     ax.grid(True, alpha=0.3)
 
 
+def _finish(plt, fig, axes, title, path):
+    """Legend, title, layout; save the figure to path and close it. Returns path."""
+    _legend(axes.flat)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _legend(axes):
     """One legend, on the first panel that has lines."""
     for ax in axes:
@@ -204,12 +214,7 @@ def write_plots(out_dir, records, title=""):
             ax.set_title(f"{mode}, D={head_dim}, causal={int(causal)}", fontsize=9)
             ax.set_xlabel("seqlen")
             ax.set_ylabel("TFLOP/s")
-    _legend(axes.flat)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    paths.append(f"{out_dir}/tflops.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_finish(plt, fig, axes, title, f"{out_dir}/tflops.png"))
 
     # Memory does not depend on the mode (always one fwd+bwd): plot each (provider, shape) once.
     first_mode = [r for r in records if r["mode"] == modes[0]]
@@ -221,10 +226,5 @@ def write_plots(out_dir, records, title=""):
         ax.set_title(f"fwd+bwd peak memory, D={head_dim}, causal={int(causal)}", fontsize=9)
         ax.set_xlabel("seqlen")
         ax.set_ylabel("MB")
-    _legend(axes.flat)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    paths.append(f"{out_dir}/memory.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_finish(plt, fig, axes, title, f"{out_dir}/memory.png"))
     return paths
