@@ -1,6 +1,8 @@
 """Host launchers for the Triton kernels: shapes, strides, grids, configurations, output allocation.
 
-Inputs arrive validated and normalized by interface.py: (B, S, H, D) tensors with a unit last stride.
+Inputs arrive validated and normalized by the API (interface.py, kvcache.py): dense (B, S, H, D) or packed
+varlen (total, H, D) tensors with a unit last stride. Each kernel launch is data (KernelLaunch) so tests
+can compile it ahead of time for GPUs that are not present.
 """
 import os
 from dataclasses import dataclass, replace
