@@ -61,6 +61,7 @@ CASES = [
     (128, False, torch.bfloat16, 2, 1, ALL_FEATURES),
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True)),
+    (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True)),
 ]
 
 
@@ -86,6 +87,8 @@ def check_case(arch, case):
     sink = torch.zeros(heads_q) if features.get("sink") else None
     if features.get("kvcache"):  # inference only: the forward with per-row key counts
         geo = dataclasses.replace(geo, seqused_k=torch.tensor([50], dtype=torch.int32))
+        if features.get("paged"):
+            geo = dataclasses.replace(geo, block_table=torch.zeros(1, 4, dtype=torch.int32))
     launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False)
     launches += [] if features.get("kvcache") else launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
                                          interpreter=False)

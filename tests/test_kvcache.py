@@ -63,8 +63,8 @@ def test_refusals_leave_the_cache_untouched():
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match="k and v must be given together"):
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, None)
-    with pytest.raises(NotImplementedError, match="block_table: not supported yet"):
-        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, block_table=torch.zeros(3, 1, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="cache_leftpad: not supported yet"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_leftpad=torch.zeros(3, dtype=torch.int32))
     assert torch.equal(k_cache, before)
 
 
@@ -120,3 +120,40 @@ def test_bad_rotary():
     with pytest.raises(ValueError, match=r"rotary dim 2 \* 20 exceeds the head dim 32"):
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=torch.ones(90, 20),
                                           rotary_sin=torch.ones(90, 20), cache_seqlens=0)
+
+
+@pytest.mark.parametrize("page_size", [16, 7], ids=["page16", "page7"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_paged_cache(backend, page_size, causal):
+    """A paged cache (pages in a shuffled order, any page size) gives what the same contiguous cache gives."""
+    _, device = backend
+    q, k_dense, v_dense, k_new, v_new = cache_inputs(device, capacity=8 * page_size, seqlen_q=4, new=4)
+    batch, capacity = k_dense.shape[:2]
+    max_pages = capacity // page_size
+    order = torch.randperm(batch * max_pages, generator=torch.Generator().manual_seed(3))
+    block_table = order.reshape(batch, max_pages).to(torch.int32).to(device)
+    k_pages = torch.empty(batch * max_pages, page_size, *k_dense.shape[2:], device=device)
+    v_pages = torch.empty_like(k_pages)
+    k_pages[block_table.long()] = k_dense.reshape(batch, max_pages, page_size, *k_dense.shape[2:])
+    v_pages[block_table.long()] = v_dense.reshape(batch, max_pages, page_size, *v_dense.shape[2:])
+    cache_seqlens = torch.tensor([0, page_size + 3, capacity - 4], dtype=torch.int32, device=device)
+    want = flashtile.flash_attn_with_kvcache(q, k_dense, v_dense, k_new, v_new, cache_seqlens=cache_seqlens,
+                                             causal=causal)
+    got = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, cache_seqlens=cache_seqlens,
+                                            causal=causal, block_table=block_table)
+    torch.testing.assert_close(got, want)
+    gathered = k_pages[block_table.long()].reshape(batch, capacity, *k_dense.shape[2:])
+    assert torch.equal(gathered, k_dense)  # the appended tokens landed in the right pages and slots
+
+
+def test_bad_block_table():
+    q, _, _, _, _ = cache_inputs("cpu")
+    pages = torch.zeros(6, 16, 2, 32)
+    with pytest.raises(ValueError, match=r"block_table entries must index the cache's 6 pages, got values in \[0, 6\]"):
+        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=0,
+                                          block_table=torch.tensor([[0, 1], [2, 3], [4, 6]], dtype=torch.int32))
+    with pytest.raises(TypeError, match="block_table must be an int32 tensor"):
+        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=0, block_table=torch.zeros(3, 2))
+    with pytest.raises(ValueError, match="block_table must have 3 rows"):
+        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=0,
+                                          block_table=torch.zeros(2, 2, dtype=torch.int32))

@@ -22,8 +22,9 @@ def _check_tensor(name, t, rank, layout):
                          f"call .contiguous() first")
 
 
-def check_qkv(q, k, v, varlen=False):
-    """Validate q, k, v against each other: dense (B, S, H, D), or varlen (total, H, D) packed tokens."""
+def check_qkv(q, k, v, varlen=False, same_batch=True):
+    """Validate q, k, v against each other: dense (B, S, H, D), or varlen (total, H, D) packed tokens.
+    same_batch=False for a paged KV cache, whose first dim counts pages."""
     rank, layout = (3, "(total_tokens, heads, headdim)") if varlen else (4, "(batch, seqlen, heads, headdim)")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, rank, layout)
@@ -34,7 +35,7 @@ def check_qkv(q, k, v, varlen=False):
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}; q, k and v must be on one device")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if not varlen and k.shape[0] != q.shape[0]:
+    if not varlen and same_batch and k.shape[0] != q.shape[0]:
         raise ValueError(f"k has batch size {k.shape[0]} but q has {q.shape[0]}")
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"k has head dim {k.shape[-1]} but q has {q.shape[-1]}; they must be equal")

@@ -55,6 +55,20 @@ def _check_rotary(rotary_cos, rotary_sin, q, last_position):
         raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions but position {last_position} is needed")
 
 
+def _check_block_table(block_table, batch, num_pages, device):
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2:
+        raise TypeError(f"block_table must be an int32 tensor of shape ({batch}, max_pages), got "
+                        f"{getattr(block_table, 'dtype', type(block_table).__name__)} "
+                        f"{tuple(getattr(block_table, 'shape', ()))}")
+    if block_table.shape[0] != batch:
+        raise ValueError(f"block_table must have {batch} rows (the batch), got {block_table.shape[0]}")
+    if block_table.device != device:
+        raise ValueError(f"block_table is on {block_table.device} but k_cache is on {device}")
+    if block_table.numel() and (int(block_table.min()) < 0 or int(block_table.max()) >= num_pages):
+        raise ValueError(f"block_table entries must index the cache's {num_pages} pages, got values in "
+                         f"[{int(block_table.min())}, {int(block_table.max())}]")
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -70,15 +84,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens[b] + i, and of q at the same positions when causal or windowed, else at cache_seqlens[b]
     (every query at the position of the first new token), as flash-attn; rotary_interleaved picks the
     pairing (see apply_rotary). It runs in PyTorch before the append, not fused into the kernel.
-    Not supported yet (NotImplementedError): cache_batch_idx, cache_leftpad, block_table (paged KV).
+    block_table (int32 (B, max_pages)): a paged cache k_cache/v_cache (num_pages, page_size, Hk, D), any
+    page size; row b's token t lives in page block_table[b, t // page_size] at slot t % page_size.
+    Not supported yet (NotImplementedError): cache_batch_idx, cache_leftpad.
     num_splits is accepted and ignored (no split-KV kernel yet).
     """
-    for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
-                        ("block_table", block_table)):
+    for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
         if value is not None:
             raise NotImplementedError(f"{name}: not supported yet by flash_attn_with_kvcache (only None)")
-    checks.check_qkv(q, k_cache, v_cache)
-    batch, capacity = k_cache.shape[0], k_cache.shape[1]
+    checks.check_qkv(q, k_cache, v_cache, same_batch=block_table is None)
+    batch, capacity = q.shape[0], k_cache.shape[1]
+    if block_table is not None:
+        _check_block_table(block_table, batch, k_cache.shape[0], k_cache.device)
+        capacity = block_table.shape[1] * k_cache.shape[1]
     if cache_seqlens is None:
         cache_seqlens = capacity
     used = _cache_seqlens(cache_seqlens, batch, k_cache.device)
@@ -114,8 +132,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         rows = torch.arange(batch, device=k.device)[:, None].expand_as(positions)
         if rotary_cos is not None:
             k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
+        if block_table is not None:  # (row, position) -> (page, slot)
+            page_size = k_cache.shape[1]
+            rows, positions = block_table[rows, positions // page_size].long(), positions % page_size
         with torch.no_grad():
             k_cache[rows, positions] = k
             v_cache[rows, positions] = v
-    out, lse = ops.fwd_kvcache(q, k_cache, v_cache, end, scale, window_left, window_right, softcap, slopes)
+    out, lse = ops.fwd_kvcache(q, k_cache, v_cache, end, block_table, scale, window_left, window_right, softcap,
+                               slopes)
     return (out, lse) if return_softmax_lse else out

@@ -71,6 +71,7 @@ class Geometry:
     cu_seqlens_q: object = None
     cu_seqlens_k: object = None
     seqused_k: object = None  # int32 (B,): keys each batch row uses (KV cache); seqlen_k is the capacity
+    block_table: object = None  # int32 (B, max_pages) for a paged cache (num_pages, page_size, Hk, D)
 
     @staticmethod
     def of(q, k, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
@@ -88,6 +89,12 @@ class Geometry:
 
     def lse_strides(self, lse):
         return (0, lse.stride(0)) if self.is_varlen else (lse.stride(0), lse.stride(1))
+
+    def page_args(self, k):
+        """(block table batch stride, page size) for a paged cache; zeros otherwise (never read)."""
+        if self.block_table is None:
+            return 0, 0
+        return self.block_table.stride(0), k.shape[1]
 
     def cu_args(self, placeholder):
         """The two cu_seqlens pointers (the second carries seqused_k for a KV cache); any tensor stands in
@@ -164,11 +171,13 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter):
     return [KernelLaunch(
         _attn_fwd, (triton.cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse, *geo.cu_args(lse), sa.bias,
+         geo.block_table if geo.block_table is not None else lse,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out), *geo.lse_strides(lse),
-         sa.stride_alibi_b, *sa.bias_strides,
+         sa.stride_alibi_b, *sa.bias_strides, *geo.page_args(k),
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, SEQUSED_K=geo.seqused_k is not None,
+             PAGED=geo.block_table is not None,
              DOT_PRECISION=_dot_precision(q.dtype),
              **sa.constexprs),
         cfg.num_warps, cfg.num_stages,
@@ -229,10 +238,16 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
     return out, lse
 
 
-def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, softmax_scale, window_left, window_right, softcap,
-                                alibi_slopes):
-    """Forward over a KV cache: batch b attends to k_cache[b, :seqused_k[b]]; out like q, lse (B, Hq, Sq)."""
-    geo = replace(Geometry.of(q, k_cache), seqused_k=seqused_k)
+def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right,
+                                softcap, alibi_slopes):
+    """Forward over a KV cache: batch b attends to its first seqused_k[b] cached keys; out like q, lse (B, Hq, Sq).
+
+    block_table: None (cache (B, capacity, Hk, D)) or int32 (B, max_pages) into a paged cache
+    (num_pages, page_size, Hk, D), whose capacity per row is max_pages * page_size.
+    """
+    geo = Geometry.of(q, k_cache)
+    capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    geo = replace(geo, batch=q.shape[0], seqlen_k=capacity, seqused_k=seqused_k, block_table=block_table)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)

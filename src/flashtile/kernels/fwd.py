@@ -8,17 +8,32 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
+def _kv_tile_ptrs(tile_ptrs, head_base, start_n, offs_kn, offs_d, stride_n, stride_page, block_table, page_size,
+                  seqlen_k, PAGED: tl.constexpr):
+    """Pointers of a [BLOCK_N, HEAD_DIM_PAD] K or V tile: consecutive rows, or rows gathered through a page
+    table (paged KV cache: key j lives in page block_table[j // page_size], slot j % page_size; any page size)."""
+    if PAGED:
+        page = tl.load(block_table + offs_kn // page_size, mask=offs_kn < seqlen_k, other=0).to(tl.int64)
+        rows = page * stride_page + (offs_kn % page_size).to(tl.int64) * stride_n  # [BLOCK_N]
+        return head_base + rows[:, None] + offs_d[None, :]
+    return tile_ptrs + start_n * stride_n
+
+
+@triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                     lo, hi, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                     bias_ptr, stride_bias_m, stride_bias_n,
+                    k_head, v_head, stride_kpage, stride_vpage, block_table, page_size,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
-                    HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, PAGED: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
     """Online softmax over key blocks [lo, hi); MASKED blocks evaluate the masks, the others skip them."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_kn = start_n + offs_n
-        k = _load_tile(k_ptrs + start_n * stride_kn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
-                       MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
+        k = _load_tile(_kv_tile_ptrs(k_ptrs, k_head, start_n, offs_kn, offs_d, stride_kn, stride_kpage, block_table,
+                                     page_size, seqlen_k, PAGED),
+                       offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         s, _ = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
                        alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
@@ -32,32 +47,35 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
         p = tl.math.exp2(s - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
         alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_tile(v_ptrs + start_n * stride_vn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
-                       MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
+        v = _load_tile(_kv_tile_ptrs(v_ptrs, v_head, start_n, offs_kn, offs_d, stride_vn, stride_vpage, block_table,
+                                     page_size, seqlen_k, PAGED),
+                       offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias,
+def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, BlockTable,
               stride_qb, stride_qm, stride_qh,
               stride_kb, stride_kn, stride_kh,
               stride_vb, stride_vn, stride_vh,
               stride_ob, stride_om, stride_oh,
               stride_lse_b, stride_lse_h, stride_alibi_b,
-              stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
+              stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n, stride_bt_b, page_size,
               seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
-              HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr, SEQUSED_K: tl.constexpr,
+              HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr, SEQUSED_K: tl.constexpr, PAGED: tl.constexpr,
               DOT_PRECISION: tl.constexpr):
     """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log. Score arguments: see _scores.
 
     IS_VARLEN: sequences are packed along the token axis (total, H, D) at offsets CuSeqlensQ/K (int32,
     B + 1); seqlen_q/seqlen_k are then the maxima that sized the grid, and Lse is (Hq, total_q).
     SEQUSED_K (dense, KV cache): batch b attends to its first CuSeqlensK[b] keys only.
+    PAGED (KV cache): K and V are (num_pages, page_size, Hk, D), stride_kb / stride_vb step pages, and
+    batch b's keys are listed page by page in BlockTable[b] (int32 (B, max_pages)).
 
     HAS_SINK: Sink (Hq,) holds one logit per head that joins every row's softmax denominator but
     carries no value (attention sinks); the online softmax simply starts from it.
@@ -94,6 +112,9 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias,
     if HAS_ALIBI:
         alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
     bias_ptr = Bias + off_b * stride_bias_b + off_h * stride_bias_h
+    block_table = BlockTable + off_b * stride_bt_b
+    k_head = K + off_hk * stride_kh
+    v_head = V + off_hk * stride_vh
 
     q = _load_tile(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
     if HAS_SINK:
@@ -110,8 +131,9 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias,
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
                                         offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                                         alibi_slope, window_left, window_right, bias_ptr, stride_bias_m,
-                                        stride_bias_n, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL,
-                                        SOFTCAP, HAS_ALIBI, HAS_BIAS, DOT_PRECISION)
+                                        stride_bias_n, k_head, v_head, stride_kb, stride_vb, block_table, page_size,
+                                        HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL,
+                                        SOFTCAP, HAS_ALIBI, HAS_BIAS, PAGED, DOT_PRECISION)
 
     # A row that saw no key (and no sink): output 0 and lse -inf.
     empty = l_i == 0.0
