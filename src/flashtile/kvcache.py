@@ -113,16 +113,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if min(used.tolist()) < 0 or max(lengths) > capacity:
         raise ValueError(f"cache_seqlens + new tokens must lie in [0, {capacity}] (the cache's capacity), got "
                          f"{lengths}")
-    local = causal or tuple(window_size) != (-1, -1)
-    if rotary_cos is not None or rotary_sin is not None:
-        span = max(q.shape[1] if local else 1, k.shape[1] if k is not None else 0)
-        _check_rotary(rotary_cos, rotary_sin, q, max(used.tolist()) + span - 1)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     scale = checks.softmax_scale_or_default(softmax_scale, q.shape[-1])
     window_left, window_right = checks.window(window_size, causal)
     slopes = checks.alibi(alibi_slopes, q, batch, q.shape[2])
     softcap = checks.softcap_value(softcap)
+    local = window_left >= 0 or window_right >= 0  # causal included (right = 0)
+    if rotary_cos is not None or rotary_sin is not None:
+        span = max(q.shape[1] if local else 1, k.shape[1] if k is not None else 0)
+        _check_rotary(rotary_cos, rotary_sin, q, max(used.tolist()) + span - 1)
     if rotary_cos is not None:
         steps = torch.arange(q.shape[1], device=q.device) if local else torch.zeros(q.shape[1], dtype=torch.long,
                                                                                        device=q.device)
