@@ -355,3 +355,43 @@ def test_cpu_run_with_features(tmp_path):
     assert window_flops / full_flops == pytest.approx(visible / (200 * 256 / 2))
     with open(tmp_path / "results.csv", newline="") as f:
         assert next(csv.DictReader(f))["features"] == "none"
+
+
+def test_decode_bytes_and_bandwidth():
+    from flashtile.bench import decode
+
+    assert decode.kv_bytes(8, 4096, 4, 128, 2) == 2 * 8 * 4096 * 4 * 128 * 2
+    assert decode.gbps(4.3e9, 1.0) == pytest.approx(4300.0)  # 4.3 GB in 1 ms = 4.3 TB/s
+    assert decode.gbps(1, None) is None and decode.gbps(1, 0) is None
+    assert decode.frac_of_copy(2150.0, torch.device("cuda")) == pytest.approx(0.5)
+    assert decode.frac_of_copy(2150.0, torch.device("cpu")) is None
+
+
+def test_decode_paged_layout_round_trips():
+    from flashtile.bench import decode
+
+    k = torch.randn(2, 37, 3, 8)
+    kp, vp, table = decode.paged(k, k + 1, 16, torch.Generator().manual_seed(0))
+    assert kp.shape == (2 * 3, 16, 3, 8) and table.shape == (2, 3) and table.dtype == torch.int32
+    back = kp[table.long()].reshape(2, 48, 3, 8)[:, :37]
+    assert torch.equal(back, k) and torch.equal(vp[table.long()].reshape(2, 48, 3, 8)[:, :37], k + 1)
+
+
+def test_cpu_decode_run_end_to_end(tmp_path):
+    """--modes decode alone on the CPU: flashtile contiguous and paged, sdpa contiguous, paged sdpa skipped."""
+    proc = _run_cli(["--modes", "decode", "--cache-lens", "256", "--decode-batch", "2", "--page-size", "0,16",
+                     "--out", str(tmp_path), "--no-plots"])
+    assert "== decode" in proc.stdout and "== fwd ==" not in proc.stdout
+    data = json.loads((tmp_path / "results.json").read_text())
+    recs = {(r["provider"], r["page_size"]): r for r in data["records"]}
+    assert all(r["mode"] == "decode" and r["cache_len"] == 256 and r["batch"] == 2 for r in recs.values())
+    for page_size in (0, 16):
+        rec = recs["flashtile", page_size]
+        assert rec["error"] is None and rec["max_err"] < 1e-4, rec
+        assert rec["ms"] > 0 and rec["gbps"] == pytest.approx(2 * 2 * 256 * 4 * 128 * 4 / (rec["ms"] * 1e6))
+        assert rec["frac_of_copy"] is None and rec["heads_q"] == 32 and rec["head_dim"] == 128
+        assert rec["vs_best_other"] > 0 and rec["best_other"].startswith("sdpa")
+    assert recs["sdpa", 0]["error"] is None and recs["sdpa", 0]["max_err"] < 1e-4
+    assert recs["sdpa", 16]["error"].startswith("skipped:")
+    with open(tmp_path / "results.csv", newline="") as f:
+        assert {row["page_size"] for row in csv.DictReader(f)} == {"0", "16"}

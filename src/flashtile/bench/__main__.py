@@ -10,7 +10,7 @@ from importlib import metadata
 
 import torch
 
-from flashtile.bench import features, report, sweep
+from flashtile.bench import decode, features, report, sweep
 from flashtile.bench.flops import MODES
 from flashtile.bench.providers import PROVIDERS
 
@@ -75,8 +75,10 @@ def build_parser():
                             "SDPA backends skip everything but none. With none and others: a feature-cost "
                             "table; with several windows: a window-scaling table")
     run = p.add_argument_group("run")
-    run.add_argument("--modes", type=_name_list, help="comma-separated: fwd, bwd, fwd_bwd (default fwd,bwd)")
-    run.add_argument("--providers", type=_name_list, help=f"comma-separated subset of: {', '.join(PROVIDERS)}")
+    run.add_argument("--modes", type=_name_list,
+                     help="comma-separated: fwd, bwd, fwd_bwd, decode (default fwd,bwd)")
+    run.add_argument("--providers", type=_name_list, help=f"comma-separated subset of: {', '.join(PROVIDERS)} "
+                     f"(decode: {', '.join(decode.PROVIDERS)})")
     run.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     run.add_argument("--quick", action="store_true", help="a tiny sweep (explicit flags still win)")
     run.add_argument("--warmup", type=int, help="warm-up ms (do_bench; GPU default 25)")
@@ -84,6 +86,11 @@ def build_parser():
     run.add_argument("--max-seqlen-probe", type=_int_list, dest="probe_cap", metavar="CAP",
                      help="longest-sequence probe up to CAP, batch 1 (GPU default 256k; 0 = off, CPU default)")
     run.add_argument("--seed", type=int, default=0)
+    dec = p.add_argument_group("decode (--modes decode: 1 query token over a KV cache; Hq 32, Hk = Hq / 8, "
+                               "D 128 unless --heads/--heads-kv/--gqa/--head-dims say otherwise)")
+    dec.add_argument("--cache-lens", type=_int_list, help="tokens in the cache (GPU: 4k,16k,64k,128k; CPU: 512,2048)")
+    dec.add_argument("--decode-batch", type=_int_list, help="batch sizes (GPU: 8,64; CPU: 2)")
+    dec.add_argument("--page-size", type=_int_list, help="page sizes, 0 = contiguous cache (default 0,16,256)")
     out = p.add_argument_group("output")
     out.add_argument("--out", default="bench-out", help="directory for results.json/csv and plots (default bench-out)")
     out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -92,6 +99,7 @@ def build_parser():
 
 def resolve(args, parser, device):
     """Fill unset flags from the device's defaults (and --quick), then validate; errors exit with usage."""
+    _resolve_decode(args, parser, device)
     defaults = dict(GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS)
     if args.quick:
         defaults.update(GPU_QUICK if device.type == "cuda" else CPU_QUICK)
@@ -126,14 +134,18 @@ def resolve(args, parser, device):
     for s in (*args.seqlens, *args.seqlens_k):
         if s < 1:
             parser.error(f"--seqlens/--seqlens-k: sequence lengths must be >= 1, got {s}")
-    bad = [m for m in args.modes if m not in MODES]
+    bad = [m for m in args.modes if m not in (*MODES, "decode")]
     if bad or not args.modes:
-        parser.error(f"--modes: unknown mode {bad[0]!r} (choose from {', '.join(MODES)})" if bad else "--modes is empty")
+        parser.error(f"--modes: unknown mode {bad[0]!r} (choose from {', '.join(MODES)}, decode)"
+                     if bad else "--modes is empty")
+    args.decode_providers = args.providers  # None = every decode provider
     args.providers = args.providers or list(PROVIDERS)
-    bad = [n for n in args.providers if n not in PROVIDERS]
+    bad = [n for n in args.providers if n not in PROVIDERS and n not in decode.PROVIDERS]
     if bad or not args.providers:
-        parser.error(f"--providers: unknown provider {bad[0]!r} (choose from {', '.join(PROVIDERS)})"
+        parser.error(f"--providers: unknown provider {bad[0]!r} (choose from {', '.join(PROVIDERS)}, "
+                     f"{', '.join(n for n in decode.PROVIDERS if n not in PROVIDERS)})"
                      if bad else "--providers is empty")
+    args.providers = [n for n in args.providers if n in PROVIDERS]
     args.causal = {"0": [False], "1": [True], "both": [False, True]}[args.causal]
     args.features = list(dict.fromkeys(args.features or [features.NONE]))
 
@@ -152,6 +164,21 @@ def resolve(args, parser, device):
     return args
 
 
+def _resolve_decode(args, parser, device):
+    """Decode defaults (before the dense ones fill --heads/--head-dims) and validation."""
+    defaults = decode.GPU_DEFAULTS if device.type == "cuda" else decode.CPU_DEFAULTS
+    args.cache_lens = args.cache_lens or defaults["cache_lens"]
+    args.decode_batch = args.decode_batch or defaults["decode_batch"]
+    args.page_size = args.page_size if args.page_size is not None else list(decode.PAGE_SIZES)
+    if min(args.cache_lens) < 1 or min(args.decode_batch) < 1 or min(args.page_size) < 0:
+        parser.error("--cache-lens and --decode-batch must be >= 1, --page-size >= 0")
+    heads = args.heads or decode.HEADS_Q
+    heads_kv = args.heads_kv or heads // (args.gqa or decode.GQA)
+    if heads_kv < 1 or heads % heads_kv:
+        parser.error(f"decode: query heads ({heads}) must be a multiple of key/value heads ({heads_kv})")
+    args.decode_heads = (heads, heads_kv, args.head_dims[0] if args.head_dims else decode.HEAD_DIM)
+
+
 def _version(package):
     try:
         return metadata.version(package)
@@ -163,6 +190,9 @@ def collect_meta(args, argv, device):
     """Machine, versions and the exact command, for results.json."""
     cuda = device.type == "cuda"
     config = {k: v for k, v in vars(args).items() if k != "heads_for"}
+    if "decode" not in args.modes:  # decode settings only matter for decode runs
+        config = {k: v for k, v in config.items() if k not in ("cache_lens", "decode_batch", "page_size",
+                                                               "decode_heads", "decode_providers")}
     return {
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if cuda else "cpu",
@@ -194,46 +224,55 @@ def main(argv=None):
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     resolve(args, parser, device)
 
+    dense_modes = [m for m in args.modes if m != "decode"]
     providers = []
-    for name in args.providers:
+    for name in args.providers if dense_modes else ():
         reason = PROVIDERS[name].unavailable(device)
         if reason:
             print(f"skip {name}: {reason}")
         else:
             providers.append(PROVIDERS[name])
+    decoders = decode.available(args.decode_providers, device) if "decode" in args.modes else []
     meta = collect_meta(args, argv, device)
     print(f"device {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, dtype {args.dtype}, "
-          f"providers: {', '.join(p.name for p in providers) or 'none'}")
-    if not providers:
+          f"providers: {', '.join(p.name for p in providers) or 'none'}"
+          + (f", decode providers: {', '.join(decoders) or 'none'}" if "decode" in args.modes else ""))
+    if not providers and not decoders:
         print("nothing to run")
         return 1
 
     start = time.perf_counter()
-    records = report.annotate(sweep.run_sweep(args, providers, device))
+    dense = argparse.Namespace(**{**vars(args), "modes": dense_modes})
+    records = report.annotate(sweep.run_sweep(dense, providers, device)) if providers else []
     probes = []
-    if args.probe_cap:
+    if args.probe_cap and providers:
         for provider in providers:
             if provider.name in ("standard", "flashtile"):
                 print(f"probing the longest sequence for {provider.name} (up to {args.probe_cap}) ...",
                       file=sys.stderr)
                 probes.append(sweep.probe_max_seqlen(provider, args, device))
+    decode_records = decode.run_decode(args, decoders, device) if decoders else []
     meta["wall_s"] = round(time.perf_counter() - start, 1)
 
-    for mode in args.modes:
+    for mode in dense_modes if providers else ():
         print()
         print(report.format_table(records, mode))
-    print()
-    print(report.paper_tables(records, probes))
+    if providers:
+        print()
+        print(report.paper_tables(records, probes))
     summaries = report.feature_summaries(records)
     if summaries:
         print()
         print(summaries)
+    if decode_records:
+        print()
+        print(decode.format_table(decode_records))
 
     os.makedirs(args.out, exist_ok=True)
-    report.write_json(os.path.join(args.out, "results.json"), meta, records, probes)
-    report.write_csv(os.path.join(args.out, "results.csv"), records)
+    report.write_json(os.path.join(args.out, "results.json"), meta, records + decode_records, probes)
+    report.write_csv(os.path.join(args.out, "results.csv"), records + decode_records)
     written = ["results.json", "results.csv"]
-    if not args.no_plots:
+    if not args.no_plots and records:
         try:
             title = f"{meta['gpu']}, {args.dtype}, torch {meta['torch']}"
             written += [os.path.basename(p) for p in report.write_plots(args.out, records, title)]
