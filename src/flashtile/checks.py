@@ -116,19 +116,24 @@ def softcap_value(softcap):
     return float(softcap)
 
 
+def _optional_tensor(name, t, q, dtypes, expected):
+    """Common checks of an optional tensor argument: a tensor, of one of dtypes, on q's device."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected {expected}")
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+
+
 def alibi(alibi_slopes, q, batch, heads):
     """None, or fp32 slopes of shape (nheads,) or (batch, nheads) on q's device, contiguous."""
     if alibi_slopes is None:
         return None
-    if not isinstance(alibi_slopes, torch.Tensor):
-        raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
-    if alibi_slopes.dtype != torch.float32:
-        raise TypeError(f"alibi_slopes has dtype {alibi_slopes.dtype}; expected torch.float32")
+    _optional_tensor("alibi_slopes", alibi_slopes, q, (torch.float32,), "torch.float32")
     if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
         raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}) (nheads of q), "
                          f"got {tuple(alibi_slopes.shape)}")
-    if alibi_slopes.device != q.device:
-        raise ValueError(f"alibi_slopes is on {alibi_slopes.device} but q is on {q.device}")
     return alibi_slopes.contiguous()
 
 
@@ -136,29 +141,17 @@ def sink_logits(sink, q, heads):
     """None, or the (nheads,) sink logits as fp32 on q's device (autograd casts the gradient back)."""
     if sink is None:
         return None
-    if not isinstance(sink, torch.Tensor):
-        raise TypeError(f"sink must be a torch.Tensor or None, got {type(sink).__name__}")
-    if sink.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"sink has dtype {sink.dtype}; expected torch.float16, torch.bfloat16 or torch.float32")
+    _optional_tensor("sink", sink, q, SUPPORTED_DTYPES, "torch.float16, torch.bfloat16 or torch.float32")
     if tuple(sink.shape) != (heads,):
         raise ValueError(f"sink must have shape ({heads},) (nheads of q), got {tuple(sink.shape)}")
-    if sink.device != q.device:
-        raise ValueError(f"sink is on {sink.device} but q is on {q.device}")
     return sink.float().contiguous()
-
-
 
 
 def attn_bias(bias, q, k):
     """None, or the additive bias as a 4-D view broadcastable to (batch, nheads, seqlen_q, seqlen_k)."""
     if bias is None:
         return None
-    if not isinstance(bias, torch.Tensor):
-        raise TypeError(f"attn_bias must be a torch.Tensor or None, got {type(bias).__name__}")
-    if bias.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"attn_bias has dtype {bias.dtype}; expected torch.float16, torch.bfloat16 or torch.float32")
-    if bias.device != q.device:
-        raise ValueError(f"attn_bias is on {bias.device} but q is on {q.device}")
+    _optional_tensor("attn_bias", bias, q, SUPPORTED_DTYPES, "torch.float16, torch.bfloat16 or torch.float32")
     target = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
     if not 1 <= bias.dim() <= 4:
         raise ValueError(f"attn_bias must have 1 to 4 dimensions, broadcastable to {target} "
