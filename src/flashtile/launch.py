@@ -134,6 +134,7 @@ class ScoreArgs:
     softcap_log2: float
     window_left: int
     window_right: int
+    left_bounded: bool  # a finite left window: the key loops keep their leading masked segment
     constexprs: dict
 
     @staticmethod
@@ -153,6 +154,7 @@ class ScoreArgs:
             softcap_log2=softcap * LOG2E,
             window_left=window_left if window_left >= 0 else unbounded,
             window_right=window_right if window_right >= 0 else unbounded,
+            left_bounded=window_left >= 0,
             constexprs=dict(IS_LOCAL=window_left >= 0 or window_right >= 0, SOFTCAP=softcap > 0,
                             HAS_ALIBI=has_alibi, HAS_BIAS=has_bias),
         )
@@ -177,7 +179,7 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter):
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, SEQUSED_K=geo.seqused_k is not None,
-             PAGED=geo.block_table is not None,
+             PAGED=geo.block_table is not None, LEFT_BOUNDED=sa.left_bounded,
              DOT_PRECISION=_dot_precision(q.dtype),
              **sa.constexprs),
         cfg.num_warps, cfg.num_stages,
@@ -220,7 +222,8 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
          *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, group_size, softmax_scale, *sa.scalars()),
-        dict(BLOCK_M=cfg.dq.BLOCK_M, BLOCK_N=cfg.dq.BLOCK_N, STORE_DBIAS=dbias is not None, **common),
+        dict(BLOCK_M=cfg.dq.BLOCK_M, BLOCK_N=cfg.dq.BLOCK_N, STORE_DBIAS=dbias is not None,
+             LEFT_BOUNDED=sa.left_bounded, **common),
         cfg.dq.num_warps, cfg.dq.num_stages,
     )
     return [preprocess, dkdv, dq_launch]

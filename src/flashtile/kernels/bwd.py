@@ -129,7 +129,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
 
     lo, full_lo, full_hi, hi = _query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
-                                            BLOCK_M, BLOCK_N)
+                                            BLOCK_M, BLOCK_N, IS_LOCAL)
     rows = offs_m[:, None].to(tl.int64)
     q_base = _seq_offset(off_b, q_start, stride_qb, stride_qm, IS_VARLEN)
     do_base = _seq_offset(off_b, q_start, stride_dob, stride_dom, IS_VARLEN)
@@ -218,8 +218,8 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
                  qk_scale, softcap_log2, window_left, window_right,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 STORE_DBIAS: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 IS_LOCAL: tl.constexpr, LEFT_BOUNDED: tl.constexpr, SOFTCAP: tl.constexpr,
+                 HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_DBIAS: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One program per (query block, batch * query head). DBias: (B, Hq, Sq, Sk) fp32, zero-filled."""
     pid_m = tl.program_id(0)
     if IS_LOCAL:
@@ -260,7 +260,8 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
     v_ptrs = (V + _seq_offset(off_b, k_start, stride_vb, stride_vn, IS_VARLEN) + off_hk * stride_vh
               + cols * stride_vn + offs_d[None, :])
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N)
+    lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N,
+                                          LEFT_BOUNDED)
     for SEGMENT in tl.static_range(3):
         seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
         dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,

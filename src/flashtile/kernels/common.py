@@ -93,23 +93,28 @@ def _store_tile(ptrs, value, offs_rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, 
 
 @triton.jit
 def _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LEFT_BOUNDED: tl.constexpr):
     """Key range of a query block: [lo, full_lo) and [full_hi, hi) need masks, [full_lo, full_hi) none.
 
     window_left / window_right are finite here: the launcher passes Sq + Sk for an unbounded side and
     right = 0 for causal. Only real rows count (padding rows are never stored). Blocks outside the
     window are never visited, so work scales with the window. Operands of // are kept >= 0.
+    Without a left window (LEFT_BOUNDED false) lo = full_lo = 0 at compile time, so the kernels drop
+    the leading masked segment: a zero-trip loop left in place cost the backward ~10 % (perf-log.md).
     """
     diag = seqlen_k - seqlen_q
     first_row = start_m + diag
     last_row = tl.minimum(start_m + BLOCK_M, seqlen_q) - 1 + diag
-    lo = tl.maximum(first_row - window_left, 0) // BLOCK_N * BLOCK_N
-    hi = tl.maximum(tl.minimum(last_row + window_right + 1, seqlen_k), lo)
-    full_lo = tl.cdiv(tl.maximum(last_row - window_left, 0), BLOCK_N) * BLOCK_N
     full_hi = tl.maximum(tl.minimum(first_row + window_right + 1, seqlen_k), 0) // BLOCK_N * BLOCK_N
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
-    return lo, full_lo, full_hi, hi
+    if LEFT_BOUNDED:
+        lo = tl.maximum(first_row - window_left, 0) // BLOCK_N * BLOCK_N
+        hi = tl.maximum(tl.minimum(last_row + window_right + 1, seqlen_k), lo)
+        full_lo = tl.cdiv(tl.maximum(last_row - window_left, 0), BLOCK_N) * BLOCK_N
+        full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+        full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+        return lo, full_lo, full_hi, hi
+    hi = tl.maximum(tl.minimum(last_row + window_right + 1, seqlen_k), 0)
+    return 0, 0, tl.minimum(full_hi, hi), hi
 
 
 @triton.jit
@@ -125,21 +130,24 @@ def _segment(SEGMENT: tl.constexpr, lo, full_lo, full_hi, hi):
 
 @triton.jit
 def _query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_LOCAL: tl.constexpr):
     """Query range of a key block (the dK/dV loop), like _key_range seen from the keys' side.
 
     Key j is seen by queries j - (Sk - Sq) - right <= i <= j - (Sk - Sq) + left. Padding keys past Sk need
-    no mask here: they only feed dK/dV rows that are never stored.
+    no mask here: they only feed dK/dV rows that are never stored. Without causal or window masks
+    lo = full_lo = 0 at compile time and the kernel drops the leading masked segment.
     """
     diag = seqlen_k - seqlen_q
     first_key = start_n - diag
     last_key = tl.minimum(start_n + BLOCK_N, seqlen_k) - 1 - diag
     rows_end = tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
-    lo = tl.minimum(tl.maximum(first_key - window_right, 0) // BLOCK_M * BLOCK_M, rows_end)
     hi = tl.cdiv(tl.maximum(tl.minimum(last_key + window_left + 1, seqlen_q), 0), BLOCK_M) * BLOCK_M
-    hi = tl.maximum(hi, lo)
-    full_lo = tl.cdiv(tl.maximum(last_key - window_right, 0), BLOCK_M) * BLOCK_M
     full_hi = tl.maximum(tl.minimum(first_key + window_left + 1, seqlen_q), 0) // BLOCK_M * BLOCK_M
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
-    return lo, full_lo, full_hi, hi
+    if IS_LOCAL:
+        lo = tl.minimum(tl.maximum(first_key - window_right, 0) // BLOCK_M * BLOCK_M, rows_end)
+        hi = tl.maximum(hi, lo)
+        full_lo = tl.cdiv(tl.maximum(last_key - window_right, 0), BLOCK_M) * BLOCK_M
+        full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+        full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+        return lo, full_lo, full_hi, hi
+    return 0, 0, tl.minimum(full_hi, hi), hi
