@@ -45,7 +45,7 @@ def generate(source, name, namespace):
     """Compile generated source into a plain function whose source inspect can find."""
     filename = f"<flashtile.flex generated {next(_counter)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    scope = dict(namespace, tl=tl)
+    scope = dict(namespace, tl=tl, __name__=__name__)  # Triton reads the generated functions' __module__
     exec(compile(source, filename, "exec"), scope)
     return scope[name]
 
