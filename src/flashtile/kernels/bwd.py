@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from .common import (LOG2E, _block_list, _key_range, _load_tile, _query_range, _scores, _segment, _seq_offset,
-                     _seq_range, _store_tile)
+                     _seq_range, _store_tile, _tile_start)
 
 
 
@@ -57,13 +57,16 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                          MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
                          HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
                          off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None, SCORE_MOD: tl.constexpr = None,
-                         SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
+                         SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, idx_ptr=None,
+                         BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128):
     """Accumulate dK, dV of one key block over query blocks [lo, hi), working on transposed tiles.
+    BLOCK_SPARSE: [lo, hi) are offsets into the query blocks listed at idx_ptr (see _tile_start).
 
     dK is accumulated with respect to the raw products q.k (softcap's chain rule applied here); the
     caller multiplies by softmax_scale once at the end.
     """
-    for start_m in range(lo, hi, BLOCK_M):
+    for virt_m in range(lo, hi, BLOCK_M):
+        start_m = _tile_start(virt_m, idx_ptr, BLOCK_SPARSE, SPARSE_M)
         offs_qm = start_m + offs_m
         q = _load_tile(q_ptrs + start_m * stride_qm, offs_qm, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD,
                        MASKED)  # [BLOCK_M, HEAD_DIM_PAD]
@@ -167,17 +170,14 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
             for FULL in tl.static_range(2):
                 n_blocks, idx_ptr = _block_list(FULL, QNum + num_off, QIdx + idx_off, FullQNum + num_off,
                                                 FullQIdx + idx_off)
-                for i in range(0, n_blocks):
-                    blk_lo = tl.load(idx_ptr + i) * SPARSE_M
-                    blk_hi = tl.minimum(blk_lo + SPARSE_M, seqlen_q)
-                    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
-                                                  Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
-                                                  blk_lo, blk_hi, seqlen_q, seqlen_k,
-                                                  qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                                  bias_ptr, stride_bias_m, stride_bias_n, HEAD_DIM, HEAD_DIM_PAD,
-                                                  BLOCK_M, FULL == 0, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS,
-                                                  DOT_PRECISION, off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD,
-                                                  SCORE_MOD_GRAD, MASK_MOD)
+                dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
+                                              Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
+                                              0, n_blocks * SPARSE_M, seqlen_q, seqlen_k,
+                                              qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                                              bias_ptr, stride_bias_m, stride_bias_n, HEAD_DIM, HEAD_DIM_PAD,
+                                              BLOCK_M, FULL == 0, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS,
+                                              DOT_PRECISION, off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD,
+                                              SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_M)
         else:
             for SEGMENT in tl.static_range(3):
                 seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
@@ -212,13 +212,16 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
                        HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_DBIAS: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
                        SCORE_MOD: tl.constexpr = None, SCORE_MOD_GRAD: tl.constexpr = None,
-                       MASK_MOD: tl.constexpr = None):
+                       MASK_MOD: tl.constexpr = None, idx_ptr=None, BLOCK_SPARSE: tl.constexpr = False,
+                       SPARSE_N: tl.constexpr = 128):
     """Accumulate dQ of one query block over key blocks [lo, hi).
 
     STORE_DBIAS: dS (the gradient of the score after softcap and ALiBi, i.e. of the additive bias) is
     also written to this (batch, head)'s slice of a full (Sq, Sk) fp32 buffer; each element once.
+    BLOCK_SPARSE: [lo, hi) are offsets into the key blocks listed at idx_ptr (see _tile_start).
     """
-    for start_n in range(lo, hi, BLOCK_N):
+    for virt_n in range(lo, hi, BLOCK_N):
+        start_n = _tile_start(virt_n, idx_ptr, BLOCK_SPARSE, SPARSE_N)
         offs_kn = start_n + offs_n
         k = _load_tile(k_ptrs + start_n * stride_kn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
                        MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
@@ -309,16 +312,13 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
         for FULL in tl.static_range(2):
             n_blocks, idx_ptr = _block_list(FULL, KvNum + num_off, KvIdx + idx_off, FullKvNum + num_off,
                                             FullKvIdx + idx_off)
-            for i in range(0, n_blocks):
-                blk_lo = tl.load(idx_ptr + i) * SPARSE_N
-                blk_hi = tl.minimum(blk_lo + SPARSE_N, seqlen_k)
-                dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                        offs_m, offs_n, offs_d, blk_lo, blk_hi, seqlen_q, seqlen_k,
-                                        qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                        bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, seqlen_k,
-                                        HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                        HAS_BIAS, STORE_DBIAS, DOT_PRECISION, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
-                                        SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
+            dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                    offs_m, offs_n, offs_d, 0, n_blocks * SPARSE_N, seqlen_q, seqlen_k,
+                                    qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                                    bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, seqlen_k,
+                                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                                    HAS_BIAS, STORE_DBIAS, DOT_PRECISION, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
+                                    SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_N)
     else:
         lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M,
                                               BLOCK_N)

@@ -165,6 +165,16 @@ def _query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
 
 
 @triton.jit
+def _tile_start(virt, idx_ptr, BLOCK_SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr):
+    """Where the tile at loop offset virt starts: virt itself, or under BLOCK_SPARSE inside the listed block
+    idx_ptr[virt // SPARSE_BLOCK] (the loop runs over count * SPARSE_BLOCK offsets: one flat loop over every
+    tile of every listed block, which the compiler software-pipelines like the dense one)."""
+    if BLOCK_SPARSE:
+        return tl.load(idx_ptr + virt // SPARSE_BLOCK) * SPARSE_BLOCK + virt % SPARSE_BLOCK
+    return virt
+
+
+@triton.jit
 def _block_list(FULL: tl.constexpr, num_ptr, idx_ptr, full_num_ptr, full_idx_ptr):
     """(count, first index pointer) of a block mask's partial (FULL = 0) or full (FULL = 1) block list."""
     if FULL:

@@ -3,7 +3,7 @@ import triton
 import triton.language as tl
 
 from .common import (LOG2E, _block_list, _key_range, _load_tile, _scores, _segment, _seq_offset, _seq_range,
-                     _store_tile)
+                     _store_tile, _tile_start)
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -29,9 +29,12 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
                     MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, PAGED: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
-                    SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
-    """Online softmax over key blocks [lo, hi); MASKED blocks evaluate the masks, the others skip them."""
-    for start_n in range(lo, hi, BLOCK_N):
+                    SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, idx_ptr=None,
+                    BLOCK_SPARSE: tl.constexpr = False, SPARSE_N: tl.constexpr = 128):
+    """Online softmax over key blocks [lo, hi); MASKED blocks evaluate the masks, the others skip them.
+    BLOCK_SPARSE: [lo, hi) are offsets into the key blocks listed at idx_ptr (see _tile_start)."""
+    for virt_n in range(lo, hi, BLOCK_N):
+        start_n = _tile_start(virt_n, idx_ptr, BLOCK_SPARSE, SPARSE_N)
         offs_kn = start_n + offs_n
         k = _load_tile(_kv_tile_ptrs(k_ptrs, k_head, start_n, offs_kn, offs_d, stride_kn, stride_kpage, block_table,
                                      page_size, seqlen_k, PAGED),
@@ -143,16 +146,14 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
         for FULL in tl.static_range(2):
             n_blocks, idx_ptr = _block_list(FULL, KvNum + num_off, KvIdx + idx_off, FullKvNum + num_off,
                                             FullKvIdx + idx_off)
-            for i in range(0, n_blocks):
-                blk_lo = tl.load(idx_ptr + i) * SPARSE_N
-                blk_hi = tl.minimum(blk_lo + SPARSE_N, seqlen_k)
-                acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m,
-                                                offs_n, offs_d, blk_lo, blk_hi, seqlen_q, seqlen_k, qk_scale,
-                                                softcap_log2, alibi_slope, window_left, window_right, bias_ptr,
-                                                stride_bias_m, stride_bias_n, k_head, v_head, stride_kb, stride_vb,
-                                                block_table, page_size, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0,
-                                                IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, PAGED, DOT_PRECISION,
-                                                off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD, MASK_MOD)
+            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
+                                            offs_d, 0, n_blocks * SPARSE_N, seqlen_q, seqlen_k, qk_scale,
+                                            softcap_log2, alibi_slope, window_left, window_right, bias_ptr,
+                                            stride_bias_m, stride_bias_n, k_head, v_head, stride_kb, stride_vb,
+                                            block_table, page_size, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0,
+                                            IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, PAGED, DOT_PRECISION,
+                                            off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD, MASK_MOD, idx_ptr,
+                                            True, SPARSE_N)
     else:
         lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M,
                                               BLOCK_N)
