@@ -162,6 +162,29 @@ def test_alibi_mod_matches_builtin(backend):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def hide_all(b, h, q_idx, kv_idx):
+    return q_idx < 0
+
+
+def full_causal_blocks(b, h, q_idx, kv_idx):
+    return q_idx // 32 > kv_idx // 32
+
+
+def test_kernels_follow_the_block_lists(backend):
+    """Full blocks skip the mask_mod, partial blocks evaluate it, empty blocks are never visited: with the block
+    mask of causal_mask but a mask_mod that hides everything, exactly the full blocks stay visible."""
+    name, device = backend
+    if name == "cpu":
+        pytest.skip("the CPU path evaluates the mask in every block (no block skipping)")
+    q, k, v = make_qkv(1, 96, 96, 2, 2, 32, torch.float32, device)
+    block_mask = flashtile.create_block_mask(flashtile.causal_mask, None, None, 96, 96, block_size=(32, 32),
+                                             device=device)
+    out = flashtile.attention(q, k, v, block_mask=block_mask, mask_mod=hide_all)
+    ref = flashtile.attention_ref(q, k, v, mask_mod=full_causal_blocks)
+    assert torch.all(out[:, :32] == 0)  # the first query block has no full key block
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
 def test_create_block_mask_lists():
     """The lists match a direct block reduction of the dense mask, also when evaluated in small chunks."""
     dense = torch.zeros(2, 3, 100, 130, dtype=torch.bool)

@@ -268,7 +268,7 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
     """One program per (query block, batch * query head). DBias: (B, Hq, Sq, Sk) fp32, zero-filled.
     BLOCK_SPARSE: key blocks from the block mask's lists, as in _attn_fwd."""
     pid_m = tl.program_id(0)
-    if IS_LOCAL:
+    if IS_LOCAL or BLOCK_SPARSE:
         pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_q).to(tl.int64)

@@ -95,8 +95,8 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
     (B, H, Sq / SPARSE_M, Sk / SPARSE_N) list them (strides stride_bm_* and stride_bi_*, 0 along broadcast dims).
     """
     pid_m = tl.program_id(0)
-    if IS_LOCAL:
-        # Longest rows first: under a causal mask the bottom blocks do the most work.
+    if IS_LOCAL or BLOCK_SPARSE:
+        # Longest rows first: under a causal mask (or a causal block mask) the bottom blocks do the most work.
         pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_q).to(tl.int64)
