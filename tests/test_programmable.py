@@ -371,3 +371,15 @@ def test_gpu_64k_sliding_window():
         ref = flashtile.attention_ref(q[:, rows].detach(), k[:, keys].detach(), v[:, keys].detach(),
                                       mask_mod=shifted)
         assert (out[:, rows].double() - ref).abs().max().item() < 2e-2
+
+
+def test_mods_are_reused_across_calls():
+    """Rebuilding the same masks (new document ids each step) reuses the generated functions and adapters."""
+    from flashtile.flex import mods
+
+    ids_a, ids_b = torch.zeros(64, dtype=torch.int64), torch.ones(64, dtype=torch.int64)
+    a = flashtile.and_masks(flashtile.causal_mask, flashtile.document_mask(ids_a))
+    b = flashtile.and_masks(flashtile.causal_mask, flashtile.document_mask(ids_b))
+    assert a.fn is b.fn and a.aux[0] is ids_a and b.aux[0] is ids_b
+    assert mods.adapter(a, [ids_a]) is mods.adapter(b, [ids_b])
+    assert Mod(softcap_mod, (), ("score", "b", "h", "q_idx", "kv_idx")).triton() is mods.triton_form(softcap_mod)

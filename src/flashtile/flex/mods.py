@@ -30,6 +30,7 @@ _counter = itertools.count()
 _TRITON = {}
 _TORCH = {}
 _ADAPTERS = {}
+_COMBINED = {}
 
 
 def is_jitted(fn):
@@ -169,16 +170,20 @@ class Mod:
 
 
 def combine(mods, op, name):
-    """A mask Mod that is op ('&' or '|') of several mask Mods; aux tensors are concatenated."""
-    args, calls, namespace, aux = ", ".join(MASK_ARGS), [], {}, []
-    for i, mod in enumerate(mods):
-        names = [f"A{len(aux) + j}" for j in range(len(mod.aux))]
-        namespace[f"F{i}"] = mod.triton()
-        calls.append(f"F{i}({', '.join((*MASK_ARGS, *names))})")
-        aux.extend(mod.aux)
-    params = ", ".join((args, *[f"A{j}" for j in range(len(aux))]))
-    source = f"def {name}({params}):\n    return {f' {op} '.join(f'({c})' for c in calls)}\n"
-    return Mod(generate(source, name, namespace), tuple(aux))
+    """A mask Mod that is op ('&' or '|') of several mask Mods; aux tensors are concatenated. The generated
+    function is cached per (op, functions, aux counts), so rebuilding a combination (new document ids each
+    step) reuses it."""
+    key = (op, name, tuple((mod.triton(), len(mod.aux)) for mod in mods))
+    if key not in _COMBINED:
+        calls, namespace, n_aux = [], {}, 0
+        for i, mod in enumerate(mods):
+            namespace[f"F{i}"] = mod.triton()
+            calls.append(f"F{i}({', '.join((*MASK_ARGS, *[f'A{n_aux + j}' for j in range(len(mod.aux))]))})")
+            n_aux += len(mod.aux)
+        params = ", ".join((*MASK_ARGS, *[f"A{j}" for j in range(n_aux)]))
+        source = f"def {name}({params}):\n    return {f' {op} '.join(f'({c})' for c in calls)}\n"
+        _COMBINED[key] = generate(source, name, namespace)
+    return Mod(_COMBINED[key], tuple(a for mod in mods for a in mod.aux))
 
 
 def aux_pool(*mods):
