@@ -168,7 +168,8 @@ def _query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
 def _tile_start(virt, idx_ptr, BLOCK_SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr):
     """Where the tile at loop offset virt starts: virt itself, or under BLOCK_SPARSE inside the listed block
     idx_ptr[virt // SPARSE_BLOCK] (the loop runs over count * SPARSE_BLOCK offsets: one flat loop over every
-    tile of every listed block, which the compiler software-pipelines like the dense one)."""
+    tile of every listed block, which the compiler can pipeline like the dense one; a loop per block would
+    restart the pipeline at every block)."""
     if BLOCK_SPARSE:
         return tl.load(idx_ptr + virt // SPARSE_BLOCK) * SPARSE_BLOCK + virt % SPARSE_BLOCK
     return virt
