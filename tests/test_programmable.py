@@ -73,7 +73,9 @@ def check(q, k, v, dtype, mask=None, score=None, **kwargs):
     mask_ref = mask if mask is None or isinstance(mask, Mod) else Mod(mask)
     score_ref = None
     if score is not None:
-        score_ref = Mod(score, kwargs.get("aux", ()), ("score", "b", "h", "q_idx", "kv_idx"), "score_mod")
+        aux = kwargs.get("aux", ())
+        aux = (aux,) if isinstance(aux, torch.Tensor) else aux
+        score_ref = Mod(score, aux, ("score", "b", "h", "q_idx", "kv_idx"), "score_mod")
     if "block_mask" not in kwargs:
         kwargs["mask_mod"] = mask
     out, lse = flashtile.attention(q, k, v, score_mod=score, return_lse=True, **kwargs)
@@ -383,3 +385,12 @@ def test_mods_are_reused_across_calls():
     assert a.fn is b.fn and a.aux[0] is ids_a and b.aux[0] is ids_b
     assert mods.adapter(a, [ids_a]) is mods.adapter(b, [ids_b])
     assert Mod(softcap_mod, (), ("score", "b", "h", "q_idx", "kv_idx")).triton() is mods.triton_form(softcap_mod)
+
+
+def test_user_aux_and_mask_objects(backend):
+    """The call's aux goes to the plain score_mod; document_mask keeps its own ids (two aux tensors in the kernel)."""
+    _, device = backend
+    table = (torch.randn(2, 256, generator=torch.Generator().manual_seed(5)) * 0.5).to(device)
+    q, k, v = make_qkv(1, 70, 70, 2, 2, 16, torch.float32, device)
+    mask = flashtile.document_mask(DOC_IDS[:70].to(device))
+    check(q, k, v, torch.float32, mask, score=rel_bias, score_mod_grad=unit_grad, aux=table)

@@ -39,10 +39,9 @@ def _check_block_mask(block_mask, q, k):
 
 
 def _as_mod(fn, aux, base, name):
-    if fn is None:
-        return None
-    if isinstance(fn, Mod):
-        return fn if not aux else Mod(fn.fn, fn.aux + tuple(aux), base, name)
+    """A plain or @triton.jit function gets the call's aux tensors; a Mod keeps its own."""
+    if fn is None or isinstance(fn, Mod):
+        return fn
     return Mod(fn, aux, base, name)
 
 
@@ -88,8 +87,9 @@ def attention(q, k, v, score_mod=None, mask_mod=None, block_mask=None, softmax_s
     mask_mod(b, h, q_idx, kv_idx, *aux) -> bool: True where the key is visible. Either may be a plain
     function (flashtile applies triton.jit), a @triton.jit function, or a Mod (e.g. document_mask(ids)).
     Only elementwise arithmetic, comparisons, tl.* math and tl.load(aux + index) are allowed in them.
-    aux: up to 4 tensors on q's device passed to the plain score_mod / mask_mod as extra arguments (Triton
-    pointers in the kernels, so a mod reads tl.load(table + index); see docs/programmable.md).
+    aux: up to 4 tensors on q's device passed to a plain score_mod / score_mod_grad / mask_mod as extra
+    arguments (Triton pointers in the kernels, so a mod reads tl.load(table + index); see
+    docs/programmable.md); a Mod (document_mask(ids), and_masks(...)) carries its own aux tensors.
     score_mod_grad(score, b, h, q_idx, kv_idx, *aux) -> d score_mod / d score (elementwise, same
     arguments): needed for the backward whenever score_mod is given; no gradient flows into aux tensors.
     block_mask: a BlockMask from create_block_mask for these shapes; its mask_mod is used when mask_mod is

@@ -137,6 +137,8 @@ class Mod:
     """
 
     def __init__(self, fn, aux=(), base=MASK_ARGS, name="mask_mod"):
+        if isinstance(aux, torch.Tensor):
+            aux = (aux,)
         if isinstance(fn, Mod):
             fn, aux = fn.fn, fn.aux + tuple(aux)
         if not callable(fn):
