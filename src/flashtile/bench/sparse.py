@@ -52,20 +52,21 @@ def build(spec, seqlen, device, seed):
 
 
 def _prepare(name, q, k, v, mask, flex_mask, seqlen):
-    """A zero-argument function computing the provider's output (block masks built here, outside timing)."""
+    """(leaf inputs, a zero-argument function giving the output as (B, S, H, D)); block masks are built here,
+    outside timing. FlexAttention gets contiguous (B, H, S, D) leaves, its own layout."""
     if name == "flashtile-dense":
-        return lambda: flashtile.flash_attn_func(q, k, v)
+        return (q, k, v), lambda: flashtile.flash_attn_func(q, k, v)
     if name == "flashtile-sparse":
         bm = flashtile.create_block_mask(mask, None, None, seqlen, seqlen, block_size=(BLOCK, BLOCK), device=q.device)
-        return lambda: flashtile.attention(q, k, v, block_mask=bm)
+        return (q, k, v), lambda: flashtile.attention(q, k, v, block_mask=bm)
     from torch.nn.attention.flex_attention import create_block_mask
 
     from flashtile.bench.flex import compiled_flex
 
     bm = create_block_mask(flex_mask, None, None, seqlen, seqlen, device=q.device, BLOCK_SIZE=BLOCK)
     flex = compiled_flex()
-    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-    return lambda: flex(qt, kt, vt, block_mask=bm).transpose(1, 2)
+    leaves = tuple(x.detach().transpose(1, 2).contiguous().requires_grad_(True) for x in (q, k, v))
+    return leaves, lambda: flex(*leaves, block_mask=bm).transpose(1, 2)
 
 
 def run_sparse(args, names, device):
@@ -91,13 +92,13 @@ def run_sparse(args, names, device):
                                ms=None, error=None, max_diff=None)
                     print(f"sparse {name} {spec} {mode} S{seqlen} ...", file=sys.stderr)
                     try:
-                        fn = _prepare(name, q, k, v, mask, flex_mask, seqlen)
+                        leaves, fn = _prepare(name, q, k, v, mask, flex_mask, seqlen)
                         if mode == "fwd":
                             with torch.no_grad():
                                 outputs[name] = fn()
                                 rec["ms"] = bench_ms(fn, device, args.warmup, args.rep)
                         else:
-                            step = lambda fn=fn: torch.autograd.grad(fn(), (q, k, v), dout)  # noqa: E731
+                            step = lambda fn=fn, leaves=leaves: torch.autograd.grad(fn(), leaves, dout)  # noqa: E731
                             step()
                             rec["ms"] = bench_ms(step, device, args.warmup, args.rep)
                     except Exception as e:
