@@ -141,7 +141,8 @@ def test_relative_position_bias(backend):
     q, k, v = make_qkv(1, 100, 100, 4, 2, 32, torch.float16, device)
     block_mask = flashtile.create_block_mask(flashtile.causal_mask, None, None, 100, 100, block_size=(32, 32),
                                              device=device)
-    check(q, k, v, torch.float16, flashtile.causal_mask, score=rel_bias, block_mask=block_mask, aux=(table,), score_mod_grad=unit_grad)
+    check(q, k, v, torch.float16, flashtile.causal_mask, score=rel_bias, block_mask=block_mask, aux=(table,),
+          score_mod_grad=unit_grad)
 
 
 def test_softcap_mod_dense_causal(backend):
@@ -227,7 +228,8 @@ def test_mod_torch_form():
     mask = flashtile.document_mask(ids)
     got = mask(0, 0, torch.arange(5).view(-1, 1), torch.arange(5).view(1, -1))
     assert torch.equal(got, ids.view(-1, 1) == ids.view(1, -1))
-    assert torch.equal(flashtile.causal_mask(0, 0, torch.tensor([3]), torch.tensor([2, 4])), torch.tensor([True, False]))
+    got = flashtile.causal_mask(0, 0, torch.tensor([3]), torch.tensor([2, 4]))
+    assert torch.equal(got, torch.tensor([True, False]))
 
 
 # Bad input: a clear error before any kernel runs.

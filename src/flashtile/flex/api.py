@@ -17,8 +17,9 @@ class _Spec:
         from ..launch import ModArgs
 
         pool = aux_pool(self.score, self.grad, self.mask)
-        pick = (lambda mod: adapter(mod, pool) if mod is not None else None)
-        return ModArgs.make(placeholder, pool, pick(self.score), pick(self.grad), pick(self.mask), self.block_mask)
+        score, grad, mask = (adapter(mod, pool) if mod is not None else None
+                             for mod in (self.score, self.grad, self.mask))
+        return ModArgs.make(placeholder, pool, score, grad, mask, self.block_mask)
 
     def cpu_mods(self):
         return cpu.Mods(self.score, self.grad, self.mask)

@@ -111,7 +111,8 @@ def create_block_mask(mask_fn, B, H, Sq, Sk, block_size=(128, 128), device=None,
             for c0 in range(0, n_k * cols, col_chunk):
                 k_pos = torch.arange(c0, min(c0 + col_chunk, n_k * cols), device=device)
                 # Indices past the ends are clamped (masks may index tables with them) and then masked out.
-                visible = mod(b, h, q_pos.clamp(max=Sq - 1).view(1, 1, -1, 1), k_pos.clamp(max=Sk - 1).view(1, 1, 1, -1))
+                visible = mod(b, h, q_pos.clamp(max=Sq - 1).view(1, 1, -1, 1),
+                              k_pos.clamp(max=Sk - 1).view(1, 1, 1, -1))
                 visible = torch.as_tensor(visible, device=device).to(torch.bool)
                 visible = visible & (q_pos < Sq).view(-1, 1) & (k_pos < Sk).view(1, -1)
                 tiles = visible.expand(B, H, len(q_pos), len(k_pos)).reshape(
