@@ -84,7 +84,7 @@ def create_block_mask(mask_fn, B, H, Sq, Sk, block_size=(128, 128), device=None,
     mask_fn: a mask Mod (causal_mask, document_mask(...), and_masks(...)), a @triton.jit function, or a plain
     function of index tensors (vectorized PyTorch arithmetic, or Triton-style code with `tl.load` for aux
     tensors, passed as `aux` and as extra arguments). B, H: batch and head counts, or None for a mask that is
-    the same for all (stored as size 1). The mask is evaluated on at most 2^24 elements at a time, never on
+    the same for all (stored as size 1; a mask that depends on b or h needs the real count). The mask is evaluated on at most 2^24 elements at a time, never on
     the full Sq x Sk matrix. device: where the lists live (default: CUDA when available).
     Returns a BlockMask for `flashtile.attention(..., block_mask=...)`.
     """
