@@ -12,6 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -19,7 +20,8 @@ from flashtile import launch
 
 # Per-block shared memory limits (bytes) of the targets checked: H100/H200 and A100.
 TARGETS = {(9, 0): 232448, (8, 0): 166912}
-TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
+TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
+                torch.int64: "*i64"}
 
 
 def _signature(kl):
@@ -62,7 +64,36 @@ CASES = [
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True)),
+    (128, False, torch.bfloat16, 2, 1, dict(flex=True)),
+    (64, False, torch.float16, 2, 2, dict(flex=True, softcap=30.0, alibi=True)),
+    (256, False, torch.bfloat16, 2, 1, dict(flex=True)),
+    (128, True, torch.bfloat16, 2, 1, dict(score_mod=True)),
 ]
+
+
+def _rel_bias(score, b, h, q_idx, kv_idx, table):
+    return score + tl.load(table + (q_idx - kv_idx + 64))
+
+
+def _unit(score, b, h, q_idx, kv_idx, table):
+    return score * 0.0 + 1.0
+
+
+def _mod_args(features, q, lse):
+    """Programmable attention: a score_mod reading an aux table (and its derivative), and with flex=True a
+    block-sparse document mask (the block-sparse loops, the mask_mod, a second aux tensor)."""
+    from flashtile.flex import and_masks, causal_mask, create_block_mask, document_mask, mods
+
+    table = torch.zeros(128)
+    score = mods.Mod(_rel_bias, (table,), mods.SCORE_ARGS, "score_mod")
+    grad = mods.Mod(_unit, (table,), mods.SCORE_ARGS, "score_mod_grad")
+    mask = block_mask = None
+    if features.get("flex"):
+        mask = and_masks(causal_mask, document_mask(torch.zeros(q.shape[1], dtype=torch.int64)))
+        block_mask = create_block_mask(mask, None, None, q.shape[1], q.shape[1], device="cpu")
+    pool = mods.aux_pool(score, grad, mask)
+    return launch.ModArgs.make(lse, pool, mods.adapter(score, pool), mods.adapter(grad, pool),
+                               mods.adapter(mask, pool) if mask is not None else None, block_mask)
 
 
 def check_case(arch, case):
@@ -89,9 +120,10 @@ def check_case(arch, case):
         geo = dataclasses.replace(geo, seqused_k=torch.tensor([50], dtype=torch.int32))
         if features.get("paged"):
             geo = dataclasses.replace(geo, block_table=torch.zeros(1, 4, dtype=torch.int32))
-    launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False)
+    mods = _mod_args(features, q, lse) if features.get("flex") or features.get("score_mod") else None
+    launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False, mods=mods)
     launches += [] if features.get("kvcache") else launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
-                                         interpreter=False)
+                                         interpreter=False, mods=mods)
     failures, lines = 0, []
     for kl in launches:
         what = (f"sm{arch[0]}{arch[1]} {kl.kernel.fn.__name__} D{head_dim} causal={causal} "

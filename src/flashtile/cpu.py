@@ -27,14 +27,24 @@ def _merge_heads(x):
     return x.permute(0, 3, 1, 2, 4).reshape(batch, seqlen, heads_kv * group, head_dim)
 
 
+class Mods:
+    """Programmable attention's mods for the CPU path (flashtile.flex Mods, called in their PyTorch form on
+    tensors): score(s, b, h, q_idx, kv_idx), its derivative grad (same arguments), mask(b, h, q_idx, kv_idx)."""
+
+    def __init__(self, score=None, grad=None, mask=None):
+        self.score, self.grad, self.mask = score, grad, mask
+
+
 class _Scores:
     """Scores of one (query block, key block) tile, in the kernels' fixed order: softcap, ALiBi, masks.
 
     window_left / window_right: -1 for unbounded (causal is right = 0). alibi_slopes: (Hq,) or (B, Hq).
-    attn_bias: 4-D, broadcastable to (B, Hq, Sq, Sk).
+    attn_bias: 4-D, broadcastable to (B, Hq, Sq, Sk). mods: Mods or None; then __call__ also returns g,
+    the score_mod's derivative (the backward's chain rule), else None.
     """
 
-    def __init__(self, q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias=None):
+    def __init__(self, q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias=None,
+                 mods=None):
         self.seqlen_q, self.seqlen_k = q.shape[1], k.shape[1]
         self.diag = self.seqlen_k - self.seqlen_q
         self.scale = softmax_scale
@@ -49,9 +59,14 @@ class _Scores:
         if attn_bias is not None:  # a view: broadcast dims keep stride 0
             full = attn_bias.expand(q.shape[0], q.shape[2], self.seqlen_q, self.seqlen_k)
             self.bias = full.reshape(q.shape[0], k.shape[2], -1, self.seqlen_q, self.seqlen_k)  # [B, Hk, G, Sq, Sk]
+        self.mods = mods
+        if mods is not None:  # batch and query-head indices in the [B, Hk, G, bm, bn] layout
+            self.b = torch.arange(q.shape[0]).view(-1, 1, 1, 1, 1)
+            self.h = torch.arange(q.shape[2]).view(1, k.shape[2], -1, 1, 1)
 
     def key_blocks(self, m0, m1):
-        """Key blocks (n0, n1) that rows [m0, m1) may see: blocks outside the window are skipped."""
+        """Key blocks (n0, n1) that rows [m0, m1) may see: blocks outside the window are skipped (a mask_mod is
+        evaluated on every block here: no block-sparse skipping on the CPU)."""
         lo = max(0, m0 + self.diag - self.left) // BLOCK_N * BLOCK_N if self.left >= 0 else 0
         hi = min(self.seqlen_k, m1 + self.diag + self.right) if self.right >= 0 else self.seqlen_k
         for n0 in range(lo, hi, BLOCK_N):
@@ -70,23 +85,33 @@ class _Scores:
             s = s - self.slopes * (rows - cols).abs()
         if self.bias is not None:
             s = s + self.bias[..., m0:m1, n0:n1].float()
+        g = None
+        mods = self.mods
+        q_idx = torch.arange(m0, m1).unsqueeze(1)  # [bm, 1], unshifted positions for the mods
+        if mods is not None and mods.score is not None:
+            if mods.grad is not None:
+                g = torch.as_tensor(mods.grad(s, self.b, self.h, q_idx, cols), dtype=s.dtype)
+            s = mods.score(s, self.b, self.h, q_idx, cols).to(s.dtype)
         visible = torch.ones_like(cols, dtype=torch.bool)
         if self.right >= 0:
             visible = visible & (cols <= rows + self.right)
         if self.left >= 0:
             visible = visible & (cols >= rows - self.left)
+        if mods is not None and mods.mask is not None:
+            visible = visible & torch.as_tensor(mods.mask(self.b, self.h, q_idx, cols), dtype=torch.bool)
         if not visible.all():
             s = s.masked_fill(~visible, float("-inf"))
-        return s, t
+        return (s, t) if mods is None else (s, t, g)
 
 
-def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink, attn_bias=None):
+def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink, attn_bias=None,
+            mods=None):
     """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32, as the Triton forward.
 
-    sink: (Hq,) logits that join each row's denominator without a value, or None.
+    sink: (Hq,) logits that join each row's denominator without a value, or None. mods: Mods or None.
     """
     seqlen_q = q.shape[1]
-    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias)
+    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias, mods)
     qg, kg, vg = _split_heads(q, k, v)
     out = torch.empty_like(qg)  # [B, Hk, G, Sq, D]
     lse = torch.empty(qg.shape[:-1], dtype=torch.float32)  # [B, Hk, G, Sq]
@@ -101,7 +126,7 @@ def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_sl
             l_i = torch.ones(qb.shape[:-1])
         acc = torch.zeros(qb.shape)
         for n0, n1 in scores.key_blocks(m0, m1):
-            s, _ = scores(qb, kg[..., n0:n1, :], m0, m1, n0, n1)  # [B, Hk, G, bm, bn]
+            s = scores(qb, kg[..., n0:n1, :], m0, m1, n0, n1)[0]  # [B, Hk, G, bm, bn]
             m_new = torch.maximum(m_i, s.amax(-1))
             m_sub = torch.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet
             p = torch.exp(s - m_sub.unsqueeze(-1))
@@ -117,11 +142,11 @@ def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_sl
 
 
 def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-             attn_bias=None, bias_grad=False):
+             attn_bias=None, bias_grad=False, mods=None):
     """dq, dk, dv (dtypes of q, k, v) and dscores (fp32 (B, Hq, Sq, Sk) when bias_grad, else empty);
-    dlse (B, Hq, Sq) or None is the gradient flowing into lse."""
+    dlse (B, Hq, Sq) or None is the gradient flowing into lse. mods: Mods or None."""
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias)
+    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias, mods)
     qg, kg, vg = _split_heads(q, k, v)
     dog = _split_heads(dout, k, v)[0]  # [B, Hk, G, Sq, D]
     group_shape = qg.shape[:-1]
@@ -141,12 +166,14 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_r
         lse_b, delta_b = lse[..., m0:m1].unsqueeze(-1), delta[..., m0:m1].unsqueeze(-1)
         for n0, n1 in scores.key_blocks(m0, m1):
             kb, vb = kg[..., n0:n1, :], vg[..., n0:n1, :]
-            s, t = scores(qb, kb, m0, m1, n0, n1)  # [B, Hk, G, bm, bn], rounded as in forward
+            s, t, *g = scores(qb, kb, m0, m1, n0, n1)  # [B, Hk, G, bm, bn], rounded as in forward
             p = torch.exp(s - lse_b)
             dv[..., n0:n1, :] += (p.transpose(-1, -2) @ dob).sum(2)
             ds = p * (dob @ vb.transpose(-1, -2) - delta_b)
             if bias_grad:
                 dscores[..., m0:m1, n0:n1] = ds
+            if g and g[0] is not None:
+                ds = torch.where(p > 0, ds * g[0], 0.0)  # the score_mod's derivative, never read where P = 0
             if t is not None:
                 ds = ds * (1 - t * t)  # d softcap*tanh(x/softcap) / dx
             dq[..., m0:m1, :] += (ds @ kb) * softmax_scale

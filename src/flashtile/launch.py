@@ -163,43 +163,103 @@ class ScoreArgs:
         return self.qk_scale, self.softcap_log2, self.window_left, self.window_right
 
 
-def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter):
+@dataclass(frozen=True)
+class ModArgs:
+    """Programmable attention (flashtile.flex) as kernel arguments: the user mods as generated adapters
+    (JITFunctions taking aux0..aux3, or None), four aux tensors, and a block mask's index lists.
+
+    kv_lists: (num, idx, full_num, full_idx) for the forward and dQ kernels, (B, H, Sq / bm) and
+    (B, H, Sq / bm, Sk / bn) int32; q_lists: the transposed ones for dK/dV. None without a block mask.
+    """
+    aux: tuple
+    score_mod: object = None
+    score_mod_grad: object = None
+    mask_mod: object = None
+    block_size: tuple = None
+    kv_lists: tuple = None
+    q_lists: tuple = None
+
+    @staticmethod
+    def make(placeholder, aux=(), score_mod=None, score_mod_grad=None, mask_mod=None, block_mask=None):
+        """aux: up to 4 tensors; block_mask: a flashtile.flex.BlockMask (already checked against the inputs)."""
+        aux = tuple(aux) + (placeholder,) * (4 - len(aux))
+        if block_mask is None:
+            return ModArgs(aux, score_mod, score_mod_grad, mask_mod)
+        bm = block_mask
+        return ModArgs(aux, score_mod, score_mod_grad, mask_mod, tuple(bm.block_size),
+                       (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices),
+                       (bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices))
+
+    @staticmethod
+    def _list_args(lists, placeholder):
+        """The four list pointers and the (batch, head, row) strides of the counts and of the indices."""
+        if lists is None:
+            return (placeholder,) * 4 + (0,) * 6
+        num, idx = lists[0], lists[1]
+        strides = [0 if num.shape[i] == 1 else num.stride(i) for i in range(3)]
+        strides += [0 if idx.shape[i] == 1 else idx.stride(i) for i in range(3)]
+        return (*lists, *strides)
+
+    def args(self, placeholder, transposed=False):
+        return (*self.aux, *self._list_args(self.q_lists if transposed else self.kv_lists, placeholder))
+
+    def constexprs(self, grad=False):
+        sparse = self.block_size is not None
+        extra = dict(SCORE_MOD_GRAD=self.score_mod_grad) if grad else {}
+        return dict(SCORE_MOD=self.score_mod, MASK_MOD=self.mask_mod, BLOCK_SPARSE=sparse,
+                    SPARSE_M=self.block_size[0] if sparse else 128, SPARSE_N=self.block_size[1] if sparse else 128,
+                    **extra)
+
+    def tiles(self, cfg):
+        """Block masks hold power-of-two blocks: tiles larger than a block shrink to it, so every block is
+        a whole number of tiles (a (128, 128) mask runs the default 128 x 64 forward tiles)."""
+        if self.block_size is None:
+            return cfg
+        return replace(cfg, BLOCK_M=min(cfg.BLOCK_M, self.block_size[0]),
+                       BLOCK_N=min(cfg.BLOCK_N, self.block_size[1]))
+
+
+def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=None):
     """The forward's one launch, writing out (q's shape) and lse (geo.lse_shape).
 
-    sa: ScoreArgs; sink: fp32 (Hq,) attention-sink logits or None.
+    sa: ScoreArgs; sink: fp32 (Hq,) attention-sink logits or None; mods: ModArgs or None.
     """
     head_dim_pad = _head_dim_padded(geo.head_dim)
-    cfg = configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
+    mods = mods or ModArgs.make(lse)
+    cfg = mods.tiles(configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter))
     return [KernelLaunch(
         _attn_fwd, (triton.cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse, *geo.cu_args(lse), sa.bias,
          geo.block_table if geo.block_table is not None else lse,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out), *geo.lse_strides(lse),
          sa.stride_alibi_b, *sa.bias_strides, *geo.page_args(k),
-         geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars()),
+         geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars(), *mods.args(lse)),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, SEQUSED_K=geo.seqused_k is not None,
              PAGED=geo.block_table is not None, LEFT_BOUNDED=sa.left_bounded,
              DOT_PRECISION=_dot_precision(q.dtype),
-             **sa.constexprs),
+             **sa.constexprs, **mods.constexprs()),
         cfg.num_warps, cfg.num_stages,
     )]
 
 
 def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale, sa, arch,
-                      interpreter):
+                      interpreter, mods=None):
     """The backward's three launches: preprocess (delta, lse2, laid out as lse), dK/dV, dQ; sa: ScoreArgs.
 
     dbias: a zero-filled fp32 (B, Hq, Sq, Sk) buffer that the dQ kernel fills with dS, or None.
+    mods: ModArgs or None.
     """
     group_size = geo.heads_q // geo.heads_kv
     head_dim_pad = _head_dim_padded(geo.head_dim)
+    mods = mods or ModArgs.make(lse)
     cfg = configs.bwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
+    cfg = configs.BwdConfig(mods.tiles(cfg.dkdv), mods.tiles(cfg.dq))
     precision = _dot_precision(q.dtype)
     pre_block = 64
     cu_q, cu_k = geo.cu_args(lse)
     common = dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, DOT_PRECISION=precision,
-                  IS_VARLEN=geo.is_varlen, **sa.constexprs)
+                  IS_VARLEN=geo.is_varlen, **sa.constexprs, **mods.constexprs(grad=True))
     preprocess = KernelLaunch(
         _attn_bwd_preprocess, (triton.cdiv(geo.seqlen_q, pre_block), geo.batch * geo.heads_q),
         (out, dout, lse, delta, lse2, cu_q, *_strides3(out), *_strides3(dout), *geo.lse_strides(lse),
@@ -211,7 +271,8 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
         (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k, sa.bias,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
          *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
-         geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars()),
+         geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars(),
+         *mods.args(lse, transposed=True)),
         dict(BLOCK_M=cfg.dkdv.BLOCK_M, BLOCK_N=cfg.dkdv.BLOCK_N,
              SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1, **common),
         cfg.dkdv.num_warps, cfg.dkdv.num_stages,
@@ -221,7 +282,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
         (q, k, v, dout, lse2, delta, dq, sa.alibi, cu_q, cu_k, sa.bias, dbias if dbias is not None else lse,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
          *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
-         geo.seqlen_q, geo.seqlen_k, geo.heads_q, group_size, softmax_scale, *sa.scalars()),
+         geo.seqlen_q, geo.seqlen_k, geo.heads_q, group_size, softmax_scale, *sa.scalars(), *mods.args(lse)),
         dict(BLOCK_M=cfg.dq.BLOCK_M, BLOCK_N=cfg.dq.BLOCK_N, STORE_DBIAS=dbias is not None,
              LEFT_BOUNDED=sa.left_bounded, **common),
         cfg.dq.num_warps, cfg.dq.num_stages,
@@ -230,13 +291,16 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
 
 
 def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-                        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None):
-    """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), or (Hq, total_q) when cu_seqlens are given."""
+                        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None,
+                        mods=None):
+    """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), or (Hq, total_q) when cu_seqlens are given.
+    mods: ModArgs (programmable attention) or None."""
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias)
-    for launch in forward_launches(geo, q, k, v, out, lse, sink, sa, _arch(q.device), interpreter_active()):
+    for launch in forward_launches(geo, q, k, v, out, lse, sink, sa, _arch(q.device), interpreter_active(),
+                                   mods):
         launch.run()
     return out, lse
 
@@ -262,12 +326,12 @@ def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, sof
 
 def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
                          alibi_slopes, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                         attn_bias=None, bias_grad=False):
+                         attn_bias=None, bias_grad=False, mods=None):
     """dq, dk, dv with the shapes and dtypes of q, k, v, recomputing P from q, k and lse, and dbias:
     the full (B, Hq, Sq, Sk) fp32 gradient of the scores when bias_grad, else an empty tensor.
 
     dlse (lse's shape) or None is the gradient flowing into lse: since d lse_i / d s_ij = P_ij it
-    folds into delta (dS = P * (dP - (delta - dlse))), so the kernels do not change.
+    folds into delta (dS = P * (dP - (delta - dlse))), so the kernels do not change. mods: as in the forward.
     """
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
@@ -280,7 +344,7 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
              if bias_grad else None)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias)
     preprocess, *grads = backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale,
-                                           sa, _arch(q.device), interpreter_active())
+                                           sa, _arch(q.device), interpreter_active(), mods)
     preprocess.run()
     if dlse is not None:
         delta -= dlse

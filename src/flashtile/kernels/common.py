@@ -16,8 +16,10 @@ def _tanh(x):
 def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
             window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
             MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-            HAS_BIAS: tl.constexpr):
-    """The one place where raw q.k products become scores, in a fixed order: softcap, ALiBi, bias, masks.
+            HAS_BIAS: tl.constexpr, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
+            SCORE_MOD: tl.constexpr = None, SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
+    """The one place where raw q.k products become scores, in a fixed order: softcap, ALiBi, bias, the user
+    score_mod, masks (causal / window, the user mask_mod, sequence bounds).
 
     qk: raw dot products; q_idx / k_idx: query and key positions broadcastable to qk's shape ([M, 1]
     and [1, N] in the forward and dQ kernels, [1, M] and [N, 1] in the dK/dV kernel, which works on
@@ -27,6 +29,12 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
     softcap * log2(e)). bias_ptr points at this (batch, head)'s additive bias, read at
     (q_idx, k_idx) with the given strides (0 along broadcast dims). Only MASKED blocks evaluate masks:
     the loop bounds decide which blocks are full.
+
+    Programmable attention (flashtile.flex): SCORE_MOD(score, b, h, q_idx, kv_idx, aux0..aux3) gets the
+    score in natural-log units and returns the new one; MASK_MOD(b, h, q_idx, kv_idx, aux0..aux3) returns
+    True where a key is visible; both are generated adapters around the user's functions, and positions
+    past the sequence ends are clamped to the last one so mods may index aux tensors with them.
+    Returns (s, t, g): g = d SCORE_MOD / d score from SCORE_MOD_GRAD (the backward's chain rule), else t.
     """
     if SOFTCAP:
         t = _tanh(qk * qk_scale)
@@ -42,14 +50,25 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
         bias = tl.load(bias_ptr + q_idx.to(tl.int64) * stride_bias_m + k_idx.to(tl.int64) * stride_bias_n,
                        mask=in_bounds, other=0.0)
         s = s + bias.to(tl.float32) * LOG2E
+    g = t
+    if SCORE_MOD is not None:
+        s_nat = s * (1.0 / LOG2E)
+        q_mod = tl.minimum(q_idx, seqlen_q - 1)
+        k_mod = tl.minimum(k_idx, seqlen_k - 1)
+        if SCORE_MOD_GRAD is not None:
+            g = SCORE_MOD_GRAD(s_nat, off_b, off_h, q_mod, k_mod, aux0, aux1, aux2, aux3)
+        s = SCORE_MOD(s_nat, off_b, off_h, q_mod, k_mod, aux0, aux1, aux2, aux3) * LOG2E
     if MASKED:
         visible = k_idx < seqlen_k
         if IS_LOCAL:
             # Bottom-right aligned window: query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right.
             shifted = q_idx + (seqlen_k - seqlen_q)
             visible = visible & (k_idx <= shifted + window_right) & (k_idx >= shifted - window_left)
+        if MASK_MOD is not None:
+            visible = visible & MASK_MOD(off_b, off_h, tl.minimum(q_idx, seqlen_q - 1),
+                                         tl.minimum(k_idx, seqlen_k - 1), aux0, aux1, aux2, aux3)
         s = tl.where(visible, s, float("-inf"))
-    return s, t
+    return s, t, g
 
 
 @triton.jit
@@ -151,3 +170,22 @@ def _query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
         full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
         return lo, full_lo, full_hi, hi
     return 0, 0, tl.minimum(full_hi, hi), hi
+
+
+@triton.jit
+def _tile_start(virt, idx_ptr, BLOCK_SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr):
+    """Where the tile at loop offset virt starts: virt itself, or under BLOCK_SPARSE inside the listed block
+    idx_ptr[virt // SPARSE_BLOCK] (the loop runs over count * SPARSE_BLOCK offsets: one flat loop over every
+    tile of every listed block, which the compiler can pipeline like the dense one; a loop per block would
+    restart the pipeline at every block)."""
+    if BLOCK_SPARSE:
+        return tl.load(idx_ptr + virt // SPARSE_BLOCK) * SPARSE_BLOCK + virt % SPARSE_BLOCK
+    return virt
+
+
+@triton.jit
+def _block_list(FULL: tl.constexpr, num_ptr, idx_ptr, full_num_ptr, full_idx_ptr):
+    """(count, first index pointer) of a block mask's partial (FULL = 0) or full (FULL = 1) block list."""
+    if FULL:
+        return tl.load(full_num_ptr), full_idx_ptr
+    return tl.load(num_ptr), idx_ptr
