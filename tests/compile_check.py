@@ -23,8 +23,11 @@ TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: 
 
 
 def _signature(kl):
+    """Signature, constexprs and the attributes a real launch specializes on: like Triton's JIT, pointers
+    (torch allocations are 16-byte aligned) and ints divisible by 16 get tt.divisibility = 16. Without them
+    loads cannot be vectorized, the pipeliner skips them, and shared memory would be under-reported."""
     names = kl.kernel.arg_names
-    sig, constexprs = {}, {}
+    sig, constexprs, attrs = {}, {}, {}
     values = dict(zip(names, kl.args), **kl.constexprs)
     for i, name in enumerate(names):
         value = values[name]
@@ -33,16 +36,19 @@ def _signature(kl):
             constexprs[(i,)] = value
         elif isinstance(value, torch.Tensor):
             sig[name] = TRITON_TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(value, float):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-    return sig, constexprs
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, constexprs, attrs
 
 
 def compile_launch(kl, arch):
-    sig, constexprs = _signature(kl)
-    src = ASTSource(fn=kl.kernel, signature=sig, constexprs=constexprs)
+    sig, constexprs, attrs = _signature(kl)
+    src = ASTSource(fn=kl.kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     target = GPUTarget("cuda", arch[0] * 10 + arch[1], 32)
     return triton.compile(src, target=target, options=dict(num_warps=kl.num_warps, num_stages=kl.num_stages))
 
@@ -62,6 +68,16 @@ CASES = [
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True)),
+    # Split-KV decoding (packed GQA rows, then the combine kernel): the decode bench's shape, paged, every
+    # score feature, the smallest and largest head dims, fp32, and a prefill-sized chunk of 4 x 8 rows.
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True)),
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True)),
+    (128, False, torch.float16, 8, 2, dict(decode=True, paged=True, window_left=32, window_right=8, softcap=30.0,
+                                           alibi=True)),
+    (64, True, torch.bfloat16, 1, 1, dict(decode=True)),
+    (256, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True)),
+    (256, True, torch.float32, 8, 1, dict(decode=True)),
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True, seqlen_q=4)),
 ]
 
 
@@ -69,7 +85,7 @@ def check_case(arch, case):
     """Compile one case's launches for arch; returns (failures, report lines)."""
     head_dim, causal, dtype, heads_q, heads_kv, features = case
     smem_limit = TARGETS[arch]
-    q = torch.zeros(1, 64, heads_q, head_dim, dtype=dtype)
+    q = torch.zeros(1, features.get("seqlen_q", 1) if features.get("decode") else 64, heads_q, head_dim, dtype=dtype)
     k = torch.zeros(1, 64, heads_kv, head_dim, dtype=dtype)
     lse = torch.zeros(1, heads_q, 64)
     slopes = torch.ones(heads_q) if features.get("alibi") else None
@@ -85,13 +101,23 @@ def check_case(arch, case):
     sa = launch.ScoreArgs.make(geo, 0.1, features.get("window_left", -1), 0 if causal else features.get(
         "window_right", -1), features.get("softcap", 0.0), slopes, lse, bias)
     sink = torch.zeros(heads_q) if features.get("sink") else None
-    if features.get("kvcache"):  # inference only: the forward with per-row key counts
+    if features.get("kvcache"):
         geo = dataclasses.replace(geo, seqused_k=torch.tensor([50], dtype=torch.int32))
         if features.get("paged"):
             geo = dataclasses.replace(geo, block_table=torch.zeros(1, 4, dtype=torch.int32))
-    launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False)
-    launches += [] if features.get("kvcache") else launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
-                                         interpreter=False)
+    if features.get("decode"):
+        geo = dataclasses.replace(geo, seqused_k=torch.tensor([50], dtype=torch.int32))
+        if features.get("paged"):
+            geo = dataclasses.replace(geo, block_table=torch.zeros(1, 4, dtype=torch.int32))
+        lse = torch.zeros(1, heads_q, q.shape[1])
+        cfg, splits = launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"), interpreter=False)
+        assert splits > 1, "the compile check needs the combine kernel"
+        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits)
+    else:
+        launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False)
+    if not features.get("kvcache") and not features.get("decode"):  # the KV cache is inference only
+        launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
+                                             interpreter=False)
     failures, lines = 0, []
     for kl in launches:
         what = (f"sm{arch[0]}{arch[1]} {kl.kernel.fn.__name__} D{head_dim} causal={causal} "

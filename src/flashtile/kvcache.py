@@ -20,6 +20,12 @@ def _cache_seqlens(cache_seqlens, batch, device):
     return cache_seqlens
 
 
+def _num_splits(num_splits):
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0 = chosen by a heuristic), got {num_splits!r}")
+    return int(num_splits)
+
+
 def apply_rotary(x, cos, sin, positions, interleaved):
     """Rotary embedding of x (B, S, H, D) at integer positions (B, S): the first 2 * cos.shape[1] channels
     rotate in pairs, (2i, 2i + 1) when interleaved (GPT-J) or (i, i + rotary_dim / 2) otherwise (GPT-NeoX);
@@ -86,8 +92,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     pairing (see apply_rotary). It runs in PyTorch before the append, not fused into the kernel.
     block_table (int32 (B, max_pages)): a paged cache k_cache/v_cache (num_pages, page_size, Hk, D), any
     page size; row b's token t lives in page block_table[b, t // page_size] at slot t % page_size.
+    num_splits: for few queries per KV head (group_size * Sq <= 128, decoding) a split-KV kernel packs the
+    query heads of each KV head into one tile and splits the key range over num_splits programs whose
+    partial results a second kernel combines; 0 picks the count from the batch, heads and cache length
+    (configs.num_splits_heuristic). It changes speed, not results (up to rounding).
     Not supported yet (NotImplementedError): cache_batch_idx, cache_leftpad.
-    num_splits is accepted and ignored (no split-KV kernel yet).
     """
     for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
         if value is not None:
@@ -119,6 +128,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     window_left, window_right = checks.window(window_size, causal)
     slopes = checks.alibi(alibi_slopes, q, batch, q.shape[2])
     softcap = checks.softcap_value(softcap)
+    splits = _num_splits(num_splits)
     local = window_left >= 0 or window_right >= 0  # causal included (right = 0)
     if rotary_cos is not None or rotary_sin is not None:
         span = max(q.shape[1] if local else 1, k.shape[1] if k is not None else 0)
@@ -139,5 +149,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             k_cache[rows, positions] = k
             v_cache[rows, positions] = v
     out, lse = ops.fwd_kvcache(q, k_cache, v_cache, end, block_table, scale, window_left, window_right, softcap,
-                               slopes)
+                               slopes, max(lengths), splits)
     return (out, lse) if return_softmax_lse else out

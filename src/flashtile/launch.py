@@ -12,6 +12,7 @@ import triton
 
 from . import configs
 from .kernels.bwd import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
+from .kernels.decode import _attn_combine, _attn_fwd_splitkv
 from .kernels.fwd import _attn_fwd
 
 LOG2E = 1.4426950408889634
@@ -184,6 +185,70 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter):
     )]
 
 
+def _num_sms(device):
+    # Under the interpreter (CPU tensors) the heuristic plans for an H200, so tests exercise it as the GPU would.
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def uses_splitkv(geo, num_splits):
+    """The split-KV kernel serves a KV-cache call when few query rows share each KV head: it reads each K/V
+    byte once per group_size * Sq packed rows where the forward reads it once per query head, and splits
+    long caches over more programs. Longer query chunks (prefill) keep the forward kernel, whose
+    per-position query blocks skip work under causal masks. An explicit num_splits > 1 is always honoured."""
+    rows = geo.seqlen_q * (geo.heads_q // geo.heads_kv)
+    return geo.seqused_k is not None and (rows <= configs.DECODE_MAX_ROWS or num_splits > 1)
+
+
+def splitkv_plan(geo, max_seqlen_k, num_splits, arch, dtype, device, interpreter):
+    """(tile config, number of splits): num_splits as given (at most configs.MAX_SPLITS), or from the
+    heuristic when 0, for the longest row's max_seqlen_k keys."""
+    rows = geo.seqlen_q * (geo.heads_q // geo.heads_kv)
+    cfg = configs.decode_config(arch, _head_dim_padded(geo.head_dim), rows, dtype, interpreter)
+    if num_splits > 0:
+        return cfg, min(num_splits, configs.MAX_SPLITS)
+    programs = geo.batch * geo.heads_kv * triton.cdiv(rows, cfg.BLOCK_M)
+    return cfg, configs.num_splits_heuristic(programs, triton.cdiv(max_seqlen_k, cfg.BLOCK_N), _num_sms(device))
+
+
+def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
+    """The split-KV kernel, and with num_splits > 1 the combine kernel, writing out (q's shape) and lse
+    (B, Hq, Sq). The splits' partial outputs go to an fp32 workspace (num_splits, B, Sq, Hq, D) and lse
+    (num_splits, B, Hq, Sq); one split writes out and lse directly."""
+    group_size = geo.heads_q // geo.heads_kv
+    head_dim_pad = _head_dim_padded(geo.head_dim)
+    if num_splits > 1:
+        out_acc = _empty((num_splits, *q.shape), q, torch.float32)
+        lse_acc = _empty((num_splits, *lse.shape), q, torch.float32)
+        split_strides = out_acc.stride(0), lse_acc.stride(0)
+    else:
+        out_acc, lse_acc, split_strides = out, lse, (0, 0)
+    acc4 = out_acc if num_splits == 1 else out_acc[0]
+    lse3 = lse_acc if num_splits == 1 else lse_acc[0]
+    main = KernelLaunch(
+        _attn_fwd_splitkv, (num_splits, geo.batch * geo.heads_kv, triton.cdiv(geo.seqlen_q * group_size, cfg.BLOCK_M)),
+        (q, k, v, out_acc, lse_acc, sa.alibi, geo.seqused_k, geo.block_table if geo.block_table is not None else lse,
+         *_strides3(q), *_strides3(k), *_strides3(v), split_strides[0], *_strides3(acc4), split_strides[1],
+         lse3.stride(0), lse3.stride(1), sa.stride_alibi_b, *geo.page_args(k),
+         geo.seqlen_q, geo.heads_kv, group_size, num_splits, *sa.scalars()),
+        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+             IS_LOCAL=sa.constexprs["IS_LOCAL"], SOFTCAP=sa.constexprs["SOFTCAP"],
+             HAS_ALIBI=sa.constexprs["HAS_ALIBI"], PAGED=geo.block_table is not None,
+             DOT_PRECISION=_dot_precision(q.dtype)),
+        cfg.num_warps, cfg.num_stages,
+    )
+    if num_splits == 1:
+        return [main]
+    combine = KernelLaunch(
+        _attn_combine, (geo.batch * geo.seqlen_q * geo.heads_q,),
+        (out_acc, lse_acc, out, lse, split_strides[0], *_strides3(acc4), split_strides[1], lse3.stride(0),
+         lse3.stride(1), *_strides3(out), lse.stride(0), lse.stride(1), geo.seqlen_q, geo.heads_q, num_splits),
+        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_S=16),
+    )
+    return [main, combine]
+
+
 def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale, sa, arch,
                       interpreter):
     """The backward's three launches: preprocess (delta, lse2, laid out as lse), dK/dV, dQ; sa: ScoreArgs.
@@ -239,11 +304,13 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
 
 
 def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right,
-                                softcap, alibi_slopes):
+                                softcap, alibi_slopes, max_seqlen_k, num_splits):
     """Forward over a KV cache: batch b attends to its first seqused_k[b] cached keys; out like q, lse (B, Hq, Sq).
 
     block_table: None (cache (B, capacity, Hk, D)) or int32 (B, max_pages) into a paged cache
     (num_pages, page_size, Hk, D), whose capacity per row is max_pages * page_size.
+    max_seqlen_k: the largest seqused_k (sizes the split heuristic); num_splits: 0 = heuristic, else
+    the number of key-range splits (see uses_splitkv for when the split-KV kernel runs).
     """
     geo = Geometry.of(q, k_cache)
     capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
@@ -251,8 +318,13 @@ def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, sof
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
-    for launch in forward_launches(geo, q, k_cache, v_cache, out, lse, None, sa, _arch(q.device),
-                                   interpreter_active()):
+    arch, interpreter = _arch(q.device), interpreter_active()
+    if uses_splitkv(geo, num_splits):
+        cfg, splits = splitkv_plan(geo, max_seqlen_k, num_splits, arch, q.dtype, q.device, interpreter)
+        launches = splitkv_launches(geo, q, k_cache, v_cache, out, lse, sa, cfg, splits)
+    else:
+        launches = forward_launches(geo, q, k_cache, v_cache, out, lse, None, sa, arch, interpreter)
+    for launch in launches:
         launch.run()
     return out, lse
 

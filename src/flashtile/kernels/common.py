@@ -92,6 +92,18 @@ def _store_tile(ptrs, value, offs_rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, 
 
 
 @triton.jit
+def _kv_tile_ptrs(tile_ptrs, head_base, start_n, offs_kn, offs_d, stride_n, stride_page, block_table, page_size,
+                  seqlen_k, PAGED: tl.constexpr):
+    """Pointers of a [BLOCK_N, HEAD_DIM_PAD] K or V tile: consecutive rows, or rows gathered through a page
+    table (paged KV cache: key j lives in page block_table[j // page_size], slot j % page_size; any page size)."""
+    if PAGED:
+        page = tl.load(block_table + offs_kn // page_size, mask=offs_kn < seqlen_k, other=0).to(tl.int64)
+        rows = page * stride_page + (offs_kn % page_size).to(tl.int64) * stride_n  # [BLOCK_N]
+        return head_base + rows[:, None] + offs_d[None, :]
+    return tile_ptrs + start_n * stride_n
+
+
+@triton.jit
 def _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Key range of a query block: [lo, full_lo) and [full_hi, hi) need masks, [full_lo, full_hi) none.
@@ -100,9 +112,16 @@ def _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
     right = 0 for causal. Only real rows count (padding rows are never stored). Blocks outside the
     window are never visited, so work scales with the window. Operands of // are kept >= 0.
     """
+    return _key_range_of_rows(start_m, tl.minimum(start_m + BLOCK_M, seqlen_q) - 1, seqlen_q, seqlen_k, window_left,
+                              window_right, BLOCK_N)
+
+
+@triton.jit
+def _key_range_of_rows(first_q, last_q, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N: tl.constexpr):
+    """_key_range of any rows whose query positions lie in [first_q, last_q] (the decode kernel's packed tiles)."""
     diag = seqlen_k - seqlen_q
-    first_row = start_m + diag
-    last_row = tl.minimum(start_m + BLOCK_M, seqlen_q) - 1 + diag
+    first_row = first_q + diag
+    last_row = last_q + diag
     lo = tl.maximum(first_row - window_left, 0) // BLOCK_N * BLOCK_N
     hi = tl.maximum(tl.minimum(last_row + window_right + 1, seqlen_k), lo)
     full_lo = tl.cdiv(tl.maximum(last_row - window_left, 0), BLOCK_N) * BLOCK_N

@@ -2,21 +2,10 @@
 import triton
 import triton.language as tl
 
-from .common import LOG2E, _key_range, _load_tile, _scores, _segment, _seq_offset, _seq_range, _store_tile
+from .common import (LOG2E, _key_range, _kv_tile_ptrs, _load_tile, _scores, _segment, _seq_offset, _seq_range,
+                     _store_tile)
 
 LN2 = tl.constexpr(0.6931471805599453)
-
-
-@triton.jit
-def _kv_tile_ptrs(tile_ptrs, head_base, start_n, offs_kn, offs_d, stride_n, stride_page, block_table, page_size,
-                  seqlen_k, PAGED: tl.constexpr):
-    """Pointers of a [BLOCK_N, HEAD_DIM_PAD] K or V tile: consecutive rows, or rows gathered through a page
-    table (paged KV cache: key j lives in page block_table[j // page_size], slot j % page_size; any page size)."""
-    if PAGED:
-        page = tl.load(block_table + offs_kn // page_size, mask=offs_kn < seqlen_k, other=0).to(tl.int64)
-        rows = page * stride_page + (offs_kn % page_size).to(tl.int64) * stride_n  # [BLOCK_N]
-        return head_base + rows[:, None] + offs_d[None, :]
-    return tile_ptrs + start_n * stride_n
 
 
 @triton.jit
