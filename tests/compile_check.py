@@ -68,6 +68,7 @@ CASES = [
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True)),
+    (128, True, torch.bfloat16, 2, 1, dict(varlen=True, paged=True)),  # paged keys in flash_attn_varlen_func
     # Split-KV decoding (packed GQA rows, then the combine kernel): the decode bench's shape, paged, every
     # score feature, the smallest and largest head dims, fp32, and a prefill-sized chunk of 4 x 8 rows.
     (128, True, torch.bfloat16, 8, 1, dict(decode=True)),
@@ -95,6 +96,9 @@ def check_case(arch, case):
         cu = torch.tensor([0, 30, 64], dtype=torch.int32)
         geo = launch.Geometry.of(q, k, cu, cu, 34, 34)
         lse = torch.zeros(heads_q, 64)
+        if features.get("paged"):  # forward only: the keys are (num_pages, page_size, Hk, D)
+            k = k.reshape(4, 16, heads_kv, head_dim)
+            geo = dataclasses.replace(geo, block_table=torch.zeros(2, 4, dtype=torch.int32))
     bias = dbias = None
     if features.get("bias"):
         bias, dbias = torch.zeros(1, heads_q, 64, 64, dtype=dtype), torch.zeros(1, heads_q, 64, 64)
@@ -115,7 +119,7 @@ def check_case(arch, case):
         launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits)
     else:
         launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False)
-    if not features.get("kvcache") and not features.get("decode"):  # the KV cache is inference only
+    if not any(features.get(name) for name in ("kvcache", "decode", "paged")):  # paged KV is inference only
         launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
                                              interpreter=False)
     failures, lines = 0, []

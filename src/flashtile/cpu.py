@@ -210,3 +210,17 @@ def kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, 
         out[b:b + 1], lse[b:b + 1] = forward(q[b:b + 1], keys, values, softmax_scale, window_left, window_right,
                                              softcap, slopes, None)
     return out, lse
+
+
+def _gather_pages(pages, block_table, lengths):
+    """Packed (sum(lengths), H, D) keys or values: sequence b's first lengths[b] tokens from its pages."""
+    return torch.cat([pages[block_table[b].long()].flatten(0, 1)[:n] for b, n in enumerate(lengths)])
+
+
+def varlen_paged_forward(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                         softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
+    """varlen_forward with each sequence's keys gathered from a paged cache (num_pages, page_size, Hk, D)."""
+    lengths = cu_seqlens_k.diff().tolist()
+    k, v = _gather_pages(k_pages, block_table, lengths), _gather_pages(v_pages, block_table, lengths)
+    return varlen_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
+                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)

@@ -61,20 +61,6 @@ def _check_rotary(rotary_cos, rotary_sin, q, last_position):
         raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions but position {last_position} is needed")
 
 
-def _check_block_table(block_table, batch, num_pages, device):
-    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2:
-        raise TypeError(f"block_table must be an int32 tensor of shape ({batch}, max_pages), got "
-                        f"{getattr(block_table, 'dtype', type(block_table).__name__)} "
-                        f"{tuple(getattr(block_table, 'shape', ()))}")
-    if block_table.shape[0] != batch:
-        raise ValueError(f"block_table must have {batch} rows (the batch), got {block_table.shape[0]}")
-    if block_table.device != device:
-        raise ValueError(f"block_table is on {block_table.device} but k_cache is on {device}")
-    if block_table.numel() and (int(block_table.min()) < 0 or int(block_table.max()) >= num_pages):
-        raise ValueError(f"block_table entries must index the cache's {num_pages} pages, got values in "
-                         f"[{int(block_table.min())}, {int(block_table.max())}]")
-
-
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -104,7 +90,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     checks.check_qkv(q, k_cache, v_cache, same_batch=block_table is None)
     batch, capacity = q.shape[0], k_cache.shape[1]
     if block_table is not None:
-        _check_block_table(block_table, batch, k_cache.shape[0], k_cache.device)
+        checks.block_table(block_table, batch, k_cache.shape[0], k_cache.device)
         capacity = block_table.shape[1] * k_cache.shape[1]
     if cache_seqlens is None:
         cache_seqlens = capacity

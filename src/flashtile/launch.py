@@ -329,6 +329,22 @@ def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, sof
     return out, lse
 
 
+def _flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                     block_table, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                                     sink):
+    """Varlen forward whose keys live in a paged cache (num_pages, page_size, Hk, D): sequence b's keys are
+    in the pages block_table[b] lists, cu_seqlens_k gives their counts. out like q, lse (Hq, total_q)."""
+    geo = Geometry(cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, q.shape[1], k_pages.shape[2], q.shape[2],
+                   cu_seqlens_q, cu_seqlens_k, block_table=block_table)
+    out = _empty(q.shape, q)
+    lse = _empty(geo.lse_shape(q), q, torch.float32)
+    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
+    for launch in forward_launches(geo, q, k_pages, v_pages, out, lse, sink, sa, _arch(q.device),
+                                   interpreter_active()):
+        launch.run()
+    return out, lse
+
+
 def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
                          alibi_slopes, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
                          attn_bias=None, bias_grad=False):

@@ -102,3 +102,27 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqused_k: Tensor, 
 def _fwd_kvcache_fake(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right, softcap,
                       alibi_slopes, max_seqlen_k, num_splits):
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashtile::fwd_varlen_paged", mutates_args=(), device_types=None)
+def fwd_varlen_paged(q: Tensor, k_pages: Tensor, v_pages: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                     max_seqlen_q: int, max_seqlen_k: int, block_table: Tensor, softmax_scale: float,
+                     window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                     sink: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """Inference forward of packed varlen queries q (total_q, Hq, D) over a paged cache k/v_pages
+    (num_pages, page_size, Hk, D): sequence b's cu_seqlens_k[b + 1] - cu_seqlens_k[b] keys lie in the pages
+    block_table[b] (int32 (B, max_pages)) lists. out like q, lse (Hq, total_q). No autograd."""
+    args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
+    if _runs_triton(q):
+        from .launch import _flash_attn_forward_varlen_paged
+
+        return _flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                max_seqlen_k, block_table, *args)
+    return cpu.varlen_paged_forward(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    block_table, *args)
+
+
+@fwd_varlen_paged.register_fake
+def _fwd_varlen_paged_fake(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                           softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)

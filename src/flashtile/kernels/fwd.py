@@ -63,8 +63,8 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
     IS_VARLEN: sequences are packed along the token axis (total, H, D) at offsets CuSeqlensQ/K (int32,
     B + 1); seqlen_q/seqlen_k are then the maxima that sized the grid, and Lse is (Hq, total_q).
     SEQUSED_K (dense, KV cache): batch b attends to its first CuSeqlensK[b] keys only.
-    PAGED (KV cache): K and V are (num_pages, page_size, Hk, D), stride_kb / stride_vb step pages, and
-    batch b's keys are listed page by page in BlockTable[b] (int32 (B, max_pages)).
+    PAGED (KV cache, or varlen keys): K and V are (num_pages, page_size, Hk, D), stride_kb / stride_vb step
+    pages, and batch b's keys are listed page by page in BlockTable[b] (int32 (B, max_pages)).
 
     HAS_SINK: Sink (Hq,) holds one logit per head that joins every row's softmax denominator but
     carries no value (attention sinks); the online softmax simply starts from it.
