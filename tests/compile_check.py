@@ -67,12 +67,13 @@ CASES = [
     (128, False, torch.bfloat16, 2, 1, ALL_FEATURES),
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True)),
-    (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True)),
+    (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True, leftpad=True)),
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True, paged=True)),  # paged keys in flash_attn_varlen_func
     # Split-KV decoding (packed GQA rows, then the combine kernel): the decode bench's shape, paged, every
     # score feature, the smallest and largest head dims, fp32, and a prefill-sized chunk of 4 x 8 rows.
     (128, True, torch.bfloat16, 8, 1, dict(decode=True)),
-    (128, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True)),
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True, leftpad=True)),
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True, leftpad=True)),
     (128, False, torch.float16, 8, 2, dict(decode=True, paged=True, window_left=32, window_right=8, softcap=30.0,
                                            alibi=True)),
     (64, True, torch.bfloat16, 1, 1, dict(decode=True)),
@@ -105,14 +106,13 @@ def check_case(arch, case):
     sa = launch.ScoreArgs.make(geo, 0.1, features.get("window_left", -1), 0 if causal else features.get(
         "window_right", -1), features.get("softcap", 0.0), slopes, lse, bias)
     sink = torch.zeros(heads_q) if features.get("sink") else None
-    if features.get("kvcache"):
+    if features.get("kvcache") or features.get("decode"):
         geo = dataclasses.replace(geo, seqused_k=torch.tensor([50], dtype=torch.int32))
         if features.get("paged"):
             geo = dataclasses.replace(geo, block_table=torch.zeros(1, 4, dtype=torch.int32))
+        if features.get("leftpad"):
+            geo = dataclasses.replace(geo, key_start=torch.tensor([3], dtype=torch.int32))
     if features.get("decode"):
-        geo = dataclasses.replace(geo, seqused_k=torch.tensor([50], dtype=torch.int32))
-        if features.get("paged"):
-            geo = dataclasses.replace(geo, block_table=torch.zeros(1, 4, dtype=torch.int32))
         lse = torch.zeros(1, heads_q, q.shape[1])
         cfg, splits = launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"), interpreter=False)
         assert splits > 1, "the compile check needs the combine kernel"

@@ -115,15 +115,17 @@ def test_half_and_padded_head_dim(num_splits):
 
 
 def test_long_chunk_uses_the_forward_kernel_unless_split():
-    """group_size * Sq above configs.DECODE_MAX_ROWS: the forward kernel, or the split kernel when asked."""
+    """group_size * Sq above configs.DECODE_MAX_ROWS: the forward kernel, or the split kernel when asked;
+    both with a left-padded cache (keys from token 5 on)."""
     q, k_cache, v_cache = make_cache("cpu", 1, 40, 8, 2, 48)
     geo = launch.Geometry(1, 40, 48, 8, 2, 32, seqused_k=torch.tensor([48], dtype=torch.int32))
     assert 40 * 4 > configs.DECODE_MAX_ROWS and not launch.uses_splitkv(geo, 0)
     assert launch.uses_splitkv(geo, 2)
     for num_splits in (0, 2):
         out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, causal=True, num_splits=num_splits,
+                                                     cache_leftpad=torch.tensor([5], dtype=torch.int32),
                                                      return_softmax_lse=True)
-        check(out, lse, q, k_cache, v_cache, [48], causal=True)
+        check(out, lse, q, k_cache[:, 5:], v_cache[:, 5:], [43], causal=True)
 
 
 def test_num_splits_heuristic():

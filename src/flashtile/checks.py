@@ -100,9 +100,11 @@ def block_table(table, batch, num_pages, device):
         raise ValueError(f"block_table must have {batch} rows (the batch), got {table.shape[0]}")
     if table.device != device:
         raise ValueError(f"block_table is on {table.device} but the cache is on {device}")
-    if table.numel() and (int(table.min()) < 0 or int(table.max()) >= num_pages):
-        raise ValueError(f"block_table entries must index the cache's {num_pages} pages, got values in "
-                         f"[{int(table.min())}, {int(table.max())}]")
+    if table.numel():
+        low, high = torch.stack(torch.aminmax(table)).tolist()  # one device sync for both bounds
+        if low < 0 or high >= num_pages:
+            raise ValueError(f"block_table entries must index the cache's {num_pages} pages, got values in "
+                             f"[{low}, {high}]")
 
 
 def softmax_scale_or_default(softmax_scale, head_dim):

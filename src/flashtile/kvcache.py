@@ -20,6 +20,16 @@ def _cache_seqlens(cache_seqlens, batch, device):
     return cache_seqlens
 
 
+def _row_tensor(name, t, batch, device):
+    """An int32 (batch,) tensor on the cache's device, returned as a list of ints (one sync)."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != (batch,):
+        raise TypeError(f"{name} must be an int32 tensor of shape ({batch},), got "
+                        f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but k_cache is on {device}")
+    return t.tolist()
+
+
 def _num_splits(num_splits):
     if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0 = chosen by a heuristic), got {num_splits!r}")
@@ -82,13 +92,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     query heads of each KV head into one tile and splits the key range over num_splits programs whose
     partial results a second kernel combines; 0 picks the count from the batch, heads and cache length
     (configs.num_splits_heuristic). It changes speed, not results (up to rounding).
-    Not supported yet (NotImplementedError): cache_batch_idx, cache_leftpad.
+    cache_batch_idx (int32 (B,)): batch row b uses cache row cache_batch_idx[b] of a contiguous cache
+    (B_cache, capacity, Hk, D), for appends too (with repeated indices, which row's append lands is
+    unspecified, as in flash-attn); not with block_table (reorder the table's rows instead).
+    cache_leftpad (int32 (B,)): row b's keys start at cache token cache_leftpad[b] (0 <= cache_leftpad[b] <=
+    cache_seqlens[b]); earlier tokens are ignored. Rotary positions stay cache positions, and causal, window
+    and ALiBi distances do not depend on the padding (they are measured from the last key).
     """
-    for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
-        if value is not None:
-            raise NotImplementedError(f"{name}: not supported yet by flash_attn_with_kvcache (only None)")
-    checks.check_qkv(q, k_cache, v_cache, same_batch=block_table is None)
+    if cache_batch_idx is not None and block_table is not None:
+        raise ValueError("cache_batch_idx cannot be combined with block_table (reorder the block table's rows "
+                         "instead)")
+    checks.check_qkv(q, k_cache, v_cache, same_batch=block_table is None and cache_batch_idx is None)
     batch, capacity = q.shape[0], k_cache.shape[1]
+    if cache_batch_idx is not None:
+        indices = _row_tensor("cache_batch_idx", cache_batch_idx, batch, k_cache.device)
+        if min(indices) < 0 or max(indices) >= k_cache.shape[0]:
+            raise ValueError(f"cache_batch_idx entries must index the cache's {k_cache.shape[0]} rows, got "
+                             f"{indices}")
     if block_table is not None:
         checks.block_table(block_table, batch, k_cache.shape[0], k_cache.device)
         capacity = block_table.shape[1] * k_cache.shape[1]
@@ -108,6 +128,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if min(used.tolist()) < 0 or max(lengths) > capacity:
         raise ValueError(f"cache_seqlens + new tokens must lie in [0, {capacity}] (the cache's capacity), got "
                          f"{lengths}")
+    if cache_leftpad is not None:
+        pads = _row_tensor("cache_leftpad", cache_leftpad, batch, k_cache.device)
+        if any(not 0 <= pad <= n for pad, n in zip(pads, used.tolist())):
+            raise ValueError(f"cache_leftpad must lie in [0, cache_seqlens[b]] in every row, got {pads} with "
+                             f"cache_seqlens {used.tolist()}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     scale = checks.softmax_scale_or_default(softmax_scale, q.shape[-1])
@@ -125,7 +150,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         q = apply_rotary(q, rotary_cos, rotary_sin, used[:, None].long() + steps, rotary_interleaved)
     if k is not None:
         positions = used[:, None].long() + torch.arange(k.shape[1], device=k.device)  # [B, Sk_new]
-        rows = torch.arange(batch, device=k.device)[:, None].expand_as(positions)
+        cache_rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(batch, device=k.device)
+        rows = cache_rows[:, None].expand_as(positions)
         if rotary_cos is not None:
             k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
         if block_table is not None:  # (row, position) -> (page, slot)
@@ -134,6 +160,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         with torch.no_grad():
             k_cache[rows, positions] = k
             v_cache[rows, positions] = v
+    if cache_batch_idx is not None:  # the cache as pages of one row each: the kernels' page-table gathers
+        block_table = cache_batch_idx[:, None]
     out, lse = ops.fwd_kvcache(q, k_cache, v_cache, end, block_table, scale, window_left, window_right, softcap,
-                               slopes, max(lengths), splits)
+                               slopes, max(lengths), splits, cache_leftpad)
     return (out, lse) if return_softmax_lse else out

@@ -73,6 +73,7 @@ class Geometry:
     cu_seqlens_k: object = None
     seqused_k: object = None  # int32 (B,): keys each batch row uses (KV cache); seqlen_k is the capacity
     block_table: object = None  # int32 (B, max_pages) for a paged cache (num_pages, page_size, Hk, D)
+    key_start: object = None  # int32 (B,): first cache token of each row's keys (left-padded KV cache)
 
     @staticmethod
     def of(q, k, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
@@ -96,6 +97,9 @@ class Geometry:
         if self.block_table is None:
             return 0, 0
         return self.block_table.stride(0), k.shape[1]
+
+    def key_start_arg(self, placeholder):
+        return self.key_start if self.key_start is not None else placeholder
 
     def cu_args(self, placeholder):
         """The two cu_seqlens pointers (the second carries seqused_k for a KV cache); any tensor stands in
@@ -172,13 +176,13 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter):
     return [KernelLaunch(
         _attn_fwd, (triton.cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse, *geo.cu_args(lse), sa.bias,
-         geo.block_table if geo.block_table is not None else lse,
+         geo.block_table if geo.block_table is not None else lse, geo.key_start_arg(lse),
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out), *geo.lse_strides(lse),
          sa.stride_alibi_b, *sa.bias_strides, *geo.page_args(k),
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, SEQUSED_K=geo.seqused_k is not None,
-             PAGED=geo.block_table is not None,
+             PAGED=geo.block_table is not None, LEFTPAD=geo.key_start is not None,
              DOT_PRECISION=_dot_precision(q.dtype),
              **sa.constexprs),
         cfg.num_warps, cfg.num_stages,
@@ -229,13 +233,13 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
     main = KernelLaunch(
         _attn_fwd_splitkv, (num_splits, geo.batch * geo.heads_kv, triton.cdiv(geo.seqlen_q * group_size, cfg.BLOCK_M)),
         (q, k, v, out_acc, lse_acc, sa.alibi, geo.seqused_k, geo.block_table if geo.block_table is not None else lse,
-         *_strides3(q), *_strides3(k), *_strides3(v), split_strides[0], *_strides3(acc4), split_strides[1],
-         lse3.stride(0), lse3.stride(1), sa.stride_alibi_b, *geo.page_args(k),
+         geo.key_start_arg(lse), *_strides3(q), *_strides3(k), *_strides3(v), split_strides[0], *_strides3(acc4),
+         split_strides[1], lse3.stride(0), lse3.stride(1), sa.stride_alibi_b, *geo.page_args(k),
          geo.seqlen_q, geo.heads_kv, group_size, num_splits, *sa.scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              IS_LOCAL=sa.constexprs["IS_LOCAL"], SOFTCAP=sa.constexprs["SOFTCAP"],
              HAS_ALIBI=sa.constexprs["HAS_ALIBI"], PAGED=geo.block_table is not None,
-             DOT_PRECISION=_dot_precision(q.dtype)),
+             LEFTPAD=geo.key_start is not None, DOT_PRECISION=_dot_precision(q.dtype)),
         cfg.num_warps, cfg.num_stages,
     )
     if num_splits == 1:
@@ -304,17 +308,19 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
 
 
 def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right,
-                                softcap, alibi_slopes, max_seqlen_k, num_splits):
+                                softcap, alibi_slopes, max_seqlen_k, num_splits, key_start=None):
     """Forward over a KV cache: batch b attends to its first seqused_k[b] cached keys; out like q, lse (B, Hq, Sq).
 
     block_table: None (cache (B, capacity, Hk, D)) or int32 (B, max_pages) into a paged cache
     (num_pages, page_size, Hk, D), whose capacity per row is max_pages * page_size.
     max_seqlen_k: the largest seqused_k (sizes the split heuristic); num_splits: 0 = heuristic, else
     the number of key-range splits (see uses_splitkv for when the split-KV kernel runs).
+    key_start: None or int32 (B,): row b's keys are the cache tokens key_start[b] <= t < seqused_k[b].
     """
     geo = Geometry.of(q, k_cache)
     capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-    geo = replace(geo, batch=q.shape[0], seqlen_k=capacity, seqused_k=seqused_k, block_table=block_table)
+    geo = replace(geo, batch=q.shape[0], seqlen_k=capacity, seqused_k=seqused_k, block_table=block_table,
+                  key_start=key_start)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)

@@ -84,23 +84,24 @@ def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_
 @torch.library.custom_op("flashtile::fwd_kvcache", mutates_args=(), device_types=None)
 def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqused_k: Tensor, block_table: Optional[Tensor],
                 softmax_scale: float, window_left: int, window_right: int, softcap: float,
-                alibi_slopes: Optional[Tensor], max_seqlen_k: int, num_splits: int) -> Tuple[Tensor, Tensor]:
-    """Inference forward over a cache (no autograd): batch b sees its first seqused_k[b] (int32 (B,)) keys,
-    from k_cache[b] or, with block_table (B, max_pages), from the pages block_table[b] lists.
-    max_seqlen_k: max(seqused_k); num_splits: key-range splits of the decode kernel, 0 = heuristic (the
-    CPU path ignores both)."""
+                alibi_slopes: Optional[Tensor], max_seqlen_k: int, num_splits: int,
+                key_start: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """Inference forward over a cache (no autograd): batch b sees its cache tokens key_start[b] <= t <
+    seqused_k[b] (int32 (B,) each; key_start None = 0), from k_cache[b] or, with block_table (B, max_pages),
+    from the pages block_table[b] lists. max_seqlen_k: max(seqused_k); num_splits: key-range splits of the
+    decode kernel, 0 = heuristic (the CPU path ignores both)."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     if _runs_triton(q):
         from .launch import _flash_attn_forward_kvcache
 
         return _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, *args, max_seqlen_k,
-                                           num_splits)
-    return cpu.kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, *args)
+                                           num_splits, key_start)
+    return cpu.kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, *args, key_start)
 
 
 @fwd_kvcache.register_fake
 def _fwd_kvcache_fake(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right, softcap,
-                      alibi_slopes, max_seqlen_k, num_splits):
+                      alibi_slopes, max_seqlen_k, num_splits, key_start):
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 

@@ -92,13 +92,23 @@ def _store_tile(ptrs, value, offs_rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, 
 
 
 @triton.jit
+def _key_start(KeyStart, off_b, LEFTPAD: tl.constexpr):
+    """First cache token of batch b's keys: KeyStart[b] in a left-padded KV cache, else 0."""
+    if LEFTPAD:
+        return tl.load(KeyStart + off_b)
+    return 0
+
+
+@triton.jit
 def _kv_tile_ptrs(tile_ptrs, head_base, start_n, offs_kn, offs_d, stride_n, stride_page, block_table, page_size,
-                  seqlen_k, PAGED: tl.constexpr):
+                  seqlen_k, key_start, PAGED: tl.constexpr):
     """Pointers of a [BLOCK_N, HEAD_DIM_PAD] K or V tile: consecutive rows, or rows gathered through a page
-    table (paged KV cache: key j lives in page block_table[j // page_size], slot j % page_size; any page size)."""
+    table (paged KV cache: key j is cache token t = key_start + j, in page block_table[t // page_size] at
+    slot t % page_size; any page size). Contiguous tiles have key_start folded into tile_ptrs."""
     if PAGED:
-        page = tl.load(block_table + offs_kn // page_size, mask=offs_kn < seqlen_k, other=0).to(tl.int64)
-        rows = page * stride_page + (offs_kn % page_size).to(tl.int64) * stride_n  # [BLOCK_N]
+        tokens = offs_kn + key_start  # [BLOCK_N]
+        page = tl.load(block_table + tokens // page_size, mask=offs_kn < seqlen_k, other=0).to(tl.int64)
+        rows = page * stride_page + (tokens % page_size).to(tl.int64) * stride_n  # [BLOCK_N]
         return head_base + rows[:, None] + offs_d[None, :]
     return tile_ptrs + start_n * stride_n
 

@@ -11,12 +11,12 @@ split the first kernel writes the final output directly.
 import triton
 import triton.language as tl
 
-from .common import _key_range_of_rows, _load_tile, _segment, _store_tile
+from .common import _key_range_of_rows, _key_start, _load_tile, _segment, _store_tile
 from .fwd import LN2, _attn_fwd_inner
 
 
 @triton.jit
-def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable,
+def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart,
                       stride_qb, stride_qm, stride_qh,
                       stride_kb, stride_kn, stride_kh,
                       stride_vb, stride_vn, stride_vh,
@@ -28,12 +28,13 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable,
                       HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, PAGED: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr):
+                      LEFTPAD: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Writes split s's Out[s] (B, Sq, Hq, D) and Lse[s] (B, Hq, Sq) (natural log) at s * stride_os / stride_ls.
 
     Out/Lse are the fp32 workspace (num_splits > 1) or the final output and lse (one split, strides 0 along
     splits). Batch b sees its first SequsedK[b] keys, contiguous (K, V: (B, capacity, Hk, D)) or, when
-    PAGED, in the pages BlockTable[b] lists (K, V: (num_pages, page_size, Hk, D)). A split that sees no key
+    PAGED, in the pages BlockTable[b] lists (K, V: (num_pages, page_size, Hk, D)); with LEFTPAD only the
+    cache tokens from KeyStart[b] on. A split that sees no key
     of a row writes output 0 and lse -inf for it. Score arguments: see common._scores.
     """
     split = tl.program_id(0).to(tl.int64)
@@ -45,7 +46,8 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable,
     row_ok = offs_r < n_rows
     pos = offs_r % seqlen_q  # [BLOCK_M] query positions
     head = off_hk * group_size + (offs_r // seqlen_q).to(tl.int64)  # [BLOCK_M] query heads
-    seqlen_k = tl.load(SequsedK + off_b)
+    key_start = _key_start(KeyStart, off_b, LEFTPAD)
+    seqlen_k = tl.load(SequsedK + off_b) - key_start
 
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -54,8 +56,8 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable,
               + offs_d[None, :])
     k_head = K + off_hk * stride_kh
     v_head = V + off_hk * stride_vh
-    k_ptrs = k_head + off_b * stride_kb + cols * stride_kn + offs_d[None, :]
-    v_ptrs = v_head + off_b * stride_vb + cols * stride_vn + offs_d[None, :]
+    k_ptrs = k_head + off_b * stride_kb + (cols + key_start) * stride_kn + offs_d[None, :]
+    v_ptrs = v_head + off_b * stride_vb + (cols + key_start) * stride_vn + offs_d[None, :]
     alibi_slope = 0.0
     if HAS_ALIBI:  # one slope per packed row: [BLOCK_M, 1] broadcasts over the key axis in _scores
         alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + head, mask=row_ok, other=0.0)[:, None]
@@ -81,7 +83,7 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable,
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, pos, offs_n,
                                         offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                                         alibi_slope, window_left, window_right, Q, 0, 0, k_head, v_head,
-                                        stride_kb, stride_vb, block_table, page_size,
+                                        stride_kb, stride_vb, block_table, page_size, key_start,
                                         HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL,
                                         SOFTCAP, HAS_ALIBI, False, PAGED, DOT_PRECISION)
 
