@@ -164,3 +164,19 @@ def test_gpu_decode(dtype, num_splits, page_size):
                                                  cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"),
                                                  num_splits=num_splits, return_softmax_lse=True)
     check(out, lse, q, k_cache, v_cache, lengths, causal=True)
+
+
+def test_custom_ops_opcheck(monkeypatch):
+    """The inference ops' schemas and fake implementations agree with what they return (cpu.py path)."""
+    from flashtile import ops
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k_cache, v_cache = make_cache("cpu", 2, 1, 4, 2, 12, head_dim=16)
+    seqused, leftpad = torch.tensor([5, 12], dtype=torch.int32), torch.tensor([1, 0], dtype=torch.int32)
+    torch.library.opcheck(ops.fwd_kvcache, (q, k_cache, v_cache, seqused, None, 0.25, -1, -1, 0.0, None, 12, 0,
+                                            leftpad))
+    pages = k_cache.reshape(6, 4, 2, 16)
+    cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 5, 9], dtype=torch.int32)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    torch.library.opcheck(ops.fwd_varlen_paged, (torch.randn(7, 4, 16), pages, pages, cu_q, cu_k, 4, 5, table, 0.25,
+                                                 -1, -1, 0.0, None, None))

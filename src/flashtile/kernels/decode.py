@@ -34,8 +34,8 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart,
     Out/Lse are the fp32 workspace (num_splits > 1) or the final output and lse (one split, strides 0 along
     splits). Batch b sees its first SequsedK[b] keys, contiguous (K, V: (B, capacity, Hk, D)) or, when
     PAGED, in the pages BlockTable[b] lists (K, V: (num_pages, page_size, Hk, D)); with LEFTPAD only the
-    cache tokens from KeyStart[b] on. A split that sees no key
-    of a row writes output 0 and lse -inf for it. Score arguments: see common._scores.
+    cache tokens from KeyStart[b] on. A split that sees no key of a row writes output 0 and lse -inf for it.
+    Score arguments: see common._scores.
     """
     split = tl.program_id(0).to(tl.int64)
     pid_bh = tl.program_id(1)
