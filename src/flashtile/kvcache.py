@@ -7,9 +7,11 @@ from . import checks, ops
 
 
 def _cache_seqlens(cache_seqlens, batch, device):
-    """int32 (batch,) on the cache's device from an int or a tensor."""
+    """(int32 (batch,) on the cache's device, the same as a list) from an int or a tensor. Only a tensor is
+    read back (one device sync): with an int, a decoding step needs no sync at all."""
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
-        return torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
+        n = int(cache_seqlens)
+        return torch.full((batch,), n, dtype=torch.int32, device=device), [n] * batch
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
         raise TypeError(f"cache_seqlens must be an int or an int32 tensor of shape ({batch},), got "
                         f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
@@ -17,7 +19,7 @@ def _cache_seqlens(cache_seqlens, batch, device):
         raise ValueError(f"cache_seqlens must have shape ({batch},), got {tuple(cache_seqlens.shape)}")
     if cache_seqlens.device != device:
         raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but k_cache is on {device}")
-    return cache_seqlens
+    return cache_seqlens, cache_seqlens.tolist()
 
 
 def _row_tensor(name, t, batch, device):
@@ -114,7 +116,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         capacity = block_table.shape[1] * k_cache.shape[1]
     if cache_seqlens is None:
         cache_seqlens = capacity
-    used = _cache_seqlens(cache_seqlens, batch, k_cache.device)
+    used, used_list = _cache_seqlens(cache_seqlens, batch, k_cache.device)
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (the new tokens to append) or both be None")
     if k is not None:
@@ -124,15 +126,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         end = used + k.shape[1]
     else:
         end = used
-    lengths = end.tolist()  # one sync: the cache must not be written past its end
-    if min(used.tolist()) < 0 or max(lengths) > capacity:
+    lengths = [n + (k.shape[1] if k is not None else 0) for n in used_list]
+    if min(used_list) < 0 or max(lengths) > capacity:  # the cache must not be written or read past its end
         raise ValueError(f"cache_seqlens + new tokens must lie in [0, {capacity}] (the cache's capacity), got "
                          f"{lengths}")
     if cache_leftpad is not None:
         pads = _row_tensor("cache_leftpad", cache_leftpad, batch, k_cache.device)
-        if any(not 0 <= pad <= n for pad, n in zip(pads, used.tolist())):
+        if any(not 0 <= pad <= n for pad, n in zip(pads, used_list)):
             raise ValueError(f"cache_leftpad must lie in [0, cache_seqlens[b]] in every row, got {pads} with "
-                             f"cache_seqlens {used.tolist()}")
+                             f"cache_seqlens {used_list}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     scale = checks.softmax_scale_or_default(softmax_scale, q.shape[-1])
@@ -143,7 +145,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     local = window_left >= 0 or window_right >= 0  # causal included (right = 0)
     if rotary_cos is not None or rotary_sin is not None:
         span = max(q.shape[1] if local else 1, k.shape[1] if k is not None else 0)
-        _check_rotary(rotary_cos, rotary_sin, q, max(used.tolist()) + span - 1)
+        _check_rotary(rotary_cos, rotary_sin, q, max(used_list) + span - 1)
     if rotary_cos is not None:
         steps = torch.arange(q.shape[1], device=q.device) if local else torch.zeros(q.shape[1], dtype=torch.long,
                                                                                        device=q.device)
