@@ -25,8 +25,11 @@ TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: 
 
 
 def _signature(kl):
+    """Signature, constexprs and the attributes a real launch specializes on: like Triton's JIT, pointers
+    (torch allocations are 16-byte aligned) and ints divisible by 16 get tt.divisibility = 16. Without them
+    loads cannot be vectorized, the pipeliner skips them, and shared memory would be under-reported."""
     names = kl.kernel.arg_names
-    sig, constexprs = {}, {}
+    sig, constexprs, attrs = {}, {}, {}
     values = dict(zip(names, kl.args), **kl.constexprs)
     for i, name in enumerate(names):
         value = values[name]
@@ -35,16 +38,19 @@ def _signature(kl):
             constexprs[(i,)] = value
         elif isinstance(value, torch.Tensor):
             sig[name] = TRITON_TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(value, float):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-    return sig, constexprs
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, constexprs, attrs
 
 
 def compile_launch(kl, arch):
-    sig, constexprs = _signature(kl)
-    src = ASTSource(fn=kl.kernel, signature=sig, constexprs=constexprs)
+    sig, constexprs, attrs = _signature(kl)
+    src = ASTSource(fn=kl.kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     target = GPUTarget("cuda", arch[0] * 10 + arch[1], 32)
     return triton.compile(src, target=target, options=dict(num_warps=kl.num_warps, num_stages=kl.num_stages))
 
@@ -63,7 +69,19 @@ CASES = [
     (128, False, torch.bfloat16, 2, 1, ALL_FEATURES),
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True)),
-    (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True)),
+    (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True, leftpad=True)),
+    (128, True, torch.bfloat16, 2, 1, dict(varlen=True, paged=True)),  # paged keys in flash_attn_varlen_func
+    # Split-KV decoding (packed GQA rows, then the combine kernel): the decode bench's shape, paged, every
+    # score feature, the smallest and largest head dims, fp32, and a prefill-sized chunk of 4 x 8 rows.
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True)),
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True, leftpad=True)),
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True, leftpad=True)),
+    (128, False, torch.float16, 8, 2, dict(decode=True, paged=True, window_left=32, window_right=8, softcap=30.0,
+                                           alibi=True)),
+    (64, True, torch.bfloat16, 1, 1, dict(decode=True)),
+    (256, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True)),
+    (256, True, torch.float32, 8, 1, dict(decode=True)),
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True, seqlen_q=4)),
     (128, False, torch.bfloat16, 2, 1, dict(flex=True)),
     (64, False, torch.float16, 2, 2, dict(flex=True, softcap=30.0, alibi=True)),
     (256, False, torch.bfloat16, 2, 1, dict(flex=True)),
@@ -100,7 +118,7 @@ def check_case(arch, case):
     """Compile one case's launches for arch; returns (failures, report lines)."""
     head_dim, causal, dtype, heads_q, heads_kv, features = case
     smem_limit = TARGETS[arch]
-    q = torch.zeros(1, 64, heads_q, head_dim, dtype=dtype)
+    q = torch.zeros(1, features.get("seqlen_q", 1) if features.get("decode") else 64, heads_q, head_dim, dtype=dtype)
     k = torch.zeros(1, 64, heads_kv, head_dim, dtype=dtype)
     lse = torch.zeros(1, heads_q, 64)
     slopes = torch.ones(heads_q) if features.get("alibi") else None
@@ -110,20 +128,32 @@ def check_case(arch, case):
         cu = torch.tensor([0, 30, 64], dtype=torch.int32)
         geo = launch.Geometry.of(q, k, cu, cu, 34, 34)
         lse = torch.zeros(heads_q, 64)
+        if features.get("paged"):  # forward only: the keys are (num_pages, page_size, Hk, D)
+            k = k.reshape(4, 16, heads_kv, head_dim)
+            geo = dataclasses.replace(geo, block_table=torch.zeros(2, 4, dtype=torch.int32))
     bias = dbias = None
     if features.get("bias"):
         bias, dbias = torch.zeros(1, heads_q, 64, 64, dtype=dtype), torch.zeros(1, heads_q, 64, 64)
     sa = launch.ScoreArgs.make(geo, 0.1, features.get("window_left", -1), 0 if causal else features.get(
         "window_right", -1), features.get("softcap", 0.0), slopes, lse, bias)
     sink = torch.zeros(heads_q) if features.get("sink") else None
-    if features.get("kvcache"):  # inference only: the forward with per-row key counts
+    if features.get("kvcache") or features.get("decode"):
         geo = dataclasses.replace(geo, seqused_k=torch.tensor([50], dtype=torch.int32))
         if features.get("paged"):
             geo = dataclasses.replace(geo, block_table=torch.zeros(1, 4, dtype=torch.int32))
+        if features.get("leftpad"):
+            geo = dataclasses.replace(geo, key_start=torch.tensor([3], dtype=torch.int32))
     mods = _mod_args(features, q, lse) if features.get("flex") or features.get("score_mod") else None
-    launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False, mods=mods)
-    launches += [] if features.get("kvcache") else launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
-                                         interpreter=False, mods=mods)
+    if features.get("decode"):
+        lse = torch.zeros(1, heads_q, q.shape[1])
+        cfg, splits = launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"), interpreter=False)
+        assert splits > 1, "the compile check needs the combine kernel"
+        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits)
+    else:
+        launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False, mods=mods)
+    if not any(features.get(name) for name in ("kvcache", "decode", "paged")):  # paged KV is inference only
+        launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
+                                             interpreter=False, mods=mods)
     failures, lines = 0, []
     for kl in launches:
         what = (f"sm{arch[0]}{arch[1]} {kl.kernel.fn.__name__} D{head_dim} causal={causal} "

@@ -222,18 +222,33 @@ def varlen_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, w
 
 
 def kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right, softcap,
-                    alibi_slopes):
-    """Batch row b attends to its first seqused_k[b] cached keys (gathered page by page when block_table is
-    given); out like q, lse (B, Hq, Sq)."""
+                    alibi_slopes, key_start=None):
+    """Batch row b attends to its cached keys key_start[b] <= t < seqused_k[b] (key_start None: from 0),
+    gathered page by page when block_table is given; out like q, lse (B, Hq, Sq)."""
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1])
+    starts = key_start.tolist() if key_start is not None else [0] * q.shape[0]
     for b, used in enumerate(seqused_k.tolist()):
         slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
         if block_table is not None:  # pages of row b, concatenated
-            keys = k_cache[block_table[b].long()].flatten(0, 1)[None, :used]
-            values = v_cache[block_table[b].long()].flatten(0, 1)[None, :used]
+            keys = k_cache[block_table[b].long()].flatten(0, 1)[None, starts[b]:used]
+            values = v_cache[block_table[b].long()].flatten(0, 1)[None, starts[b]:used]
         else:
-            keys, values = k_cache[b:b + 1, :used], v_cache[b:b + 1, :used]
+            keys, values = k_cache[b:b + 1, starts[b]:used], v_cache[b:b + 1, starts[b]:used]
         out[b:b + 1], lse[b:b + 1] = forward(q[b:b + 1], keys, values, softmax_scale, window_left, window_right,
                                              softcap, slopes, None)
     return out, lse
+
+
+def _gather_pages(pages, block_table, lengths):
+    """Packed (sum(lengths), H, D) keys or values: sequence b's first lengths[b] tokens from its pages."""
+    return torch.cat([pages[block_table[b].long()].flatten(0, 1)[:n] for b, n in enumerate(lengths)])
+
+
+def varlen_paged_forward(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                         softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
+    """varlen_forward with each sequence's keys gathered from a paged cache (num_pages, page_size, Hk, D)."""
+    lengths = cu_seqlens_k.diff().tolist()
+    k, v = _gather_pages(k_pages, block_table, lengths), _gather_pages(v_pages, block_table, lengths)
+    return varlen_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
+                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)

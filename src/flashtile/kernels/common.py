@@ -111,6 +111,28 @@ def _store_tile(ptrs, value, offs_rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, 
 
 
 @triton.jit
+def _key_start(KeyStart, off_b, LEFTPAD: tl.constexpr):
+    """First cache token of batch b's keys: KeyStart[b] in a left-padded KV cache, else 0."""
+    if LEFTPAD:
+        return tl.load(KeyStart + off_b)
+    return 0
+
+
+@triton.jit
+def _kv_tile_ptrs(tile_ptrs, head_base, start_n, offs_kn, offs_d, stride_n, stride_page, block_table, page_size,
+                  seqlen_k, key_start, PAGED: tl.constexpr):
+    """Pointers of a [BLOCK_N, HEAD_DIM_PAD] K or V tile: consecutive rows, or rows gathered through a page
+    table (paged KV cache: key j is cache token t = key_start + j, in page block_table[t // page_size] at
+    slot t % page_size; any page size). Contiguous tiles have key_start folded into tile_ptrs."""
+    if PAGED:
+        tokens = offs_kn + key_start  # [BLOCK_N]
+        page = tl.load(block_table + tokens // page_size, mask=offs_kn < seqlen_k, other=0).to(tl.int64)
+        rows = page * stride_page + (tokens % page_size).to(tl.int64) * stride_n  # [BLOCK_N]
+        return head_base + rows[:, None] + offs_d[None, :]
+    return tile_ptrs + start_n * stride_n
+
+
+@triton.jit
 def _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LEFT_BOUNDED: tl.constexpr):
     """Key range of a query block: [lo, full_lo) and [full_hi, hi) need masks, [full_lo, full_hi) none.
@@ -121,9 +143,17 @@ def _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
     Without a left window (LEFT_BOUNDED false) lo = full_lo = 0 at compile time, so the kernels drop
     the leading masked segment: a zero-trip loop left in place cost the backward ~10 % (perf-log.md).
     """
+    return _key_range_of_rows(start_m, tl.minimum(start_m + BLOCK_M, seqlen_q) - 1, seqlen_q, seqlen_k, window_left,
+                              window_right, BLOCK_N, LEFT_BOUNDED)
+
+
+@triton.jit
+def _key_range_of_rows(first_q, last_q, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N: tl.constexpr,
+                       LEFT_BOUNDED: tl.constexpr):
+    """_key_range of any rows whose query positions lie in [first_q, last_q] (the decode kernel's packed tiles)."""
     diag = seqlen_k - seqlen_q
-    first_row = start_m + diag
-    last_row = tl.minimum(start_m + BLOCK_M, seqlen_q) - 1 + diag
+    first_row = first_q + diag
+    last_row = last_q + diag
     full_hi = tl.maximum(tl.minimum(first_row + window_right + 1, seqlen_k), 0) // BLOCK_N * BLOCK_N
     if LEFT_BOUNDED:
         lo = tl.maximum(first_row - window_left, 0) // BLOCK_N * BLOCK_N

@@ -2,29 +2,17 @@
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _block_list, _key_range, _load_tile, _scores, _segment, _seq_offset, _seq_range,
-                     _store_tile, _tile_start)
+from .common import (LOG2E, _block_list, _key_range, _key_start, _kv_tile_ptrs, _load_tile, _scores, _segment,
+                     _seq_offset, _seq_range, _store_tile, _tile_start)
 
 LN2 = tl.constexpr(0.6931471805599453)
-
-
-@triton.jit
-def _kv_tile_ptrs(tile_ptrs, head_base, start_n, offs_kn, offs_d, stride_n, stride_page, block_table, page_size,
-                  seqlen_k, PAGED: tl.constexpr):
-    """Pointers of a [BLOCK_N, HEAD_DIM_PAD] K or V tile: consecutive rows, or rows gathered through a page
-    table (paged KV cache: key j lives in page block_table[j // page_size], slot j % page_size; any page size)."""
-    if PAGED:
-        page = tl.load(block_table + offs_kn // page_size, mask=offs_kn < seqlen_k, other=0).to(tl.int64)
-        rows = page * stride_page + (offs_kn % page_size).to(tl.int64) * stride_n  # [BLOCK_N]
-        return head_base + rows[:, None] + offs_d[None, :]
-    return tile_ptrs + start_n * stride_n
 
 
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                     lo, hi, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                     bias_ptr, stride_bias_m, stride_bias_n,
-                    k_head, v_head, stride_kpage, stride_vpage, block_table, page_size,
+                    k_head, v_head, stride_kpage, stride_vpage, block_table, page_size, key_start,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, PAGED: tl.constexpr,
@@ -37,7 +25,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
         start_n = _tile_start(virt_n, idx_ptr, BLOCK_SPARSE, SPARSE_N)
         offs_kn = start_n + offs_n
         k = _load_tile(_kv_tile_ptrs(k_ptrs, k_head, start_n, offs_kn, offs_d, stride_kn, stride_kpage, block_table,
-                                     page_size, seqlen_k, PAGED),
+                                     page_size, seqlen_k, key_start, PAGED),
                        offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         s, _, _ = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
@@ -54,7 +42,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
         alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_tile(_kv_tile_ptrs(v_ptrs, v_head, start_n, offs_kn, offs_d, stride_vn, stride_vpage, block_table,
-                                     page_size, seqlen_k, PAGED),
+                                     page_size, seqlen_k, key_start, PAGED),
                        offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
@@ -62,7 +50,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, BlockTable,
+def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, BlockTable, KeyStart,
               stride_qb, stride_qm, stride_qh,
               stride_kb, stride_kn, stride_kh,
               stride_vb, stride_vn, stride_vh,
@@ -77,15 +65,17 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
               IS_LOCAL: tl.constexpr, LEFT_BOUNDED: tl.constexpr, SOFTCAP: tl.constexpr,
               HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
               HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr, SEQUSED_K: tl.constexpr, PAGED: tl.constexpr,
-              DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
-              BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128):
+              LEFTPAD: tl.constexpr, DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr = None,
+              MASK_MOD: tl.constexpr = None, BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128,
+              SPARSE_N: tl.constexpr = 128):
     """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log. Score arguments: see _scores.
 
     IS_VARLEN: sequences are packed along the token axis (total, H, D) at offsets CuSeqlensQ/K (int32,
     B + 1); seqlen_q/seqlen_k are then the maxima that sized the grid, and Lse is (Hq, total_q).
     SEQUSED_K (dense, KV cache): batch b attends to its first CuSeqlensK[b] keys only.
-    PAGED (KV cache): K and V are (num_pages, page_size, Hk, D), stride_kb / stride_vb step pages, and
-    batch b's keys are listed page by page in BlockTable[b] (int32 (B, max_pages)).
+    PAGED (KV cache, or varlen keys): K and V are (num_pages, page_size, Hk, D), stride_kb / stride_vb step
+    pages, and batch b's keys are listed page by page in BlockTable[b] (int32 (B, max_pages)).
+    LEFTPAD (KV cache): batch b's keys are the cache tokens KeyStart[b] <= t < CuSeqlensK[b] (int32 (B,)).
 
     HAS_SINK: Sink (Hq,) holds one logit per head that joins every row's softmax denominator but
     carries no value (attention sinks); the online softmax simply starts from it.
@@ -108,6 +98,8 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
     k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
     if SEQUSED_K:
         seqlen_k = tl.load(CuSeqlensK + off_b)
+    key_start = _key_start(KeyStart, off_b, LEFTPAD)
+    seqlen_k -= key_start
     if IS_VARLEN:
         if start_m >= seqlen_q:  # the grid covers the longest sequence
             return
@@ -120,9 +112,9 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
     q_ptrs = (Q + _seq_offset(off_b, q_start, stride_qb, stride_qm, IS_VARLEN) + off_h * stride_qh
               + rows * stride_qm + offs_d[None, :])
     k_ptrs = (K + _seq_offset(off_b, k_start, stride_kb, stride_kn, IS_VARLEN) + off_hk * stride_kh
-              + cols * stride_kn + offs_d[None, :])
+              + (cols + key_start) * stride_kn + offs_d[None, :])
     v_ptrs = (V + _seq_offset(off_b, k_start, stride_vb, stride_vn, IS_VARLEN) + off_hk * stride_vh
-              + cols * stride_vn + offs_d[None, :])
+              + (cols + key_start) * stride_vn + offs_d[None, :])
     alibi_slope = 0.0
     if HAS_ALIBI:
         alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
@@ -151,8 +143,8 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
                                             offs_d, 0, n_blocks * SPARSE_N, seqlen_q, seqlen_k, qk_scale,
                                             softcap_log2, alibi_slope, window_left, window_right, bias_ptr,
                                             stride_bias_m, stride_bias_n, k_head, v_head, stride_kb, stride_vb,
-                                            block_table, page_size, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0,
-                                            IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, PAGED, DOT_PRECISION,
+                                            block_table, page_size, key_start, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
+                                            FULL == 0, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, PAGED, DOT_PRECISION,
                                             off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD, MASK_MOD, idx_ptr,
                                             True, SPARSE_N)
     else:
@@ -164,8 +156,8 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
                                             offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                                             alibi_slope, window_left, window_right, bias_ptr, stride_bias_m,
                                             stride_bias_n, k_head, v_head, stride_kb, stride_vb, block_table,
-                                            page_size, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL,
-                                            SOFTCAP, HAS_ALIBI, HAS_BIAS, PAGED, DOT_PRECISION,
+                                            page_size, key_start, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1,
+                                            IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, PAGED, DOT_PRECISION,
                                             off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD, MASK_MOD)
 
     # A row that saw no key (and no sink): output 0 and lse -inf.
