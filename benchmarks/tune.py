@@ -29,8 +29,12 @@ FWD_CANDIDATES = {
 # The dK/dV kernel keeps k, v, dk, dv tiles of [BLOCK_N, D] resident; the dQ kernel q, do, dq of [BLOCK_M, D].
 # Each is swept with the other held at its configs.py value, then the best pair is timed together.
 DKDV_CANDIDATES = {
-    64: [T(64, 64, 4, 3), T(32, 128, 4, 3), T(64, 128, 8, 3), T(32, 64, 4, 4), T(64, 128, 8, 2)],
-    128: [T(64, 128, 8, 2), T(32, 128, 4, 3), T(64, 64, 4, 2), T(32, 64, 4, 3), T(64, 128, 8, 3)],
+    # Spill-free by benchmarks/spills.py (2026-11-29): 64x128/8w/1st, 32x128/8w/2st and 32x64/4w/2st at D64;
+    # 32x128/8w/2st (72 B in causal) and 32x32 at D128. The configs.py entries spill 64-1144 B.
+    64: [T(64, 64, 4, 3), T(32, 128, 4, 3), T(64, 128, 8, 3), T(32, 64, 4, 4), T(64, 128, 8, 2), T(64, 128, 8, 1),
+         T(32, 128, 8, 2), T(32, 64, 4, 2)],
+    128: [T(64, 128, 8, 2), T(32, 128, 4, 3), T(64, 64, 4, 2), T(32, 64, 4, 3), T(64, 128, 8, 3), T(32, 128, 8, 2),
+          T(64, 128, 8, 1), T(32, 32, 4, 2)],
     256: [T(32, 32, 4, 2), T(32, 64, 8, 2), T(64, 64, 8, 1), T(32, 64, 4, 2), T(16, 64, 4, 2), T(64, 32, 8, 2)],
 }
 DQ_CANDIDATES = {

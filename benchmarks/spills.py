@@ -1,0 +1,90 @@
+"""Registers, spills and shared memory of kernel tile configurations, compiled ahead of time (no GPU needed).
+
+The counting step of the method before a GPU measurement: a configuration whose kernel spills registers
+to local memory is a poor candidate however its tiles look. Compiles for sm90 with the installed triton
+(put the device's triton first on PYTHONPATH to match the GPU) and runs that triton's ptxas -v.
+    env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python benchmarks/spills.py --head-dims 128 --kernel dkdv
+Shapes: bf16, B=4, S=4096, H=16 (strides as in the benchmark; divisibility hints as at launch).
+"""
+import argparse
+import itertools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from compile_check import _signature  # noqa: E402  (the launch-faithful signature with divisibility hints)
+
+from flashtile import configs, launch  # noqa: E402
+
+CANDIDATES = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel
+    "dkdv": [(64, 128, 8, 2), (64, 128, 8, 1), (32, 128, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 2),
+             (128, 64, 8, 2), (32, 64, 4, 2), (32, 32, 4, 2)],
+    "dq": [(128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 2), (64, 32, 4, 2),
+           (32, 32, 4, 2)],
+    "fwd": [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 8, 2)],
+}
+
+
+def ptxas_usage(ptx):
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    err = subprocess.run([str(ptxas), "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
+                         capture_output=True, text=True).stderr
+    os.unlink(f.name)
+    regs = re.search(r"Used (\d+) registers", err)
+    spills = re.search(r"(\d+) bytes spill stores", err)
+    return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1
+
+
+def measure(kernel, head_dim, causal, tiles):
+    m, n, warps, stages = tiles
+    tile = configs.TileConfig(m, n, warps, stages)
+    configs.fwd_config = lambda *a, **k: tile
+    configs.bwd_config = lambda *a, **k: configs.BwdConfig(tile, tile)
+    q = torch.empty(4, 4096, 2048 // head_dim, head_dim, dtype=torch.bfloat16)
+    lse = torch.empty(4, 2048 // head_dim, 4096)
+    geo = launch.Geometry.of(q, q)
+    sa = launch.ScoreArgs.make(geo, 0.1, -1, 0 if causal else -1, 0.0, None, lse, None)
+    if kernel == "fwd":
+        kl = launch.forward_launches(geo, q, q, q, q, lse, None, sa, (9, 0), interpreter=False)[0]
+    else:
+        launches = launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, (9, 0),
+                                            interpreter=False)
+        kl = launches[1] if kernel == "dkdv" else launches[2]
+    sig, constexprs, attrs = _signature(kl)
+    try:
+        compiled = triton.compile(ASTSource(fn=kl.kernel, signature=sig, constexprs=constexprs, attrs=attrs),
+                                  target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    except Exception as exc:
+        return kernel, head_dim, causal, tiles, f"does not compile: {type(exc).__name__}"
+    regs, spills = ptxas_usage(compiled.asm["ptx"])
+    return kernel, head_dim, causal, tiles, f"regs {regs:3d}  spill {spills:5d} B  smem {compiled.metadata.shared:6d} B"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head-dims", default="64,128,256")
+    parser.add_argument("--kernel", default="dkdv,dq,fwd")
+    parser.add_argument("--causal", default="both", choices=["yes", "no", "both"])
+    args = parser.parse_args()
+    causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
+    jobs = [(kern, d, c, t) for kern in args.kernel.split(",") for d in map(int, args.head_dims.split(","))
+            for c in causals for t in CANDIDATES[kern]]
+    with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
+        for kernel, d, causal, tiles, text in pool.map(measure, *zip(*jobs)):
+            print(f"{kernel:5} D{d:<4} {'causal' if causal else 'full  '} {str(tiles):18} {text}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
