@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh features   # feature cost and window scaling at head dim 128 (~2 min)
 #   bash benchmarks/gpu_session.sh tune [ARGS]  # tile sweep, e.g. tune --head-dims 256 --seqlen 4096
 #   bash benchmarks/gpu_session.sh sparse     # block-sparse vs dense flashtile vs FlexAttention, 16K tokens
+#   bash benchmarks/gpu_session.sh decode     # KV-cache decoding, flashtile vs SDPA (~1 min, capped at 4)
 set -euo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT="${OUT:-out}"
@@ -25,8 +26,11 @@ case "$phase" in
     sparse)
         python3 -m flashtile.bench --modes sparse --out "$OUT/sparse" "$@" > "$OUT/sparse.log" 2>&1
         tail -40 "$OUT/sparse.log" ;;
+    decode)  # records stream to the log and $OUT/decode/decode.jsonl; the budget stops it cleanly
+        timeout -k 20 300 python3 -m flashtile.bench --modes decode --providers flashtile,sdpa --max-seconds 240 \
+            --no-plots --out "$OUT/decode" "$@" 2>&1 | tee "$OUT/decode.log" | tail -70 ;;
     tune)
         python3 benchmarks/tune.py --out "$OUT/tune.json" "$@" 2>&1 | tee "$OUT/tune.log" | tail -12 ;;
     *)
-        echo "unknown phase $phase: tests, bench, features, sparse or tune" >&2; exit 2 ;;
+        echo "unknown phase $phase: tests, bench, features, sparse, decode or tune" >&2; exit 2 ;;
 esac

@@ -367,14 +367,37 @@ def test_decode_bytes_and_bandwidth():
     assert decode.frac_of_copy(2150.0, torch.device("cpu")) is None
 
 
-def test_decode_paged_layout_round_trips():
+def test_decode_paged_layout_is_a_view_with_a_random_table():
     from flashtile.bench import decode
 
-    k = torch.randn(2, 37, 3, 8)
-    kp, vp, table = decode.paged(k, k + 1, 16, torch.Generator().manual_seed(0))
+    assert decode.capacity_for(37, [0, 16]) == 48 and decode.capacity_for(37, [0]) == 37
+    assert decode.capacity_for(300, [16, 256, 0]) == 512 and decode.capacity_for(5, [4, 6]) == 12
+    k = torch.randn(2, 48, 3, 8)
+    gen = torch.Generator().manual_seed(0)
+    kp, vp, table = decode.paged(k, k + 1, 37, 16, gen)
     assert kp.shape == (2 * 3, 16, 3, 8) and table.shape == (2, 3) and table.dtype == torch.int32
-    back = kp[table.long()].reshape(2, 48, 3, 8)[:, :37]
-    assert torch.equal(back, k) and torch.equal(vp[table.long()].reshape(2, 48, 3, 8)[:, :37], k + 1)
+    assert kp.data_ptr() == k.data_ptr()  # a view: no copy
+    assert sorted(table.flatten().tolist()) == list(range(6))  # every physical page once, any order
+    pages = k.view(6, 16, 3, 8)
+    for b in range(2):
+        row = decode.logical_row(kp, table, 37, row=b)
+        assert row.shape == (1, 37, 3, 8)
+        assert torch.equal(row[0], torch.cat([pages[i] for i in table[b].tolist()])[:37])
+        assert torch.equal(decode.logical_row(vp, table, 37, row=b), row + 1)
+    assert torch.equal(decode.logical_row(k, None, 37), k[:1, :37])
+    with pytest.raises(ValueError, match="not a multiple"):
+        decode.paged(k, k, 37, 32, gen)
+
+
+def test_decode_sweep_order_contiguous_first():
+    from argparse import Namespace
+
+    from flashtile.bench import decode
+
+    args = Namespace(decode_batch=[8, 64], cache_lens=[16384, 4096], page_size=[16, 0, 256])
+    order = decode._order(args)
+    assert order[:2] == [(8, 0, 4096), (8, 0, 16384)] and order[2] == (8, 16, 4096)
+    assert order[6:8] == [(64, 0, 4096), (64, 0, 16384)] and len(order) == 12
 
 
 def test_cpu_decode_run_end_to_end(tmp_path):
@@ -421,3 +444,56 @@ def test_sparse_mask_specs():
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--device", "cpu", "--modes", "sparse", "--sparse-masks", "window:-4"])
     assert exit_info.value.code == 2
+
+
+def test_cpu_decode_streams_jsonl_and_stops_at_max_seconds(tmp_path):
+    """Every decode record is printed as one line and appended to decode.jsonl as it is measured; a spent
+    --max-seconds budget stops the sweep cleanly and the results still get written."""
+    argv = ["--modes", "decode", "--providers", "flashtile,sdpa", "--cache-lens", "64,128", "--decode-batch", "1",
+            "--page-size", "0,16", "--heads", "4", "--heads-kv", "2", "--head-dims", "16", "--no-plots"]
+    proc = _run_cli([*argv, "--out", str(tmp_path / "all")])
+    lines = [json.loads(line) for line in (tmp_path / "all" / "decode.jsonl").read_text().splitlines()]
+    assert [(r["provider"], r["page_size"], r["cache_len"]) for r in lines] == [
+        (p, page, n) for page in (0, 16) for n in (64, 128) for p in ("flashtile", "sdpa")]
+    assert all(r["elapsed_s"] >= 0 and r["batch"] == 1 and r["heads_kv"] == 2 for r in lines)
+    streamed = [line for line in proc.stdout.splitlines() if line.startswith("decode ")]
+    assert len(streamed) == 8 and "GB/s" in streamed[0] and "page=contig" in streamed[0]
+    assert "skipped: paged KV cache" in streamed[-1] and "backend" in streamed[1]
+    data = json.loads((tmp_path / "all" / "results.json").read_text())
+    assert len(data["records"]) == 8 and data["meta"]["config"]["decode_rep"] == 1
+
+    # a budget far below one measurement: the first shape (both providers) runs, then the sweep stops
+    proc = _run_cli([*argv, "--out", str(tmp_path / "short"), "--max-seconds", "0.001"])
+    assert "time budget (--max-seconds) reached" in proc.stdout and "3 of 4" in proc.stdout
+    lines = (tmp_path / "short" / "decode.jsonl").read_text().splitlines()
+    data = json.loads((tmp_path / "short" / "results.json").read_text())
+    assert len(lines) == len(data["records"]) == 2 and "== decode" in proc.stdout
+
+
+def test_decode_sigterm_stops_cleanly(tmp_path):
+    """SIGTERM (e.g. from `timeout`) mid-sweep: the records so far are kept in decode.jsonl and results.json."""
+    import signal as _signal
+    import time as _time
+
+    import flashtile
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FLASHTILE_POISON_OUTPUTS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(flashtile.__file__).resolve().parents[1]),
+                                         *filter(None, [env.get("PYTHONPATH")])])
+    argv = ["--modes", "decode", "--device", "cpu", "--providers", "flashtile", "--cache-lens", "64",
+            "--decode-batch", ",".join(str(b) for b in range(1, 400)),  # far more than can run
+            "--page-size", "0", "--heads", "2", "--heads-kv", "1", "--head-dims", "16", "--rep", "1", "--no-plots",
+            "--out", str(tmp_path)]
+    proc = subprocess.Popen([sys.executable, "-m", "flashtile.bench", *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    jsonl = tmp_path / "decode.jsonl"
+    end = _time.time() + 100
+    while _time.time() < end and not (jsonl.exists() and jsonl.read_text().count("\n") >= 2):
+        _time.sleep(0.2)
+    proc.send_signal(_signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert "interrupted" in out
+    kept = len(json.loads((tmp_path / "results.json").read_text())["records"])
+    streamed = len(jsonl.read_text().splitlines())
+    assert 2 <= kept < 399 and abs(kept - streamed) <= 1  # the signal may land between the two writes

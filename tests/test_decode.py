@@ -146,20 +146,45 @@ def test_bad_num_splits(bad):
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=bad)
 
 
+def paged_copy(k, v, page_size, gen):
+    """k, v (B, L, Hk, D) copied into a paged cache (num_pages, page_size, Hk, D) in shuffled page order, and
+    the int32 block_table (B, pages per row) that maps row b's tokens back; the last page is zero-padded.
+    (The decode bench pages its caches without copying, see flashtile.bench.decode.paged; this test keeps
+    the content of each row, so the reference can use the contiguous cache.)"""
+    batch, length = k.shape[:2]
+    per_row = -(-length // page_size)
+    pad = per_row * page_size - length
+    perm = torch.randperm(batch * per_row, generator=gen, device="cpu").to(k.device)
+    table = torch.empty_like(perm)
+    table[perm] = torch.arange(batch * per_row, device=k.device)  # page i of the layout lives at table[i]
+
+    def pages(x):
+        x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)).reshape(batch * per_row, page_size, *x.shape[2:])
+        return x[perm].contiguous()  # stored page j = layout page perm[j]
+
+    return pages(k), pages(v), table.view(batch, per_row).to(torch.int32)
+
+
+def test_paged_copy_round_trips():
+    k = torch.randn(2, 37, 3, 8)
+    kp, vp, table = paged_copy(k, k + 1, 16, torch.Generator().manual_seed(0))
+    assert kp.shape == (2 * 3, 16, 3, 8) and table.shape == (2, 3) and table.dtype == torch.int32
+    back = kp[table.long()].reshape(2, 48, 3, 8)[:, :37]
+    assert torch.equal(back, k) and torch.equal(vp[table.long()].reshape(2, 48, 3, 8)[:, :37], k + 1)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [0, 16, 256], ids=["contig", "page16", "page256"])
 @pytest.mark.parametrize("num_splits", [0, 1, 7], ids=["auto", "s1", "s7"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_gpu_decode(dtype, num_splits, page_size):
     """The decode bench's shape (Hq / Hk = 8, D = 128), rows of different lengths, long caches."""
-    from flashtile.bench.decode import paged
-
     lengths = [1, 4095, 4096, 20000]
     q, k_cache, v_cache = make_cache("cuda", len(lengths), 1, 32, 4, 20000, head_dim=128, dtype=dtype)
     block_table = None
     k_in, v_in = k_cache, v_cache
     if page_size:
-        k_in, v_in, block_table = paged(k_cache, v_cache, page_size, torch.Generator().manual_seed(0))
+        k_in, v_in, block_table = paged_copy(k_cache, v_cache, page_size, torch.Generator().manual_seed(0))
     out, lse = flashtile.flash_attn_with_kvcache(q, k_in, v_in, block_table=block_table, causal=True,
                                                  cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"),
                                                  num_splits=num_splits, return_softmax_lse=True)

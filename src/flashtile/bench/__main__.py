@@ -91,6 +91,11 @@ def build_parser():
     dec.add_argument("--cache-lens", type=_int_list, help="tokens in the cache (GPU: 4k,16k,64k,128k; CPU: 512,2048)")
     dec.add_argument("--decode-batch", type=_int_list, help="batch sizes (GPU: 8,64; CPU: 2)")
     dec.add_argument("--page-size", type=_int_list, help="page sizes, 0 = contiguous cache (default 0,16,256)")
+    dec.add_argument("--max-seconds", type=float, metavar="S",
+                     help="time budget from the start of the run: no new decode shape starts after S seconds; "
+                          "the sweep stops cleanly and writes what it has, as on Ctrl-C/SIGTERM (default: none). Records also stream "
+                          "to OUT/decode.jsonl as they are measured. Decode times with warm-up 5 ms and "
+                          "rep 20 ms on a GPU (CPU 0/50) unless --warmup/--rep are given")
     sp = p.add_argument_group("sparse (--modes sparse: block-sparse flashtile.attention vs dense flashtile and "
                               "FlexAttention with the same mask; batch 1, heads = hidden // head dim, the first "
                               "--head-dims (128 by default))")
@@ -180,6 +185,11 @@ def _resolve_decode(args, parser, device):
     args.page_size = args.page_size if args.page_size is not None else list(decode.PAGE_SIZES)
     if min(args.cache_lens) < 1 or min(args.decode_batch) < 1 or min(args.page_size) < 0:
         parser.error("--cache-lens and --decode-batch must be >= 1, --page-size >= 0")
+    if args.max_seconds is not None and not args.max_seconds > 0:
+        parser.error(f"--max-seconds must be > 0, got {args.max_seconds}")
+    timing = decode.GPU_TIMING if device.type == "cuda" else decode.CPU_TIMING
+    args.decode_warmup = args.warmup if args.warmup is not None else timing["warmup"]
+    args.decode_rep = args.rep if args.rep is not None else timing["rep"]
     heads = args.heads or decode.HEADS_Q
     heads_kv = args.heads_kv or heads // (args.gqa or decode.GQA)
     if heads_kv < 1 or heads % heads_kv:
@@ -213,7 +223,8 @@ def collect_meta(args, argv, device):
     config = {k: v for k, v in vars(args).items() if k != "heads_for"}
     if "decode" not in args.modes:  # decode settings only matter for decode runs
         config = {k: v for k, v in config.items() if k not in ("cache_lens", "decode_batch", "page_size",
-                                                               "decode_heads", "decode_providers")}
+                                                               "decode_heads", "decode_providers", "max_seconds",
+                                                               "decode_warmup", "decode_rep")}
     if "sparse" not in args.modes:
         config = {k: v for k, v in config.items() if k not in ("sparse_seqlens", "sparse_masks", "sparse_providers")}
     return {
@@ -267,6 +278,7 @@ def main(argv=None):
         return 1
 
     start = time.perf_counter()
+    os.makedirs(args.out, exist_ok=True)
     dense = argparse.Namespace(**{**vars(args), "modes": dense_modes})
     records = report.annotate(sweep.run_sweep(dense, providers, device)) if providers else []
     probes = []
@@ -276,7 +288,9 @@ def main(argv=None):
                 print(f"probing the longest sequence for {provider.name} (up to {args.probe_cap}) ...",
                       file=sys.stderr)
                 probes.append(sweep.probe_max_seqlen(provider, args, device))
-    decode_records = decode.run_decode(args, decoders, device) if decoders else []
+    deadline = None if args.max_seconds is None else start + args.max_seconds
+    decode_records = decode.run_decode(args, decoders, device, jsonl=os.path.join(args.out, "decode.jsonl"),
+                                       deadline=deadline) if decoders else []
     sparse_records = sparse.run_sparse(args, sparse_names, device) if sparse_names else []
     meta["wall_s"] = round(time.perf_counter() - start, 1)
 
@@ -297,10 +311,9 @@ def main(argv=None):
         print()
         print(sparse.format_table(sparse_records))
 
-    os.makedirs(args.out, exist_ok=True)
     report.write_json(os.path.join(args.out, "results.json"), meta, records + decode_records + sparse_records, probes)
     report.write_csv(os.path.join(args.out, "results.csv"), records + decode_records + sparse_records)
-    written = ["results.json", "results.csv"]
+    written = ["results.json", "results.csv"] + (["decode.jsonl"] if decoders else [])
     if not args.no_plots and records:
         try:
             title = f"{meta['gpu']}, {args.dtype}, torch {meta['torch']}"
