@@ -157,7 +157,7 @@ def test_varlen_dropout(backend, causal):
     torch.manual_seed(2)
     out, lse, probs = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=p,
                                                        causal=causal, return_attn_probs=True)
-    assert probs.shape == (len(seqlens_q), 4, max_q, max_k)
+    assert probs.shape == (len(seqlens_q), 4, max_q, max_k) and lse.shape == (4, q.shape[0])
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     for b, (lq, lk) in enumerate(zip(seqlens_q, seqlens_k)):
@@ -194,7 +194,7 @@ def test_zero_dropout_is_the_plain_path(backend):
     _, device = backend
     q, k, v = make_qkv(1, 30, 30, 2, 2, 16, torch.float32, device, requires_grad=False)
     state = torch.get_rng_state()
-    out, lse, probs = flashtile.flash_attn_func(q, k, v, dropout_p=0.0, causal=True, return_attn_probs=True)
+    out, _, probs = flashtile.flash_attn_func(q, k, v, dropout_p=0.0, causal=True, return_attn_probs=True)
     assert probs is None
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(out, flashtile.flash_attn_func(q, k, v, causal=True))
