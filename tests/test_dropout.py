@@ -84,6 +84,22 @@ def test_dropout_matches_reference_with_returned_mask(backend, case):
     torch.testing.assert_close(probs.abs().double(), want, atol=2e-3 if dtype == torch.float16 else 1e-5, rtol=0)
 
 
+def test_dropout_lse_gradient(backend):
+    """A gradient flowing into lse (of the undropped softmax) combines with dropout exactly."""
+    _, device = backend
+    q, k, v = make_qkv(1, 33, 47, 2, 1, 16, torch.float32, device)
+    torch.manual_seed(1)
+    out, lse, probs = flashtile.flash_attn_func(q, k, v, dropout_p=0.4, causal=True, return_attn_probs=True)
+    w = torch.randn(lse.shape, generator=torch.Generator().manual_seed(2)).to(device)
+    grads = torch.autograd.grad(out.sum() + (lse * w).sum(), (q, k, v))
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    out_r, lse_r = flashtile.attention_ref(*leaves, causal=True, return_lse=True, dropout_p=0.4,
+                                           dropout_mask=~torch.signbit(probs))
+    ref = torch.autograd.grad(out_r.sum() + (lse_r * w.double()).sum(), leaves)
+    for got, r in zip(grads, ref):
+        torch.testing.assert_close(got.double(), r, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_dropped_fraction_matches_p(backend, p):
     """Over 2 * 2 * 128 * 128 = 65536 draws the dropped fraction is within 6 standard deviations of p."""
