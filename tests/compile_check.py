@@ -12,6 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -24,8 +25,11 @@ TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: 
 
 
 def _signature(kl):
+    """Signature, constexprs and the attributes a real launch specializes on: like Triton's JIT, pointers
+    (torch allocations are 16-byte aligned) and ints divisible by 16 get tt.divisibility = 16. Without them
+    loads cannot be vectorized, the pipeliner skips them, and shared memory would be under-reported."""
     names = kl.kernel.arg_names
-    sig, constexprs = {}, {}
+    sig, constexprs, attrs = {}, {}, {}
     values = dict(zip(names, kl.args), **kl.constexprs)
     for i, name in enumerate(names):
         value = values[name]
@@ -34,16 +38,19 @@ def _signature(kl):
             constexprs[(i,)] = value
         elif isinstance(value, torch.Tensor):
             sig[name] = TRITON_TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(value, float):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-    return sig, constexprs
+            if value % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, constexprs, attrs
 
 
 def compile_launch(kl, arch):
-    sig, constexprs = _signature(kl)
-    src = ASTSource(fn=kl.kernel, signature=sig, constexprs=constexprs)
+    sig, constexprs, attrs = _signature(kl)
+    src = ASTSource(fn=kl.kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     target = GPUTarget("cuda", arch[0] * 10 + arch[1], 32)
     return triton.compile(src, target=target, options=dict(num_warps=kl.num_warps, num_stages=kl.num_stages))
 
@@ -68,15 +75,59 @@ CASES = [
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True)),
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True, bias=True, dropout=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True)),
-    (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True)),
+    (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True, leftpad=True)),
+    (128, True, torch.bfloat16, 2, 1, dict(varlen=True, paged=True)),  # paged keys in flash_attn_varlen_func
+    # Split-KV decoding (packed GQA rows, then the combine kernel): the decode bench's shape, paged, every
+    # score feature, the smallest and largest head dims, fp32, and a prefill-sized chunk of 4 x 8 rows.
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True)),
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True, leftpad=True)),
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True, leftpad=True)),
+    (128, False, torch.float16, 8, 2, dict(decode=True, paged=True, window_left=32, window_right=8, softcap=30.0,
+                                           alibi=True)),
+    (64, True, torch.bfloat16, 1, 1, dict(decode=True)),
+    (256, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True)),
+    (256, True, torch.float32, 8, 1, dict(decode=True)),
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True, seqlen_q=4)),
+    (128, False, torch.bfloat16, 2, 1, dict(flex=True)),
+    (64, False, torch.float16, 2, 2, dict(flex=True, softcap=30.0, alibi=True)),
+    (256, False, torch.bfloat16, 2, 1, dict(flex=True)),
+    (128, True, torch.bfloat16, 2, 1, dict(score_mod=True)),
+    # Dropout through the block-sparse loops with the mods (not reachable from flashtile.attention, which
+    # takes no dropout, but the kernels carry it there).
+    (128, False, torch.bfloat16, 2, 1, dict(flex=True, dropout=True)),
 ]
+
+
+def _rel_bias(score, b, h, q_idx, kv_idx, table):
+    return score + tl.load(table + (q_idx - kv_idx + 64))
+
+
+def _unit(score, b, h, q_idx, kv_idx, table):
+    return score * 0.0 + 1.0
+
+
+def _mod_args(features, q, lse):
+    """Programmable attention: a score_mod reading an aux table (and its derivative), and with flex=True a
+    block-sparse document mask (the block-sparse loops, the mask_mod, a second aux tensor)."""
+    from flashtile.flex import and_masks, causal_mask, create_block_mask, document_mask, mods
+
+    table = torch.zeros(128)
+    score = mods.Mod(_rel_bias, (table,), mods.SCORE_ARGS, "score_mod")
+    grad = mods.Mod(_unit, (table,), mods.SCORE_ARGS, "score_mod_grad")
+    mask = block_mask = None
+    if features.get("flex"):
+        mask = and_masks(causal_mask, document_mask(torch.zeros(q.shape[1], dtype=torch.int64)))
+        block_mask = create_block_mask(mask, None, None, q.shape[1], q.shape[1], device="cpu")
+    pool = mods.aux_pool(score, grad, mask)
+    return launch.ModArgs.make(lse, pool, mods.adapter(score, pool), mods.adapter(grad, pool),
+                               mods.adapter(mask, pool) if mask is not None else None, block_mask)
 
 
 def check_case(arch, case):
     """Compile one case's launches for arch; returns (failures, report lines)."""
     head_dim, causal, dtype, heads_q, heads_kv, features = case
     smem_limit = TARGETS[arch]
-    q = torch.zeros(1, 64, heads_q, head_dim, dtype=dtype)
+    q = torch.zeros(1, features.get("seqlen_q", 1) if features.get("decode") else 64, heads_q, head_dim, dtype=dtype)
     k = torch.zeros(1, 64, heads_kv, head_dim, dtype=dtype)
     lse = torch.zeros(1, heads_q, 64)
     slopes = torch.ones(heads_q) if features.get("alibi") else None
@@ -86,6 +137,9 @@ def check_case(arch, case):
         cu = torch.tensor([0, 30, 64], dtype=torch.int32)
         geo = launch.Geometry.of(q, k, cu, cu, 34, 34)
         lse = torch.zeros(heads_q, 64)
+        if features.get("paged"):  # forward only: the keys are (num_pages, page_size, Hk, D)
+            k = k.reshape(4, 16, heads_kv, head_dim)
+            geo = dataclasses.replace(geo, block_table=torch.zeros(2, 4, dtype=torch.int32))
     bias = dbias = None
     if features.get("bias"):
         bias, dbias = torch.zeros(1, heads_q, 64, 64, dtype=dtype), torch.zeros(1, heads_q, 64, 64)
@@ -93,13 +147,23 @@ def check_case(arch, case):
     sa = launch.ScoreArgs.make(geo, 0.1, features.get("window_left", -1), 0 if causal else features.get(
         "window_right", -1), features.get("softcap", 0.0), slopes, lse, bias, dropout_p, rng)
     sink = torch.zeros(heads_q) if features.get("sink") else None
-    if features.get("kvcache"):  # inference only: the forward with per-row key counts
+    if features.get("kvcache") or features.get("decode"):
         geo = dataclasses.replace(geo, seqused_k=torch.tensor([50], dtype=torch.int32))
         if features.get("paged"):
             geo = dataclasses.replace(geo, block_table=torch.zeros(1, 4, dtype=torch.int32))
-    launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False)
-    launches += [] if features.get("kvcache") else launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
-                                         interpreter=False)
+        if features.get("leftpad"):
+            geo = dataclasses.replace(geo, key_start=torch.tensor([3], dtype=torch.int32))
+    mods = _mod_args(features, q, lse) if features.get("flex") or features.get("score_mod") else None
+    if features.get("decode"):
+        lse = torch.zeros(1, heads_q, q.shape[1])
+        cfg, splits = launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"), interpreter=False)
+        assert splits > 1, "the compile check needs the combine kernel"
+        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits)
+    else:
+        launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False, mods=mods)
+    if not any(features.get(name) for name in ("kvcache", "decode", "paged")):  # paged KV is inference only
+        launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
+                                             interpreter=False, mods=mods)
     if features.get("dropout"):  # return_attn_probs
         launches += launch.probs_launches(geo, q, k, lse, torch.zeros(1, heads_q, 64, 64, dtype=dtype), sa, arch,
                                           interpreter=False)

@@ -395,3 +395,29 @@ def test_cpu_decode_run_end_to_end(tmp_path):
     assert recs["sdpa", 16]["error"].startswith("skipped:")
     with open(tmp_path / "results.csv", newline="") as f:
         assert {row["page_size"] for row in csv.DictReader(f)} == {"0", "16"}
+
+
+def test_cpu_sparse_run_end_to_end(tmp_path):
+    """--modes sparse on the CPU: block-sparse and dense flashtile (flex needs a GPU), same outputs."""
+    proc = _run_cli(["--modes", "sparse", "--sparse-seqlens", "256", "--sparse-masks", "window:64,dilated:2",
+                     "--heads", "2", "--heads-kv", "2", "--head-dims", "32", "--out", str(tmp_path), "--no-plots"])
+    assert "== sparse" in proc.stdout and "== fwd ==" not in proc.stdout
+    data = json.loads((tmp_path / "results.json").read_text())
+    recs = {(r["provider"], r["mask"], r["mode"]): r for r in data["records"]}
+    assert set(recs) == {(p, m, mode) for p in ("flashtile-sparse", "flashtile-dense")
+                         for m in ("window:64", "dilated:2") for mode in ("fwd", "fwd_bwd")}
+    assert all(r["error"] is None and r["ms"] > 0 and r["speedup_vs_dense"] > 0 for r in recs.values())
+    assert recs["flashtile-sparse", "dilated:2", "fwd"]["density"] == 0.5
+    assert recs["flashtile-sparse", "window:64", "fwd"]["max_diff"] == 0.0
+
+
+def test_sparse_mask_specs():
+    from flashtile.bench import sparse
+
+    assert sparse.parse_mask("window:512") == ("window", 512) and sparse.parse_mask("causal") == ("causal", 0)
+    for bad in ("window", "window:0", "blocks:3", "dilated:x"):
+        with pytest.raises(ValueError, match="expected window:W"):
+            sparse.parse_mask(bad)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--device", "cpu", "--modes", "sparse", "--sparse-masks", "window:-4"])
+    assert exit_info.value.code == 2

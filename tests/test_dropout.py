@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import flashtile
+from conftest import DEVICE
 from flashtile import philox
 from test_attention import _check_lse
 from test_varlen import cu, packed
@@ -247,3 +248,32 @@ def test_bad_dropout_p(p, exc, match):
         flashtile.flash_attn_func(q, k, v, dropout_p=p)
     with pytest.raises(exc, match=match):
         flashtile.flash_attn_varlen_func(q[0], k[0], v[0], cu([8], "cpu"), cu([8], "cpu"), 8, 8, dropout_p=p)
+
+
+def test_dropout_through_the_block_sparse_loops():
+    """The kernels carry dropout through the block-sparse loops too (flashtile.attention takes no dropout, so only
+    the launcher reaches them): a causal block mask with dropout equals the built-in causal with the same seed,
+    forward and backward, since the keep mask depends only on the element."""
+    from flashtile import launch
+    from flashtile.flex.api import _Spec
+
+    q, k, v = make_qkv(1, 96, 96, 2, 1, 32, torch.float32, DEVICE, requires_grad=False)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    rng = torch.tensor([1234567], dtype=torch.int64, device=DEVICE)
+    block_mask = flashtile.create_block_mask(flashtile.causal_mask, None, None, 96, 96, block_size=(32, 32),
+                                             device=DEVICE)
+    mods = _Spec(None, None, block_mask.mask_mod, block_mask).mod_args(q)
+    assert mods.block_size is not None  # the BLOCK_SPARSE loops
+    scale = 0.2
+    want, want_lse = launch._flash_attn_forward(q, k, v, scale, -1, 0, 0.0, None, None, dropout_p=0.3, rng=rng)
+    got, got_lse = launch._flash_attn_forward(q, k, v, scale, -1, -1, 0.0, None, None, dropout_p=0.3, rng=rng,
+                                              mods=mods)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_lse, want_lse, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(want, launch._flash_attn_forward(q, k, v, scale, -1, 0, 0.0, None, None)[0])
+    want_grads = launch._flash_attn_backward(dout, q, k, v, want, want_lse, None, scale, -1, 0, 0.0, None,
+                                             dropout_p=0.3, rng=rng)[:3]
+    got_grads = launch._flash_attn_backward(dout, q, k, v, got, got_lse, None, scale, -1, -1, 0.0, None,
+                                            dropout_p=0.3, rng=rng, mods=mods)[:3]
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)

@@ -63,8 +63,20 @@ def test_refusals_leave_the_cache_untouched():
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match="k and v must be given together"):
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, None)
-    with pytest.raises(NotImplementedError, match="cache_leftpad: not supported yet"):
-        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_leftpad=torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"cache_leftpad must lie in \[0, cache_seqlens\[b\]\] in every row"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=10,
+                                          cache_leftpad=torch.tensor([0, 11, 0], dtype=torch.int32))
+    with pytest.raises(TypeError, match=r"cache_leftpad must be an int32 tensor of shape \(3,\)"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=10,
+                                          cache_leftpad=torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"cache_batch_idx entries must index the cache's 3 rows, got \[0, 3, 1\]"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=10,
+                                          cache_batch_idx=torch.tensor([0, 3, 1], dtype=torch.int32))
+    with pytest.raises(TypeError, match=r"cache_batch_idx must be an int32 tensor of shape \(3,\)"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_batch_idx=torch.zeros(2, 1))
+    with pytest.raises(ValueError, match="cache_batch_idx cannot be combined with block_table"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_batch_idx=torch.zeros(3, dtype=torch.int32),
+                                          block_table=torch.zeros(3, 1, dtype=torch.int32))
     assert torch.equal(k_cache, before)
 
 
@@ -157,3 +169,60 @@ def test_bad_block_table():
     with pytest.raises(ValueError, match="block_table must have 3 rows"):
         flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=0,
                                           block_table=torch.zeros(2, 2, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("seqlen_q,num_splits", [(1, 0), (1, 1), (3, 2)], ids=["decode-auto", "decode-s1", "chunk-s2"])
+def test_cache_batch_idx_and_leftpad(backend, seqlen_q, num_splits):
+    """Batch row b uses cache row idx[b] and its keys from cache token leftpad[b] on; appends land in row idx[b]
+    at cache_seqlens[b], rotary positions are cache positions, causal/ALiBi measured from the last key."""
+    _, device = backend
+    q, _, _, k_new, v_new = cache_inputs(device, seqlen_q=seqlen_q, new=3)
+    _, k_cache, v_cache, _, _ = cache_inputs(device, batch=5, seed=1)  # 5 cache rows for 3 batch rows
+    idx = torch.tensor([4, 0, 2], dtype=torch.int32, device=device)
+    cache_seqlens = torch.tensor([0, 17, 70], dtype=torch.int32, device=device)
+    leftpad = torch.tensor([0, 5, 70], dtype=torch.int32, device=device)
+    angles = torch.arange(100)[:, None].float() * (0.5 ** torch.arange(8))[None, :]
+    cos, sin = angles.cos().to(device), angles.sin().to(device)
+    slopes = torch.rand(4, generator=torch.Generator().manual_seed(2)).to(device)
+    before_k = k_cache.clone()
+    out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                                 cache_seqlens=cache_seqlens, cache_batch_idx=idx,
+                                                 cache_leftpad=leftpad, causal=True, alibi_slopes=slopes,
+                                                 num_splits=num_splits, return_softmax_lse=True)
+    positions = cache_seqlens[:, None].long() + torch.arange(3, device=device)
+    k_rot = rotate_reference(k_new, cos, sin, positions, True)
+    q_rot = rotate_reference(q, cos, sin, cache_seqlens[:, None].long() + torch.arange(seqlen_q, device=device), True)
+    assert torch.equal(k_cache[[1, 3]], before_k[[1, 3]])  # rows no batch row uses are untouched
+    for b, (row, start, pad) in enumerate(zip(idx.tolist(), cache_seqlens.tolist(), leftpad.tolist())):
+        torch.testing.assert_close(k_cache[row, start:start + 3], k_rot[b], atol=1e-5, rtol=1e-5)
+        assert torch.equal(v_cache[row, start:start + 3], v_new[b])
+        keys, values = k_cache[row:row + 1, pad:start + 3], v_cache[row:row + 1, pad:start + 3]
+        args = (q_rot[b:b + 1].double(), keys.double(), values.double())
+        ref, ref_lse = flashtile.attention_ref(*args, causal=True, alibi_slopes=slopes, return_lse=True)
+        low = flashtile.attention_ref(*(a.float() for a in args), causal=True, alibi_slopes=slopes, upcast=False)
+        assert_close_rule(f"row {b}", out[b:b + 1], ref, low, torch.float32)
+        torch.testing.assert_close(lse[b:b + 1].double(), ref_lse, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("page_size", [16, 7], ids=["page16", "page7"])
+def test_paged_leftpad(backend, page_size):
+    """cache_leftpad with a paged cache: the same as the contiguous cache with the same padding."""
+    _, device = backend
+    q, k_dense, v_dense, _, _ = cache_inputs(device, capacity=8 * page_size, seqlen_q=2)
+    batch, capacity = k_dense.shape[:2]
+    max_pages = capacity // page_size
+    order = torch.randperm(batch * max_pages, generator=torch.Generator().manual_seed(3))
+    block_table = order.reshape(batch, max_pages).to(torch.int32).to(device)
+    k_pages = torch.empty(batch * max_pages, page_size, *k_dense.shape[2:], device=device)
+    v_pages = torch.empty_like(k_pages)
+    k_pages[block_table.long()] = k_dense.reshape(batch, max_pages, page_size, *k_dense.shape[2:])
+    v_pages[block_table.long()] = v_dense.reshape(batch, max_pages, page_size, *v_dense.shape[2:])
+    cache_seqlens = torch.tensor([3, page_size + 3, capacity], dtype=torch.int32, device=device)
+    leftpad = torch.tensor([3, page_size - 1, 2 * page_size + 1], dtype=torch.int32, device=device)
+    kwargs = dict(cache_seqlens=cache_seqlens, cache_leftpad=leftpad, causal=True, return_softmax_lse=True)
+    want, want_lse = flashtile.flash_attn_with_kvcache(q, k_dense, v_dense, **kwargs)
+    got, got_lse = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=block_table, **kwargs)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_lse, want_lse)
+    assert torch.all(got[0] == 0) and torch.all(got_lse[0] == float("-inf"))  # leftpad == cache_seqlens: no key
+    check_against_reference(got[1:], q[1:], k_dense[1:, page_size - 1:], v_dense[1:, page_size - 1:], [4], causal=True)

@@ -130,10 +130,8 @@ def _args(device="cpu"):
      "cu_seqlens_q must start at 0, got 1"),
     (lambda a: a.update(max_seqlen_k=-1), TypeError, "max_seqlen_k must be a non-negative int, got -1"),
     (lambda a: a.update(q=a["q"][None]), ValueError, r"q must have 3 dimensions \(total_tokens, heads, headdim\)"),
-    (lambda a: a.update(block_table=torch.zeros(2, 1, dtype=torch.int32)), NotImplementedError,
-     "block_table: paged KV caches are not supported yet"),
 ], ids=["int64", "max-too-small", "lengths-differ", "decreasing", "wrong-total", "nonzero-start", "negative-max",
-        "rank", "block-table"])
+        "rank"])
 def test_varlen_bad_input(mutate, exc, match):
     q, k, v, cu_q, cu_k = _args()
     args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=5, max_seqlen_k=4)
@@ -207,3 +205,65 @@ def test_varlen_bad_attn_bias():
     with pytest.raises(ValueError, match=r"attn_bias of shape \(2, 2, 4, 4\) does not broadcast to \(2, 2, 5, 4\) "
                                          r"\(batch, nheads, max_seqlen_q, max_seqlen_k\)"):
         flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 4, attn_bias=torch.zeros(2, 2, 4, 4))
+
+
+def paginate(k, seqlens_k, page_size, seed=0):
+    """Packed keys (total_k, H, D) as a paged cache: sequence b's tokens in shuffled pages, and the block table."""
+    pages_per_seq = max(-(-n // page_size) for n in seqlens_k) + 1  # one spare page: tables may over-allocate
+    num_pages = len(seqlens_k) * pages_per_seq
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).to(k.device)
+    table = order.reshape(len(seqlens_k), pages_per_seq).to(torch.int32)
+    pages = torch.randn(num_pages, page_size, *k.shape[1:], generator=torch.Generator().manual_seed(seed + 1))
+    pages = pages.to(k.device, k.dtype)  # garbage past each sequence's end must not leak in
+    start = 0
+    for b, n in enumerate(seqlens_k):
+        slots = torch.arange(n, device=k.device)
+        pages[table[b, slots // page_size].long(), slots % page_size] = k[start:start + n]
+        start += n
+    return pages, table
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 7])
+@pytest.mark.parametrize("features", [dict(causal=True), dict(window_size=(8, 4), softcap=10.0),
+                                      dict(alibi=True, sink=True)], ids=["causal", "window-softcap", "alibi-sink"])
+def test_varlen_paged_equals_packed(backend, page_size, features):
+    """block_table: the same result as the packed keys (inference only)."""
+    _, device = backend
+    features = dict(features)
+    if features.pop("alibi", False):
+        features["alibi_slopes"] = torch.rand(len(SEQLENS_Q), 4, generator=torch.Generator().manual_seed(3)).to(device)
+    if features.pop("sink", False):
+        features["sink"] = torch.randn(4, generator=torch.Generator().manual_seed(5)).to(device)
+    q, k, v = (x.detach() for x in packed(SEQLENS_Q, SEQLENS_K, 4, 2, 32, torch.float32, device))
+    cu_q, cu_k = cu(SEQLENS_Q, device), cu(SEQLENS_K, device)
+    k_pages, table = paginate(k, SEQLENS_K, page_size)
+    v_pages, _ = paginate(v, SEQLENS_K, page_size)
+    out, lse, _ = flashtile.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(SEQLENS_Q), max(SEQLENS_K),
+                                                   block_table=table, return_attn_probs=True, **features)
+    want, want_lse, _ = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(SEQLENS_Q), max(SEQLENS_K),
+                                                         return_attn_probs=True, **features)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_varlen_paged_bad_input():
+    q, k, v, cu_q, cu_k = _args()
+    pages = torch.zeros(4, 4, 2, 16)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="block_table .paged KV. is inference only"):
+        flashtile.flash_attn_varlen_func(q.requires_grad_(), pages, pages, cu_q, cu_k, 5, 4, block_table=table)
+    q = q.detach()
+    with pytest.raises(ValueError, match=r"cu_seqlens_k has a sequence of 9 keys but block_table holds 8"):
+        flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, torch.tensor([0, 0, 9], dtype=torch.int32), 5, 9,
+                                         block_table=table)
+    with pytest.raises(ValueError, match=r"block_table must have 2 rows \(one per sequence of cu_seqlens\), got 1"):
+        flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, block_table=table[:1])
+    with pytest.raises(ValueError, match=r"block_table entries must index the cache's 4 pages"):
+        flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, block_table=table + 1)
+    with pytest.raises(ValueError, match=r"k must have 4 dimensions"):
+        flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 4, block_table=table)
+    with pytest.raises(NotImplementedError, match=r"dropout_p=0.1: dropout is not supported with block_table"):
+        flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, dropout_p=0.1, block_table=table)
+    with pytest.raises(NotImplementedError, match=r"attn_bias is not supported with block_table"):
+        flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, block_table=table,
+                                         attn_bias=torch.zeros(1, 1, 5, 4))

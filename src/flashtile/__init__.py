@@ -1,4 +1,6 @@
 """flashtile: exact FlashAttention for PyTorch, in Triton, with a blockwise CPU path."""
+from .flex import (BlockMask, and_masks, attention, block_diagonal_mask, causal_mask, create_block_mask, dilated_mask,
+                   document_mask, or_masks, prefix_lm_mask, sliding_window_mask, strided_mask)
 from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
                         flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
 from .kvcache import flash_attn_with_kvcache
@@ -9,5 +11,7 @@ __version__ = "0.1.0"
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache",
-           "pad_input", "unpad_input",
+           "pad_input", "unpad_input", "attention", "BlockMask", "create_block_mask", "and_masks", "or_masks",
+           "causal_mask", "sliding_window_mask", "document_mask", "prefix_lm_mask", "block_diagonal_mask",
+           "dilated_mask", "strided_mask",
            "attention_ref", "__version__"]

@@ -8,7 +8,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
 
-def _check_tensor(name, t, rank, layout):
+def check_tensor(name, t, rank, layout):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != rank:
@@ -27,7 +27,7 @@ def check_qkv(q, k, v, varlen=False, same_batch=True):
     same_batch=False for a paged KV cache, whose first dim counts pages."""
     rank, layout = (3, "(total_tokens, heads, headdim)") if varlen else (4, "(batch, seqlen, heads, headdim)")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t, rank, layout)
+        check_tensor(name, t, rank, layout)
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; q, k and v must share one dtype")
@@ -50,10 +50,11 @@ def check_qkv(q, k, v, varlen=False, same_batch=True):
         raise ValueError(f"q is on {q.device}; flashtile runs on CUDA GPUs and on the CPU")
 
 
-def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k):
+def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k, key_capacity=None):
     """cu_seqlens: int32 (batch + 1,) offsets from 0 to the token count, non-decreasing; max_seqlen: ints that
     bound every sequence (they size the grid). The value checks read the offsets (one device sync); they
-    are skipped while torch.compile traces, where reading values would break the graph."""
+    are skipped while torch.compile traces, where reading values would break the graph.
+    key_capacity (paged keys): no key token count to end at; each key sequence must fit in it instead."""
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
@@ -79,11 +80,31 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, 
         lengths = [b - a for a, b in zip(offsets, offsets[1:])]
         if min(lengths) < 0:
             raise ValueError(f"{name} must be non-decreasing, got {offsets}")
-        if offsets[-1] != tokens:
+        if key_capacity is not None and name == "cu_seqlens_k":
+            if max(lengths) > key_capacity:
+                raise ValueError(f"cu_seqlens_k has a sequence of {max(lengths)} keys but block_table holds "
+                                 f"{key_capacity} per sequence (max_pages * page_size)")
+        elif offsets[-1] != tokens:
             raise ValueError(f"{name} must end at the number of tokens ({tokens}), got {offsets[-1]}")
         max_name = "max_seqlen_q" if name == "cu_seqlens_q" else "max_seqlen_k"
         if max(lengths) > max_len:
             raise ValueError(f"{max_name}={max_len} is smaller than the longest sequence in {name} ({max(lengths)})")
+
+
+def block_table(table, batch, num_pages, device):
+    """int32 (batch, max_pages) page indices into a paged cache of num_pages pages (batch None: any rows)."""
+    if not isinstance(table, torch.Tensor) or table.dtype != torch.int32 or table.dim() != 2:
+        raise TypeError(f"block_table must be an int32 tensor of shape ({batch or 'batch'}, max_pages), got "
+                        f"{getattr(table, 'dtype', type(table).__name__)} {tuple(getattr(table, 'shape', ()))}")
+    if batch is not None and table.shape[0] != batch:
+        raise ValueError(f"block_table must have {batch} rows (the batch), got {table.shape[0]}")
+    if table.device != device:
+        raise ValueError(f"block_table is on {table.device} but the cache is on {device}")
+    if table.numel():
+        low, high = torch.stack(torch.aminmax(table)).tolist()  # one device sync for both bounds
+        if low < 0 or high >= num_pages:
+            raise ValueError(f"block_table entries must index the cache's {num_pages} pages, got values in "
+                             f"[{low}, {high}]")
 
 
 def softmax_scale_or_default(softmax_scale, head_dim):

@@ -83,3 +83,47 @@ def bwd_config(arch, head_dim_padded, local, dtype, interpreter=False):
     if interpreter:
         return INTERPRETER_BWD
     return _table_for(arch, dtype, _SM90_BWD, _GENERIC_BWD)[head_dim_padded]
+
+
+# Split-KV decoding (kernels/decode.py). Not yet measured on the H200: first guesses from the byte count.
+# A decode tile holds group_size * Sq packed query rows (BLOCK_M >= 16 for tl.dot) and streams K/V tiles;
+# the kernel is memory-bound, so the tiles are sized for several loads in flight per SM: at D=128 bf16 a
+# BLOCK_N=64 K+V stage is 32 KB, and 3 stages (96 KB) leave room for two programs per SM.
+DECODE_MAX_ROWS = 128  # packed rows (group_size * Sq) up to which the split-KV kernel replaces the forward
+DECODE_MAX_BLOCK_M = 64
+INTERPRETER_DECODE = TileConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+_SM90_DECODE = {16: (128, 4, 3), 32: (128, 4, 3), 64: (128, 4, 3), 128: (64, 4, 3), 256: (64, 4, 2)}
+_GENERIC_DECODE = {16: (64, 4, 2), 32: (64, 4, 2), 64: (64, 4, 2), 128: (64, 4, 2), 256: (32, 4, 2)}
+# Splits: enough programs for SPLIT_PROGRAMS_PER_SM resident programs on every SM, at most MAX_SPLITS (the
+# combine kernel streams splits, so this only bounds the workspace), and no more than the key blocks.
+MAX_SPLITS = 128
+SPLIT_PROGRAMS_PER_SM = 2
+
+
+def decode_config(arch, head_dim_padded, rows, dtype, interpreter=False):
+    """The split-KV kernel's tiles for `rows` packed query rows (group_size * Sq)."""
+    if interpreter:
+        return INTERPRETER_DECODE
+    block_n, warps, stages = _table_for(arch, dtype, _SM90_DECODE, _GENERIC_DECODE)[head_dim_padded]
+    block_m = min(DECODE_MAX_BLOCK_M, max(16, 1 << (rows - 1).bit_length()))
+    return TileConfig(block_m, block_n, warps, stages)
+
+
+def num_splits_heuristic(programs, key_blocks, num_sms):
+    """Splits of the key range for `programs` (batch * KV heads * row blocks) programs over `key_blocks`.
+
+    One split when the programs already nearly fill the machine (the combine would be pure cost). Else the
+    smallest split count whose last wave is nearly as full as the best one's: a wave holds num_sms *
+    SPLIT_PROGRAMS_PER_SM programs, and a partly filled last wave idles the rest of the GPU.
+    """
+    slots = num_sms * SPLIT_PROGRAMS_PER_SM
+    limit = min(MAX_SPLITS, key_blocks)
+    if programs >= 0.8 * slots or limit <= 1:
+        return 1
+
+    def fill(splits):  # fraction of the launched waves' slots that hold a program
+        waves = programs * splits / slots
+        return waves / -(-waves // 1)
+
+    best = max(fill(s) for s in range(1, limit + 1))
+    return next(s for s in range(1, limit + 1) if fill(s) >= 0.85 * best)

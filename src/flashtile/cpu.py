@@ -30,14 +30,24 @@ def _merge_heads(x):
     return x.permute(0, 3, 1, 2, 4).reshape(batch, seqlen, heads_kv * group, head_dim)
 
 
+class Mods:
+    """Programmable attention's mods for the CPU path (flashtile.flex Mods, called in their PyTorch form on
+    tensors): score(s, b, h, q_idx, kv_idx), its derivative grad (same arguments), mask(b, h, q_idx, kv_idx)."""
+
+    def __init__(self, score=None, grad=None, mask=None):
+        self.score, self.grad, self.mask = score, grad, mask
+
+
 class _Scores:
     """Scores of one (query block, key block) tile, in the kernels' fixed order: softcap, ALiBi, masks.
 
     window_left / window_right: -1 for unbounded (causal is right = 0). alibi_slopes: (Hq,) or (B, Hq).
-    attn_bias: 4-D, broadcastable to (B, Hq, Sq, Sk).
+    attn_bias: 4-D, broadcastable to (B, Hq, Sq, Sk). mods: Mods or None; then __call__ also returns g,
+    the score_mod's derivative (the backward's chain rule), else None.
     """
 
-    def __init__(self, q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias=None):
+    def __init__(self, q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias=None,
+                 mods=None):
         self.seqlen_q, self.seqlen_k = q.shape[1], k.shape[1]
         self.diag = self.seqlen_k - self.seqlen_q
         self.scale = softmax_scale
@@ -53,9 +63,14 @@ class _Scores:
             full = attn_bias.expand(q.shape[0], q.shape[2], self.seqlen_q, self.seqlen_k)
             group = q.shape[2] // k.shape[2]
             self.bias = full.reshape(q.shape[0], k.shape[2], group, self.seqlen_q, self.seqlen_k)  # [B, Hk, G, Sq, Sk]
+        self.mods = mods
+        if mods is not None:  # batch and query-head indices in the [B, Hk, G, bm, bn] layout
+            self.b = torch.arange(q.shape[0]).view(-1, 1, 1, 1, 1)
+            self.h = torch.arange(q.shape[2]).view(1, k.shape[2], -1, 1, 1)
 
     def key_blocks(self, m0, m1):
-        """Key blocks (n0, n1) that rows [m0, m1) may see: blocks outside the window are skipped."""
+        """Key blocks (n0, n1) that rows [m0, m1) may see: blocks outside the window are skipped (a mask_mod is
+        evaluated on every block here: no block-sparse skipping on the CPU)."""
         lo = max(0, m0 + self.diag - self.left) // BLOCK_N * BLOCK_N if self.left >= 0 else 0
         hi = min(self.seqlen_k, m1 + self.diag + self.right) if self.right >= 0 else self.seqlen_k
         for n0 in range(lo, hi, BLOCK_N):
@@ -74,14 +89,23 @@ class _Scores:
             s = s - self.slopes * (rows - cols).abs()
         if self.bias is not None:
             s = s + self.bias[..., m0:m1, n0:n1].float()
+        g = None
+        mods = self.mods
+        q_idx = torch.arange(m0, m1).unsqueeze(1)  # [bm, 1], unshifted positions for the mods
+        if mods is not None and mods.score is not None:
+            if mods.grad is not None:
+                g = torch.as_tensor(mods.grad(s, self.b, self.h, q_idx, cols), dtype=s.dtype)
+            s = mods.score(s, self.b, self.h, q_idx, cols).to(s.dtype)
         visible = torch.ones_like(cols, dtype=torch.bool)
         if self.right >= 0:
             visible = visible & (cols <= rows + self.right)
         if self.left >= 0:
             visible = visible & (cols >= rows - self.left)
+        if mods is not None and mods.mask is not None:
+            visible = visible & torch.as_tensor(mods.mask(self.b, self.h, q_idx, cols), dtype=torch.bool)
         if not visible.all():
             s = s.masked_fill(~visible, float("-inf"))
-        return s, t
+        return (s, t) if mods is None else (s, t, g)
 
 
 class Dropout:
@@ -115,14 +139,14 @@ class Dropout:
 
 
 def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink, attn_bias=None,
-            dropout=None):
+            dropout=None, mods=None):
     """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32, as the Triton forward.
 
     sink: (Hq,) logits that join each row's denominator without a value, or None. dropout: a Dropout or
-    None; lse stays that of the undropped softmax.
+    None; lse stays that of the undropped softmax. mods: Mods or None.
     """
     seqlen_q = q.shape[1]
-    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias)
+    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias, mods)
     qg, kg, vg = _split_heads(q, k, v)
     out = torch.empty_like(qg)  # [B, Hk, G, Sq, D]
     lse = torch.empty(qg.shape[:-1], dtype=torch.float32)  # [B, Hk, G, Sq]
@@ -137,7 +161,7 @@ def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_sl
             l_i = torch.ones(qb.shape[:-1])
         acc = torch.zeros(qb.shape)
         for n0, n1 in scores.key_blocks(m0, m1):
-            s, _ = scores(qb, kg[..., n0:n1, :], m0, m1, n0, n1)  # [B, Hk, G, bm, bn]
+            s = scores(qb, kg[..., n0:n1, :], m0, m1, n0, n1)[0]  # [B, Hk, G, bm, bn]
             m_new = torch.maximum(m_i, s.amax(-1))
             m_sub = torch.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet
             p = torch.exp(s - m_sub.unsqueeze(-1))
@@ -157,11 +181,12 @@ def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_sl
 
 
 def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-             attn_bias=None, bias_grad=False, dropout=None):
+             attn_bias=None, bias_grad=False, dropout=None, mods=None):
     """dq, dk, dv (dtypes of q, k, v) and dscores (fp32 (B, Hq, Sq, Sk) when bias_grad, else empty);
-    dlse (B, Hq, Sq) or None is the gradient flowing into lse; dropout: the forward's Dropout or None."""
+    dlse (B, Hq, Sq) or None is the gradient flowing into lse; dropout: the forward's Dropout or None.
+    mods: Mods or None."""
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias)
+    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias, mods)
     qg, kg, vg = _split_heads(q, k, v)
     dog = _split_heads(dout, k, v)[0]  # [B, Hk, G, Sq, D]
     group_shape = qg.shape[:-1]
@@ -181,7 +206,7 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_r
         lse_b, delta_b = lse[..., m0:m1].unsqueeze(-1), delta[..., m0:m1].unsqueeze(-1)
         for n0, n1 in scores.key_blocks(m0, m1):
             kb, vb = kg[..., n0:n1, :], vg[..., n0:n1, :]
-            s, t = scores(qb, kb, m0, m1, n0, n1)  # [B, Hk, G, bm, bn], rounded as in forward
+            s, t, *g = scores(qb, kb, m0, m1, n0, n1)  # [B, Hk, G, bm, bn], rounded as in forward
             p = torch.exp(s - lse_b)
             dp = dob @ vb.transpose(-1, -2)
             p_dropped = p
@@ -193,6 +218,8 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_r
             ds = p * (dp - delta_b)
             if bias_grad:
                 dscores[..., m0:m1, n0:n1] = ds
+            if g and g[0] is not None:
+                ds = torch.where(p > 0, ds * g[0], 0.0)  # the score_mod's derivative, never read where P = 0
             if t is not None:
                 ds = ds * (1 - t * t)  # d softcap*tanh(x/softcap) / dx
             dq[..., m0:m1, :] += (ds @ kb) * softmax_scale
@@ -291,18 +318,33 @@ def _dense_probs(q, k, lse, softmax_scale, window_left, window_right, softcap, a
 
 
 def kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right, softcap,
-                    alibi_slopes):
-    """Batch row b attends to its first seqused_k[b] cached keys (gathered page by page when block_table is
-    given); out like q, lse (B, Hq, Sq)."""
+                    alibi_slopes, key_start=None):
+    """Batch row b attends to its cached keys key_start[b] <= t < seqused_k[b] (key_start None: from 0),
+    gathered page by page when block_table is given; out like q, lse (B, Hq, Sq)."""
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1])
+    starts = key_start.tolist() if key_start is not None else [0] * q.shape[0]
     for b, used in enumerate(seqused_k.tolist()):
         slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
         if block_table is not None:  # pages of row b, concatenated
-            keys = k_cache[block_table[b].long()].flatten(0, 1)[None, :used]
-            values = v_cache[block_table[b].long()].flatten(0, 1)[None, :used]
+            keys = k_cache[block_table[b].long()].flatten(0, 1)[None, starts[b]:used]
+            values = v_cache[block_table[b].long()].flatten(0, 1)[None, starts[b]:used]
         else:
-            keys, values = k_cache[b:b + 1, :used], v_cache[b:b + 1, :used]
+            keys, values = k_cache[b:b + 1, starts[b]:used], v_cache[b:b + 1, starts[b]:used]
         out[b:b + 1], lse[b:b + 1] = forward(q[b:b + 1], keys, values, softmax_scale, window_left, window_right,
                                              softcap, slopes, None)
     return out, lse
+
+
+def _gather_pages(pages, block_table, lengths):
+    """Packed (sum(lengths), H, D) keys or values: sequence b's first lengths[b] tokens from its pages."""
+    return torch.cat([pages[block_table[b].long()].flatten(0, 1)[:n] for b, n in enumerate(lengths)])
+
+
+def varlen_paged_forward(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                         softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
+    """varlen_forward with each sequence's keys gathered from a paged cache (num_pages, page_size, Hk, D)."""
+    lengths = cu_seqlens_k.diff().tolist()
+    k, v = _gather_pages(k_pages, block_table, lengths), _gather_pages(v_pages, block_table, lengths)
+    return varlen_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
+                          cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)

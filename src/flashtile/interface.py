@@ -42,6 +42,38 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     return out, lse, probs
 
 
+def _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                            causal, window_size, softcap, alibi_slopes, return_attn_probs, block_table, sink,
+                            attn_bias=None):
+    """flash_attn_varlen_func over a paged cache k, v (num_pages, page_size, Hk, D): forward only."""
+    checks.check_tensor("q", q, 3, "(total_tokens, heads, headdim)")
+    checks.check_qkv(q[None], k, v, same_batch=False)
+    checks.block_table(block_table, None, k.shape[0], k.device)
+    checks.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k,
+                            key_capacity=block_table.shape[1] * k.shape[1])
+    batch = cu_seqlens_q.numel() - 1
+    if block_table.shape[0] != batch:
+        raise ValueError(f"block_table must have {batch} rows (one per sequence of cu_seqlens), got "
+                         f"{block_table.shape[0]}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError("flash_attn_varlen_func with block_table (paged KV) is inference only: no "
+                                  "backward; call it under torch.no_grad() or with tensors that do not require grad")
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not supported with block_table (paged KV, "
+                                  "inference only; use dropout_p=0.0)")
+    if attn_bias is not None:
+        raise NotImplementedError("attn_bias is not supported with block_table (paged KV)")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    heads = q.shape[1]
+    window_left, window_right = checks.window(window_size, causal)
+    out, lse = ops.fwd_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                                    checks.softmax_scale_or_default(softmax_scale, q.shape[-1]), window_left,
+                                    window_right, checks.softcap_value(softcap),
+                                    checks.alibi(alibi_slopes, q, batch, heads), checks.sink_logits(sink, q, heads))
+    return (out, lse, None) if return_attn_probs else out
+
+
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                     softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, sink=None,
                     attn_bias=None):
@@ -109,15 +141,21 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     cu_seqlens_q[b]:cu_seqlens_q[b + 1] (int32, shape (batch + 1,)), likewise for keys; sequences of
     length 0 are allowed. max_seqlen_q/k: ints at least the longest sequence. Causal and windows are
     bottom-right aligned per sequence; alibi_slopes may be (batch, nheads). Without dropout the result
-    equals running each sequence alone. softmax_lse, when returned, is (nheads, total_q). block_table
-    (paged KV) is not supported yet.
+    equals running each sequence alone. softmax_lse, when returned, is (nheads, total_q).
     attn_bias and S_dmask use the padded per-sequence layout (batch, nheads, max_seqlen_q, max_seqlen_k):
     element (b, h, i, j) is query i and key j of sequence b (positions within the sequence). attn_bias may
     broadcast along any of those dims; S_dmask is zero past each sequence's lengths. The dropout mask of
     a sequence is the one a dense batch padded to (max_seqlen_q, max_seqlen_k) would draw.
+    block_table (int32 (batch, max_pages)): k and v are a paged cache (num_pages, page_size, nheads_k,
+    headdim) of any page size, sequence b's keys are its first cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens in
+    the pages block_table[b] lists (token t in page block_table[b, t // page_size], slot t % page_size).
+    Inference only: with a block_table, q, k and v must not require grad, and dropout and attn_bias are not
+    supported.
     """
     if block_table is not None:
-        raise NotImplementedError("block_table: paged KV caches are not supported yet (only block_table=None)")
+        return _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                       softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                                       block_table, sink, attn_bias)
     return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                       deterministic, return_attn_probs, sink, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
                       attn_bias)

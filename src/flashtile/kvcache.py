@@ -7,9 +7,11 @@ from . import checks, ops
 
 
 def _cache_seqlens(cache_seqlens, batch, device):
-    """int32 (batch,) on the cache's device from an int or a tensor."""
+    """(int32 (batch,) on the cache's device, the same as a list) from an int or a tensor. Only a tensor is
+    read back (one device sync): with an int, a decoding step needs no sync at all."""
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
-        return torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
+        n = int(cache_seqlens)
+        return torch.full((batch,), n, dtype=torch.int32, device=device), [n] * batch
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
         raise TypeError(f"cache_seqlens must be an int or an int32 tensor of shape ({batch},), got "
                         f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
@@ -17,7 +19,23 @@ def _cache_seqlens(cache_seqlens, batch, device):
         raise ValueError(f"cache_seqlens must have shape ({batch},), got {tuple(cache_seqlens.shape)}")
     if cache_seqlens.device != device:
         raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but k_cache is on {device}")
-    return cache_seqlens
+    return cache_seqlens, cache_seqlens.tolist()
+
+
+def _row_tensor(name, t, batch, device):
+    """An int32 (batch,) tensor on the cache's device, returned as a list of ints (one sync)."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != (batch,):
+        raise TypeError(f"{name} must be an int32 tensor of shape ({batch},), got "
+                        f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but k_cache is on {device}")
+    return t.tolist()
+
+
+def _num_splits(num_splits):
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0 = chosen by a heuristic), got {num_splits!r}")
+    return int(num_splits)
 
 
 def apply_rotary(x, cos, sin, positions, interleaved):
@@ -55,20 +73,6 @@ def _check_rotary(rotary_cos, rotary_sin, q, last_position):
         raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions but position {last_position} is needed")
 
 
-def _check_block_table(block_table, batch, num_pages, device):
-    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2:
-        raise TypeError(f"block_table must be an int32 tensor of shape ({batch}, max_pages), got "
-                        f"{getattr(block_table, 'dtype', type(block_table).__name__)} "
-                        f"{tuple(getattr(block_table, 'shape', ()))}")
-    if block_table.shape[0] != batch:
-        raise ValueError(f"block_table must have {batch} rows (the batch), got {block_table.shape[0]}")
-    if block_table.device != device:
-        raise ValueError(f"block_table is on {block_table.device} but k_cache is on {device}")
-    if block_table.numel() and (int(block_table.min()) < 0 or int(block_table.max()) >= num_pages):
-        raise ValueError(f"block_table entries must index the cache's {num_pages} pages, got values in "
-                         f"[{int(block_table.min())}, {int(block_table.max())}]")
-
-
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -86,20 +90,33 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     pairing (see apply_rotary). It runs in PyTorch before the append, not fused into the kernel.
     block_table (int32 (B, max_pages)): a paged cache k_cache/v_cache (num_pages, page_size, Hk, D), any
     page size; row b's token t lives in page block_table[b, t // page_size] at slot t % page_size.
-    Not supported yet (NotImplementedError): cache_batch_idx, cache_leftpad.
-    num_splits is accepted and ignored (no split-KV kernel yet).
+    num_splits: for few queries per KV head (group_size * Sq <= 128, decoding) a split-KV kernel packs the
+    query heads of each KV head into one tile and splits the key range over num_splits programs whose
+    partial results a second kernel combines; 0 picks the count from the batch, heads and cache length
+    (configs.num_splits_heuristic). It changes speed, not results (up to rounding).
+    cache_batch_idx (int32 (B,)): batch row b uses cache row cache_batch_idx[b] of a contiguous cache
+    (B_cache, capacity, Hk, D), for appends too (with repeated indices, which row's append lands is
+    unspecified, as in flash-attn); not with block_table (reorder the table's rows instead).
+    cache_leftpad (int32 (B,)): row b's keys start at cache token cache_leftpad[b] (0 <= cache_leftpad[b] <=
+    cache_seqlens[b]); earlier tokens are ignored. Rotary positions stay cache positions, and causal, window
+    and ALiBi distances do not depend on the padding (they are measured from the last key).
     """
-    for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
-        if value is not None:
-            raise NotImplementedError(f"{name}: not supported yet by flash_attn_with_kvcache (only None)")
-    checks.check_qkv(q, k_cache, v_cache, same_batch=block_table is None)
+    if cache_batch_idx is not None and block_table is not None:
+        raise ValueError("cache_batch_idx cannot be combined with block_table (reorder the block table's rows "
+                         "instead)")
+    checks.check_qkv(q, k_cache, v_cache, same_batch=block_table is None and cache_batch_idx is None)
     batch, capacity = q.shape[0], k_cache.shape[1]
+    if cache_batch_idx is not None:
+        indices = _row_tensor("cache_batch_idx", cache_batch_idx, batch, k_cache.device)
+        if min(indices) < 0 or max(indices) >= k_cache.shape[0]:
+            raise ValueError(f"cache_batch_idx entries must index the cache's {k_cache.shape[0]} rows, got "
+                             f"{indices}")
     if block_table is not None:
-        _check_block_table(block_table, batch, k_cache.shape[0], k_cache.device)
+        checks.block_table(block_table, batch, k_cache.shape[0], k_cache.device)
         capacity = block_table.shape[1] * k_cache.shape[1]
     if cache_seqlens is None:
         cache_seqlens = capacity
-    used = _cache_seqlens(cache_seqlens, batch, k_cache.device)
+    used, used_list = _cache_seqlens(cache_seqlens, batch, k_cache.device)
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (the new tokens to append) or both be None")
     if k is not None:
@@ -109,27 +126,34 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         end = used + k.shape[1]
     else:
         end = used
-    lengths = end.tolist()  # one sync: the cache must not be written past its end
-    if min(used.tolist()) < 0 or max(lengths) > capacity:
+    lengths = [n + (k.shape[1] if k is not None else 0) for n in used_list]
+    if min(used_list) < 0 or max(lengths) > capacity:  # the cache must not be written or read past its end
         raise ValueError(f"cache_seqlens + new tokens must lie in [0, {capacity}] (the cache's capacity), got "
                          f"{lengths}")
+    if cache_leftpad is not None:
+        pads = _row_tensor("cache_leftpad", cache_leftpad, batch, k_cache.device)
+        if any(not 0 <= pad <= n for pad, n in zip(pads, used_list)):
+            raise ValueError(f"cache_leftpad must lie in [0, cache_seqlens[b]] in every row, got {pads} with "
+                             f"cache_seqlens {used_list}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     scale = checks.softmax_scale_or_default(softmax_scale, q.shape[-1])
     window_left, window_right = checks.window(window_size, causal)
     slopes = checks.alibi(alibi_slopes, q, batch, q.shape[2])
     softcap = checks.softcap_value(softcap)
+    splits = _num_splits(num_splits)
     local = window_left >= 0 or window_right >= 0  # causal included (right = 0)
     if rotary_cos is not None or rotary_sin is not None:
         span = max(q.shape[1] if local else 1, k.shape[1] if k is not None else 0)
-        _check_rotary(rotary_cos, rotary_sin, q, max(used.tolist()) + span - 1)
+        _check_rotary(rotary_cos, rotary_sin, q, max(used_list) + span - 1)
     if rotary_cos is not None:
         steps = torch.arange(q.shape[1], device=q.device) if local else torch.zeros(q.shape[1], dtype=torch.long,
                                                                                        device=q.device)
         q = apply_rotary(q, rotary_cos, rotary_sin, used[:, None].long() + steps, rotary_interleaved)
     if k is not None:
         positions = used[:, None].long() + torch.arange(k.shape[1], device=k.device)  # [B, Sk_new]
-        rows = torch.arange(batch, device=k.device)[:, None].expand_as(positions)
+        cache_rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(batch, device=k.device)
+        rows = cache_rows[:, None].expand_as(positions)
         if rotary_cos is not None:
             k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
         if block_table is not None:  # (row, position) -> (page, slot)
@@ -138,6 +162,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         with torch.no_grad():
             k_cache[rows, positions] = k
             v_cache[rows, positions] = v
+    if cache_batch_idx is not None:  # the cache as pages of one row each: the kernels' page-table gathers
+        block_table = cache_batch_idx[:, None]
     out, lse = ops.fwd_kvcache(q, k_cache, v_cache, end, block_table, scale, window_left, window_right, softcap,
-                               slopes)
+                               slopes, max(lengths), splits, cache_leftpad)
     return (out, lse) if return_softmax_lse else out

@@ -12,6 +12,7 @@ import triton
 
 from . import configs
 from .kernels.bwd import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
+from .kernels.decode import _attn_combine, _attn_fwd_splitkv
 from .kernels.fwd import _attn_fwd, _attn_probs
 
 LOG2E = 1.4426950408889634
@@ -72,6 +73,7 @@ class Geometry:
     cu_seqlens_k: object = None
     seqused_k: object = None  # int32 (B,): keys each batch row uses (KV cache); seqlen_k is the capacity
     block_table: object = None  # int32 (B, max_pages) for a paged cache (num_pages, page_size, Hk, D)
+    key_start: object = None  # int32 (B,): first cache token of each row's keys (left-padded KV cache)
 
     @staticmethod
     def of(q, k, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
@@ -95,6 +97,9 @@ class Geometry:
         if self.block_table is None:
             return 0, 0
         return self.block_table.stride(0), k.shape[1]
+
+    def key_start_arg(self, placeholder):
+        return self.key_start if self.key_start is not None else placeholder
 
     def cu_args(self, placeholder):
         """The two cu_seqlens pointers (the second carries seqused_k for a KV cache); any tensor stands in
@@ -137,6 +142,7 @@ class ScoreArgs:
     window_left: int
     window_right: int
     dropout_p: float
+    left_bounded: bool  # a finite left window: the key loops keep their leading masked segment
     constexprs: dict
 
     @staticmethod
@@ -161,51 +167,182 @@ class ScoreArgs:
             window_left=window_left if window_left >= 0 else unbounded,
             window_right=window_right if window_right >= 0 else unbounded,
             dropout_p=float(dropout_p),
+            left_bounded=window_left >= 0,
             constexprs=dict(IS_LOCAL=window_left >= 0 or window_right >= 0, SOFTCAP=softcap > 0,
                             HAS_ALIBI=has_alibi, HAS_BIAS=has_bias, HAS_DROPOUT=dropout_p > 0),
         )
 
+    def score_scalars(self):
+        """_scores's runtime scalars: what the split-KV decode kernel takes (it has no dropout)."""
+        return self.qk_scale, self.softcap_log2, self.window_left, self.window_right
+
     def scalars(self):
-        return self.qk_scale, self.softcap_log2, self.window_left, self.window_right, self.dropout_p
+        """The score scalars, then dropout_p: the forward, backward and probabilities kernels."""
+        return (*self.score_scalars(), self.dropout_p)
 
 
-def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter):
+@dataclass(frozen=True)
+class ModArgs:
+    """Programmable attention (flashtile.flex) as kernel arguments: the user mods as generated adapters
+    (JITFunctions taking aux0..aux3, or None), four aux tensors, and a block mask's index lists.
+
+    kv_lists: (num, idx, full_num, full_idx) for the forward and dQ kernels, (B, H, Sq / bm) and
+    (B, H, Sq / bm, Sk / bn) int32; q_lists: the transposed ones for dK/dV. None without a block mask.
+    """
+    aux: tuple
+    score_mod: object = None
+    score_mod_grad: object = None
+    mask_mod: object = None
+    block_size: tuple = None
+    kv_lists: tuple = None
+    q_lists: tuple = None
+
+    @staticmethod
+    def make(placeholder, aux=(), score_mod=None, score_mod_grad=None, mask_mod=None, block_mask=None):
+        """aux: up to 4 tensors; block_mask: a flashtile.flex.BlockMask (already checked against the inputs)."""
+        aux = tuple(aux) + (placeholder,) * (4 - len(aux))
+        if block_mask is None:
+            return ModArgs(aux, score_mod, score_mod_grad, mask_mod)
+        bm = block_mask
+        return ModArgs(aux, score_mod, score_mod_grad, mask_mod, tuple(bm.block_size),
+                       (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices),
+                       (bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices))
+
+    @staticmethod
+    def _list_args(lists, placeholder):
+        """The four list pointers and the (batch, head, row) strides of the counts and of the indices."""
+        if lists is None:
+            return (placeholder,) * 4 + (0,) * 6
+        num, idx = lists[0], lists[1]
+        strides = [0 if num.shape[i] == 1 else num.stride(i) for i in range(3)]
+        strides += [0 if idx.shape[i] == 1 else idx.stride(i) for i in range(3)]
+        return (*lists, *strides)
+
+    def args(self, placeholder, transposed=False):
+        return (*self.aux, *self._list_args(self.q_lists if transposed else self.kv_lists, placeholder))
+
+    def constexprs(self, grad=False):
+        sparse = self.block_size is not None
+        extra = dict(SCORE_MOD_GRAD=self.score_mod_grad) if grad else {}
+        return dict(SCORE_MOD=self.score_mod, MASK_MOD=self.mask_mod, BLOCK_SPARSE=sparse,
+                    SPARSE_M=self.block_size[0] if sparse else 128, SPARSE_N=self.block_size[1] if sparse else 128,
+                    **extra)
+
+    def tiles(self, cfg):
+        """Block masks hold power-of-two blocks: tiles larger than a block shrink to it, so every block is
+        a whole number of tiles (a (128, 128) mask runs the default 128 x 64 forward tiles)."""
+        if self.block_size is None:
+            return cfg
+        return replace(cfg, BLOCK_M=min(cfg.BLOCK_M, self.block_size[0]),
+                       BLOCK_N=min(cfg.BLOCK_N, self.block_size[1]))
+
+
+def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=None):
     """The forward's one launch, writing out (q's shape) and lse (geo.lse_shape).
 
-    sa: ScoreArgs; sink: fp32 (Hq,) attention-sink logits or None.
+    sa: ScoreArgs; sink: fp32 (Hq,) attention-sink logits or None; mods: ModArgs or None.
     """
     head_dim_pad = _head_dim_padded(geo.head_dim)
-    cfg = configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
+    mods = mods or ModArgs.make(lse)
+    cfg = mods.tiles(configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter))
     return [KernelLaunch(
         _attn_fwd, (triton.cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse, *geo.cu_args(lse), sa.bias,
-         geo.block_table if geo.block_table is not None else lse, sa.rng,
+         geo.block_table if geo.block_table is not None else lse, geo.key_start_arg(lse), sa.rng,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out), *geo.lse_strides(lse),
          sa.stride_alibi_b, *sa.bias_strides, *geo.page_args(k),
-         geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars()),
+         geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars(), *mods.args(lse)),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, SEQUSED_K=geo.seqused_k is not None,
-             PAGED=geo.block_table is not None,
+             PAGED=geo.block_table is not None, LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
              DOT_PRECISION=_dot_precision(q.dtype),
-             **sa.constexprs),
+             **sa.constexprs, **mods.constexprs()),
         cfg.num_warps, cfg.num_stages,
     )]
 
 
+def _num_sms(device):
+    # Under the interpreter (CPU tensors) the heuristic plans for an H200, so tests exercise it as the GPU would.
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def uses_splitkv(geo, num_splits):
+    """The split-KV kernel serves a KV-cache call when few query rows share each KV head: it reads each K/V
+    byte once per group_size * Sq packed rows where the forward reads it once per query head, and splits
+    long caches over more programs. Longer query chunks (prefill) keep the forward kernel, whose
+    per-position query blocks skip work under causal masks. An explicit num_splits > 1 is always honoured."""
+    rows = geo.seqlen_q * (geo.heads_q // geo.heads_kv)
+    return geo.seqused_k is not None and (rows <= configs.DECODE_MAX_ROWS or num_splits > 1)
+
+
+def splitkv_plan(geo, max_seqlen_k, num_splits, arch, dtype, device, interpreter):
+    """(tile config, number of splits): num_splits as given (at most configs.MAX_SPLITS), or from the
+    heuristic when 0, for the longest row's max_seqlen_k keys."""
+    rows = geo.seqlen_q * (geo.heads_q // geo.heads_kv)
+    cfg = configs.decode_config(arch, _head_dim_padded(geo.head_dim), rows, dtype, interpreter)
+    if num_splits > 0:
+        return cfg, min(num_splits, configs.MAX_SPLITS)
+    programs = geo.batch * geo.heads_kv * triton.cdiv(rows, cfg.BLOCK_M)
+    return cfg, configs.num_splits_heuristic(programs, triton.cdiv(max_seqlen_k, cfg.BLOCK_N), _num_sms(device))
+
+
+def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
+    """The split-KV kernel, and with num_splits > 1 the combine kernel, writing out (q's shape) and lse
+    (B, Hq, Sq). The splits' partial outputs go to an fp32 workspace (num_splits, B, Sq, Hq, D) and lse
+    (num_splits, B, Hq, Sq); one split writes out and lse directly."""
+    group_size = geo.heads_q // geo.heads_kv
+    head_dim_pad = _head_dim_padded(geo.head_dim)
+    if num_splits > 1:
+        out_acc = _empty((num_splits, *q.shape), q, torch.float32)
+        lse_acc = _empty((num_splits, *lse.shape), q, torch.float32)
+        split_strides = out_acc.stride(0), lse_acc.stride(0)
+    else:
+        out_acc, lse_acc, split_strides = out, lse, (0, 0)
+    acc4 = out_acc if num_splits == 1 else out_acc[0]
+    lse3 = lse_acc if num_splits == 1 else lse_acc[0]
+    main = KernelLaunch(
+        _attn_fwd_splitkv, (num_splits, geo.batch * geo.heads_kv, triton.cdiv(geo.seqlen_q * group_size, cfg.BLOCK_M)),
+        (q, k, v, out_acc, lse_acc, sa.alibi, geo.seqused_k, geo.block_table if geo.block_table is not None else lse,
+         geo.key_start_arg(lse), *_strides3(q), *_strides3(k), *_strides3(v), split_strides[0], *_strides3(acc4),
+         split_strides[1], lse3.stride(0), lse3.stride(1), sa.stride_alibi_b, *geo.page_args(k),
+         geo.seqlen_q, geo.heads_kv, group_size, num_splits, *sa.score_scalars()),
+        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+             IS_LOCAL=sa.constexprs["IS_LOCAL"], SOFTCAP=sa.constexprs["SOFTCAP"],
+             HAS_ALIBI=sa.constexprs["HAS_ALIBI"], PAGED=geo.block_table is not None,
+             LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
+             DOT_PRECISION=_dot_precision(q.dtype)),
+        cfg.num_warps, cfg.num_stages,
+    )
+    if num_splits == 1:
+        return [main]
+    combine = KernelLaunch(
+        _attn_combine, (geo.batch * geo.seqlen_q * geo.heads_q,),
+        (out_acc, lse_acc, out, lse, split_strides[0], *_strides3(acc4), split_strides[1], lse3.stride(0),
+         lse3.stride(1), *_strides3(out), lse.stride(0), lse.stride(1), geo.seqlen_q, geo.heads_q, num_splits),
+        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_S=16),
+    )
+    return [main, combine]
+
+
 def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale, sa, arch,
-                      interpreter):
+                      interpreter, mods=None):
     """The backward's three launches: preprocess (delta, lse2, laid out as lse), dK/dV, dQ; sa: ScoreArgs.
 
     dbias: a zero-filled fp32 (B, Hq, max_q, max_k) buffer that the dQ kernel fills with dS, or None.
+    mods: ModArgs or None.
     """
     group_size = geo.heads_q // geo.heads_kv
     head_dim_pad = _head_dim_padded(geo.head_dim)
+    mods = mods or ModArgs.make(lse)
     cfg = configs.bwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
+    cfg = configs.BwdConfig(mods.tiles(cfg.dkdv), mods.tiles(cfg.dq))
     precision = _dot_precision(q.dtype)
     pre_block = 64
     cu_q, cu_k = geo.cu_args(lse)
     common = dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, DOT_PRECISION=precision,
-                  IS_VARLEN=geo.is_varlen, **sa.constexprs)
+                  IS_VARLEN=geo.is_varlen, **sa.constexprs, **mods.constexprs(grad=True))
     preprocess = KernelLaunch(
         _attn_bwd_preprocess, (triton.cdiv(geo.seqlen_q, pre_block), geo.batch * geo.heads_q),
         (out, dout, lse, delta, lse2, cu_q, *_strides3(out), *_strides3(dout), *geo.lse_strides(lse),
@@ -217,7 +354,8 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
         (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k, sa.bias, sa.rng,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
          *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
-         geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars()),
+         geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars(),
+         *mods.args(lse, transposed=True)),
         dict(BLOCK_M=cfg.dkdv.BLOCK_M, BLOCK_N=cfg.dkdv.BLOCK_N,
              SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1, **common),
         cfg.dkdv.num_warps, cfg.dkdv.num_stages,
@@ -227,8 +365,9 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
         (q, k, v, dout, lse2, delta, dq, sa.alibi, cu_q, cu_k, sa.bias, dbias if dbias is not None else lse, sa.rng,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
          *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
-         geo.seqlen_q, geo.seqlen_k, geo.heads_q, group_size, softmax_scale, *sa.scalars()),
-        dict(BLOCK_M=cfg.dq.BLOCK_M, BLOCK_N=cfg.dq.BLOCK_N, STORE_DBIAS=dbias is not None, **common),
+         geo.seqlen_q, geo.seqlen_k, geo.heads_q, group_size, softmax_scale, *sa.scalars(), *mods.args(lse)),
+        dict(BLOCK_M=cfg.dq.BLOCK_M, BLOCK_N=cfg.dq.BLOCK_N, STORE_DBIAS=dbias is not None,
+             LEFT_BOUNDED=sa.left_bounded, **common),
         cfg.dq.num_warps, cfg.dq.num_stages,
     )
     return [preprocess, dkdv, dq_launch]
@@ -251,17 +390,19 @@ def probs_launches(geo, q, k, lse, probs, sa, arch, interpreter):
 
 def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
                         cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None,
-                        dropout_p=0.0, rng=None):
+                        dropout_p=0.0, rng=None, mods=None):
     """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), or (Hq, total_q) when cu_seqlens are given.
 
     dropout_p > 0: rng is the int64 (1,) Philox seed on q's device; the backward gets the same one.
+    mods: ModArgs (programmable attention) or None.
     """
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias,
                         dropout_p, rng)
-    for launch in forward_launches(geo, q, k, v, out, lse, sink, sa, _arch(q.device), interpreter_active()):
+    for launch in forward_launches(geo, q, k, v, out, lse, sink, sa, _arch(q.device), interpreter_active(),
+                                   mods):
         launch.run()
     return out, lse
 
@@ -282,19 +423,44 @@ def _flash_attn_probs(q, k, lse, softmax_scale, window_left, window_right, softc
 
 
 def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right,
-                                softcap, alibi_slopes):
+                                softcap, alibi_slopes, max_seqlen_k, num_splits, key_start=None):
     """Forward over a KV cache: batch b attends to its first seqused_k[b] cached keys; out like q, lse (B, Hq, Sq).
 
     block_table: None (cache (B, capacity, Hk, D)) or int32 (B, max_pages) into a paged cache
     (num_pages, page_size, Hk, D), whose capacity per row is max_pages * page_size.
+    max_seqlen_k: the largest seqused_k (sizes the split heuristic); num_splits: 0 = heuristic, else
+    the number of key-range splits (see uses_splitkv for when the split-KV kernel runs).
+    key_start: None or int32 (B,): row b's keys are the cache tokens key_start[b] <= t < seqused_k[b].
     """
     geo = Geometry.of(q, k_cache)
     capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-    geo = replace(geo, batch=q.shape[0], seqlen_k=capacity, seqused_k=seqused_k, block_table=block_table)
+    geo = replace(geo, batch=q.shape[0], seqlen_k=capacity, seqused_k=seqused_k, block_table=block_table,
+                  key_start=key_start)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
-    for launch in forward_launches(geo, q, k_cache, v_cache, out, lse, None, sa, _arch(q.device),
+    arch, interpreter = _arch(q.device), interpreter_active()
+    if uses_splitkv(geo, num_splits):
+        cfg, splits = splitkv_plan(geo, max_seqlen_k, num_splits, arch, q.dtype, q.device, interpreter)
+        launches = splitkv_launches(geo, q, k_cache, v_cache, out, lse, sa, cfg, splits)
+    else:
+        launches = forward_launches(geo, q, k_cache, v_cache, out, lse, None, sa, arch, interpreter)
+    for launch in launches:
+        launch.run()
+    return out, lse
+
+
+def _flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                     block_table, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                                     sink):
+    """Varlen forward whose keys live in a paged cache (num_pages, page_size, Hk, D): sequence b's keys are
+    in the pages block_table[b] lists, cu_seqlens_k gives their counts. out like q, lse (Hq, total_q)."""
+    geo = Geometry(cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, q.shape[1], k_pages.shape[2], q.shape[2],
+                   cu_seqlens_q, cu_seqlens_k, block_table=block_table)
+    out = _empty(q.shape, q)
+    lse = _empty(geo.lse_shape(q), q, torch.float32)
+    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
+    for launch in forward_launches(geo, q, k_pages, v_pages, out, lse, sink, sa, _arch(q.device),
                                    interpreter_active()):
         launch.run()
     return out, lse
@@ -302,13 +468,13 @@ def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, sof
 
 def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
                          alibi_slopes, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                         attn_bias=None, bias_grad=False, dropout_p=0.0, rng=None):
+                         attn_bias=None, bias_grad=False, dropout_p=0.0, rng=None, mods=None):
     """dq, dk, dv with the shapes and dtypes of q, k, v, recomputing P from q, k and lse (and the dropout
     mask from rng), and dbias: the full (B, Hq, max_q, max_k) fp32 gradient of the scores when bias_grad,
     else an empty tensor.
 
     dlse (lse's shape) or None is the gradient flowing into lse: since d lse_i / d s_ij = P_ij it
-    folds into delta (dS = P * (dP - (delta - dlse))), so the kernels do not change.
+    folds into delta (dS = P * (dP - (delta - dlse))), so the kernels do not change. mods: as in the forward.
     """
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
@@ -322,7 +488,7 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias,
                         dropout_p, rng)
     preprocess, *grads = backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale,
-                                           sa, _arch(q.device), interpreter_active())
+                                           sa, _arch(q.device), interpreter_active(), mods)
     preprocess.run()
     if dlse is not None:
         delta -= dlse

@@ -121,18 +121,46 @@ def _attn_probs_fake(q, k, lse, softmax_scale, window_left, window_right, softca
 @torch.library.custom_op("flashtile::fwd_kvcache", mutates_args=(), device_types=None)
 def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqused_k: Tensor, block_table: Optional[Tensor],
                 softmax_scale: float, window_left: int, window_right: int, softcap: float,
-                alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """Inference forward over a cache (no autograd): batch b sees its first seqused_k[b] (int32 (B,)) keys,
-    from k_cache[b] or, with block_table (B, max_pages), from the pages block_table[b] lists."""
+                alibi_slopes: Optional[Tensor], max_seqlen_k: int, num_splits: int,
+                key_start: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """Inference forward over a cache (no autograd): batch b sees its cache tokens key_start[b] <= t <
+    seqused_k[b] (int32 (B,) each; key_start None = 0), from k_cache[b] or, with block_table (B, max_pages),
+    from the pages block_table[b] lists. max_seqlen_k: max(seqused_k); num_splits: key-range splits of the
+    decode kernel, 0 = heuristic (the CPU path ignores both)."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     if _runs_triton(q):
         from .launch import _flash_attn_forward_kvcache
 
-        return _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, *args)
-    return cpu.kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, *args)
+        return _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, *args, max_seqlen_k,
+                                           num_splits, key_start)
+    return cpu.kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, *args, key_start)
 
 
 @fwd_kvcache.register_fake
 def _fwd_kvcache_fake(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right, softcap,
-                      alibi_slopes):
+                      alibi_slopes, max_seqlen_k, num_splits, key_start):
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashtile::fwd_varlen_paged", mutates_args=(), device_types=None)
+def fwd_varlen_paged(q: Tensor, k_pages: Tensor, v_pages: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                     max_seqlen_q: int, max_seqlen_k: int, block_table: Tensor, softmax_scale: float,
+                     window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                     sink: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """Inference forward of packed varlen queries q (total_q, Hq, D) over a paged cache k/v_pages
+    (num_pages, page_size, Hk, D): sequence b's cu_seqlens_k[b + 1] - cu_seqlens_k[b] keys lie in the pages
+    block_table[b] (int32 (B, max_pages)) lists. out like q, lse (Hq, total_q). No autograd."""
+    args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
+    if _runs_triton(q):
+        from .launch import _flash_attn_forward_varlen_paged
+
+        return _flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                max_seqlen_k, block_table, *args)
+    return cpu.varlen_paged_forward(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    block_table, *args)
+
+
+@fwd_varlen_paged.register_fake
+def _fwd_varlen_paged_fake(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                           softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)

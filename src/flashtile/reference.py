@@ -9,7 +9,8 @@ import torch
 
 
 def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return_lse=False, window_size=(-1, -1),
-                  softcap=0.0, alibi_slopes=None, sink=None, attn_bias=None, dropout_p=0.0, dropout_mask=None):
+                  softcap=0.0, alibi_slopes=None, sink=None, attn_bias=None, dropout_p=0.0, dropout_mask=None,
+                  score_mod=None, mask_mod=None):
     """Standard attention softmax(Q K^T * scale) V with the flash-attn layout and semantics.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hk, D) with Hq a multiple of Hk (query head h uses
@@ -20,6 +21,9 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return
     dropout_mask: boolean, broadcastable to (B, Hq, Sq, Sk), True where kept (e.g. recovered from
     flash_attn_func's returned attention probabilities, ~signbit); the probabilities are then
     P * dropout_mask / (1 - dropout_p). lse stays that of the undropped softmax.
+    score_mod(score, b, h, q_idx, kv_idx) and mask_mod(b, h, q_idx, kv_idx) as flashtile.attention takes them,
+    called on tensors (their PyTorch form: a flashtile Mod, or a vectorized function) over the whole
+    (B, H, Sq, Sk) grid after the bias.
     Rows that see no key give output 0 and lse -inf.
     Returns out (B, Sq, Hq, D) in q's dtype (float64 when upcast), and lse (B, Hq, Sq) when return_lse.
     """
@@ -41,6 +45,12 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return
         scores = scores - slopes * (rows - cols).abs().to(dtype)
     if attn_bias is not None:
         scores = scores + attn_bias.to(dtype)
+    grid = (torch.arange(q.shape[0], device=q.device).view(-1, 1, 1, 1),
+            torch.arange(q.shape[2], device=q.device).view(1, -1, 1, 1),
+            torch.arange(seqlen_q, device=q.device).view(1, 1, -1, 1),
+            torch.arange(seqlen_k, device=q.device).view(1, 1, 1, -1))
+    if score_mod is not None:
+        scores = score_mod(scores, *grid).to(dtype)
     left, right = window_size
     if causal:
         right = 0
@@ -49,6 +59,8 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return
         visible &= cols <= rows + right
     if left >= 0:
         visible &= cols >= rows - left
+    if mask_mod is not None:
+        visible = visible & torch.as_tensor(mask_mod(*grid), dtype=torch.bool, device=q.device)
     scores = scores.masked_fill(~visible, float("-inf"))
     if sink is not None:
         sink_col = sink.to(dtype)[None, :, None, None].expand(*scores.shape[:-1], 1)  # [B, H, Sq, 1]

@@ -10,7 +10,7 @@ from importlib import metadata
 
 import torch
 
-from flashtile.bench import decode, features, report, sweep
+from flashtile.bench import decode, features, report, sparse, sweep
 from flashtile.bench.flops import MODES
 from flashtile.bench.providers import PROVIDERS
 
@@ -76,9 +76,9 @@ def build_parser():
                             "table; with several windows: a window-scaling table")
     run = p.add_argument_group("run")
     run.add_argument("--modes", type=_name_list,
-                     help="comma-separated: fwd, bwd, fwd_bwd, decode (default fwd,bwd)")
+                     help="comma-separated: fwd, bwd, fwd_bwd, decode, sparse (default fwd,bwd)")
     run.add_argument("--providers", type=_name_list, help=f"comma-separated subset of: {', '.join(PROVIDERS)} "
-                     f"(decode: {', '.join(decode.PROVIDERS)})")
+                     f"(decode: {', '.join(decode.PROVIDERS)}; sparse: {', '.join(sparse.PROVIDERS)})")
     run.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     run.add_argument("--quick", action="store_true", help="a tiny sweep (explicit flags still win)")
     run.add_argument("--warmup", type=int, help="warm-up ms (do_bench; GPU default 25)")
@@ -91,6 +91,12 @@ def build_parser():
     dec.add_argument("--cache-lens", type=_int_list, help="tokens in the cache (GPU: 4k,16k,64k,128k; CPU: 512,2048)")
     dec.add_argument("--decode-batch", type=_int_list, help="batch sizes (GPU: 8,64; CPU: 2)")
     dec.add_argument("--page-size", type=_int_list, help="page sizes, 0 = contiguous cache (default 0,16,256)")
+    sp = p.add_argument_group("sparse (--modes sparse: block-sparse flashtile.attention vs dense flashtile and "
+                              "FlexAttention with the same mask; batch 1, heads = hidden // head dim, the first "
+                              "--head-dims (128 by default))")
+    sp.add_argument("--sparse-seqlens", type=_int_list, help="sequence lengths (GPU: 16k; CPU: 512)")
+    sp.add_argument("--sparse-masks", type=_name_list, help="comma-separated: window:W, document:N, dilated:D, "
+                    "causal (GPU: window:2048,document:8,dilated:4,causal)")
     out = p.add_argument_group("output")
     out.add_argument("--out", default="bench-out", help="directory for results.json/csv and plots (default bench-out)")
     out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -100,6 +106,7 @@ def build_parser():
 def resolve(args, parser, device):
     """Fill unset flags from the device's defaults (and --quick), then validate; errors exit with usage."""
     _resolve_decode(args, parser, device)
+    _resolve_sparse(args, parser, device)
     defaults = dict(GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS)
     if args.quick:
         defaults.update(GPU_QUICK if device.type == "cuda" else CPU_QUICK)
@@ -134,13 +141,14 @@ def resolve(args, parser, device):
     for s in (*args.seqlens, *args.seqlens_k):
         if s < 1:
             parser.error(f"--seqlens/--seqlens-k: sequence lengths must be >= 1, got {s}")
-    bad = [m for m in args.modes if m not in (*MODES, "decode")]
+    bad = [m for m in args.modes if m not in (*MODES, "decode", "sparse")]
     if bad or not args.modes:
-        parser.error(f"--modes: unknown mode {bad[0]!r} (choose from {', '.join(MODES)}, decode)"
+        parser.error(f"--modes: unknown mode {bad[0]!r} (choose from {', '.join(MODES)}, decode, sparse)"
                      if bad else "--modes is empty")
     args.decode_providers = args.providers  # None = every decode provider
+    args.sparse_providers = [n for n in args.providers or sparse.PROVIDERS if n in sparse.PROVIDERS]
     args.providers = args.providers or list(PROVIDERS)
-    bad = [n for n in args.providers if n not in PROVIDERS and n not in decode.PROVIDERS]
+    bad = [n for n in args.providers if n not in PROVIDERS and n not in decode.PROVIDERS and n not in sparse.PROVIDERS]
     if bad or not args.providers:
         parser.error(f"--providers: unknown provider {bad[0]!r} (choose from {', '.join(PROVIDERS)}, "
                      f"{', '.join(n for n in decode.PROVIDERS if n not in PROVIDERS)})"
@@ -179,6 +187,19 @@ def _resolve_decode(args, parser, device):
     args.decode_heads = (heads, heads_kv, args.head_dims[0] if args.head_dims else decode.HEAD_DIM)
 
 
+def _resolve_sparse(args, parser, device):
+    defaults = sparse.GPU_DEFAULTS if device.type == "cuda" else sparse.CPU_DEFAULTS
+    args.sparse_seqlens = args.sparse_seqlens or defaults["sparse_seqlens"]
+    args.sparse_masks = args.sparse_masks or defaults["sparse_masks"]
+    if min(args.sparse_seqlens) < 1:
+        parser.error("--sparse-seqlens must be >= 1")
+    for spec in args.sparse_masks:
+        try:
+            sparse.parse_mask(spec)
+        except ValueError as e:
+            parser.error(f"--sparse-masks: {e}")
+
+
 def _version(package):
     try:
         return metadata.version(package)
@@ -193,6 +214,8 @@ def collect_meta(args, argv, device):
     if "decode" not in args.modes:  # decode settings only matter for decode runs
         config = {k: v for k, v in config.items() if k not in ("cache_lens", "decode_batch", "page_size",
                                                                "decode_heads", "decode_providers")}
+    if "sparse" not in args.modes:
+        config = {k: v for k, v in config.items() if k not in ("sparse_seqlens", "sparse_masks", "sparse_providers")}
     return {
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if cuda else "cpu",
@@ -224,7 +247,7 @@ def main(argv=None):
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     resolve(args, parser, device)
 
-    dense_modes = [m for m in args.modes if m != "decode"]
+    dense_modes = [m for m in args.modes if m not in ("decode", "sparse")]
     providers = []
     for name in args.providers if dense_modes else ():
         reason = PROVIDERS[name].unavailable(device)
@@ -233,11 +256,13 @@ def main(argv=None):
         else:
             providers.append(PROVIDERS[name])
     decoders = decode.available(args.decode_providers, device) if "decode" in args.modes else []
+    sparse_names = [n for n in args.sparse_providers if n != "flex" or device.type == "cuda"] \
+        if "sparse" in args.modes else []
     meta = collect_meta(args, argv, device)
     print(f"device {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, dtype {args.dtype}, "
           f"providers: {', '.join(p.name for p in providers) or 'none'}"
           + (f", decode providers: {', '.join(decoders) or 'none'}" if "decode" in args.modes else ""))
-    if not providers and not decoders:
+    if not providers and not decoders and not sparse_names:
         print("nothing to run")
         return 1
 
@@ -252,6 +277,7 @@ def main(argv=None):
                       file=sys.stderr)
                 probes.append(sweep.probe_max_seqlen(provider, args, device))
     decode_records = decode.run_decode(args, decoders, device) if decoders else []
+    sparse_records = sparse.run_sparse(args, sparse_names, device) if sparse_names else []
     meta["wall_s"] = round(time.perf_counter() - start, 1)
 
     for mode in dense_modes if providers else ():
@@ -267,10 +293,13 @@ def main(argv=None):
     if decode_records:
         print()
         print(decode.format_table(decode_records))
+    if sparse_records:
+        print()
+        print(sparse.format_table(sparse_records))
 
     os.makedirs(args.out, exist_ok=True)
-    report.write_json(os.path.join(args.out, "results.json"), meta, records + decode_records, probes)
-    report.write_csv(os.path.join(args.out, "results.csv"), records + decode_records)
+    report.write_json(os.path.join(args.out, "results.json"), meta, records + decode_records + sparse_records, probes)
+    report.write_csv(os.path.join(args.out, "results.csv"), records + decode_records + sparse_records)
     written = ["results.json", "results.csv"]
     if not args.no_plots and records:
         try:

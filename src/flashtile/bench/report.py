@@ -10,7 +10,8 @@ from flashtile.bench.flops import MODES
 RECORD_KEYS = ("provider", "mode", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim",
                "causal", "dtype", "ms", "tflops", "peak_mem_mb", "max_err", "error",
                "speedup_vs_standard", "vs_best_other", "best_other", "features",
-               "cache_len", "page_size", "gbps", "frac_of_copy")  # the last four: decode records only
+               "cache_len", "page_size", "gbps", "frac_of_copy",  # decode records only
+               "mask", "density", "speedup_vs_dense", "flex_over_flashtile", "max_diff")  # sparse records only
 SHAPE_KEYS = ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "causal", "dtype")
 
 

@@ -6,8 +6,8 @@ loops over every query head of its group, so GQA sums need no atomics and result
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _dropout_keep, _key_range, _load_tile, _query_range, _scores, _segment, _seq_offset,
-                     _seq_range, _store_tile)
+from .common import (LOG2E, _block_list, _dropout_keep, _key_range, _load_tile, _query_range, _scores, _segment,
+                     _seq_offset, _seq_range, _store_tile, _tile_start)
 
 
 
@@ -56,15 +56,20 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                          MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
                          HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr):
+                         DOT_PRECISION: tl.constexpr,
+                         off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None, SCORE_MOD: tl.constexpr = None,
+                         SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, idx_ptr=None,
+                         BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128):
     """Accumulate dK, dV of one key block over query blocks [lo, hi), working on transposed tiles.
+    BLOCK_SPARSE: [lo, hi) are offsets into the query blocks listed at idx_ptr (see _tile_start).
 
     dK is accumulated with respect to the raw products q.k (softcap's chain rule applied here); the
     caller multiplies by softmax_scale once at the end. HAS_DROPOUT: with Z the forward's keep mask
     and r = 1 / (1 - dropout_p), dV = (P Z r)^T dO and dP = (dO V^T) Z r; delta = rowsum(dO O) is
     still rowsum(P dP), so dS = P (dP - delta) keeps its form.
     """
-    for start_m in range(lo, hi, BLOCK_M):
+    for virt_m in range(lo, hi, BLOCK_M):
+        start_m = _tile_start(virt_m, idx_ptr, BLOCK_SPARSE, SPARSE_M)
         offs_qm = start_m + offs_m
         q = _load_tile(q_ptrs + start_m * stride_qm, offs_qm, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD,
                        MASKED)  # [BLOCK_M, HEAD_DIM_PAD]
@@ -78,9 +83,10 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
             lse2 = tl.load(lse2_ptr + offs_qm)
             delta = tl.load(delta_ptr + offs_qm)
         qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
-        sT, tT = _scores(qkT, offs_qm[None, :], offs_n[:, None], seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                         alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
-                         MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS)
+        sT, tT, gT = _scores(qkT, offs_qm[None, :], offs_n[:, None], seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                             alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
+                             MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, off_b, off_h, aux0, aux1, aux2, aux3,
+                             SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
         pT = tl.math.exp2(sT - lse2[None, :])  # [BLOCK_N, BLOCK_M]
         if HAS_DROPOUT:
             keepT = _dropout_keep(seed, rng_base, offs_qm[None, :], offs_n[:, None], max_k, dropout_p)
@@ -92,6 +98,8 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
         if HAS_DROPOUT:
             dpT = tl.where(keepT, dpT * rp, 0.0)
         dsT = pT * (dpT - delta[None, :])  # [BLOCK_N, BLOCK_M]
+        if SCORE_MOD is not None:
+            dsT = tl.where(pT > 0.0, dsT * gT, 0.0)  # the user's derivative, never read where P = 0
         if SOFTCAP:
             dsT = dsT * (1.0 - tT * tT)
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
@@ -110,12 +118,21 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                    stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                    seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale,
                    qk_scale, softcap_log2, window_left, window_right, dropout_p,
+                   Aux0, Aux1, Aux2, Aux3, QNum, QIdx, FullQNum, FullQIdx,
+                   stride_bm_b, stride_bm_h, stride_bm_m, stride_bi_b, stride_bi_h, stride_bi_m,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
                    HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   SPLIT_GROUP_SUM: tl.constexpr):
-    """One program per (key block, batch * key/value head); sums over the group's query heads."""
+                   SPLIT_GROUP_SUM: tl.constexpr,
+                   SCORE_MOD: tl.constexpr = None, SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
+                   BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128):
+    """One program per (key block, batch * key/value head); sums over the group's query heads.
+
+    BLOCK_SPARSE: the query blocks come from the block mask's transposed lists QNum / FullQNum
+    (B, H, Sk / SPARSE_N) and QIdx / FullQIdx (B, H, Sk / SPARSE_N, Sq / SPARSE_M); see _attn_fwd.
+    HAS_DROPOUT: the forward's keep mask is regenerated in both loop structures.
+    """
     start_n = tl.program_id(0) * BLOCK_N
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_kv).to(tl.int64)
@@ -145,7 +162,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
 
     lo, full_lo, full_hi, hi = _query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
-                                            BLOCK_M, BLOCK_N)
+                                            BLOCK_M, BLOCK_N, IS_LOCAL)
     rows = offs_m[:, None].to(tl.int64)
     q_base = _seq_offset(off_b, q_start, stride_qb, stride_qm, IS_VARLEN)
     do_base = _seq_offset(off_b, q_start, stride_dob, stride_dom, IS_VARLEN)
@@ -165,15 +182,33 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
             dk_all, dv_all = dk, dv
             dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
             dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
-        for SEGMENT in tl.static_range(3):
-            seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
-            dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
-                                          Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
-                                          seg_lo, seg_hi, seqlen_q, seqlen_k,
-                                          qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                          bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k, dropout_p,
-                                          HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, SEGMENT != 1, IS_LOCAL, SOFTCAP,
-                                          HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION)
+        if BLOCK_SPARSE:
+            num_off = off_b * stride_bm_b + off_h * stride_bm_h + (start_n // SPARSE_N) * stride_bm_m
+            idx_off = off_b * stride_bi_b + off_h * stride_bi_h + (start_n // SPARSE_N) * stride_bi_m
+            for FULL in tl.static_range(2):
+                n_blocks, idx_ptr = _block_list(FULL, QNum + num_off, QIdx + idx_off, FullQNum + num_off,
+                                                FullQIdx + idx_off)
+                dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
+                                              Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
+                                              0, n_blocks * SPARSE_M, seqlen_q, seqlen_k,
+                                              qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                                              bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k,
+                                              dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, FULL == 0, IS_LOCAL,
+                                              SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION,
+                                              off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD,
+                                              SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_M)
+        else:
+            for SEGMENT in tl.static_range(3):
+                seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
+                dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
+                                              Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
+                                              seg_lo, seg_hi, seqlen_q, seqlen_k,
+                                              qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                                              bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k,
+                                              dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, SEGMENT != 1, IS_LOCAL,
+                                              SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION,
+                                              off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD,
+                                              SCORE_MOD_GRAD, MASK_MOD)
         if SPLIT_GROUP_SUM:
             dk = dk_all + dk
             dv = dv_all + dv
@@ -195,22 +230,29 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
                        HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                        MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
                        HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_DBIAS: tl.constexpr,
-                       HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                       HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                       off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
+                       SCORE_MOD: tl.constexpr = None, SCORE_MOD_GRAD: tl.constexpr = None,
+                       MASK_MOD: tl.constexpr = None, idx_ptr=None, BLOCK_SPARSE: tl.constexpr = False,
+                       SPARSE_N: tl.constexpr = 128):
     """Accumulate dQ of one query block over key blocks [lo, hi); dropout as in _attn_bwd_dkdv_inner.
 
     STORE_DBIAS: dS (the gradient of the score after softcap and ALiBi, i.e. of the additive bias) is
     also written to this (batch, head)'s slice of a full (max_q, max_k) fp32 buffer; each element once.
+    BLOCK_SPARSE: [lo, hi) are offsets into the key blocks listed at idx_ptr (see _tile_start).
     """
-    for start_n in range(lo, hi, BLOCK_N):
+    for virt_n in range(lo, hi, BLOCK_N):
+        start_n = _tile_start(virt_n, idx_ptr, BLOCK_SPARSE, SPARSE_N)
         offs_kn = start_n + offs_n
         k = _load_tile(k_ptrs + start_n * stride_kn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
                        MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         v = _load_tile(v_ptrs + start_n * stride_vn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
                        MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        s, t = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                       alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
-                       MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS)
+        s, t, g = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                          alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
+                          MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, off_b, off_h, aux0, aux1, aux2, aux3,
+                          SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
         p = tl.math.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N]
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if HAS_DROPOUT:
@@ -220,6 +262,8 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
         if STORE_DBIAS:
             tl.store(dbias_ptr + offs_m[:, None].to(tl.int64) * max_k + offs_kn[None, :], ds,
                      mask=(offs_m[:, None] < seqlen_q) & (offs_kn[None, :] < seqlen_k))
+        if SCORE_MOD is not None:
+            ds = tl.where(p > 0.0, ds * g, 0.0)  # the user's derivative, never read where P = 0
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
@@ -237,15 +281,20 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
                  stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                  seqlen_q, seqlen_k, heads_q, group_size, softmax_scale,
                  qk_scale, softcap_log2, window_left, window_right, dropout_p,
+                 Aux0, Aux1, Aux2, Aux3, KvNum, KvIdx, FullKvNum, FullKvIdx,
+                 stride_bm_b, stride_bm_h, stride_bm_m, stride_bi_b, stride_bi_h, stride_bi_m,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 STORE_DBIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
+                 IS_LOCAL: tl.constexpr, LEFT_BOUNDED: tl.constexpr, SOFTCAP: tl.constexpr,
+                 HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_DBIAS: tl.constexpr,
+                 HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 SCORE_MOD: tl.constexpr = None, SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
+                 BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128):
     """One program per (query block, batch * query head). DBias: (B, Hq, max_q, max_k) fp32, zero-filled,
-    element (b, h, i, j) for query i and key j of sequence b (positions within the sequence in varlen mode)."""
+    element (b, h, i, j) for query i and key j of sequence b (positions within the sequence in varlen mode).
+    BLOCK_SPARSE: key blocks from the block mask's lists, as in _attn_fwd."""
     pid_m = tl.program_id(0)
-    if IS_LOCAL:
+    if IS_LOCAL or BLOCK_SPARSE:
         pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_q).to(tl.int64)
@@ -289,15 +338,33 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
     v_ptrs = (V + _seq_offset(off_b, k_start, stride_vb, stride_vn, IS_VARLEN) + off_hk * stride_vh
               + cols * stride_vn + offs_d[None, :])
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N)
-    for SEGMENT in tl.static_range(3):
-        seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
-        dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                                offs_m, offs_n, offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k,
-                                qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, max_k, seed, rng_base, dropout_p,
-                                HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                HAS_BIAS, STORE_DBIAS, HAS_DROPOUT, DOT_PRECISION)
+    if BLOCK_SPARSE:
+        num_off = off_b * stride_bm_b + off_h * stride_bm_h + (start_m // SPARSE_M) * stride_bm_m
+        idx_off = off_b * stride_bi_b + off_h * stride_bi_h + (start_m // SPARSE_M) * stride_bi_m
+        for FULL in tl.static_range(2):
+            n_blocks, idx_ptr = _block_list(FULL, KvNum + num_off, KvIdx + idx_off, FullKvNum + num_off,
+                                            FullKvIdx + idx_off)
+            dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                    offs_m, offs_n, offs_d, 0, n_blocks * SPARSE_N, seqlen_q, seqlen_k,
+                                    qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                                    bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, max_k, seed, rng_base,
+                                    dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0, IS_LOCAL, SOFTCAP,
+                                    HAS_ALIBI, HAS_BIAS, STORE_DBIAS, HAS_DROPOUT, DOT_PRECISION,
+                                    off_b, off_h, Aux0, Aux1, Aux2, Aux3,
+                                    SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_N)
+    else:
+        lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M,
+                                              BLOCK_N, LEFT_BOUNDED)
+        for SEGMENT in tl.static_range(3):
+            seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
+            dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                    offs_m, offs_n, offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k,
+                                    qk_scale, softcap_log2, alibi_slope, window_left, window_right,
+                                    bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, max_k, seed, rng_base,
+                                    dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL, SOFTCAP,
+                                    HAS_ALIBI, HAS_BIAS, STORE_DBIAS, HAS_DROPOUT, DOT_PRECISION,
+                                    off_b, off_h, Aux0, Aux1, Aux2, Aux3,
+                                    SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
     dq = dq * softmax_scale
     dq_ptrs = (DQ + _seq_offset(off_b, q_start, stride_dqb, stride_dqm, IS_VARLEN) + off_h * stride_dqh
                + rows * stride_dqm + offs_d[None, :])

@@ -16,8 +16,10 @@ def _tanh(x):
 def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
             window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
             MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-            HAS_BIAS: tl.constexpr):
-    """The one place where raw q.k products become scores, in a fixed order: softcap, ALiBi, bias, masks.
+            HAS_BIAS: tl.constexpr, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
+            SCORE_MOD: tl.constexpr = None, SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None):
+    """The one place where raw q.k products become scores, in a fixed order: softcap, ALiBi, bias, the user
+    score_mod, masks (causal / window, the user mask_mod, sequence bounds).
 
     qk: raw dot products; q_idx / k_idx: query and key positions broadcastable to qk's shape ([M, 1]
     and [1, N] in the forward and dQ kernels, [1, M] and [N, 1] in the dK/dV kernel, which works on
@@ -27,6 +29,12 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
     softcap * log2(e)). bias_ptr points at this (batch, head)'s additive bias, read at
     (q_idx, k_idx) with the given strides (0 along broadcast dims). Only MASKED blocks evaluate masks:
     the loop bounds decide which blocks are full.
+
+    Programmable attention (flashtile.flex): SCORE_MOD(score, b, h, q_idx, kv_idx, aux0..aux3) gets the
+    score in natural-log units and returns the new one; MASK_MOD(b, h, q_idx, kv_idx, aux0..aux3) returns
+    True where a key is visible; both are generated adapters around the user's functions, and positions
+    past the sequence ends are clamped to the last one so mods may index aux tensors with them.
+    Returns (s, t, g): g = d SCORE_MOD / d score from SCORE_MOD_GRAD (the backward's chain rule), else t.
     """
     if SOFTCAP:
         t = _tanh(qk * qk_scale)
@@ -42,14 +50,25 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
         bias = tl.load(bias_ptr + q_idx.to(tl.int64) * stride_bias_m + k_idx.to(tl.int64) * stride_bias_n,
                        mask=in_bounds, other=0.0)
         s = s + bias.to(tl.float32) * LOG2E
+    g = t
+    if SCORE_MOD is not None:
+        s_nat = s * (1.0 / LOG2E)
+        q_mod = tl.minimum(q_idx, seqlen_q - 1)
+        k_mod = tl.minimum(k_idx, seqlen_k - 1)
+        if SCORE_MOD_GRAD is not None:
+            g = SCORE_MOD_GRAD(s_nat, off_b, off_h, q_mod, k_mod, aux0, aux1, aux2, aux3)
+        s = SCORE_MOD(s_nat, off_b, off_h, q_mod, k_mod, aux0, aux1, aux2, aux3) * LOG2E
     if MASKED:
         visible = k_idx < seqlen_k
         if IS_LOCAL:
             # Bottom-right aligned window: query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right.
             shifted = q_idx + (seqlen_k - seqlen_q)
             visible = visible & (k_idx <= shifted + window_right) & (k_idx >= shifted - window_left)
+        if MASK_MOD is not None:
+            visible = visible & MASK_MOD(off_b, off_h, tl.minimum(q_idx, seqlen_q - 1),
+                                         tl.minimum(k_idx, seqlen_k - 1), aux0, aux1, aux2, aux3)
         s = tl.where(visible, s, float("-inf"))
-    return s, t
+    return s, t, g
 
 
 @triton.jit
@@ -104,24 +123,59 @@ def _store_tile(ptrs, value, offs_rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, 
 
 
 @triton.jit
+def _key_start(KeyStart, off_b, LEFTPAD: tl.constexpr):
+    """First cache token of batch b's keys: KeyStart[b] in a left-padded KV cache, else 0."""
+    if LEFTPAD:
+        return tl.load(KeyStart + off_b)
+    return 0
+
+
+@triton.jit
+def _kv_tile_ptrs(tile_ptrs, head_base, start_n, offs_kn, offs_d, stride_n, stride_page, block_table, page_size,
+                  seqlen_k, key_start, PAGED: tl.constexpr):
+    """Pointers of a [BLOCK_N, HEAD_DIM_PAD] K or V tile: consecutive rows, or rows gathered through a page
+    table (paged KV cache: key j is cache token t = key_start + j, in page block_table[t // page_size] at
+    slot t % page_size; any page size). Contiguous tiles have key_start folded into tile_ptrs."""
+    if PAGED:
+        tokens = offs_kn + key_start  # [BLOCK_N]
+        page = tl.load(block_table + tokens // page_size, mask=offs_kn < seqlen_k, other=0).to(tl.int64)
+        rows = page * stride_page + (tokens % page_size).to(tl.int64) * stride_n  # [BLOCK_N]
+        return head_base + rows[:, None] + offs_d[None, :]
+    return tile_ptrs + start_n * stride_n
+
+
+@triton.jit
 def _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, LEFT_BOUNDED: tl.constexpr):
     """Key range of a query block: [lo, full_lo) and [full_hi, hi) need masks, [full_lo, full_hi) none.
 
     window_left / window_right are finite here: the launcher passes Sq + Sk for an unbounded side and
     right = 0 for causal. Only real rows count (padding rows are never stored). Blocks outside the
     window are never visited, so work scales with the window. Operands of // are kept >= 0.
+    Without a left window (LEFT_BOUNDED false) lo = full_lo = 0 at compile time, so the kernels drop
+    the leading masked segment: a zero-trip loop left in place cost the backward ~10 % (perf-log.md).
     """
+    return _key_range_of_rows(start_m, tl.minimum(start_m + BLOCK_M, seqlen_q) - 1, seqlen_q, seqlen_k, window_left,
+                              window_right, BLOCK_N, LEFT_BOUNDED)
+
+
+@triton.jit
+def _key_range_of_rows(first_q, last_q, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N: tl.constexpr,
+                       LEFT_BOUNDED: tl.constexpr):
+    """_key_range of any rows whose query positions lie in [first_q, last_q] (the decode kernel's packed tiles)."""
     diag = seqlen_k - seqlen_q
-    first_row = start_m + diag
-    last_row = tl.minimum(start_m + BLOCK_M, seqlen_q) - 1 + diag
-    lo = tl.maximum(first_row - window_left, 0) // BLOCK_N * BLOCK_N
-    hi = tl.maximum(tl.minimum(last_row + window_right + 1, seqlen_k), lo)
-    full_lo = tl.cdiv(tl.maximum(last_row - window_left, 0), BLOCK_N) * BLOCK_N
+    first_row = first_q + diag
+    last_row = last_q + diag
     full_hi = tl.maximum(tl.minimum(first_row + window_right + 1, seqlen_k), 0) // BLOCK_N * BLOCK_N
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
-    return lo, full_lo, full_hi, hi
+    if LEFT_BOUNDED:
+        lo = tl.maximum(first_row - window_left, 0) // BLOCK_N * BLOCK_N
+        hi = tl.maximum(tl.minimum(last_row + window_right + 1, seqlen_k), lo)
+        full_lo = tl.cdiv(tl.maximum(last_row - window_left, 0), BLOCK_N) * BLOCK_N
+        full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+        full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+        return lo, full_lo, full_hi, hi
+    hi = tl.maximum(tl.minimum(last_row + window_right + 1, seqlen_k), 0)
+    return 0, 0, tl.minimum(full_hi, hi), hi
 
 
 @triton.jit
@@ -137,21 +191,43 @@ def _segment(SEGMENT: tl.constexpr, lo, full_lo, full_hi, hi):
 
 @triton.jit
 def _query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_LOCAL: tl.constexpr):
     """Query range of a key block (the dK/dV loop), like _key_range seen from the keys' side.
 
     Key j is seen by queries j - (Sk - Sq) - right <= i <= j - (Sk - Sq) + left. Padding keys past Sk need
-    no mask here: they only feed dK/dV rows that are never stored.
+    no mask here: they only feed dK/dV rows that are never stored. Without causal or window masks
+    lo = full_lo = 0 at compile time and the kernel drops the leading masked segment.
     """
     diag = seqlen_k - seqlen_q
     first_key = start_n - diag
     last_key = tl.minimum(start_n + BLOCK_N, seqlen_k) - 1 - diag
     rows_end = tl.cdiv(seqlen_q, BLOCK_M) * BLOCK_M
-    lo = tl.minimum(tl.maximum(first_key - window_right, 0) // BLOCK_M * BLOCK_M, rows_end)
     hi = tl.cdiv(tl.maximum(tl.minimum(last_key + window_left + 1, seqlen_q), 0), BLOCK_M) * BLOCK_M
-    hi = tl.maximum(hi, lo)
-    full_lo = tl.cdiv(tl.maximum(last_key - window_right, 0), BLOCK_M) * BLOCK_M
     full_hi = tl.maximum(tl.minimum(first_key + window_left + 1, seqlen_q), 0) // BLOCK_M * BLOCK_M
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
-    return lo, full_lo, full_hi, hi
+    if IS_LOCAL:
+        lo = tl.minimum(tl.maximum(first_key - window_right, 0) // BLOCK_M * BLOCK_M, rows_end)
+        hi = tl.maximum(hi, lo)
+        full_lo = tl.cdiv(tl.maximum(last_key - window_right, 0), BLOCK_M) * BLOCK_M
+        full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+        full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+        return lo, full_lo, full_hi, hi
+    return 0, 0, tl.minimum(full_hi, hi), hi
+
+
+@triton.jit
+def _tile_start(virt, idx_ptr, BLOCK_SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr):
+    """Where the tile at loop offset virt starts: virt itself, or under BLOCK_SPARSE inside the listed block
+    idx_ptr[virt // SPARSE_BLOCK] (the loop runs over count * SPARSE_BLOCK offsets: one flat loop over every
+    tile of every listed block, which the compiler can pipeline like the dense one; a loop per block would
+    restart the pipeline at every block)."""
+    if BLOCK_SPARSE:
+        return tl.load(idx_ptr + virt // SPARSE_BLOCK) * SPARSE_BLOCK + virt % SPARSE_BLOCK
+    return virt
+
+
+@triton.jit
+def _block_list(FULL: tl.constexpr, num_ptr, idx_ptr, full_num_ptr, full_idx_ptr):
+    """(count, first index pointer) of a block mask's partial (FULL = 0) or full (FULL = 1) block list."""
+    if FULL:
+        return tl.load(full_num_ptr), full_idx_ptr
+    return tl.load(num_ptr), idx_ptr

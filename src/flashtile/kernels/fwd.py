@@ -2,48 +2,42 @@
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _dropout_keep, _key_range, _load_tile, _scores, _segment, _seq_offset, _seq_range,
-                     _store_tile)
+from .common import (LOG2E, _block_list, _dropout_keep, _key_range, _key_start, _kv_tile_ptrs, _load_tile, _scores,
+                     _segment, _seq_offset, _seq_range, _store_tile, _tile_start)
 
 LN2 = tl.constexpr(0.6931471805599453)
-
-
-@triton.jit
-def _kv_tile_ptrs(tile_ptrs, head_base, start_n, offs_kn, offs_d, stride_n, stride_page, block_table, page_size,
-                  seqlen_k, PAGED: tl.constexpr):
-    """Pointers of a [BLOCK_N, HEAD_DIM_PAD] K or V tile: consecutive rows, or rows gathered through a page
-    table (paged KV cache: key j lives in page block_table[j // page_size], slot j % page_size; any page size)."""
-    if PAGED:
-        page = tl.load(block_table + offs_kn // page_size, mask=offs_kn < seqlen_k, other=0).to(tl.int64)
-        rows = page * stride_page + (offs_kn % page_size).to(tl.int64) * stride_n  # [BLOCK_N]
-        return head_base + rows[:, None] + offs_d[None, :]
-    return tile_ptrs + start_n * stride_n
 
 
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, offs_d,
                     lo, hi, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                     bias_ptr, stride_bias_m, stride_bias_n,
-                    k_head, v_head, stride_kpage, stride_vpage, block_table, page_size,
+                    k_head, v_head, stride_kpage, stride_vpage, block_table, page_size, key_start,
                     seed, rng_base, max_k, dropout_p,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, PAGED: tl.constexpr,
-                    HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
+                    SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, idx_ptr=None,
+                    BLOCK_SPARSE: tl.constexpr = False, SPARSE_N: tl.constexpr = 128):
     """Online softmax over key blocks [lo, hi); MASKED blocks evaluate the masks, the others skip them.
+    BLOCK_SPARSE: [lo, hi) are offsets into the key blocks listed at idx_ptr (see _tile_start).
 
     HAS_DROPOUT: dropped probabilities still count in the denominator l_i (the softmax is of the
     undropped scores) but not in acc; the caller scales by 1 / (1 - dropout_p) at the end.
     """
-    for start_n in range(lo, hi, BLOCK_N):
+    for virt_n in range(lo, hi, BLOCK_N):
+        start_n = _tile_start(virt_n, idx_ptr, BLOCK_SPARSE, SPARSE_N)
         offs_kn = start_n + offs_n
         k = _load_tile(_kv_tile_ptrs(k_ptrs, k_head, start_n, offs_kn, offs_d, stride_kn, stride_kpage, block_table,
-                                     page_size, seqlen_k, PAGED),
+                                     page_size, seqlen_k, key_start, PAGED),
                        offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        s, _ = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                       alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
-                       MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS)
+        s, _, _ = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                          alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
+                          MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, off_b, off_h, aux0, aux1, aux2, aux3,
+                          SCORE_MOD, None, MASK_MOD)
         m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
         if MASKED:
             # A row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
@@ -56,7 +50,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
         if HAS_DROPOUT:
             p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], offs_kn[None, :], max_k, dropout_p), p, 0.0)
         v = _load_tile(_kv_tile_ptrs(v_ptrs, v_head, start_n, offs_kn, offs_d, stride_vn, stride_vpage, block_table,
-                                     page_size, seqlen_k, PAGED),
+                                     page_size, seqlen_k, key_start, PAGED),
                        offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
@@ -64,7 +58,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, BlockTable, Rng,
+def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, BlockTable, KeyStart, Rng,
               stride_qb, stride_qm, stride_qh,
               stride_kb, stride_kn, stride_kh,
               stride_vb, stride_vn, stride_vh,
@@ -73,28 +67,40 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
               stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n, stride_bt_b, page_size,
               seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
               dropout_p,
+              Aux0, Aux1, Aux2, Aux3, KvNum, KvIdx, FullKvNum, FullKvIdx,
+              stride_bm_b, stride_bm_h, stride_bm_m, stride_bi_b, stride_bi_h, stride_bi_m,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
+              IS_LOCAL: tl.constexpr, LEFT_BOUNDED: tl.constexpr, SOFTCAP: tl.constexpr,
+              HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
               HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr, SEQUSED_K: tl.constexpr, PAGED: tl.constexpr,
-              HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              LEFTPAD: tl.constexpr, HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, BLOCK_SPARSE: tl.constexpr = False,
+              SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128):
     """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log. Score arguments: see _scores.
 
     IS_VARLEN: sequences are packed along the token axis (total, H, D) at offsets CuSeqlensQ/K (int32,
     B + 1); seqlen_q/seqlen_k are then the maxima that sized the grid, and Lse is (Hq, total_q).
     SEQUSED_K (dense, KV cache): batch b attends to its first CuSeqlensK[b] keys only.
-    PAGED (KV cache): K and V are (num_pages, page_size, Hk, D), stride_kb / stride_vb step pages, and
-    batch b's keys are listed page by page in BlockTable[b] (int32 (B, max_pages)).
+    PAGED (KV cache, or varlen keys): K and V are (num_pages, page_size, Hk, D), stride_kb / stride_vb step
+    pages, and batch b's keys are listed page by page in BlockTable[b] (int32 (B, max_pages)).
+    LEFTPAD (KV cache): batch b's keys are the cache tokens KeyStart[b] <= t < CuSeqlensK[b] (int32 (B,)).
 
     HAS_SINK: Sink (Hq,) holds one logit per head that joins every row's softmax denominator but
     carries no value (attention sinks); the online softmax simply starts from it.
 
     HAS_DROPOUT: Rng holds the int64 Philox seed; probabilities are dropped with probability dropout_p
     (common._dropout_keep) and the kept ones scaled by 1 / (1 - dropout_p). Lse stays the undropped one.
+
+    Programmable attention (flashtile.flex): SCORE_MOD / MASK_MOD read Aux0..Aux3 (see _scores). BLOCK_SPARSE:
+    the key blocks come from a block mask of (SPARSE_M, SPARSE_N) blocks, multiples of the tiles: KvNum /
+    FullKvNum (B, H, Sq / SPARSE_M) count the partial / full key blocks of each query block, KvIdx / FullKvIdx
+    (B, H, Sq / SPARSE_M, Sk / SPARSE_N) list them (strides stride_bm_* and stride_bi_*, 0 along broadcast dims).
+    Dropout applies in both loop structures (the same inner loop).
     """
     pid_m = tl.program_id(0)
-    if IS_LOCAL:
-        # Longest rows first: under a causal mask the bottom blocks do the most work.
+    if IS_LOCAL or BLOCK_SPARSE:
+        # Longest rows first: under a causal mask (or a causal block mask) the bottom blocks do the most work.
         pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_q).to(tl.int64)
@@ -111,6 +117,8 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
     k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
     if SEQUSED_K:
         seqlen_k = tl.load(CuSeqlensK + off_b)
+    key_start = _key_start(KeyStart, off_b, LEFTPAD)
+    seqlen_k -= key_start
     if IS_VARLEN:
         if start_m >= seqlen_q:  # the grid covers the longest sequence
             return
@@ -123,9 +131,9 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
     q_ptrs = (Q + _seq_offset(off_b, q_start, stride_qb, stride_qm, IS_VARLEN) + off_h * stride_qh
               + rows * stride_qm + offs_d[None, :])
     k_ptrs = (K + _seq_offset(off_b, k_start, stride_kb, stride_kn, IS_VARLEN) + off_hk * stride_kh
-              + cols * stride_kn + offs_d[None, :])
+              + (cols + key_start) * stride_kn + offs_d[None, :])
     v_ptrs = (V + _seq_offset(off_b, k_start, stride_vb, stride_vn, IS_VARLEN) + off_hk * stride_vh
-              + cols * stride_vn + offs_d[None, :])
+              + (cols + key_start) * stride_vn + offs_d[None, :])
     alibi_slope = 0.0
     if HAS_ALIBI:
         alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
@@ -143,16 +151,35 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
-    lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, BLOCK_N)
-    for SEGMENT in tl.static_range(3):
-        seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
-                                        offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                                        alibi_slope, window_left, window_right, bias_ptr, stride_bias_m,
-                                        stride_bias_n, k_head, v_head, stride_kb, stride_vb, block_table, page_size,
-                                        seed, rng_base, max_k, dropout_p,
-                                        HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL,
-                                        SOFTCAP, HAS_ALIBI, HAS_BIAS, PAGED, HAS_DROPOUT, DOT_PRECISION)
+    if BLOCK_SPARSE:
+        # Partial key blocks (masks evaluated) then full ones (no masks); empty blocks are never visited.
+        num_off = off_b * stride_bm_b + off_h * stride_bm_h + (start_m // SPARSE_M) * stride_bm_m
+        idx_off = off_b * stride_bi_b + off_h * stride_bi_h + (start_m // SPARSE_M) * stride_bi_m
+        for FULL in tl.static_range(2):
+            n_blocks, idx_ptr = _block_list(FULL, KvNum + num_off, KvIdx + idx_off, FullKvNum + num_off,
+                                            FullKvIdx + idx_off)
+            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
+                                            offs_d, 0, n_blocks * SPARSE_N, seqlen_q, seqlen_k, qk_scale,
+                                            softcap_log2, alibi_slope, window_left, window_right, bias_ptr,
+                                            stride_bias_m, stride_bias_n, k_head, v_head, stride_kb, stride_vb,
+                                            block_table, page_size, key_start, seed, rng_base, max_k, dropout_p,
+                                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0, IS_LOCAL, SOFTCAP,
+                                            HAS_ALIBI, HAS_BIAS, PAGED, HAS_DROPOUT, DOT_PRECISION,
+                                            off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD, MASK_MOD, idx_ptr,
+                                            True, SPARSE_N)
+    else:
+        lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M,
+                                              BLOCK_N, LEFT_BOUNDED)
+        for SEGMENT in tl.static_range(3):
+            seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
+            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
+                                            offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                                            alibi_slope, window_left, window_right, bias_ptr, stride_bias_m,
+                                            stride_bias_n, k_head, v_head, stride_kb, stride_vb, block_table,
+                                            page_size, key_start, seed, rng_base, max_k, dropout_p,
+                                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL, SOFTCAP,
+                                            HAS_ALIBI, HAS_BIAS, PAGED, HAS_DROPOUT, DOT_PRECISION,
+                                            off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD, MASK_MOD)
 
     # A row that saw no key (and no sink): output 0 and lse -inf.
     empty = l_i == 0.0
@@ -225,9 +252,9 @@ def _attn_probs(Q, K, Lse, Probs, Alibi, CuSeqlensQ, CuSeqlensK, Bias, Rng,
         k = _load_tile(k_ptrs + start_n * stride_kn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
                        True)  # [BLOCK_N, HEAD_DIM_PAD]
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        s, _ = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
-                       alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
-                       True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS)
+        s, _, _ = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                          alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
+                          True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS)
         p = tl.math.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N]
         if HAS_DROPOUT:
             p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], offs_kn[None, :], max_k, dropout_p), p, -p)

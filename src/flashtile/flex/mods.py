@@ -1,0 +1,213 @@
+"""User score_mod / mask_mod functions in their two forms: Triton (for the kernels) and PyTorch (for
+create_block_mask and the CPU path), plus the generated adapters the kernels call.
+
+A mod is written once, Triton-style: plain arithmetic and comparisons on the index arguments, `tl.where`,
+`tl.minimum`, `tl.exp2`... and `tl.load(table + index)` to read an aux tensor. flashtile applies
+`triton.jit` itself; for the PyTorch form it runs the same Python function with `tl` replaced by a small
+torch namespace (`_TorchLanguage`) and each aux tensor by a `_Ptr`, so `tl.load(table + i)` becomes
+`table.flatten()[i]`. Generated functions (adapters, and_masks/or_masks) are compiled from source kept in
+linecache, where both inspect.getsource (the Triton compiler) and tracebacks find it.
+"""
+import inspect
+import itertools
+import linecache
+import types
+
+import torch
+import triton
+import triton.language as tl
+
+try:
+    from triton.runtime.interpreter import InterpretedFunction
+except ImportError:  # pragma: no cover - older Triton without the interpreter module
+    InterpretedFunction = ()
+from triton.runtime.jit import JITFunction
+
+SCORE_ARGS = ("score", "b", "h", "q_idx", "kv_idx")
+MASK_ARGS = ("b", "h", "q_idx", "kv_idx")
+MAX_AUX = 4
+_counter = itertools.count()
+_TRITON = {}
+_TORCH = {}
+_ADAPTERS = {}
+_COMBINED = {}
+
+
+def is_jitted(fn):
+    return isinstance(fn, (JITFunction, InterpretedFunction))
+
+
+def python_function(fn):
+    """The plain Python function behind fn (a @triton.jit function or a plain one)."""
+    return fn.fn if is_jitted(fn) else fn
+
+
+def generate(source, name, namespace):
+    """Compile generated source into a plain function whose source inspect can find."""
+    filename = f"<flashtile.flex generated {next(_counter)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    scope = dict(namespace, tl=tl, __name__=__name__)  # Triton reads the generated functions' __module__
+    exec(compile(source, filename, "exec"), scope)
+    return scope[name]
+
+
+def triton_form(fn):
+    """fn as a Triton function: itself when already jitted, else triton.jit of a copy that sees `tl`
+    (the interpreter needs triton.language among a jitted function's globals). Cached per function so
+    repeated calls reuse one compiled kernel."""
+    if is_jitted(fn):
+        return fn
+    if fn not in _TRITON:
+        glb = fn.__globals__
+        if not any(value is tl for value in glb.values()):
+            glb = dict(glb, tl=tl)
+        copy = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
+        _TRITON[fn] = triton.jit(copy)
+    return _TRITON[fn]
+
+
+class _Ptr:
+    """An aux tensor seen as a Triton pointer by a mod's PyTorch form: `ptr + offset`, `tl.load(ptr)`."""
+
+    def __init__(self, tensor, offset=0):
+        self.flat = tensor.reshape(-1)
+        self.offset = offset
+
+    def __add__(self, other):
+        return _Ptr(self.flat, self.offset + other)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return _Ptr(self.flat, self.offset - other)
+
+    def __getitem__(self, index):
+        return self.flat[self.offset + index]
+
+
+def _load(ptr, mask=None, other=0):
+    index = torch.as_tensor(ptr.offset, device=ptr.flat.device)
+    values = ptr.flat[index.clamp(0, ptr.flat.numel() - 1)]
+    return values if mask is None else torch.where(mask, values, other)
+
+
+def _pair(fn):
+    return lambda a, b: fn(torch.as_tensor(a), torch.as_tensor(b))
+
+
+_TorchLanguage = types.SimpleNamespace(
+    load=_load, where=torch.where, abs=torch.abs, minimum=_pair(torch.minimum), maximum=_pair(torch.maximum),
+    exp=torch.exp, exp2=torch.exp2, log=torch.log, log2=torch.log2, sqrt=torch.sqrt, sin=torch.sin, cos=torch.cos,
+    sigmoid=torch.sigmoid, floor=torch.floor, ceil=torch.ceil, cdiv=lambda a, b: (a + b - 1) // b,
+    constexpr=lambda x: x, float16=torch.float16, bfloat16=torch.bfloat16, float32=torch.float32,
+    float64=torch.float64, int8=torch.int8, int16=torch.int16, int32=torch.int32, int64=torch.int64, int1=torch.bool)
+_TorchLanguage.math = _TorchLanguage
+
+
+def torch_form(fn):
+    """fn as a PyTorch function of tensors: the same code with `tl` (and every @triton.jit function it
+    calls, recursively) replaced by PyTorch equivalents. Cached per function."""
+    py = python_function(fn)
+    if py not in _TORCH:
+        glb = dict(py.__globals__)
+        for name in py.__code__.co_names:
+            value = glb.get(name)
+            if value is tl:
+                glb[name] = _TorchLanguage
+            elif is_jitted(value):
+                glb[name] = torch_form(value)
+            elif isinstance(value, tl.constexpr):
+                glb[name] = value.value
+        _TORCH[py] = types.FunctionType(py.__code__, glb, py.__name__, py.__defaults__, py.__closure__)
+    return _TORCH[py]
+
+
+def _positional_count(py):
+    params = inspect.signature(py).parameters.values()
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params)
+
+
+class Mod:
+    """A score_mod or mask_mod with the aux tensors it reads: fn(*base arguments, *aux), where the base
+    arguments are (score, b, h, q_idx, kv_idx) for a score_mod and (b, h, q_idx, kv_idx) for a mask_mod.
+
+    Calling a Mod runs its PyTorch form on tensors (aux tensors bound), like a FlexAttention mask_mod.
+    """
+
+    def __init__(self, fn, aux=(), base=MASK_ARGS, name="mask_mod"):
+        if isinstance(aux, torch.Tensor):
+            aux = (aux,)
+        if isinstance(fn, Mod):
+            fn, aux = fn.fn, fn.aux + tuple(aux)
+        if not callable(fn):
+            raise TypeError(f"{name} must be a function, got {type(fn).__name__}")
+        py = python_function(fn)
+        if not isinstance(py, types.FunctionType):
+            raise TypeError(f"{name} must be a Python function (def) or a @triton.jit function, got {py!r}")
+        if py.__name__ == "<lambda>":
+            raise TypeError(f"{name} must be defined with def, not lambda: Triton compiles it from its source")
+        count = _positional_count(py)
+        want = len(base) + len(aux)
+        if count is not None and count != want:
+            got = ", ".join(inspect.signature(py).parameters)
+            raise TypeError(f"{name} must take ({', '.join(base)}) plus one argument per aux tensor "
+                            f"({len(aux)} given): {want} arguments, got {py.__name__}({got})")
+        if len(aux) > MAX_AUX:
+            raise ValueError(f"{name} reads {len(aux)} aux tensors; at most {MAX_AUX} are supported")
+        for i, a in enumerate(aux):
+            if not isinstance(a, torch.Tensor):
+                raise TypeError(f"aux[{i}] of {name} must be a torch.Tensor, got {type(a).__name__}")
+        self.fn, self.aux, self.base, self.name = fn, tuple(aux), tuple(base), name
+
+    def triton(self):
+        return triton_form(self.fn)
+
+    def __call__(self, *args):
+        return torch_form(self.fn)(*args, *(_Ptr(a) for a in self.aux))
+
+    def __repr__(self):
+        return f"Mod({python_function(self.fn).__name__}, aux={len(self.aux)})"
+
+
+def combine(mods, op, name):
+    """A mask Mod that is op ('&' or '|') of several mask Mods; aux tensors are concatenated. The generated
+    function is cached per (op, functions, aux counts), so rebuilding a combination (new document ids each
+    step) reuses it."""
+    key = (op, name, tuple((mod.triton(), len(mod.aux)) for mod in mods))
+    if key not in _COMBINED:
+        calls, namespace, n_aux = [], {}, 0
+        for i, mod in enumerate(mods):
+            namespace[f"F{i}"] = mod.triton()
+            calls.append(f"F{i}({', '.join((*MASK_ARGS, *[f'A{n_aux + j}' for j in range(len(mod.aux))]))})")
+            n_aux += len(mod.aux)
+        params = ", ".join((*MASK_ARGS, *[f"A{j}" for j in range(n_aux)]))
+        source = f"def {name}({params}):\n    return {f' {op} '.join(f'({c})' for c in calls)}\n"
+        _COMBINED[key] = generate(source, name, namespace)
+    return Mod(_COMBINED[key], tuple(a for mod in mods for a in mod.aux))
+
+
+def aux_pool(*mods):
+    """The distinct aux tensors of several Mods (by identity), in order; at most MAX_AUX."""
+    pool = []
+    for mod in mods:
+        for a in mod.aux if mod is not None else ():
+            if not any(a is p for p in pool):
+                pool.append(a)
+    if len(pool) > MAX_AUX:
+        raise ValueError(f"the mods read {len(pool)} distinct aux tensors; at most {MAX_AUX} are supported")
+    return pool
+
+
+def adapter(mod, pool):
+    """The kernel-facing function: the fixed signature (base args, A0, A1, A2, A3) calling mod with its own
+    aux tensors picked from the pool. Cached, so the kernels compile once per (mod, pool layout)."""
+    slots = tuple(next(i for i, p in enumerate(pool) if p is a) for a in mod.aux)
+    key = (mod.triton(), mod.base, slots)
+    if key not in _ADAPTERS:
+        params = ", ".join((*mod.base, "A0", "A1", "A2", "A3"))
+        call = ", ".join((*mod.base, *[f"A{s}" for s in slots]))
+        source = f"def _adapter({params}):\n    return F({call})\n"
+        _ADAPTERS[key] = triton.jit(generate(source, "_adapter", {"F": key[0]}))
+    return _ADAPTERS[key]

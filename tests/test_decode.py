@@ -1,0 +1,182 @@
+"""Split-KV decoding in flash_attn_with_kvcache: every split count gives the reference's output and lse."""
+import pytest
+import torch
+
+import flashtile
+from flashtile import configs, launch
+from utils import assert_close_rule
+
+HEADS = [(4, 4), (8, 2), (4, 1)]
+HEAD_IDS = ["mha", "gqa", "mqa"]
+# 0 keys (an empty row), a partial key block, several blocks and a partial one (interpreter BLOCK_N = 16).
+SEQLENS = [0, 9, 71]
+
+
+def make_cache(device, batch, seqlen_q, heads_q, heads_kv, capacity, head_dim=32, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, generator=gen).to(device, dtype)  # noqa: E731
+    return (make(batch, seqlen_q, heads_q, head_dim), make(batch, capacity, heads_kv, head_dim),
+            make(batch, capacity, heads_kv, head_dim))
+
+
+def check(out, lse, q, keys, values, lengths, **features):
+    """Row b of out/lse against the float64 reference over keys[b, :lengths[b]] (tolerance rule of utils)."""
+    slopes = features.pop("alibi_slopes", None)
+    for b, n in enumerate(lengths):
+        row_slopes = slopes[b] if slopes is not None and slopes.dim() == 2 else slopes
+        args = (q[b:b + 1], keys[b:b + 1, :n], values[b:b + 1, :n])
+        if n == 0:  # no key: output 0, lse -inf
+            assert torch.all(out[b] == 0) and torch.all(lse[b] == float("-inf"))
+            continue
+        ref, ref_lse = flashtile.attention_ref(*(a.double() for a in args), return_lse=True, alibi_slopes=row_slopes,
+                                               **features)
+        low, low_lse = flashtile.attention_ref(*args, upcast=False, return_lse=True, alibi_slopes=row_slopes,
+                                               **features)
+        assert_close_rule(f"row {b} out", out[b:b + 1], ref, low, q.dtype)
+        finite = ref_lse > float("-inf")  # a query whose window holds no key has lse -inf
+        assert torch.equal(lse[b:b + 1] == float("-inf"), ~finite), f"row {b}: lse -inf mismatch"
+        assert_close_rule(f"row {b} lse", lse[b:b + 1][finite], ref_lse[finite], low_lse[finite].float(),
+                          torch.float32)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 0, 64], ids=["s1", "s2", "s3", "auto", "s64"])
+@pytest.mark.parametrize("heads_q,heads_kv", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("seqlen_q,causal", [(1, False), (3, True)], ids=["q1", "q3-causal"])
+def test_splits_match_reference(backend, num_splits, heads_q, heads_kv, seqlen_q, causal):
+    """Any number of splits (64: more splits than key blocks, most of them empty) and an empty row."""
+    _, device = backend
+    q, k_cache, v_cache = make_cache(device, len(SEQLENS), seqlen_q, heads_q, heads_kv, capacity=80)
+    cache_seqlens = torch.tensor(SEQLENS, dtype=torch.int32, device=device)
+    out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, causal=causal,
+                                                 num_splits=num_splits, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (len(SEQLENS), heads_q, seqlen_q)
+    check(out, lse, q, k_cache, v_cache, SEQLENS, causal=causal)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 33, 256])
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["s1", "s3"])
+def test_paged(backend, page_size, num_splits):
+    """Pages in shuffled order, any page size; the new tokens are appended through the page table."""
+    _, device = backend
+    batch, pages_per_row = 3, -(-90 // page_size)
+    capacity = pages_per_row * page_size
+    q, k_dense, v_dense = make_cache(device, batch, 2, 8, 2, capacity)
+    _, k_new, v_new = make_cache(device, batch, 2, 8, 2, 2, seed=1)
+    order = torch.randperm(batch * pages_per_row, generator=torch.Generator().manual_seed(3))
+    block_table = order.reshape(batch, pages_per_row).to(torch.int32).to(device)
+    k_pages = torch.zeros(batch * pages_per_row, page_size, 2, 32, device=device)
+    v_pages = torch.zeros_like(k_pages)
+    k_pages[block_table.long()] = k_dense.reshape(batch, pages_per_row, page_size, 2, 32)
+    v_pages[block_table.long()] = v_dense.reshape(batch, pages_per_row, page_size, 2, 32)
+    cache_seqlens = torch.tensor([0, 40, 88], dtype=torch.int32, device=device)
+    out, lse = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, k_new, v_new, cache_seqlens=cache_seqlens,
+                                                 block_table=block_table, causal=True, num_splits=num_splits,
+                                                 return_softmax_lse=True)
+    keys = k_pages[block_table.long()].reshape(batch, capacity, 2, 32)
+    values = v_pages[block_table.long()].reshape(batch, capacity, 2, 32)
+    for b, start in enumerate(cache_seqlens.tolist()):
+        assert torch.equal(keys[b, start:start + 2], k_new[b])
+    check(out, lse, q, keys, values, [2, 42, 90], causal=True)
+
+
+FEATURES = {
+    "window": dict(window_size=(20, 0)),
+    "window-both": dict(window_size=(5, 3)),
+    "softcap": dict(softcap=5.0),
+    "alibi": dict(alibi=(8,)),
+    "alibi-batch-causal-window": dict(alibi=(3, 8), causal=True, window_size=(30, -1)),
+}
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 4], ids=["q1", "q4"])
+@pytest.mark.parametrize("features", list(FEATURES.values()), ids=list(FEATURES))
+def test_features(backend, features, seqlen_q):
+    _, device = backend
+    features = dict(features)
+    if "alibi" in features:
+        shape = features.pop("alibi")
+        features["alibi_slopes"] = torch.rand(*shape, generator=torch.Generator().manual_seed(4)).to(device)
+    q, k_cache, v_cache = make_cache(device, 3, seqlen_q, 8, 2, capacity=80)
+    lengths = [3, 50, 80]
+    out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache,
+                                                 cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=device),
+                                                 num_splits=3, return_softmax_lse=True, **features)
+    check(out, lse, q, k_cache, v_cache, lengths, **features)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4], ids=["s1", "s4"])
+def test_half_and_padded_head_dim(num_splits):
+    """fp16 through the fp32 workspace and back, with a head dim that is padded inside the kernel."""
+    q, k_cache, v_cache = make_cache("cpu", 2, 1, 8, 2, 64, head_dim=40, dtype=torch.float16)
+    out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor(
+        [64, 30], dtype=torch.int32), num_splits=num_splits, return_softmax_lse=True)
+    assert out.dtype == torch.float16
+    check(out, lse, q, k_cache, v_cache, [64, 30])
+
+
+def test_long_chunk_uses_the_forward_kernel_unless_split():
+    """group_size * Sq above configs.DECODE_MAX_ROWS: the forward kernel, or the split kernel when asked;
+    both with a left-padded cache (keys from token 5 on)."""
+    q, k_cache, v_cache = make_cache("cpu", 1, 40, 8, 2, 48)
+    geo = launch.Geometry(1, 40, 48, 8, 2, 32, seqused_k=torch.tensor([48], dtype=torch.int32))
+    assert 40 * 4 > configs.DECODE_MAX_ROWS and not launch.uses_splitkv(geo, 0)
+    assert launch.uses_splitkv(geo, 2)
+    for num_splits in (0, 2):
+        out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, causal=True, num_splits=num_splits,
+                                                     cache_leftpad=torch.tensor([5], dtype=torch.int32),
+                                                     return_softmax_lse=True)
+        check(out, lse, q, k_cache[:, 5:], v_cache[:, 5:], [43], causal=True)
+
+
+def test_num_splits_heuristic():
+    sms = 132
+    assert configs.num_splits_heuristic(64 * 4, 1024, sms) == 1  # enough programs already
+    assert configs.num_splits_heuristic(8, 1, sms) == 1  # a single key block
+    small = configs.num_splits_heuristic(8 * 4, 1024, sms)  # batch 8, 4 KV heads, a long cache
+    assert 1 < small <= configs.MAX_SPLITS
+    assert 8 * 4 * small >= 0.8 * sms * configs.SPLIT_PROGRAMS_PER_SM  # the machine is nearly filled
+    assert configs.num_splits_heuristic(1, 5, sms) == 5  # bounded by the key blocks
+    assert configs.num_splits_heuristic(1, 10_000, sms) <= configs.MAX_SPLITS
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_bad_num_splits(bad):
+    q, k_cache, v_cache = make_cache("cpu", 1, 1, 2, 1, 16)
+    with pytest.raises(ValueError, match="num_splits must be an int >= 0"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [0, 16, 256], ids=["contig", "page16", "page256"])
+@pytest.mark.parametrize("num_splits", [0, 1, 7], ids=["auto", "s1", "s7"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gpu_decode(dtype, num_splits, page_size):
+    """The decode bench's shape (Hq / Hk = 8, D = 128), rows of different lengths, long caches."""
+    from flashtile.bench.decode import paged
+
+    lengths = [1, 4095, 4096, 20000]
+    q, k_cache, v_cache = make_cache("cuda", len(lengths), 1, 32, 4, 20000, head_dim=128, dtype=dtype)
+    block_table = None
+    k_in, v_in = k_cache, v_cache
+    if page_size:
+        k_in, v_in, block_table = paged(k_cache, v_cache, page_size, torch.Generator().manual_seed(0))
+    out, lse = flashtile.flash_attn_with_kvcache(q, k_in, v_in, block_table=block_table, causal=True,
+                                                 cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"),
+                                                 num_splits=num_splits, return_softmax_lse=True)
+    check(out, lse, q, k_cache, v_cache, lengths, causal=True)
+
+
+def test_custom_ops_opcheck(monkeypatch):
+    """The inference ops' schemas and fake implementations agree with what they return (cpu.py path)."""
+    from flashtile import ops
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k_cache, v_cache = make_cache("cpu", 2, 1, 4, 2, 12, head_dim=16)
+    seqused, leftpad = torch.tensor([5, 12], dtype=torch.int32), torch.tensor([1, 0], dtype=torch.int32)
+    torch.library.opcheck(ops.fwd_kvcache, (q, k_cache, v_cache, seqused, None, 0.25, -1, -1, 0.0, None, 12, 0,
+                                            leftpad))
+    pages = k_cache.reshape(6, 4, 2, 16)
+    cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 5, 9], dtype=torch.int32)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    torch.library.opcheck(ops.fwd_varlen_paged, (torch.randn(7, 4, 16), pages, pages, cu_q, cu_k, 4, 5, table, 0.25,
+                                                 -1, -1, 0.0, None, None))
