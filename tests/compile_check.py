@@ -57,7 +57,8 @@ def compile_launch(kl, arch):
 
 # (head_dim, causal, dtype, heads_q, heads_kv, score features): the head-dim buckets users hit most, both
 # causal modes, GQA, a padded head dim, fp32 (ieee dots, the group-sum path, the largest tiles in bytes),
-# and every score feature switched on at once.
+# every score feature switched on at once, and dropout (with the attention-probabilities kernel) alone, with
+# everything, with varlen, and at the largest head dim.
 ALL_FEATURES = dict(window_left=32, window_right=8, softcap=30.0, alibi=True, sink=True, bias=True)
 CASES = [
     (64, True, torch.bfloat16, 2, 1, {}),
@@ -67,7 +68,12 @@ CASES = [
     (72, True, torch.bfloat16, 2, 2, {}),
     (256, True, torch.float32, 2, 1, {}),
     (128, False, torch.bfloat16, 2, 1, ALL_FEATURES),
+    (64, True, torch.bfloat16, 2, 1, dict(dropout=True)),
+    (256, True, torch.bfloat16, 2, 1, dict(dropout=True)),
+    (128, False, torch.bfloat16, 2, 1, dict(ALL_FEATURES, dropout=True)),
+    (64, True, torch.float32, 2, 1, dict(dropout=True)),
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True)),
+    (128, True, torch.bfloat16, 2, 1, dict(varlen=True, bias=True, dropout=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True, leftpad=True)),
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True, paged=True)),  # paged keys in flash_attn_varlen_func
@@ -86,6 +92,9 @@ CASES = [
     (64, False, torch.float16, 2, 2, dict(flex=True, softcap=30.0, alibi=True)),
     (256, False, torch.bfloat16, 2, 1, dict(flex=True)),
     (128, True, torch.bfloat16, 2, 1, dict(score_mod=True)),
+    # Dropout through the block-sparse loops with the mods (not reachable from flashtile.attention, which
+    # takes no dropout, but the kernels carry it there).
+    (128, False, torch.bfloat16, 2, 1, dict(flex=True, dropout=True)),
 ]
 
 
@@ -134,8 +143,9 @@ def check_case(arch, case):
     bias = dbias = None
     if features.get("bias"):
         bias, dbias = torch.zeros(1, heads_q, 64, 64, dtype=dtype), torch.zeros(1, heads_q, 64, 64)
+    dropout_p, rng = (0.1, torch.zeros(1, dtype=torch.int64)) if features.get("dropout") else (0.0, None)
     sa = launch.ScoreArgs.make(geo, 0.1, features.get("window_left", -1), 0 if causal else features.get(
-        "window_right", -1), features.get("softcap", 0.0), slopes, lse, bias)
+        "window_right", -1), features.get("softcap", 0.0), slopes, lse, bias, dropout_p, rng)
     sink = torch.zeros(heads_q) if features.get("sink") else None
     if features.get("kvcache") or features.get("decode"):
         geo = dataclasses.replace(geo, seqused_k=torch.tensor([50], dtype=torch.int32))
@@ -154,6 +164,9 @@ def check_case(arch, case):
     if not any(features.get(name) for name in ("kvcache", "decode", "paged")):  # paged KV is inference only
         launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
                                              interpreter=False, mods=mods)
+    if features.get("dropout"):  # return_attn_probs
+        launches += launch.probs_launches(geo, q, k, lse, torch.zeros(1, heads_q, 64, 64, dtype=dtype), sa, arch,
+                                          interpreter=False)
     failures, lines = 0, []
     for kl in launches:
         what = (f"sm{arch[0]}{arch[1]} {kl.kernel.fn.__name__} D{head_dim} causal={causal} "

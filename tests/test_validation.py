@@ -72,10 +72,6 @@ def test_devices():
     expect(ValueError, r"k is on meta but q is on cpu", q, meta, v)
 
 
-def test_dropout_not_yet_supported():
-    expect(NotImplementedError, "dropout_p=0.1: dropout is not supported yet", *qkv(), dropout_p=0.1)
-
-
 @pytest.mark.parametrize("window,match", [
     ((-2, 0), r"window_size left must be an integer >= -1 \(-1 = unbounded\), got -2"),
     ((4, 1.5), r"window_size right must be an integer >= -1 .*got 1.5"),

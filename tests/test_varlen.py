@@ -156,6 +156,57 @@ def test_varlen_under_torch_compile(monkeypatch):
         torch.testing.assert_close(g, w)
 
 
+VARLEN_BIAS_SHAPES = {"full": (6, 4, 100, 64), "per-head": (4, 100, 64), "shared-rows": (6, 1, 1, 64),
+                      "padded-max": (6, 4, 110, 70)}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", list(VARLEN_BIAS_SHAPES), ids=list(VARLEN_BIAS_SHAPES))
+def test_varlen_attn_bias(backend, shape, causal):
+    """attn_bias with varlen: broadcastable to (batch, nheads, max_seqlen_q, max_seqlen_k), element
+    (b, h, i, j) biasing query i and key j of sequence b; equals each sequence run with its slice."""
+    _, device = backend
+    dtype = torch.float32
+    max_q, max_k = VARLEN_BIAS_SHAPES[shape][-2:] if shape == "padded-max" else (max(SEQLENS_Q), max(SEQLENS_K))
+    q, k, v = packed(SEQLENS_Q, SEQLENS_K, 4, 2, 32, dtype, device)
+    cu_q, cu_k = cu(SEQLENS_Q, device), cu(SEQLENS_K, device)
+    bias = torch.randn(VARLEN_BIAS_SHAPES[shape], generator=torch.Generator().manual_seed(6)).to(device)
+    bias.requires_grad_()
+    out = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, attn_bias=bias,
+                                           window_size=(30, -1))
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    grads = torch.autograd.grad(out, (q, k, v, bias), dout)
+
+    results = []
+    for upcast in (True, False):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, bias)]
+        bias4 = leaves[3].reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+        outs = []
+        for b, (lq, lk) in enumerate(zip(SEQLENS_Q, SEQLENS_K)):
+            qs, ks = slice(cu_q[b].item(), cu_q[b + 1].item()), slice(cu_k[b].item(), cu_k[b + 1].item())
+            seq_bias = bias4[b:b + 1] if bias4.shape[0] > 1 else bias4
+            if lk == 0:  # no key: output 0
+                outs.append(torch.zeros(lq, 4, 32, dtype=torch.float64 if upcast else dtype, device=device))
+                continue
+            outs.append(flashtile.attention_ref(leaves[0][qs][None], leaves[1][ks][None], leaves[2][ks][None],
+                                                causal=causal, upcast=upcast, window_size=(30, -1),
+                                                attn_bias=seq_bias[:, :, :lq, :lk])[0])
+        ref = torch.cat(outs)
+        # allow_unused: with the biggest sequences shorter than max, some bias entries get no gradient.
+        ref_grads = torch.autograd.grad(ref, leaves, dout.to(ref.dtype), allow_unused=True)
+        results.append((ref.detach(), *(torch.zeros_like(x) if g is None else g for x, g in zip(leaves, ref_grads))))
+    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv", "dbias"), (out, *grads), *results):
+        assert got.shape == r64.shape
+        assert_close_rule(name, got, r64, rlow, dtype)
+
+
+def test_varlen_bad_attn_bias():
+    q, k, v, cu_q, cu_k = _args()
+    with pytest.raises(ValueError, match=r"attn_bias of shape \(2, 2, 4, 4\) does not broadcast to \(2, 2, 5, 4\) "
+                                         r"\(batch, nheads, max_seqlen_q, max_seqlen_k\)"):
+        flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 4, attn_bias=torch.zeros(2, 2, 4, 4))
+
+
 def paginate(k, seqlens_k, page_size, seed=0):
     """Packed keys (total_k, H, D) as a paged cache: sequence b's tokens in shuffled pages, and the block table."""
     pages_per_seq = max(-(-n // page_size) for n in seqlens_k) + 1  # one spare page: tables may over-allocate
@@ -211,3 +262,8 @@ def test_varlen_paged_bad_input():
         flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, block_table=table + 1)
     with pytest.raises(ValueError, match=r"k must have 4 dimensions"):
         flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 4, block_table=table)
+    with pytest.raises(NotImplementedError, match=r"dropout_p=0.1: dropout is not supported with block_table"):
+        flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, dropout_p=0.1, block_table=table)
+    with pytest.raises(NotImplementedError, match=r"attn_bias is not supported with block_table"):
+        flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, block_table=table,
+                                         attn_bias=torch.zeros(1, 1, 5, 4))

@@ -3,7 +3,7 @@
 Registered on the custom op itself (torch.library.register_autograd) rather than wrapped in a
 torch.autograd.Function, so `torch.ops.flashtile.fwd` is differentiable on its own and
 torch.compile traces it without a graph break. Saved: q, k, v, out, lse (and ALiBi slopes, sinks,
-bias): O(N) memory beyond the bias.
+bias, the dropout seed): O(N) memory beyond the bias; the dropout mask is regenerated, never stored.
 """
 import torch
 
@@ -12,11 +12,12 @@ from . import ops
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias) = inputs
+     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, dropout_p, rng) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k, attn_bias)
+    ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k, attn_bias, rng)
     ctx.scalars = (softmax_scale, window_left, window_right, softcap)
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
+    ctx.dropout_p = dropout_p
 
 
 def _sink_grad(dout, out, lse, dlse, sink):
@@ -39,13 +40,13 @@ def _bias_grad(dscores, attn_bias):
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k, attn_bias = ctx.saved_tensors
+    q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k, attn_bias, rng = ctx.saved_tensors
     bias_grad = attn_bias is not None and ctx.needs_input_grad[13]
     dq, dk, dv, dscores = ops.bwd(dout, q, k, v, out, lse, dlse, *ctx.scalars, alibi_slopes, cu_seqlens_q,
-                                  cu_seqlens_k, *ctx.max_seqlens, attn_bias, bias_grad)
+                                  cu_seqlens_k, *ctx.max_seqlens, attn_bias, bias_grad, ctx.dropout_p, rng)
     dsink = _sink_grad(dout, out, lse, dlse, sink) if sink is not None and ctx.needs_input_grad[8] else None
     dbias = _bias_grad(dscores, attn_bias) if bias_grad else None
-    return dq, dk, dv, None, None, None, None, None, dsink, None, None, None, None, dbias
+    return dq, dk, dv, None, None, None, None, None, dsink, None, None, None, None, dbias, None, None
 
 
 torch.library.register_autograd("flashtile::fwd", _backward, setup_context=_setup_context)

@@ -168,17 +168,26 @@ def sink_logits(sink, q, heads):
     return sink.float().contiguous()
 
 
-def attn_bias(bias, q, k):
-    """None, or the additive bias as a 4-D view broadcastable to (batch, nheads, seqlen_q, seqlen_k)."""
+def attn_bias(bias, q, target, varlen=False):
+    """None, or the additive bias as a 4-D view broadcastable to target: (batch, nheads, seqlen_q, seqlen_k),
+    or with varlen (batch, nheads, max_seqlen_q, max_seqlen_k) indexed by positions within each sequence."""
     if bias is None:
         return None
     _optional_tensor("attn_bias", bias, q, SUPPORTED_DTYPES, "torch.float16, torch.bfloat16 or torch.float32")
-    target = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+    layout = "(batch, nheads, max_seqlen_q, max_seqlen_k)" if varlen else "(batch, nheads, seqlen_q, seqlen_k)"
     if not 1 <= bias.dim() <= 4:
         raise ValueError(f"attn_bias must have 1 to 4 dimensions, broadcastable to {target} "
-                         f"(batch, nheads, seqlen_q, seqlen_k), got shape {tuple(bias.shape)}")
+                         f"{layout}, got shape {tuple(bias.shape)}")
     bias4 = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
     if any(size not in (1, want) for size, want in zip(bias4.shape, target)):
-        raise ValueError(f"attn_bias of shape {tuple(bias.shape)} does not broadcast to {target} "
-                         f"(batch, nheads, seqlen_q, seqlen_k)")
+        raise ValueError(f"attn_bias of shape {tuple(bias.shape)} does not broadcast to {target} {layout}")
     return bias4
+
+
+def dropout_p(p):
+    """dropout_p as a float in [0, 1)."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"dropout_p must be a float, got {type(p).__name__}")
+    if not 0.0 <= p < 1.0:  # also rejects NaN
+        raise ValueError(f"dropout_p must be in [0, 1), got {p}")
+    return float(p)

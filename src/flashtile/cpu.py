@@ -2,9 +2,12 @@
 
 Forward keeps a running max, denominator and fp32 accumulator per query block while streaming key
 blocks; backward recomputes P block by block from lse. Extra memory is O(block_m * block_n) per
-(batch, head), never (Sq, Sk). Computation runs in fp32 whatever the input dtype.
+(batch, head), never (Sq, Sk). Computation runs in fp32 whatever the input dtype. Dropout masks come
+from the kernels' own Philox counters (flashtile.philox), so both backends drop the same elements.
 """
 import torch
+
+from . import philox
 
 BLOCK_M = 256
 BLOCK_N = 256
@@ -58,7 +61,8 @@ class _Scores:
         self.bias = None
         if attn_bias is not None:  # a view: broadcast dims keep stride 0
             full = attn_bias.expand(q.shape[0], q.shape[2], self.seqlen_q, self.seqlen_k)
-            self.bias = full.reshape(q.shape[0], k.shape[2], -1, self.seqlen_q, self.seqlen_k)  # [B, Hk, G, Sq, Sk]
+            group = q.shape[2] // k.shape[2]
+            self.bias = full.reshape(q.shape[0], k.shape[2], group, self.seqlen_q, self.seqlen_k)  # [B, Hk, G, Sq, Sk]
         self.mods = mods
         if mods is not None:  # batch and query-head indices in the [B, Hk, G, bm, bn] layout
             self.b = torch.arange(q.shape[0]).view(-1, 1, 1, 1, 1)
@@ -104,11 +108,42 @@ class _Scores:
         return (s, t) if mods is None else (s, t, g)
 
 
+class Dropout:
+    """Dropout's keep mask, tile by tile: element (b, h, i, j) of a (B, Hq, max_q, max_k) layout is kept when
+    Philox counter ((b * Hq + h) * max_q + i) * max_k + j gives a uniform >= p, as kernels/common._dropout_keep.
+
+    first_batch: the batch index of this call's first row (a varlen sequence runs as a batch of one).
+    """
+
+    def __init__(self, p, seed, first_batch, batch, heads_kv, heads_q, max_q, max_k):
+        self.p = torch.tensor(p, dtype=torch.float32)  # the kernels compare in fp32
+        self.scale = 1.0 / (1.0 - p)
+        self.seed = seed
+        self.max_q, self.max_k = max_q, max_k
+        bh = torch.arange(first_batch, first_batch + batch)[:, None] * heads_q + torch.arange(heads_q)
+        self.bh = bh.reshape(batch, heads_kv, -1, 1, 1)  # [B, Hk, G, 1, 1]
+
+    @staticmethod
+    def of(p, rng, q, k, first_batch=0, max_q=None, max_k=None):
+        """None when p == 0; q (B, Sq, Hq, D), k (B, Sk, Hk, D); max_q / max_k default to Sq / Sk."""
+        if p == 0:
+            return None
+        return Dropout(p, int(rng.item()), first_batch, q.shape[0], k.shape[2], q.shape[2],
+                       q.shape[1] if max_q is None else max_q, k.shape[1] if max_k is None else max_k)
+
+    def keep(self, m0, m1, n0, n1):
+        """Boolean [B, Hk, G, m1 - m0, n1 - n0]."""
+        rows = torch.arange(m0, m1)[:, None]
+        cols = torch.arange(n0, n1)[None, :]
+        return philox.rand(self.seed, (self.bh * self.max_q + rows) * self.max_k + cols) >= self.p
+
+
 def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink, attn_bias=None,
-            mods=None):
+            dropout=None, mods=None):
     """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32, as the Triton forward.
 
-    sink: (Hq,) logits that join each row's denominator without a value, or None. mods: Mods or None.
+    sink: (Hq,) logits that join each row's denominator without a value, or None. dropout: a Dropout or
+    None; lse stays that of the undropped softmax. mods: Mods or None.
     """
     seqlen_q = q.shape[1]
     scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias, mods)
@@ -132,19 +167,24 @@ def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_sl
             p = torch.exp(s - m_sub.unsqueeze(-1))
             alpha = torch.exp(m_i - m_sub)
             l_i = l_i * alpha + p.sum(-1)
+            if dropout is not None:
+                p = p.masked_fill(~dropout.keep(m0, m1, n0, n1), 0.0)
             acc = acc * alpha.unsqueeze(-1) + p @ vg[..., n0:n1, :]
             m_i = m_new
         empty = l_i == 0
         out[..., m0:m1, :] = acc / torch.where(empty, 1.0, l_i).unsqueeze(-1)
         lse[..., m0:m1] = torch.where(empty, float("-inf"), m_i + torch.log(torch.where(empty, 1.0, l_i)))
+    if dropout is not None:
+        out = out * dropout.scale
     batch, heads_q = q.shape[0], q.shape[2]
     return _merge_heads(out).to(q.dtype), lse.reshape(batch, heads_q, seqlen_q)
 
 
 def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-             attn_bias=None, bias_grad=False, mods=None):
+             attn_bias=None, bias_grad=False, dropout=None, mods=None):
     """dq, dk, dv (dtypes of q, k, v) and dscores (fp32 (B, Hq, Sq, Sk) when bias_grad, else empty);
-    dlse (B, Hq, Sq) or None is the gradient flowing into lse. mods: Mods or None."""
+    dlse (B, Hq, Sq) or None is the gradient flowing into lse; dropout: the forward's Dropout or None.
+    mods: Mods or None."""
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias, mods)
     qg, kg, vg = _split_heads(q, k, v)
@@ -168,8 +208,14 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_r
             kb, vb = kg[..., n0:n1, :], vg[..., n0:n1, :]
             s, t, *g = scores(qb, kb, m0, m1, n0, n1)  # [B, Hk, G, bm, bn], rounded as in forward
             p = torch.exp(s - lse_b)
-            dv[..., n0:n1, :] += (p.transpose(-1, -2) @ dob).sum(2)
-            ds = p * (dob @ vb.transpose(-1, -2) - delta_b)
+            dp = dob @ vb.transpose(-1, -2)
+            p_dropped = p
+            if dropout is not None:  # dV sees the dropped, rescaled P; dP is masked and scaled alike
+                keep = dropout.keep(m0, m1, n0, n1)
+                p_dropped = p.masked_fill(~keep, 0.0) * dropout.scale
+                dp = dp.masked_fill(~keep, 0.0) * dropout.scale
+            dv[..., n0:n1, :] += (p_dropped.transpose(-1, -2) @ dob).sum(2)
+            ds = p * (dp - delta_b)
             if bias_grad:
                 dscores[..., m0:m1, n0:n1] = ds
             if g and g[0] is not None:
@@ -185,40 +231,90 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_r
     return _merge_heads(dq).to(q.dtype), dk, dv, dscores
 
 
-def _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
-    """(query slice, key slice, that sequence's ALiBi slopes) for each sequence of a varlen batch."""
+def _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias):
+    """(b, query slice, key slice, that sequence's ALiBi slopes and bias) for each sequence of a varlen batch.
+
+    attn_bias: 4-D, broadcastable to (B, Hq, max_q, max_k), indexed by positions within each sequence.
+    """
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cu_q) - 1):
         slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
-        yield slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1]), slopes
+        bias = None
+        if attn_bias is not None:
+            row = attn_bias[b:b + 1] if attn_bias.shape[0] > 1 else attn_bias
+            bias = row[:, :, :cu_q[b + 1] - cu_q[b], :cu_k[b + 1] - cu_k[b]]
+        yield b, slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1]), slopes, bias
+
+
+def _sequence_dropout(dropout_p, rng, b, q, k, sq, max_seqlen_q, max_seqlen_k):
+    """Sequence b's Dropout: its counters sit at batch b of the (B, Hq, max_q, max_k) layout."""
+    return Dropout.of(dropout_p, rng, q[None, sq], k[None], b, max_seqlen_q, max_seqlen_k)
 
 
 def varlen_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias=None, dropout_p=0.0, rng=None):
     """Packed q (total_q, Hq, D), k/v (total_k, Hk, D): each sequence alone; out like q, lse (Hq, total_q)."""
     out = torch.zeros_like(q)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"))
-    for sq, sk, slopes in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+    for b, sq, sk, slopes, bias in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias):
         if sq.stop == sq.start:
             continue
+        dropout = _sequence_dropout(dropout_p, rng, b, q, k, sq, max_seqlen_q, max_seqlen_k)
         o, l = forward(q[None, sq], k[None, sk], v[None, sk], softmax_scale, window_left, window_right, softcap,
-                       slopes, sink)
+                       slopes, sink, bias, dropout)
         out[sq], lse[:, sq] = o[0], l[0]
     return out, lse
 
 
 def varlen_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
-    """dq, dk, dv of the packed layout, each sequence alone."""
+                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias=None, bias_grad=False,
+                    dropout_p=0.0, rng=None):
+    """dq, dk, dv of the packed layout, each sequence alone, and dscores: fp32 (B, Hq, max_q, max_k) when
+    bias_grad (zero outside each sequence), else empty."""
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for sq, sk, slopes in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+    batch = cu_seqlens_q.numel() - 1
+    dscores = torch.zeros(batch, q.shape[1], max_seqlen_q, max_seqlen_k) if bias_grad else torch.zeros(0)
+    for b, sq, sk, slopes, bias in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias):
         if sq.stop == sq.start or sk.stop == sk.start:
             continue
-        grads = backward(dout[None, sq], q[None, sq], k[None, sk], v[None, sk], out[None, sq], lse[None, :, sq],
-                         None if dlse is None else dlse[None, :, sq], softmax_scale, window_left, window_right,
-                         softcap, slopes)[:3]
+        dropout = _sequence_dropout(dropout_p, rng, b, q, k, sq, max_seqlen_q, max_seqlen_k)
+        *grads, ds = backward(dout[None, sq], q[None, sq], k[None, sk], v[None, sk], out[None, sq], lse[None, :, sq],
+                              None if dlse is None else dlse[None, :, sq], softmax_scale, window_left, window_right,
+                              softcap, slopes, bias, bias_grad, dropout)
         dq[sq], dk[sk], dv[sk] = (g[0] for g in grads)
-    return dq, dk, dv
+        if bias_grad:
+            dscores[b, :, :ds.shape[2], :ds.shape[3]] = ds[0]
+    return dq, dk, dv, dscores
+
+
+def attn_probs(q, k, lse, softmax_scale, window_left, window_right, softcap, alibi_slopes, cu_seqlens_q,
+               cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, dropout_p, rng):
+    """The attention probabilities (B, Hq, max_q, max_k) in q's dtype, negated where dropout dropped them,
+    as the Triton _attn_probs kernel. Materializes (Sq, Sk) per call: for tests at small sizes."""
+    if cu_seqlens_q is None:
+        return _dense_probs(q, k, lse, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias,
+                            Dropout.of(dropout_p, rng, q, k))
+    probs = torch.zeros(cu_seqlens_q.numel() - 1, q.shape[1], max_seqlen_q, max_seqlen_k, dtype=q.dtype)
+    for b, sq, sk, slopes, bias in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias):
+        if sq.stop == sq.start or sk.stop == sk.start:
+            continue
+        dropout = _sequence_dropout(dropout_p, rng, b, q, k, sq, max_seqlen_q, max_seqlen_k)
+        p = _dense_probs(q[None, sq], k[None, sk], lse[None, :, sq], softmax_scale, window_left, window_right, softcap,
+                         slopes, bias, dropout)
+        probs[b, :, :p.shape[2], :p.shape[3]] = p[0]
+    return probs
+
+
+def _dense_probs(q, k, lse, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias, dropout):
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias)
+    qg, kg, _ = _split_heads(q, k, k)
+    s, _ = scores(qg, kg, 0, seqlen_q, 0, seqlen_k)  # [B, Hk, G, Sq, Sk]
+    lse = lse.reshape(qg.shape[:-1]).unsqueeze(-1)
+    p = torch.exp(s - torch.where(lse == float("-inf"), float("inf"), lse))
+    if dropout is not None:
+        p = torch.where(dropout.keep(0, seqlen_q, 0, seqlen_k), p, -p)
+    return p.reshape(q.shape[0], q.shape[2], seqlen_q, seqlen_k).to(q.dtype)
 
 
 def kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right, softcap,

@@ -9,33 +9,42 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
                deterministic, return_attn_probs, sink=None, varlen=None, attn_bias=None):
     """Shared by every entry point. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) or None."""
     checks.check_qkv(q, k, v, varlen=varlen is not None)
+    heads = q.shape[-2]
     if varlen is not None:
         checks.check_cu_seqlens(*varlen, q, k)
         batch = varlen[0].numel() - 1
-        if attn_bias is not None:
-            raise NotImplementedError("attn_bias with variable-length inputs is not supported yet")
+        attn_bias = checks.attn_bias(attn_bias, q, (batch, heads, varlen[2], varlen[3]), varlen=True)
     else:
         batch = q.shape[0]
         varlen = (None, None, 0, 0)
-        attn_bias = checks.attn_bias(attn_bias, q, k)
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not supported yet (only dropout_p=0.0)")
+        attn_bias = checks.attn_bias(attn_bias, q, (batch, heads, q.shape[1], k.shape[1]))
+    dropout_p = checks.dropout_p(dropout_p)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    heads = q.shape[-2]
     scale = checks.softmax_scale_or_default(softmax_scale, q.shape[-1])
     window_left, window_right = checks.window(window_size, causal)
+    softcap = checks.softcap_value(softcap)
+    alibi_slopes = checks.alibi(alibi_slopes, q, batch, heads)
+    # The Philox seed comes from torch's generator of q's device (torch.manual_seed reproduces a run) as a
+    # device tensor: no host sync, and CUDA graphs and torch.compile see an ordinary random op.
+    rng = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device=q.device) if dropout_p > 0 else None
     # deterministic needs nothing: the backward uses no atomics, so it is always deterministic.
-    out, lse = ops.fwd(q, k, v, scale, window_left, window_right, checks.softcap_value(softcap),
-                       checks.alibi(alibi_slopes, q, batch, heads), checks.sink_logits(sink, q, heads), *varlen,
-                       attn_bias)
-    if return_attn_probs:
-        return out, lse, None
-    return out
+    out, lse = ops.fwd(q, k, v, scale, window_left, window_right, softcap, alibi_slopes,
+                       checks.sink_logits(sink, q, heads), *varlen, attn_bias, dropout_p, rng)
+    if not return_attn_probs:
+        return out
+    # As flash-attn: the attention matrix only with dropout (S_dmask), else None.
+    probs = None
+    if dropout_p > 0:
+        probs = ops.attn_probs(q.detach(), k.detach(), lse.detach(), scale, window_left, window_right, softcap,
+                               alibi_slopes, *varlen, None if attn_bias is None else attn_bias.detach(), dropout_p,
+                               rng)
+    return out, lse, probs
 
 
 def _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                            causal, window_size, softcap, alibi_slopes, return_attn_probs, block_table, sink):
+                            causal, window_size, softcap, alibi_slopes, return_attn_probs, block_table, sink,
+                            attn_bias=None):
     """flash_attn_varlen_func over a paged cache k, v (num_pages, page_size, Hk, D): forward only."""
     checks.check_tensor("q", q, 3, "(total_tokens, heads, headdim)")
     checks.check_qkv(q[None], k, v, same_batch=False)
@@ -50,7 +59,10 @@ def _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         raise NotImplementedError("flash_attn_varlen_func with block_table (paged KV) is inference only: no "
                                   "backward; call it under torch.no_grad() or with tensors that do not require grad")
     if dropout_p != 0.0:
-        raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not supported yet (only dropout_p=0.0)")
+        raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not supported with block_table (paged KV, "
+                                  "inference only; use dropout_p=0.0)")
+    if attn_bias is not None:
+        raise NotImplementedError("attn_bias is not supported with block_table (paged KV)")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     heads = q.shape[1]
@@ -73,7 +85,16 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     causal: query i sees keys j <= i + seqlen_k - seqlen_q (bottom-right aligned); a query that sees
     no key gets output 0 and lse -inf. softmax_scale defaults to 1 / sqrt(headdim).
     Returns out (batch, seqlen_q, nheads, headdim) in q's dtype; with return_attn_probs=True returns
-    (out, softmax_lse (batch, nheads, seqlen_q) float32, None). Differentiable in q, k, v (and lse).
+    (out, softmax_lse (batch, nheads, seqlen_q) float32, S_dmask). Differentiable in q, k, v (and lse).
+    dropout_p in [0, 1): each attention probability is dropped with probability dropout_p and the kept
+    ones scaled by 1 / (1 - dropout_p): out = (softmax(s) * keep / (1 - dropout_p)) v. The mask comes from
+    a counter-based RNG (Philox) seeded by one draw from torch's generator of q's device, so
+    torch.manual_seed reproduces a run; the backward regenerates it instead of storing it. softmax_lse is
+    that of the undropped softmax. S_dmask, as flash-attn, is None unless dropout_p > 0; then it is the
+    (batch, nheads, seqlen_q, seqlen_k) matrix of probabilities softmax(s) in q's dtype with the dropped
+    ones negated (sign bit set, -0.0 included): keep = ~torch.signbit(S_dmask), P = S_dmask.abs(). It
+    costs O(seqlen_q * seqlen_k) memory: for testing at small sizes. (flash-attn pads its S_dmask to
+    multiples of 128 and stores unnormalized values; this one is exact and unpadded.)
     window_size=(left, right): query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right, -1 meaning
     unbounded on that side (causal=True sets right = 0). softcap > 0 replaces each score s by
     softcap * tanh(s / softcap). alibi_slopes (nheads,) or (batch, nheads) fp32 adds
@@ -82,7 +103,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     and softmax_lse includes it. attn_bias: fp16/bf16/fp32, broadcastable to (batch, nheads, seqlen_q,
     seqlen_k) (any dim may be 1), added to the scores after softcap and ALiBi; it gets a gradient when it
     requires one (computed as a full fp32 (batch, nheads, seqlen_q, seqlen_k) buffer, then summed over
-    broadcast dims). dropout_p other than 0 raises NotImplementedError.
+    broadcast dims).
     """
     return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                       deterministic, return_attn_probs, sink, attn_bias=attn_bias)
@@ -112,25 +133,32 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None, sink=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, sink=None,
+                           attn_bias=None):
     """flash_attn_func on variable-length sequences packed along the token axis.
 
     q: (total_q, nheads, headdim), k/v: (total_k, nheads_k, headdim); sequence b holds tokens
     cu_seqlens_q[b]:cu_seqlens_q[b + 1] (int32, shape (batch + 1,)), likewise for keys; sequences of
     length 0 are allowed. max_seqlen_q/k: ints at least the longest sequence. Causal and windows are
-    bottom-right aligned per sequence; alibi_slopes may be (batch, nheads). The result equals running
-    each sequence alone. softmax_lse, when returned, is (nheads, total_q).
+    bottom-right aligned per sequence; alibi_slopes may be (batch, nheads). Without dropout the result
+    equals running each sequence alone. softmax_lse, when returned, is (nheads, total_q).
+    attn_bias and S_dmask use the padded per-sequence layout (batch, nheads, max_seqlen_q, max_seqlen_k):
+    element (b, h, i, j) is query i and key j of sequence b (positions within the sequence). attn_bias may
+    broadcast along any of those dims; S_dmask is zero past each sequence's lengths. The dropout mask of
+    a sequence is the one a dense batch padded to (max_seqlen_q, max_seqlen_k) would draw.
     block_table (int32 (batch, max_pages)): k and v are a paged cache (num_pages, page_size, nheads_k,
     headdim) of any page size, sequence b's keys are its first cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens in
     the pages block_table[b] lists (token t in page block_table[b, t // page_size], slot t % page_size).
-    Inference only: with a block_table, q, k and v must not require grad.
+    Inference only: with a block_table, q, k and v must not require grad, and dropout and attn_bias are not
+    supported.
     """
     if block_table is not None:
         return _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                        softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-                                       block_table, sink)
+                                       block_table, sink, attn_bias)
     return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      deterministic, return_attn_probs, sink, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+                      deterministic, return_attn_probs, sink, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                      attn_bias)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,

@@ -13,7 +13,7 @@ import triton
 from . import configs
 from .kernels.bwd import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
 from .kernels.decode import _attn_combine, _attn_fwd_splitkv
-from .kernels.fwd import _attn_fwd
+from .kernels.fwd import _attn_fwd, _attn_probs
 
 LOG2E = 1.4426950408889634
 
@@ -126,7 +126,8 @@ class KernelLaunch:
 
 @dataclass(frozen=True)
 class ScoreArgs:
-    """What kernels/common._scores needs: runtime arguments and the constexpr switches.
+    """What turns q.k products into probabilities: kernels/common._scores's runtime arguments, dropout's
+    (common._dropout_keep) and the constexpr switches.
 
     window_left / window_right are -1 for unbounded at the API (causal is right = 0); the kernels get
     Sq + Sk instead, which no position difference reaches, so the loop bounds need no special case.
@@ -135,17 +136,22 @@ class ScoreArgs:
     stride_alibi_b: int
     bias: torch.Tensor
     bias_strides: tuple
+    rng: torch.Tensor
     qk_scale: float
     softcap_log2: float
     window_left: int
     window_right: int
+    dropout_p: float
     left_bounded: bool  # a finite left window: the key loops keep their leading masked segment
     constexprs: dict
 
     @staticmethod
-    def make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, placeholder, attn_bias=None):
+    def make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, placeholder, attn_bias=None,
+             dropout_p=0.0, rng=None):
         """placeholder: any fp32 tensor, passed where an optional tensor argument is absent.
-        attn_bias: 4-D, broadcastable to (B, Hq, Sq, Sk) (size-1 dims are read with stride 0), or None."""
+        attn_bias: 4-D, broadcastable to (B, Hq, max_q, max_k) (size-1 dims are read with stride 0), or None;
+        in varlen mode indexed by positions within each sequence. rng: int64 (1,) Philox seed when
+        dropout_p > 0."""
         unbounded = geo.seqlen_q + geo.seqlen_k
         has_alibi = alibi_slopes is not None
         has_bias = attn_bias is not None
@@ -155,17 +161,24 @@ class ScoreArgs:
             bias=attn_bias if has_bias else placeholder,
             bias_strides=tuple(0 if size == 1 else stride for size, stride in zip(attn_bias.shape, attn_bias.stride()))
             if has_bias else (0, 0, 0, 0),
+            rng=rng if dropout_p > 0 else placeholder,
             qk_scale=softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E,
             softcap_log2=softcap * LOG2E,
             window_left=window_left if window_left >= 0 else unbounded,
             window_right=window_right if window_right >= 0 else unbounded,
+            dropout_p=float(dropout_p),
             left_bounded=window_left >= 0,
             constexprs=dict(IS_LOCAL=window_left >= 0 or window_right >= 0, SOFTCAP=softcap > 0,
-                            HAS_ALIBI=has_alibi, HAS_BIAS=has_bias),
+                            HAS_ALIBI=has_alibi, HAS_BIAS=has_bias, HAS_DROPOUT=dropout_p > 0),
         )
 
-    def scalars(self):
+    def score_scalars(self):
+        """_scores's runtime scalars: what the split-KV decode kernel takes (it has no dropout)."""
         return self.qk_scale, self.softcap_log2, self.window_left, self.window_right
+
+    def scalars(self):
+        """The score scalars, then dropout_p: the forward, backward and probabilities kernels."""
+        return (*self.score_scalars(), self.dropout_p)
 
 
 @dataclass(frozen=True)
@@ -235,7 +248,7 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=N
     return [KernelLaunch(
         _attn_fwd, (triton.cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse, *geo.cu_args(lse), sa.bias,
-         geo.block_table if geo.block_table is not None else lse, geo.key_start_arg(lse),
+         geo.block_table if geo.block_table is not None else lse, geo.key_start_arg(lse), sa.rng,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out), *geo.lse_strides(lse),
          sa.stride_alibi_b, *sa.bias_strides, *geo.page_args(k),
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars(), *mods.args(lse)),
@@ -294,7 +307,7 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
         (q, k, v, out_acc, lse_acc, sa.alibi, geo.seqused_k, geo.block_table if geo.block_table is not None else lse,
          geo.key_start_arg(lse), *_strides3(q), *_strides3(k), *_strides3(v), split_strides[0], *_strides3(acc4),
          split_strides[1], lse3.stride(0), lse3.stride(1), sa.stride_alibi_b, *geo.page_args(k),
-         geo.seqlen_q, geo.heads_kv, group_size, num_splits, *sa.scalars()),
+         geo.seqlen_q, geo.heads_kv, group_size, num_splits, *sa.score_scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              IS_LOCAL=sa.constexprs["IS_LOCAL"], SOFTCAP=sa.constexprs["SOFTCAP"],
              HAS_ALIBI=sa.constexprs["HAS_ALIBI"], PAGED=geo.block_table is not None,
@@ -317,7 +330,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
                       interpreter, mods=None):
     """The backward's three launches: preprocess (delta, lse2, laid out as lse), dK/dV, dQ; sa: ScoreArgs.
 
-    dbias: a zero-filled fp32 (B, Hq, Sq, Sk) buffer that the dQ kernel fills with dS, or None.
+    dbias: a zero-filled fp32 (B, Hq, max_q, max_k) buffer that the dQ kernel fills with dS, or None.
     mods: ModArgs or None.
     """
     group_size = geo.heads_q // geo.heads_kv
@@ -338,7 +351,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
     )
     dkdv = KernelLaunch(
         _attn_bwd_dkdv, (triton.cdiv(geo.seqlen_k, cfg.dkdv.BLOCK_N), geo.batch * geo.heads_kv),
-        (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k, sa.bias,
+        (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k, sa.bias, sa.rng,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
          *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
          geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars(),
@@ -349,7 +362,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
     )
     dq_launch = KernelLaunch(
         _attn_bwd_dq, (triton.cdiv(geo.seqlen_q, cfg.dq.BLOCK_M), geo.batch * geo.heads_q),
-        (q, k, v, dout, lse2, delta, dq, sa.alibi, cu_q, cu_k, sa.bias, dbias if dbias is not None else lse,
+        (q, k, v, dout, lse2, delta, dq, sa.alibi, cu_q, cu_k, sa.bias, dbias if dbias is not None else lse, sa.rng,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
          *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, group_size, softmax_scale, *sa.scalars(), *mods.args(lse)),
@@ -360,19 +373,53 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
     return [preprocess, dkdv, dq_launch]
 
 
+def probs_launches(geo, q, k, lse, probs, sa, arch, interpreter):
+    """The attention-probabilities kernel (return_attn_probs): writes probs (B, Hq, max_q, max_k) from q, k, lse."""
+    head_dim_pad = _head_dim_padded(geo.head_dim)
+    cfg = configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
+    return [KernelLaunch(
+        _attn_probs, (triton.cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
+        (q, k, lse, probs, sa.alibi, *geo.cu_args(lse), sa.bias, sa.rng,
+         *_strides3(q), *_strides3(k), *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
+         geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars()),
+        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+             IS_VARLEN=geo.is_varlen, DOT_PRECISION=_dot_precision(q.dtype), **sa.constexprs),
+        cfg.num_warps, 1,
+    )]
+
+
 def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
                         cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None,
-                        mods=None):
+                        dropout_p=0.0, rng=None, mods=None):
     """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), or (Hq, total_q) when cu_seqlens are given.
-    mods: ModArgs (programmable attention) or None."""
+
+    dropout_p > 0: rng is the int64 (1,) Philox seed on q's device; the backward gets the same one.
+    mods: ModArgs (programmable attention) or None.
+    """
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
-    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias)
+    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias,
+                        dropout_p, rng)
     for launch in forward_launches(geo, q, k, v, out, lse, sink, sa, _arch(q.device), interpreter_active(),
                                    mods):
         launch.run()
     return out, lse
+
+
+def _flash_attn_probs(q, k, lse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
+                      cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None,
+                      dropout_p=0.0, rng=None):
+    """The attention probabilities (B, Hq, max_q, max_k) in q's dtype, negated where dropout dropped them;
+    zero outside each sequence in varlen mode. O(Sq * Sk) memory: for tests at small sizes."""
+    geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    shape = (geo.batch, geo.heads_q, geo.seqlen_q, geo.seqlen_k)
+    probs = torch.zeros(shape, dtype=q.dtype, device=q.device) if geo.is_varlen else _empty(shape, q)
+    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias,
+                        dropout_p, rng)
+    for launch in probs_launches(geo, q, k, lse, probs, sa, _arch(q.device), interpreter_active()):
+        launch.run()
+    return probs
 
 
 def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right,
@@ -421,9 +468,10 @@ def _flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqle
 
 def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
                          alibi_slopes, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                         attn_bias=None, bias_grad=False, mods=None):
-    """dq, dk, dv with the shapes and dtypes of q, k, v, recomputing P from q, k and lse, and dbias:
-    the full (B, Hq, Sq, Sk) fp32 gradient of the scores when bias_grad, else an empty tensor.
+                         attn_bias=None, bias_grad=False, dropout_p=0.0, rng=None, mods=None):
+    """dq, dk, dv with the shapes and dtypes of q, k, v, recomputing P from q, k and lse (and the dropout
+    mask from rng), and dbias: the full (B, Hq, max_q, max_k) fp32 gradient of the scores when bias_grad,
+    else an empty tensor.
 
     dlse (lse's shape) or None is the gradient flowing into lse: since d lse_i / d s_ij = P_ij it
     folds into delta (dS = P * (dP - (delta - dlse))), so the kernels do not change. mods: as in the forward.
@@ -437,7 +485,8 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
     # Zeros, not poison: blocks the kernels skip (outside a window or causal mask) have dS = 0.
     dbias = (torch.zeros((geo.batch, geo.heads_q, geo.seqlen_q, geo.seqlen_k), dtype=torch.float32, device=q.device)
              if bias_grad else None)
-    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias)
+    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias,
+                        dropout_p, rng)
     preprocess, *grads = backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale,
                                            sa, _arch(q.device), interpreter_active(), mods)
     preprocess.run()

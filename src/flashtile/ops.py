@@ -26,28 +26,31 @@ def _runs_triton(t):
 def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int, window_right: int,
         softcap: float, alibi_slopes: Optional[Tensor], sink: Optional[Tensor],
         cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
-        max_seqlen_k: int, attn_bias: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        max_seqlen_k: int, attn_bias: Optional[Tensor], dropout_p: float = 0.0,
+        rng: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """out (q's shape), lse fp32: (B, Hq, Sq) dense, (Hq, total_q) varlen (cu_seqlens given, q (total_q, Hq, D)).
 
     window_left/right: -1 = unbounded (causal: right = 0). sink: fp32 (Hq,) attention-sink logits or None;
     the backward needs no kernel change for it (autograd.py). max_seqlen_* are plain ints, so sequence
     lengths never become part of a compiled graph's guards beyond these two numbers. attn_bias: 4-D,
-    broadcastable to (B, Hq, Sq, Sk), added to the scores (dense inputs only).
+    broadcastable to (B, Hq, max_q, max_k), added to the scores (varlen: positions within each sequence).
+    dropout_p in [0, 1); when > 0, rng is the int64 (1,) Philox seed on q's device, drawn by the caller so
+    the op itself is a pure function of its inputs and the backward regenerates the same mask.
     """
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
         from .launch import _flash_attn_forward
 
-        return _flash_attn_forward(q, k, v, *args, *varlen, attn_bias)
+        return _flash_attn_forward(q, k, v, *args, *varlen, attn_bias, dropout_p, rng)
     if cu_seqlens_q is not None:
-        return cpu.varlen_forward(q, k, v, *args, *varlen)
-    return cpu.forward(q, k, v, *args, attn_bias)
+        return cpu.varlen_forward(q, k, v, *args, *varlen, attn_bias, dropout_p, rng)
+    return cpu.forward(q, k, v, *args, attn_bias, cpu.Dropout.of(dropout_p, rng, q, k))
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias):
+              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, dropout_p=0.0, rng=None):
     if cu_seqlens_q is not None:
         lse_shape = (q.shape[1], q.shape[0])
     else:
@@ -60,25 +63,59 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         softmax_scale: float, window_left: int, window_right: int, softcap: float,
         alibi_slopes: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
         max_seqlen_q: int, max_seqlen_k: int, attn_bias: Optional[Tensor],
-        bias_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """dq, dk, dv (shapes and dtypes of q, k, v) and dscores: fp32 (B, Hq, Sq, Sk) when bias_grad, else empty."""
+        bias_grad: bool, dropout_p: float = 0.0,
+        rng: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv (shapes and dtypes of q, k, v) and dscores: fp32 (B, Hq, max_q, max_k) when bias_grad, else
+    empty. dropout_p and rng: the forward's."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
         from .launch import _flash_attn_backward
 
-        return _flash_attn_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad)
+        return _flash_attn_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad, dropout_p,
+                                    rng)
     if cu_seqlens_q is not None:
-        return (*cpu.varlen_backward(dout, q, k, v, out, lse, dlse, *args, *varlen), q.new_empty(0))
-    return cpu.backward(dout, q, k, v, out, lse, dlse, *args, attn_bias, bias_grad)
+        return cpu.varlen_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad, dropout_p,
+                                   rng)
+    return cpu.backward(dout, q, k, v, out, lse, dlse, *args, attn_bias, bias_grad,
+                        cpu.Dropout.of(dropout_p, rng, q, k))
+
+
+def _scores_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
+    """(B, Hq, max_q, max_k): the layout of dscores and of the attention probabilities."""
+    if cu_seqlens_q is not None:
+        return cu_seqlens_q.shape[0] - 1, q.shape[1], max_seqlen_q, max_seqlen_k
+    return q.shape[0], q.shape[2], q.shape[1], k.shape[1]
 
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, bias_grad):
-    dscores = (q.new_empty((q.shape[0], q.shape[2], q.shape[1], k.shape[1]), dtype=torch.float32) if bias_grad
-               else q.new_empty(0, dtype=torch.float32))
+              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, bias_grad, dropout_p=0.0, rng=None):
+    dscores = (q.new_empty(_scores_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k), dtype=torch.float32)
+               if bias_grad else q.new_empty(0, dtype=torch.float32))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dscores
+
+
+@torch.library.custom_op("flashtile::attn_probs", mutates_args=(), device_types=None)
+def attn_probs(q: Tensor, k: Tensor, lse: Tensor, softmax_scale: float, window_left: int, window_right: int,
+               softcap: float, alibi_slopes: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+               cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int, attn_bias: Optional[Tensor],
+               dropout_p: float, rng: Optional[Tensor]) -> Tensor:
+    """The attention probabilities exp(s - lse), (B, Hq, max_q, max_k) in q's dtype, negated where dropout
+    dropped them (sign bit set, -0.0 included); zero outside each sequence in varlen mode. No autograd."""
+    args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
+    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if _runs_triton(q):
+        from .launch import _flash_attn_probs
+
+        return _flash_attn_probs(q, k, lse, *args, *varlen, attn_bias, dropout_p, rng)
+    return cpu.attn_probs(q, k, lse, *args, *varlen, attn_bias, dropout_p, rng)
+
+
+@attn_probs.register_fake
+def _attn_probs_fake(q, k, lse, softmax_scale, window_left, window_right, softcap, alibi_slopes, cu_seqlens_q,
+                     cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, dropout_p, rng):
+    return q.new_empty(_scores_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k))
 
 
 @torch.library.custom_op("flashtile::fwd_kvcache", mutates_args=(), device_types=None)

@@ -9,16 +9,21 @@ import torch
 
 
 def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return_lse=False, window_size=(-1, -1),
-                  softcap=0.0, alibi_slopes=None, sink=None, attn_bias=None, score_mod=None, mask_mod=None):
+                  softcap=0.0, alibi_slopes=None, sink=None, attn_bias=None, dropout_p=0.0, dropout_mask=None,
+                  score_mod=None, mask_mod=None):
     """Standard attention softmax(Q K^T * scale) V with the flash-attn layout and semantics.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hk, D) with Hq a multiple of Hk (query head h uses
     key/value head h // (Hq // Hk)). upcast=True computes in float64 (the reference);
     upcast=False computes in the inputs' dtype (the plain low-precision PyTorch computation).
     window_size, softcap, alibi_slopes, attn_bias and sink as in flash_attn_func (scores: softcap, ALiBi,
-    bias, masks; the sink joins the softmax as one extra column without a value). score_mod(score, b, h, q_idx,
-    kv_idx) and mask_mod(b, h, q_idx, kv_idx) as flashtile.attention takes them, called on tensors (their
-    PyTorch form: a flashtile Mod, or a vectorized function) over the whole (B, H, Sq, Sk) grid after the bias.
+    bias, masks; the sink joins the softmax as one extra column without a value).
+    dropout_mask: boolean, broadcastable to (B, Hq, Sq, Sk), True where kept (e.g. recovered from
+    flash_attn_func's returned attention probabilities, ~signbit); the probabilities are then
+    P * dropout_mask / (1 - dropout_p). lse stays that of the undropped softmax.
+    score_mod(score, b, h, q_idx, kv_idx) and mask_mod(b, h, q_idx, kv_idx) as flashtile.attention takes them,
+    called on tensors (their PyTorch form: a flashtile Mod, or a vectorized function) over the whole
+    (B, H, Sq, Sk) grid after the bias.
     Rows that see no key give output 0 and lse -inf.
     Returns out (B, Sq, Hq, D) in q's dtype (float64 when upcast), and lse (B, Hq, Sq) when return_lse.
     """
@@ -64,6 +69,8 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, return
     probs = torch.nan_to_num(probs, nan=0.0)  # rows with no visible key: 0, not NaN
     if sink is not None:
         probs = probs[..., :-1]
+    if dropout_mask is not None:
+        probs = probs * dropout_mask.to(dtype) / (1.0 - dropout_p)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     if return_lse:
         lse = torch.logsumexp(scores if upcast else scores.float(), dim=-1)  # [B, H, Sq]

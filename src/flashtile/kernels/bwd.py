@@ -6,8 +6,8 @@ loops over every query head of its group, so GQA sums need no atomics and result
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _block_list, _key_range, _load_tile, _query_range, _scores, _segment, _seq_offset,
-                     _seq_range, _store_tile, _tile_start)
+from .common import (LOG2E, _block_list, _dropout_keep, _key_range, _load_tile, _query_range, _scores, _segment,
+                     _seq_offset, _seq_range, _store_tile, _tile_start)
 
 
 
@@ -52,10 +52,11 @@ def _attn_bwd_preprocess(Out, DOut, Lse, Delta, Lse2, CuSeqlensQ,
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, lse2_ptr, delta_ptr,
                          offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k,
                          qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                         bias_ptr, stride_bias_m, stride_bias_n,
+                         bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k, dropout_p,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                          MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
-                         HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                         HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr,
                          off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None, SCORE_MOD: tl.constexpr = None,
                          SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, idx_ptr=None,
                          BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128):
@@ -63,7 +64,9 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
     BLOCK_SPARSE: [lo, hi) are offsets into the query blocks listed at idx_ptr (see _tile_start).
 
     dK is accumulated with respect to the raw products q.k (softcap's chain rule applied here); the
-    caller multiplies by softmax_scale once at the end.
+    caller multiplies by softmax_scale once at the end. HAS_DROPOUT: with Z the forward's keep mask
+    and r = 1 / (1 - dropout_p), dV = (P Z r)^T dO and dP = (dO V^T) Z r; delta = rowsum(dO O) is
+    still rowsum(P dP), so dS = P (dP - delta) keeps its form.
     """
     for virt_m in range(lo, hi, BLOCK_M):
         start_m = _tile_start(virt_m, idx_ptr, BLOCK_SPARSE, SPARSE_M)
@@ -85,8 +88,15 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                              MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, off_b, off_h, aux0, aux1, aux2, aux3,
                              SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
         pT = tl.math.exp2(sT - lse2[None, :])  # [BLOCK_N, BLOCK_M]
-        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        if HAS_DROPOUT:
+            keepT = _dropout_keep(seed, rng_base, offs_qm[None, :], offs_n[:, None], max_k, dropout_p)
+            rp = 1.0 / (1.0 - dropout_p)
+            dv = tl.dot(tl.where(keepT, pT * rp, 0.0).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        else:
+            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
+        if HAS_DROPOUT:
+            dpT = tl.where(keepT, dpT * rp, 0.0)
         dsT = pT * (dpT - delta[None, :])  # [BLOCK_N, BLOCK_M]
         if SCORE_MOD is not None:
             dsT = tl.where(pT > 0.0, dsT * gT, 0.0)  # the user's derivative, never read where P = 0
@@ -97,7 +107,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeqlensK, Bias,
+def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeqlensK, Bias, Rng,
                    stride_qb, stride_qm, stride_qh,
                    stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh,
@@ -107,24 +117,31 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                    stride_lse_b, stride_lse_h, stride_alibi_b,
                    stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                    seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale,
-                   qk_scale, softcap_log2, window_left, window_right,
+                   qk_scale, softcap_log2, window_left, window_right, dropout_p,
                    Aux0, Aux1, Aux2, Aux3, QNum, QIdx, FullQNum, FullQIdx,
                    stride_bm_b, stride_bm_h, stride_bm_m, stride_bi_b, stride_bi_h, stride_bi_m,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_GROUP_SUM: tl.constexpr,
+                   HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   SPLIT_GROUP_SUM: tl.constexpr,
                    SCORE_MOD: tl.constexpr = None, SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
                    BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128):
     """One program per (key block, batch * key/value head); sums over the group's query heads.
 
     BLOCK_SPARSE: the query blocks come from the block mask's transposed lists QNum / FullQNum
     (B, H, Sk / SPARSE_N) and QIdx / FullQIdx (B, H, Sk / SPARSE_N, Sq / SPARSE_M); see _attn_fwd.
+    HAS_DROPOUT: the forward's keep mask is regenerated in both loop structures.
     """
     start_n = tl.program_id(0) * BLOCK_N
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_kv).to(tl.int64)
     off_hk = (pid_bh % heads_kv).to(tl.int64)
+    max_q = seqlen_q  # the (B, Hq, max_q, max_k) layout of dropout counters (common._dropout_keep)
+    max_k = seqlen_k
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(Rng)
     q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
     if IS_VARLEN:
@@ -158,6 +175,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
         if HAS_ALIBI:
             alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
         bias_ptr = Bias + off_b * stride_bias_b + off_h * stride_bias_h
+        rng_base = (off_b * heads_kv * group_size + off_h) * max_q * max_k
         if SPLIT_GROUP_SUM:
             # fp32: a sum over group_size * Sq rows in one running fp32 accumulator drifts like
             # sqrt(n) ulps; summing each head apart first keeps fp32 GQA as exact as PyTorch.
@@ -174,9 +192,10 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
                                               0, n_blocks * SPARSE_M, seqlen_q, seqlen_k,
                                               qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                              bias_ptr, stride_bias_m, stride_bias_n, HEAD_DIM, HEAD_DIM_PAD,
-                                              BLOCK_M, FULL == 0, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS,
-                                              DOT_PRECISION, off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD,
+                                              bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k,
+                                              dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, FULL == 0, IS_LOCAL,
+                                              SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION,
+                                              off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD,
                                               SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_M)
         else:
             for SEGMENT in tl.static_range(3):
@@ -185,9 +204,10 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
                                               seg_lo, seg_hi, seqlen_q, seqlen_k,
                                               qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                              bias_ptr, stride_bias_m, stride_bias_n, HEAD_DIM, HEAD_DIM_PAD,
-                                              BLOCK_M, SEGMENT != 1, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS,
-                                              DOT_PRECISION, off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD,
+                                              bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k,
+                                              dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, SEGMENT != 1, IS_LOCAL,
+                                              SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION,
+                                              off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD,
                                               SCORE_MOD_GRAD, MASK_MOD)
         if SPLIT_GROUP_SUM:
             dk = dk_all + dk
@@ -206,18 +226,19 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
 def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
                        offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k,
                        qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                       bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, stride_dbias_m,
+                       bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, max_k, seed, rng_base, dropout_p,
                        HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                        MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
                        HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_DBIAS: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
+                       HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                       off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
                        SCORE_MOD: tl.constexpr = None, SCORE_MOD_GRAD: tl.constexpr = None,
                        MASK_MOD: tl.constexpr = None, idx_ptr=None, BLOCK_SPARSE: tl.constexpr = False,
                        SPARSE_N: tl.constexpr = 128):
-    """Accumulate dQ of one query block over key blocks [lo, hi).
+    """Accumulate dQ of one query block over key blocks [lo, hi); dropout as in _attn_bwd_dkdv_inner.
 
     STORE_DBIAS: dS (the gradient of the score after softcap and ALiBi, i.e. of the additive bias) is
-    also written to this (batch, head)'s slice of a full (Sq, Sk) fp32 buffer; each element once.
+    also written to this (batch, head)'s slice of a full (max_q, max_k) fp32 buffer; each element once.
     BLOCK_SPARSE: [lo, hi) are offsets into the key blocks listed at idx_ptr (see _tile_start).
     """
     for virt_n in range(lo, hi, BLOCK_N):
@@ -234,9 +255,12 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
                           SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
         p = tl.math.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N]
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        if HAS_DROPOUT:
+            keep = _dropout_keep(seed, rng_base, offs_m[:, None], offs_kn[None, :], max_k, dropout_p)
+            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
         if STORE_DBIAS:
-            tl.store(dbias_ptr + offs_m[:, None].to(tl.int64) * stride_dbias_m + offs_kn[None, :], ds,
+            tl.store(dbias_ptr + offs_m[:, None].to(tl.int64) * max_k + offs_kn[None, :], ds,
                      mask=(offs_m[:, None] < seqlen_q) & (offs_kn[None, :] < seqlen_k))
         if SCORE_MOD is not None:
             ds = tl.where(p > 0.0, ds * g, 0.0)  # the user's derivative, never read where P = 0
@@ -247,7 +271,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, Bias, DBias,
+def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, Bias, DBias, Rng,
                  stride_qb, stride_qm, stride_qh,
                  stride_kb, stride_kn, stride_kh,
                  stride_vb, stride_vn, stride_vh,
@@ -256,16 +280,18 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
                  stride_lse_b, stride_lse_h, stride_alibi_b,
                  stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                  seqlen_q, seqlen_k, heads_q, group_size, softmax_scale,
-                 qk_scale, softcap_log2, window_left, window_right,
+                 qk_scale, softcap_log2, window_left, window_right, dropout_p,
                  Aux0, Aux1, Aux2, Aux3, KvNum, KvIdx, FullKvNum, FullKvIdx,
                  stride_bm_b, stride_bm_h, stride_bm_m, stride_bi_b, stride_bi_h, stride_bi_m,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  IS_LOCAL: tl.constexpr, LEFT_BOUNDED: tl.constexpr, SOFTCAP: tl.constexpr,
-                 HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_DBIAS: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_DBIAS: tl.constexpr,
+                 HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  SCORE_MOD: tl.constexpr = None, SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
                  BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128):
-    """One program per (query block, batch * query head). DBias: (B, Hq, Sq, Sk) fp32, zero-filled.
+    """One program per (query block, batch * query head). DBias: (B, Hq, max_q, max_k) fp32, zero-filled,
+    element (b, h, i, j) for query i and key j of sequence b (positions within the sequence in varlen mode).
     BLOCK_SPARSE: key blocks from the block mask's lists, as in _attn_fwd."""
     pid_m = tl.program_id(0)
     if IS_LOCAL or BLOCK_SPARSE:
@@ -275,6 +301,13 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
     off_h = (pid_bh % heads_q).to(tl.int64)
     off_hk = off_h // group_size
     start_m = pid_m * BLOCK_M
+    max_k = seqlen_k  # dbias and the dropout counters are laid out as (B, Hq, max_q, max_k)
+    dbias_ptr = DBias + pid_bh.to(tl.int64) * seqlen_q * seqlen_k
+    seed = 0
+    rng_base = 0
+    if HAS_DROPOUT:
+        seed = tl.load(Rng)
+        rng_base = pid_bh.to(tl.int64) * seqlen_q * seqlen_k
     q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
     if IS_VARLEN:
@@ -298,7 +331,6 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
     if HAS_ALIBI:
         alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
     bias_ptr = Bias + off_b * stride_bias_b + off_h * stride_bias_h
-    dbias_ptr = DBias + pid_bh.to(tl.int64) * seqlen_q * seqlen_k
 
     cols = offs_n[:, None].to(tl.int64)
     k_ptrs = (K + _seq_offset(off_b, k_start, stride_kb, stride_kn, IS_VARLEN) + off_hk * stride_kh
@@ -315,9 +347,10 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
             dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
                                     offs_m, offs_n, offs_d, 0, n_blocks * SPARSE_N, seqlen_q, seqlen_k,
                                     qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                    bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, seqlen_k,
-                                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                    HAS_BIAS, STORE_DBIAS, DOT_PRECISION, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
+                                    bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, max_k, seed, rng_base,
+                                    dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0, IS_LOCAL, SOFTCAP,
+                                    HAS_ALIBI, HAS_BIAS, STORE_DBIAS, HAS_DROPOUT, DOT_PRECISION,
+                                    off_b, off_h, Aux0, Aux1, Aux2, Aux3,
                                     SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_N)
     else:
         lo, full_lo, full_hi, hi = _key_range(start_m, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M,
@@ -327,9 +360,10 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
             dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
                                     offs_m, offs_n, offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k,
                                     qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                                    bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, seqlen_k,
-                                    HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                    HAS_BIAS, STORE_DBIAS, DOT_PRECISION, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
+                                    bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, max_k, seed, rng_base,
+                                    dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL, SOFTCAP,
+                                    HAS_ALIBI, HAS_BIAS, STORE_DBIAS, HAS_DROPOUT, DOT_PRECISION,
+                                    off_b, off_h, Aux0, Aux1, Aux2, Aux3,
                                     SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
     dq = dq * softmax_scale
     dq_ptrs = (DQ + _seq_offset(off_b, q_start, stride_dqb, stride_dqm, IS_VARLEN) + off_h * stride_dqh

@@ -72,6 +72,18 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
 
 
 @triton.jit
+def _dropout_keep(seed, rng_base, q_idx, k_idx, max_k, dropout_p):
+    """Dropout's keep mask at (q_idx, k_idx), True with probability 1 - dropout_p.
+
+    Philox (tl.rand) keyed by seed, counting element (b, h, i, j) of a (B, Hq, max_q, max_k) layout:
+    counter = rng_base + i * max_k + j with rng_base = (b * Hq + h) * max_q * max_k, positions within
+    the sequence. The counter depends only on the element, not on the tiling, so the dK/dV and dQ
+    kernels regenerate the forward's mask exactly, and flashtile.philox reproduces it on the CPU.
+    """
+    return tl.rand(seed, rng_base + q_idx.to(tl.int64) * max_k + k_idx) >= dropout_p
+
+
+@triton.jit
 def _seq_range(CuSeqlens, off_b, seqlen, IS_VARLEN: tl.constexpr):
     """(first token, length) of sequence off_b: from cu_seqlens in varlen mode, (0, seqlen) when dense."""
     if IS_VARLEN:

@@ -83,9 +83,9 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart,
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, pos, offs_n,
                                         offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                                         alibi_slope, window_left, window_right, Q, 0, 0, k_head, v_head,
-                                        stride_kb, stride_vb, block_table, page_size, key_start,
+                                        stride_kb, stride_vb, block_table, page_size, key_start, 0, 0, 0, 0.0,
                                         HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL,
-                                        SOFTCAP, HAS_ALIBI, False, PAGED, DOT_PRECISION)
+                                        SOFTCAP, HAS_ALIBI, False, PAGED, False, DOT_PRECISION)
 
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]

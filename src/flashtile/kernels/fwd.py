@@ -2,8 +2,8 @@
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _block_list, _key_range, _key_start, _kv_tile_ptrs, _load_tile, _scores, _segment,
-                     _seq_offset, _seq_range, _store_tile, _tile_start)
+from .common import (LOG2E, _block_list, _dropout_keep, _key_range, _key_start, _kv_tile_ptrs, _load_tile, _scores,
+                     _segment, _seq_offset, _seq_range, _store_tile, _tile_start)
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -13,14 +13,20 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
                     lo, hi, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                     bias_ptr, stride_bias_m, stride_bias_n,
                     k_head, v_head, stride_kpage, stride_vpage, block_table, page_size, key_start,
+                    seed, rng_base, max_k, dropout_p,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, PAGED: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
+                    HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
                     SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, idx_ptr=None,
                     BLOCK_SPARSE: tl.constexpr = False, SPARSE_N: tl.constexpr = 128):
     """Online softmax over key blocks [lo, hi); MASKED blocks evaluate the masks, the others skip them.
-    BLOCK_SPARSE: [lo, hi) are offsets into the key blocks listed at idx_ptr (see _tile_start)."""
+    BLOCK_SPARSE: [lo, hi) are offsets into the key blocks listed at idx_ptr (see _tile_start).
+
+    HAS_DROPOUT: dropped probabilities still count in the denominator l_i (the softmax is of the
+    undropped scores) but not in acc; the caller scales by 1 / (1 - dropout_p) at the end.
+    """
     for virt_n in range(lo, hi, BLOCK_N):
         start_n = _tile_start(virt_n, idx_ptr, BLOCK_SPARSE, SPARSE_N)
         offs_kn = start_n + offs_n
@@ -41,6 +47,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
         p = tl.math.exp2(s - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
         alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
         l_i = l_i * alpha + tl.sum(p, 1)
+        if HAS_DROPOUT:
+            p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], offs_kn[None, :], max_k, dropout_p), p, 0.0)
         v = _load_tile(_kv_tile_ptrs(v_ptrs, v_head, start_n, offs_kn, offs_d, stride_vn, stride_vpage, block_table,
                                      page_size, seqlen_k, key_start, PAGED),
                        offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
@@ -50,7 +58,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, BlockTable, KeyStart,
+def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, BlockTable, KeyStart, Rng,
               stride_qb, stride_qm, stride_qh,
               stride_kb, stride_kn, stride_kh,
               stride_vb, stride_vn, stride_vh,
@@ -58,6 +66,7 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
               stride_lse_b, stride_lse_h, stride_alibi_b,
               stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n, stride_bt_b, page_size,
               seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
+              dropout_p,
               Aux0, Aux1, Aux2, Aux3, KvNum, KvIdx, FullKvNum, FullKvIdx,
               stride_bm_b, stride_bm_h, stride_bm_m, stride_bi_b, stride_bi_h, stride_bi_m,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -65,9 +74,9 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
               IS_LOCAL: tl.constexpr, LEFT_BOUNDED: tl.constexpr, SOFTCAP: tl.constexpr,
               HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
               HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr, SEQUSED_K: tl.constexpr, PAGED: tl.constexpr,
-              LEFTPAD: tl.constexpr, DOT_PRECISION: tl.constexpr, SCORE_MOD: tl.constexpr = None,
-              MASK_MOD: tl.constexpr = None, BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128,
-              SPARSE_N: tl.constexpr = 128):
+              LEFTPAD: tl.constexpr, HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, BLOCK_SPARSE: tl.constexpr = False,
+              SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128):
     """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log. Score arguments: see _scores.
 
     IS_VARLEN: sequences are packed along the token axis (total, H, D) at offsets CuSeqlensQ/K (int32,
@@ -80,10 +89,14 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
     HAS_SINK: Sink (Hq,) holds one logit per head that joins every row's softmax denominator but
     carries no value (attention sinks); the online softmax simply starts from it.
 
+    HAS_DROPOUT: Rng holds the int64 Philox seed; probabilities are dropped with probability dropout_p
+    (common._dropout_keep) and the kept ones scaled by 1 / (1 - dropout_p). Lse stays the undropped one.
+
     Programmable attention (flashtile.flex): SCORE_MOD / MASK_MOD read Aux0..Aux3 (see _scores). BLOCK_SPARSE:
     the key blocks come from a block mask of (SPARSE_M, SPARSE_N) blocks, multiples of the tiles: KvNum /
     FullKvNum (B, H, Sq / SPARSE_M) count the partial / full key blocks of each query block, KvIdx / FullKvIdx
     (B, H, Sq / SPARSE_M, Sk / SPARSE_N) list them (strides stride_bm_* and stride_bi_*, 0 along broadcast dims).
+    Dropout applies in both loop structures (the same inner loop).
     """
     pid_m = tl.program_id(0)
     if IS_LOCAL or BLOCK_SPARSE:
@@ -94,6 +107,12 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
     off_h = (pid_bh % heads_q).to(tl.int64)
     off_hk = off_h // group_size
     start_m = pid_m * BLOCK_M
+    max_k = seqlen_k  # dropout counters are laid out as (B, Hq, max_q, max_k), positions within the sequence
+    seed = 0
+    rng_base = 0
+    if HAS_DROPOUT:
+        seed = tl.load(Rng)
+        rng_base = pid_bh.to(tl.int64) * seqlen_q * seqlen_k
     q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
     if SEQUSED_K:
@@ -143,8 +162,9 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
                                             offs_d, 0, n_blocks * SPARSE_N, seqlen_q, seqlen_k, qk_scale,
                                             softcap_log2, alibi_slope, window_left, window_right, bias_ptr,
                                             stride_bias_m, stride_bias_n, k_head, v_head, stride_kb, stride_vb,
-                                            block_table, page_size, key_start, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N,
-                                            FULL == 0, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, PAGED, DOT_PRECISION,
+                                            block_table, page_size, key_start, seed, rng_base, max_k, dropout_p,
+                                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0, IS_LOCAL, SOFTCAP,
+                                            HAS_ALIBI, HAS_BIAS, PAGED, HAS_DROPOUT, DOT_PRECISION,
                                             off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD, MASK_MOD, idx_ptr,
                                             True, SPARSE_N)
     else:
@@ -156,16 +176,87 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
                                             offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                                             alibi_slope, window_left, window_right, bias_ptr, stride_bias_m,
                                             stride_bias_n, k_head, v_head, stride_kb, stride_vb, block_table,
-                                            page_size, key_start, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1,
-                                            IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, PAGED, DOT_PRECISION,
+                                            page_size, key_start, seed, rng_base, max_k, dropout_p,
+                                            HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL, SOFTCAP,
+                                            HAS_ALIBI, HAS_BIAS, PAGED, HAS_DROPOUT, DOT_PRECISION,
                                             off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD, MASK_MOD)
 
     # A row that saw no key (and no sink): output 0 and lse -inf.
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if HAS_DROPOUT:
+        acc = acc * (1.0 / (1.0 - dropout_p))
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)  # [BLOCK_M]
     o_ptrs = (Out + _seq_offset(off_b, q_start, stride_ob, stride_om, IS_VARLEN) + off_h * stride_oh
               + rows * stride_om + offs_d[None, :])
     _store_tile(o_ptrs, acc.to(Out.dtype.element_ty), offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD)
     lse_ptrs = Lse + off_b * stride_lse_b + off_h * stride_lse_h + q_start + offs_m
     tl.store(lse_ptrs, lse, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _attn_probs(Q, K, Lse, Probs, Alibi, CuSeqlensQ, CuSeqlensK, Bias, Rng,
+                stride_qb, stride_qm, stride_qh,
+                stride_kb, stride_kn, stride_kh,
+                stride_lse_b, stride_lse_h, stride_alibi_b,
+                stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
+                seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
+                dropout_p,
+                HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
+                HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Writes Probs (B, Hq, max_q, max_k): P = exp(s - lse) of the undropped softmax, negated (sign bit set,
+    -0.0 included) where dropout dropped it: the attention matrix return_attn_probs gives, for testing.
+
+    One program per (query block, batch * query head); every key block is visited with all masks on.
+    In varlen mode element (b, h, i, j) is query i and key j of sequence b; the rest stays untouched.
+    """
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // heads_q).to(tl.int64)
+    off_h = (pid_bh % heads_q).to(tl.int64)
+    off_hk = off_h // group_size
+    start_m = pid_m * BLOCK_M
+    max_k = seqlen_k
+    probs_base = Probs + pid_bh.to(tl.int64) * seqlen_q * seqlen_k
+    seed = 0
+    rng_base = 0
+    if HAS_DROPOUT:
+        seed = tl.load(Rng)
+        rng_base = pid_bh.to(tl.int64) * seqlen_q * seqlen_k
+    q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
+    k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
+    if IS_VARLEN:
+        if start_m >= seqlen_q:
+            return
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    q = _load_tile(Q + _seq_offset(off_b, q_start, stride_qb, stride_qm, IS_VARLEN) + off_h * stride_qh
+                   + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :],
+                   offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
+    k_ptrs = (K + _seq_offset(off_b, k_start, stride_kb, stride_kn, IS_VARLEN) + off_hk * stride_kh
+              + offs_n[:, None].to(tl.int64) * stride_kn + offs_d[None, :])
+    lse = tl.load(Lse + off_b * stride_lse_b + off_h * stride_lse_h + q_start + offs_m, mask=offs_m < seqlen_q,
+                  other=float("-inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)  # [BLOCK_M]; rows that saw no key: P = 0
+    alibi_slope = 0.0
+    if HAS_ALIBI:
+        alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
+    bias_ptr = Bias + off_b * stride_bias_b + off_h * stride_bias_h
+    probs_ptrs = probs_base + offs_m[:, None].to(tl.int64) * max_k + offs_n[None, :]
+    for start_n in range(0, seqlen_k, BLOCK_N):
+        offs_kn = start_n + offs_n
+        k = _load_tile(k_ptrs + start_n * stride_kn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
+                       True)  # [BLOCK_N, HEAD_DIM_PAD]
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        s, _, _ = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
+                          alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
+                          True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS)
+        p = tl.math.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N]
+        if HAS_DROPOUT:
+            p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], offs_kn[None, :], max_k, dropout_p), p, -p)
+        tl.store(probs_ptrs + start_n, p.to(Probs.dtype.element_ty),
+                 mask=(offs_m[:, None] < seqlen_q) & (offs_kn[None, :] < seqlen_k))
