@@ -56,6 +56,9 @@ _GENERIC_FWD = {
     128: TileConfig(128, 64, 8, 2),
     256: TileConfig(64, 32, 4, 1),
 }
+# fp32 tiles hold twice the bytes: at D128 the half-precision tiles need 164 KB of shared memory on sm80 before
+# an additive bias adds its own pipelined tile (197 KB > 163 KB: tests/compile_check.py); 64 x 32 leaves room.
+_GENERIC_FP32_FWD = {**_GENERIC_FWD, 128: TileConfig(64, 32, 4, 2)}
 _GENERIC_BWD = {
     16: _bwd(32, 64, 64, 32, 4, 2),
     32: _bwd(32, 64, 64, 32, 4, 2),
@@ -75,7 +78,8 @@ def fwd_config(arch, head_dim_padded, local, dtype, interpreter=False):
     """The forward tile configuration. arch is (major, minor) of the CUDA device, or None."""
     if interpreter:
         return INTERPRETER_FWD
-    return _table_for(arch, dtype, _SM90_FWD, _GENERIC_FWD)[head_dim_padded]
+    generic = _GENERIC_FP32_FWD if dtype is not None and dtype.itemsize == 4 else _GENERIC_FWD
+    return _table_for(arch, dtype, _SM90_FWD, generic)[head_dim_padded]
 
 
 def bwd_config(arch, head_dim_padded, local, dtype, interpreter=False):
