@@ -96,6 +96,12 @@ CASES = [
     # Dropout through the block-sparse loops with the mods (not reachable from flashtile.attention, which
     # takes no dropout, but the kernels carry it there).
     (128, False, torch.bfloat16, 2, 1, dict(flex=True, dropout=True)),
+    # The KV-cache append with fused rotary (flash_attn_with_kvcache's first launch): both pairings, paged and
+    # contiguous, a partial rotary dim on a padded head dim, fp32 tables with fp16 data, and the plain append.
+    (128, True, torch.bfloat16, 8, 1, dict(append=True, rotary_half=64, interleaved=True)),
+    (72, False, torch.float16, 4, 2, dict(append=True, rotary_half=8, paged=True)),
+    (256, True, torch.float32, 2, 1, dict(append=True, rotary_half=64, paged=True, interleaved=True)),
+    (128, False, torch.bfloat16, 8, 1, dict(append=True, paged=True)),
 ]
 
 
@@ -122,6 +128,19 @@ def _mod_args(features, q, lse):
     pool = mods.aux_pool(score, grad, mask)
     return launch.ModArgs.make(lse, pool, mods.adapter(score, pool), mods.adapter(grad, pool),
                                mods.adapter(mask, pool) if mask is not None else None, block_mask)
+
+
+def _append_launches(features, q, k_cache):
+    """The rotary-append kernel for one new token of a decode step, cos/sin in fp32 as models keep them."""
+    half = features.get("rotary_half")
+    cos = torch.zeros(4096, half) if half else None
+    seqlens = torch.tensor([50], dtype=torch.int32)
+    table = torch.zeros(1, 4, dtype=torch.int32) if features.get("paged") else None
+    if table is not None:
+        k_cache = k_cache.reshape(4, 16, *k_cache.shape[2:])
+    new = k_cache[:1, :1]
+    return launch.rotary_append_launches(q, q, k_cache, k_cache, new, new, cos, cos, seqlens, table,
+                                         features.get("interleaved", False), q_local=True)
 
 
 def check_case(arch, case):
@@ -155,14 +174,16 @@ def check_case(arch, case):
         if features.get("leftpad"):
             geo = dataclasses.replace(geo, key_start=torch.tensor([3], dtype=torch.int32))
     mods = _mod_args(features, q, lse) if features.get("flex") or features.get("score_mod") else None
-    if features.get("decode"):
+    if features.get("append"):
+        launches = _append_launches(features, q[:, :1], k)
+    elif features.get("decode"):
         lse = torch.zeros(1, heads_q, q.shape[1])
         cfg, splits = launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"), interpreter=False)
         assert splits > 1, "the compile check needs the combine kernel"
         launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits)
     else:
         launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False, mods=mods)
-    if not any(features.get(name) for name in ("kvcache", "decode", "paged")):  # paged KV is inference only
+    if not any(features.get(name) for name in ("kvcache", "decode", "paged", "append")):  # paged KV is inference only
         launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
                                              interpreter=False, mods=mods)
     if features.get("dropout"):  # return_attn_probs

@@ -81,7 +81,7 @@ def test_refusals_leave_the_cache_untouched():
 
 
 def rotate_reference(x, cos, sin, positions, interleaved):
-    """Rotary embedding written as complex multiplication, independent of kvcache.apply_rotary."""
+    """Rotary embedding written as complex multiplication, independent of cpu.apply_rotary."""
     half = cos.shape[1]
     xr = x[..., :2 * half].double()
     if interleaved:

@@ -348,3 +348,43 @@ def varlen_paged_forward(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_se
     k, v = _gather_pages(k_pages, block_table, lengths), _gather_pages(v_pages, block_table, lengths)
     return varlen_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
                           cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
+def apply_rotary(x, cos, sin, positions, interleaved):
+    """Rotary embedding of x (B, S, H, D) at integer positions (B, S): the first 2 * cos.shape[1] channels
+    rotate in pairs, (2i, 2i + 1) when interleaved (GPT-J) or (i, i + rotary_dim / 2) otherwise (GPT-NeoX);
+    cos, sin: (seqlen_ro, rotary_dim / 2). Computed in fp32, returned in x's dtype."""
+    half = cos.shape[1]
+    c = cos[positions].unsqueeze(2).float()  # [B, S, 1, rotary_dim / 2]
+    s = sin[positions].unsqueeze(2).float()
+    xr = x[..., :2 * half].float()
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rotated = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., :half], xr[..., half:]
+        rotated = torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
+    return torch.cat([rotated.to(x.dtype), x[..., 2 * half:]], dim=-1)
+
+
+def kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved,
+                   q_local):
+    """What the rotary-append kernel does (see launch.rotary_append_launches), in PyTorch ops: returns q rotated
+    (a new tensor) or an empty tensor without rotary, and writes k (rotated) and v into the cache in place."""
+    used = cache_seqlens.long()[:, None]  # [B, 1]
+    q_out = q.new_empty(0)
+    if rotary_cos is not None:
+        steps = torch.arange(q.shape[1], device=q.device) if q_local else torch.zeros(
+            q.shape[1], dtype=torch.long, device=q.device)
+        q_out = apply_rotary(q, rotary_cos, rotary_sin, used + steps, interleaved)
+    if k is not None:
+        positions = used + torch.arange(k.shape[1], device=k.device)  # [B, Sk_new]
+        rows = torch.arange(k.shape[0], device=k.device)[:, None].expand_as(positions)
+        if rotary_cos is not None:
+            k = apply_rotary(k, rotary_cos, rotary_sin, positions, interleaved)
+        if block_table is not None:  # (row, position) -> (page, slot)
+            page_size = k_cache.shape[1]
+            rows, positions = block_table[rows, positions // page_size].long(), positions % page_size
+        k_cache[rows, positions] = k
+        v_cache[rows, positions] = v
+    return q_out

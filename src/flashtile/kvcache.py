@@ -38,23 +38,6 @@ def _num_splits(num_splits):
     return int(num_splits)
 
 
-def apply_rotary(x, cos, sin, positions, interleaved):
-    """Rotary embedding of x (B, S, H, D) at integer positions (B, S): the first 2 * cos.shape[1] channels
-    rotate in pairs, (2i, 2i + 1) when interleaved (GPT-J) or (i, i + rotary_dim / 2) otherwise (GPT-NeoX);
-    cos, sin: (seqlen_ro, rotary_dim / 2). Computed in fp32, returned in x's dtype."""
-    half = cos.shape[1]
-    c = cos[positions].unsqueeze(2).float()  # [B, S, 1, rotary_dim / 2]
-    s = sin[positions].unsqueeze(2).float()
-    xr = x[..., :2 * half].float()
-    if interleaved:
-        x1, x2 = xr[..., 0::2], xr[..., 1::2]
-        rotated = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
-    else:
-        x1, x2 = xr[..., :half], xr[..., half:]
-        rotated = torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
-    return torch.cat([rotated.to(x.dtype), x[..., 2 * half:]], dim=-1)
-
-
 def _check_rotary(rotary_cos, rotary_sin, q, last_position):
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("rotary_cos and rotary_sin must be given together or both be None")
@@ -87,7 +70,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rotary_cos, rotary_sin (seqlen_ro, rotary_dim / 2): rotary embedding of the new k at positions
     cache_seqlens[b] + i, and of q at the same positions when causal or windowed, else at cache_seqlens[b]
     (every query at the position of the first new token), as flash-attn; rotary_interleaved picks the
-    pairing (see apply_rotary). It runs in PyTorch before the append, not fused into the kernel.
+    pairing (see cpu.apply_rotary). On the GPU one kernel rotates q and the new k and appends k and v
+    (flashtile::kvcache_append); the attention is a second launch.
     block_table (int32 (B, max_pages)): a paged cache k_cache/v_cache (num_pages, page_size, Hk, D), any
     page size; row b's token t lives in page block_table[b, t // page_size] at slot t % page_size.
     num_splits: for few queries per KV head (group_size * Sq <= 128, decoding) a split-KV kernel packs the
@@ -146,24 +130,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if rotary_cos is not None or rotary_sin is not None:
         span = max(q.shape[1] if local else 1, k.shape[1] if k is not None else 0)
         _check_rotary(rotary_cos, rotary_sin, q, max(used_list) + span - 1)
-    if rotary_cos is not None:
-        steps = torch.arange(q.shape[1], device=q.device) if local else torch.zeros(q.shape[1], dtype=torch.long,
-                                                                                       device=q.device)
-        q = apply_rotary(q, rotary_cos, rotary_sin, used[:, None].long() + steps, rotary_interleaved)
-    if k is not None:
-        positions = used[:, None].long() + torch.arange(k.shape[1], device=k.device)  # [B, Sk_new]
-        cache_rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(batch, device=k.device)
-        rows = cache_rows[:, None].expand_as(positions)
-        if rotary_cos is not None:
-            k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
-        if block_table is not None:  # (row, position) -> (page, slot)
-            page_size = k_cache.shape[1]
-            rows, positions = block_table[rows, positions // page_size].long(), positions % page_size
-        with torch.no_grad():
-            k_cache[rows, positions] = k
-            v_cache[rows, positions] = v
-    if cache_batch_idx is not None:  # the cache as pages of one row each: the kernels' page-table gathers
+    if cache_batch_idx is not None:  # the cache as pages of one row each, for the append and the attention
         block_table = cache_batch_idx[:, None]
+    if rotary_cos is not None or k is not None:
+        q_rot = ops.kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, used, block_table,
+                                   rotary_interleaved, local)
+        q = q_rot if rotary_cos is not None else q
     out, lse = ops.fwd_kvcache(q, k_cache, v_cache, end, block_table, scale, window_left, window_right, softcap,
                                slopes, max(lengths), splits, cache_leftpad)
     return (out, lse) if return_softmax_lse else out

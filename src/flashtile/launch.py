@@ -14,6 +14,7 @@ from . import configs
 from .kernels.bwd import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
 from .kernels.decode import _attn_combine, _attn_fwd_splitkv
 from .kernels.fwd import _attn_fwd, _attn_probs
+from .kernels.rotary import _rotary_append
 
 LOG2E = 1.4426950408889634
 
@@ -324,6 +325,50 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_S=16),
     )
     return [main, combine]
+
+
+def rotary_append_launches(q, q_out, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table,
+                           interleaved, q_local):
+    """The KV-cache append with fused rotary as one launch (none when there is nothing to do).
+
+    q_out: q's shape, written with the rotated q when rotary_cos is given (else neither read nor written).
+    k, v (B, Sk_new, Hk, D) or None; rotary_cos/sin (seqlen_ro, rotary_dim / 2) or None; cache_seqlens int32
+    (B,); block_table int32 (B, max_pages) into a paged cache, or None for a contiguous one.
+    """
+    rotary = rotary_cos is not None
+    heads_q_rot = q.shape[2] if rotary else 0
+    seqlen_new, heads_kv = (k.shape[1], k.shape[2]) if k is not None else (0, 0)
+    seqlen_q = q.shape[1] if rotary else 0
+    grid = (max(seqlen_q, seqlen_new), q.shape[0], heads_q_rot + heads_kv)
+    if 0 in grid:
+        return []
+    # Absent tensors: q stands in (never read), as do zero strides.
+    k, v = (k, v) if k is not None else (q, q)
+    cos, sin = (rotary_cos, rotary_sin) if rotary else (q, q)
+    stride_bt, page_size = (block_table.stride(0), k_cache.shape[1]) if block_table is not None else (0, 0)
+    return [KernelLaunch(
+        _rotary_append, grid,
+        (q, q_out, k, v, k_cache, v_cache, cos, sin, cache_seqlens,
+         block_table if block_table is not None else cache_seqlens,
+         *_strides3(q), *_strides3(q_out), *_strides3(k), *_strides3(v), *_strides3(k_cache), *_strides3(v_cache),
+         *cos.stride()[:2], *sin.stride()[:2], stride_bt, page_size,
+         seqlen_q, seqlen_new, heads_q_rot, rotary_cos.shape[1] if rotary else 0),
+        dict(HEAD_DIM=q.shape[3], HEAD_DIM_PAD=triton.next_power_of_2(q.shape[3]), ROTARY=rotary,
+             INTERLEAVED=interleaved, Q_LOCAL=q_local, PAGED=block_table is not None),
+        num_warps=1,
+    )]
+
+
+def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved,
+                    q_local):
+    """Writes k (rotated) and v into the cache in place; returns q rotated (q's shape and dtype) when rotary_cos
+    is given, else an empty tensor. Arguments: see rotary_append_launches."""
+    rotary = rotary_cos is not None
+    q_out = _empty(q.shape, q) if rotary else q.new_empty(0)
+    for launch in rotary_append_launches(q, q_out if rotary else q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                         cache_seqlens, block_table, interleaved, q_local):
+        launch.run()
+    return q_out
 
 
 def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale, sa, arch,

@@ -142,6 +142,28 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, seqused_k, block_table, softmax_scale
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
+@torch.library.custom_op("flashtile::kvcache_append", mutates_args=("k_cache", "v_cache"), device_types=None)
+def kvcache_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+                   rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], cache_seqlens: Tensor,
+                   block_table: Optional[Tensor], interleaved: bool, q_local: bool) -> Tensor:
+    """Writes the new k (B, Sk_new, Hk, D) (rotated when rotary_cos is given) and v into k_cache/v_cache in place
+    at positions cache_seqlens[b] + i (int32 (B,)), through block_table (int32 (B, max_pages)) for a paged
+    cache; returns q (B, Sq, Hq, D) rotated at cache_seqlens[b] (+ i when q_local) as a new tensor, or an
+    empty tensor without rotary. rotary_cos/sin: (seqlen_ro, rotary_dim / 2). One kernel launch on the GPU."""
+    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved, q_local)
+    if _runs_triton(q):
+        from .launch import _kvcache_append
+
+        return _kvcache_append(*args)
+    return cpu.kvcache_append(*args)
+
+
+@kvcache_append.register_fake
+def _kvcache_append_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved,
+                         q_local):
+    return q.new_empty(q.shape if rotary_cos is not None else (0,))
+
+
 @torch.library.custom_op("flashtile::fwd_varlen_paged", mutates_args=(), device_types=None)
 def fwd_varlen_paged(q: Tensor, k_pages: Tensor, v_pages: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                      max_seqlen_q: int, max_seqlen_k: int, block_table: Tensor, softmax_scale: float,
