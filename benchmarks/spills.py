@@ -7,7 +7,6 @@ to local memory is a poor candidate however its tiles look. Compiles for sm90 wi
 Shapes: bf16, B=4, S=4096, H=16 (strides as in the benchmark; divisibility hints as at launch).
 """
 import argparse
-import itertools
 import os
 import re
 import subprocess

@@ -39,6 +39,8 @@ def test_append_then_attend(backend, causal, seqlen_q):
         assert torch.equal(k_cache[b, start:start + 5], k_new[b]) and torch.equal(v_cache[b, start:start + 5], v_new[b])
         assert torch.equal(k_cache[b, :start], before_k[b, :start])
         assert torch.equal(k_cache[b, start + 5:], before_k[b, start + 5:])
+        assert torch.equal(v_cache[b, :start], before_v[b, :start])
+        assert torch.equal(v_cache[b, start + 5:], before_v[b, start + 5:])
     check_against_reference(out, q, k_cache, v_cache, [5, 22, 80], causal=causal)
 
 

@@ -303,6 +303,21 @@ def test_bad_block_size_and_dims():
         flashtile.sliding_window_mask(-3)
 
 
+
+def per_head_window(b, h, q_idx, kv_idx):
+    return q_idx - kv_idx <= 4 * h
+
+
+def test_mask_that_depends_on_b_or_h_needs_the_count():
+    """B or H None with a mask that reads b or h would give silently wrong blocks: refused."""
+    with pytest.raises(ValueError, match="H=None but the mask differs between h = 0 and h = 1"):
+        flashtile.create_block_mask(per_head_window, 1, None, 64, 64, device="cpu")
+    per_batch = flashtile.document_mask(torch.stack([DOC_IDS, DOC_IDS.flip(0)]))
+    with pytest.raises(ValueError, match="B=None"):
+        flashtile.create_block_mask(per_batch, None, 1, 90, 90, device="cpu")
+    flashtile.create_block_mask(per_head_window, 1, 2, 64, 64, device="cpu")  # with the counts: fine
+    flashtile.create_block_mask(per_batch, 2, None, 90, 90, device="cpu")
+
 # The GPU tier (pytest -m gpu): bf16, realistic block sizes (128 x 128) and long sequences.
 
 GPU_MASKS = {

@@ -260,9 +260,9 @@ def varlen_forward(q, k, v, softmax_scale, window_left, window_right, softcap, a
         if sq.stop == sq.start:
             continue
         dropout = _sequence_dropout(dropout_p, rng, b, q, k, sq, max_seqlen_q, max_seqlen_k)
-        o, l = forward(q[None, sq], k[None, sk], v[None, sk], softmax_scale, window_left, window_right, softcap,
-                       slopes, sink, bias, dropout)
-        out[sq], lse[:, sq] = o[0], l[0]
+        o, lse_seq = forward(q[None, sq], k[None, sk], v[None, sk], softmax_scale, window_left, window_right,
+                             softcap, slopes, sink, bias, dropout)
+        out[sq], lse[:, sq] = o[0], lse_seq[0]
     return out, lse
 
 

@@ -57,7 +57,8 @@ def build_parser():
                     "Defaults follow the FlashAttention papers on a GPU and are small on CPU.")
     shape = p.add_argument_group("shapes")
     shape.add_argument("--batch", type=int, help="batch size (default: tokens // seqlen on GPU, 1 on CPU)")
-    shape.add_argument("--tokens", type=int, help="total tokens per batch, batch = tokens // seqlen (GPU default 16384)")
+    shape.add_argument("--tokens", type=int,
+                       help="total tokens per batch, batch = tokens // seqlen (GPU default 16384)")
     shape.add_argument("--hidden", type=int, help="model width: heads = hidden // head_dim (GPU default 2048)")
     shape.add_argument("--heads", type=int, help="query heads (overrides --hidden; CPU default 4)")
     kv = shape.add_mutually_exclusive_group()
@@ -65,7 +66,8 @@ def build_parser():
     kv.add_argument("--gqa", type=int, help="query heads per key/value head (heads_kv = heads // gqa)")
     shape.add_argument("--head-dims", type=_int_list, help="comma-separated head dims (GPU: 64,128,256)")
     shape.add_argument("--seqlens", type=_int_list, help="comma-separated query lengths, 'k' = 1024")
-    shape.add_argument("--seqlens-k", type=_int_list, help="key lengths: one value or one per --seqlens (default = seqlen)")
+    shape.add_argument("--seqlens-k", type=_int_list,
+                       help="key lengths: one value or one per --seqlens (default = seqlen)")
     shape.add_argument("--dtype", choices=sorted(sweep.DTYPES), help="bf16 on GPU, fp32 on CPU by default")
     shape.add_argument("--causal", choices=["0", "1", "both"], default="both", help="default: both")
     shape.add_argument("--feature", type=_feature, action="append", dest="features", metavar="SPEC",
@@ -93,7 +95,8 @@ def build_parser():
     dec.add_argument("--page-size", type=_int_list, help="page sizes, 0 = contiguous cache (default 0,16,256)")
     dec.add_argument("--max-seconds", type=float, metavar="S",
                      help="time budget from the start of the run: no new decode shape starts after S seconds; "
-                          "the sweep stops cleanly and writes what it has, as on Ctrl-C/SIGTERM (default: none). Records also stream "
+                          "the sweep stops cleanly and writes what it has, as on Ctrl-C/SIGTERM (default: none). "
+                          "Records also stream "
                           "to OUT/decode.jsonl as they are measured. Decode times with warm-up 5 ms and "
                           "rep 20 ms on a GPU (CPU 0/50) unless --warmup/--rep are given")
     sp = p.add_argument_group("sparse (--modes sparse: block-sparse flashtile.attention vs dense flashtile and "
@@ -142,7 +145,8 @@ def resolve(args, parser, device):
     if len(args.seqlens_k) == 1:
         args.seqlens_k = args.seqlens_k * len(args.seqlens)
     if len(args.seqlens_k) != len(args.seqlens):
-        parser.error(f"--seqlens-k needs one value or {len(args.seqlens)} (one per --seqlens), got {len(args.seqlens_k)}")
+        parser.error(f"--seqlens-k needs one value or {len(args.seqlens)} (one per --seqlens), "
+                     f"got {len(args.seqlens_k)}")
     for s in (*args.seqlens, *args.seqlens_k):
         if s < 1:
             parser.error(f"--seqlens/--seqlens-k: sequence lengths must be >= 1, got {s}")

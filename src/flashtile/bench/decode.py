@@ -91,8 +91,13 @@ def _sdpa(q, k, v, block_table, cache_len):
         raise Unsupported("paged KV cache not supported by SDPA")
     # One query sees every key (bottom-right causal), so no mask; transposes happen before timing.
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k[:, :cache_len], v[:, :cache_len]))
-    fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)  # noqa: E731
-    call = lambda: fn().transpose(1, 2)
+
+    def fn():
+        return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+
+    def call():
+        return fn().transpose(1, 2)
+
     call.note = "backend " + sdpa_backend(qt, kt, vt)
     return call
 
@@ -190,7 +195,8 @@ def paged(k, v, cache_len, page_size, gen):
     per_row, needed = capacity // page_size, -(-cache_len // page_size)
     perm = torch.randperm(batch * per_row, generator=gen, device=gen.device).to(k.device)
     table = perm.view(batch, per_row)[:, :needed].to(torch.int32).contiguous()
-    view = lambda x: x.view(batch * per_row, page_size, *x.shape[2:])
+    def view(x):
+        return x.view(batch * per_row, page_size, *x.shape[2:])
     return view(k), view(v), table
 
 

@@ -64,7 +64,8 @@ def make_inputs(shape, device, seed=0):
         size = (shape.batch, seqlen, heads, shape.head_dim)
         return torch.randn(size, generator=gen, device=device, dtype=torch.float32).to(dtype)
 
-    return randn(shape.seqlen_q, shape.heads_q), randn(shape.seqlen_k, shape.heads_kv), randn(shape.seqlen_k, shape.heads_kv)
+    return (randn(shape.seqlen_q, shape.heads_q), randn(shape.seqlen_k, shape.heads_kv),
+            randn(shape.seqlen_k, shape.heads_kv))
 
 
 def max_error(out, q, k, v, causal, feature=Feature()):

@@ -78,17 +78,42 @@ def _check_dims(B, H, seqlen_q, seqlen_k):
             raise ValueError(f"create_block_mask: {name} must be an int >= {lowest}, got {value!r}")
 
 
+def _check_broadcast(mod, B, H, Sq, Sk):
+    """B or H None claims the mask ignores b or h: check it on a 64 x 64 grid of positions spread over the
+    matrix, so a per-batch/per-head mask built for all is refused instead of giving silently wrong blocks."""
+    q_idx = torch.linspace(0, Sq - 1, min(Sq, 64)).long().view(1, 1, -1, 1)
+    kv_idx = torch.linspace(0, Sk - 1, min(Sk, 64)).long().view(1, 1, 1, -1)
+    device = mod.aux[0].device if mod.aux else torch.device("cpu")
+    q_idx, kv_idx = q_idx.to(device), kv_idx.to(device)
+    zero = torch.zeros((), dtype=torch.long, device=device)
+    for name, count, args in (("B", B, lambda i: (i, zero)), ("H", H, lambda i: (zero, i))):
+        if count is not None:
+            continue
+        try:
+            same = torch.equal(torch.as_tensor(mod(*args(zero), q_idx, kv_idx)).expand(1, 1, q_idx.shape[2], -1),
+                               torch.as_tensor(mod(*args(zero + 1), q_idx, kv_idx)).expand(1, 1, q_idx.shape[2], -1))
+        except (IndexError, RuntimeError) as exc:  # e.g. a per-batch table read at b = 1
+            raise ValueError(f"create_block_mask: {name}=None but the mask fails for {name.lower()} = 1 ({exc}); "
+                             f"pass the real {name}") from exc
+        if not same:
+            raise ValueError(f"create_block_mask: {name}=None but the mask differs between {name.lower()} = 0 and "
+                             f"{name.lower()} = 1; pass the real {name}")
+
+
 def create_block_mask(mask_fn, B, H, Sq, Sk, block_size=(128, 128), device=None, aux=()):
     """Evaluate mask_fn(b, h, q_idx, kv_idx) block by block and record its block sparsity.
 
     mask_fn: a mask Mod (causal_mask, document_mask(...), and_masks(...)), a @triton.jit function, or a plain
     function of index tensors (vectorized PyTorch arithmetic, or Triton-style code with `tl.load` for aux
     tensors, passed as `aux` and as extra arguments). B, H: batch and head counts, or None for a mask that is
-    the same for all (stored as size 1; a mask that depends on b or h needs the real count). The mask is evaluated on at most 2^24 elements at a time, never on
-    the full Sq x Sk matrix. device: where the lists live (default: CUDA when available).
+    the same for all (stored as size 1; a mask that depends on b or h needs the real count, and a mask found to
+    differ between b (or h) = 0 and 1 on a sample of positions is refused). The mask is evaluated on at most
+    2^24 elements at a time, never on the full Sq x Sk matrix. device: where the lists live (default: CUDA
+    when available).
     Returns a BlockMask for `flashtile.attention(..., block_mask=...)`.
     """
     mod = mask_fn if isinstance(mask_fn, Mod) and not aux else Mod(mask_fn, aux, MASK_ARGS, "mask_fn")
+    _check_broadcast(mod, B, H, Sq, Sk)
     B, H = B or 1, H or 1
     _check_dims(B, H, Sq, Sk)
     rows, cols = check_block_size(block_size)
