@@ -114,7 +114,7 @@ def test_block_sizes_and_shapes(backend, block_size):
     _, device = backend
     q, k, v = make_qkv(1, 77, 150, 4, 2, 40, torch.float32, device)
     mask = flashtile.and_masks(flashtile.sliding_window_mask(60, causal=False), per_head)
-    block_mask = flashtile.create_block_mask(mask, None, 4, 77, 150, block_size=block_size, device=device)
+    block_mask = flashtile.create_block_mask(mask, 1, 4, 77, 150, block_size=block_size, device=device)
     check(q, k, v, torch.float32, mask, block_mask=block_mask)
 
 

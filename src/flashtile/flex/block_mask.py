@@ -97,7 +97,7 @@ def _check_broadcast(mod, B, H, Sq, Sk):
                              f"pass the real {name}") from exc
         if not same:
             raise ValueError(f"create_block_mask: {name}=None but the mask differs between {name.lower()} = 0 and "
-                             f"{name.lower()} = 1; pass the real {name}")
+                             f"{name.lower()} = 1; pass the real {name} (1 for a single batch row / head)")
 
 
 def create_block_mask(mask_fn, B, H, Sq, Sk, block_size=(128, 128), device=None, aux=()):
@@ -113,7 +113,7 @@ def create_block_mask(mask_fn, B, H, Sq, Sk, block_size=(128, 128), device=None,
     Returns a BlockMask for `flashtile.attention(..., block_mask=...)`.
     """
     mod = mask_fn if isinstance(mask_fn, Mod) and not aux else Mod(mask_fn, aux, MASK_ARGS, "mask_fn")
-    _check_broadcast(mod, B, H, Sq, Sk)
+    broadcast_b, broadcast_h = B is None, H is None
     B, H = B or 1, H or 1
     _check_dims(B, H, Sq, Sk)
     rows, cols = check_block_size(block_size)
@@ -123,6 +123,7 @@ def create_block_mask(mask_fn, B, H, Sq, Sk, block_size=(128, 128), device=None,
     for i, a in enumerate(mod.aux):
         if a.device != device:
             raise ValueError(f"aux tensor {i} of the mask is on {a.device} but the block mask is built on {device}")
+    _check_broadcast(mod, None if broadcast_b else B, None if broadcast_h else H, Sq, Sk)
     n_q, n_k = -(-Sq // rows), -(-Sk // cols)
     partial = torch.zeros(B, H, n_q, n_k, dtype=torch.bool, device=device)
     full = torch.zeros_like(partial)

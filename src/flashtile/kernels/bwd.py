@@ -6,8 +6,8 @@ loops over every query head of its group, so GQA sums need no atomics and result
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _block_list, _dropout_keep, _key_range, _load_tile, _query_range, _scores, _segment,
-                     _seq_offset, _seq_range, _store_tile, _tile_start)
+from .common import (LOG2E, _block_list, _dropout_keep, _dropout_rng, _key_range, _load_tile, _query_range, _scores,
+                     _segment, _seq_offset, _seq_range, _store_tile, _tile_start)
 
 
 
@@ -183,11 +183,10 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
             dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
             dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
         if BLOCK_SPARSE:
-            num_off = off_b * stride_bm_b + off_h * stride_bm_h + (start_n // SPARSE_N) * stride_bm_m
-            idx_off = off_b * stride_bi_b + off_h * stride_bi_h + (start_n // SPARSE_N) * stride_bi_m
             for FULL in tl.static_range(2):
-                n_blocks, idx_ptr = _block_list(FULL, QNum + num_off, QIdx + idx_off, FullQNum + num_off,
-                                                FullQIdx + idx_off)
+                n_blocks, idx_ptr = _block_list(FULL, QNum, QIdx, FullQNum, FullQIdx, off_b, off_h,
+                                                start_n // SPARSE_N, stride_bm_b, stride_bm_h, stride_bm_m,
+                                                stride_bi_b, stride_bi_h, stride_bi_m)
                 dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
                                               Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
                                               0, n_blocks * SPARSE_M, seqlen_q, seqlen_k,
@@ -303,11 +302,7 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
     start_m = pid_m * BLOCK_M
     max_k = seqlen_k  # dbias and the dropout counters are laid out as (B, Hq, max_q, max_k)
     dbias_ptr = DBias + pid_bh.to(tl.int64) * seqlen_q * seqlen_k
-    seed = 0
-    rng_base = 0
-    if HAS_DROPOUT:
-        seed = tl.load(Rng)
-        rng_base = pid_bh.to(tl.int64) * seqlen_q * seqlen_k
+    seed, rng_base = _dropout_rng(Rng, pid_bh, seqlen_q, seqlen_k, HAS_DROPOUT)
     q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
     if IS_VARLEN:
@@ -339,11 +334,10 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
               + cols * stride_vn + offs_d[None, :])
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     if BLOCK_SPARSE:
-        num_off = off_b * stride_bm_b + off_h * stride_bm_h + (start_m // SPARSE_M) * stride_bm_m
-        idx_off = off_b * stride_bi_b + off_h * stride_bi_h + (start_m // SPARSE_M) * stride_bi_m
         for FULL in tl.static_range(2):
-            n_blocks, idx_ptr = _block_list(FULL, KvNum + num_off, KvIdx + idx_off, FullKvNum + num_off,
-                                            FullKvIdx + idx_off)
+            n_blocks, idx_ptr = _block_list(FULL, KvNum, KvIdx, FullKvNum, FullKvIdx, off_b, off_h,
+                                            start_m // SPARSE_M, stride_bm_b, stride_bm_h, stride_bm_m,
+                                            stride_bi_b, stride_bi_h, stride_bi_m)
             dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
                                     offs_m, offs_n, offs_d, 0, n_blocks * SPARSE_N, seqlen_q, seqlen_k,
                                     qk_scale, softcap_log2, alibi_slope, window_left, window_right,

@@ -226,8 +226,24 @@ def _tile_start(virt, idx_ptr, BLOCK_SPARSE: tl.constexpr, SPARSE_BLOCK: tl.cons
 
 
 @triton.jit
-def _block_list(FULL: tl.constexpr, num_ptr, idx_ptr, full_num_ptr, full_idx_ptr):
-    """(count, first index pointer) of a block mask's partial (FULL = 0) or full (FULL = 1) block list."""
+def _block_list(FULL: tl.constexpr, Num, Idx, FullNum, FullIdx, off_b, off_h, block,
+                stride_num_b, stride_num_h, stride_num_m, stride_idx_b, stride_idx_h, stride_idx_m):
+    """(count, first index pointer) of the partial (FULL = 0) or full (FULL = 1) block list of row `block` of a
+    block mask for (off_b, off_h): counts Num / FullNum and index lists Idx / FullIdx with their strides."""
+    num_off = off_b * stride_num_b + off_h * stride_num_h + block * stride_num_m
+    idx_off = off_b * stride_idx_b + off_h * stride_idx_h + block * stride_idx_m
     if FULL:
-        return tl.load(full_num_ptr), full_idx_ptr
-    return tl.load(num_ptr), idx_ptr
+        return tl.load(FullNum + num_off), FullIdx + idx_off
+    return tl.load(Num + num_off), Idx + idx_off
+
+
+@triton.jit
+def _dropout_rng(Rng, pid_bh, seqlen_q, seqlen_k, HAS_DROPOUT: tl.constexpr):
+    """(seed, first counter of this (batch, head)) of the dropout RNG: counters are laid out as
+    (B, Hq, max_q, max_k) (see _dropout_keep); (0, 0) without dropout."""
+    seed = 0
+    base = 0
+    if HAS_DROPOUT:  # one return statement: Triton wants one return type, and the branch is resolved statically
+        seed = tl.load(Rng)
+        base = pid_bh.to(tl.int64) * seqlen_q * seqlen_k
+    return seed, base

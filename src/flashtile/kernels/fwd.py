@@ -2,8 +2,8 @@
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _block_list, _dropout_keep, _key_range, _key_start, _kv_tile_ptrs, _load_tile, _scores,
-                     _segment, _seq_offset, _seq_range, _store_tile, _tile_start)
+from .common import (LOG2E, _block_list, _dropout_keep, _dropout_rng, _key_range, _key_start, _kv_tile_ptrs,
+                     _load_tile, _scores, _segment, _seq_offset, _seq_range, _store_tile, _tile_start)
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -108,11 +108,7 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
     off_hk = off_h // group_size
     start_m = pid_m * BLOCK_M
     max_k = seqlen_k  # dropout counters are laid out as (B, Hq, max_q, max_k), positions within the sequence
-    seed = 0
-    rng_base = 0
-    if HAS_DROPOUT:
-        seed = tl.load(Rng)
-        rng_base = pid_bh.to(tl.int64) * seqlen_q * seqlen_k
+    seed, rng_base = _dropout_rng(Rng, pid_bh, seqlen_q, seqlen_k, HAS_DROPOUT)
     q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
     if SEQUSED_K:
@@ -153,11 +149,10 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
 
     if BLOCK_SPARSE:
         # Partial key blocks (masks evaluated) then full ones (no masks); empty blocks are never visited.
-        num_off = off_b * stride_bm_b + off_h * stride_bm_h + (start_m // SPARSE_M) * stride_bm_m
-        idx_off = off_b * stride_bi_b + off_h * stride_bi_h + (start_m // SPARSE_M) * stride_bi_m
         for FULL in tl.static_range(2):
-            n_blocks, idx_ptr = _block_list(FULL, KvNum + num_off, KvIdx + idx_off, FullKvNum + num_off,
-                                            FullKvIdx + idx_off)
+            n_blocks, idx_ptr = _block_list(FULL, KvNum, KvIdx, FullKvNum, FullKvIdx, off_b, off_h,
+                                            start_m // SPARSE_M, stride_bm_b, stride_bm_h, stride_bm_m,
+                                            stride_bi_b, stride_bi_h, stride_bi_m)
             acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
                                             offs_d, 0, n_blocks * SPARSE_N, seqlen_q, seqlen_k, qk_scale,
                                             softcap_log2, alibi_slope, window_left, window_right, bias_ptr,
@@ -220,11 +215,7 @@ def _attn_probs(Q, K, Lse, Probs, Alibi, CuSeqlensQ, CuSeqlensK, Bias, Rng,
     start_m = pid_m * BLOCK_M
     max_k = seqlen_k
     probs_base = Probs + pid_bh.to(tl.int64) * seqlen_q * seqlen_k
-    seed = 0
-    rng_base = 0
-    if HAS_DROPOUT:
-        seed = tl.load(Rng)
-        rng_base = pid_bh.to(tl.int64) * seqlen_q * seqlen_k
+    seed, rng_base = _dropout_rng(Rng, pid_bh, seqlen_q, seqlen_k, HAS_DROPOUT)
     q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
     k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
     if IS_VARLEN:
