@@ -3,7 +3,8 @@
 Runs the compiler ahead of time, so it needs no GPU; a subprocess because the test session's
 kernels are interpreter objects (TRITON_INTERPRET=1 is set before flashtile is imported).
 With FLASHTILE_DEVICE_TRITON=DIR (a `pip install --target DIR triton==X` of the GPU machine's
-Triton, which .ci/run provides), the check also runs with that Triton, whose front end may differ.
+Triton, which .ci/run provides), the check also runs with that Triton, whose front end may differ; then
+that Triton compiles for sm90 and the installed one for sm80 (see ARCHS).
 """
 import os
 import subprocess
@@ -15,11 +16,15 @@ import pytest
 pytest.importorskip("triton.backends.nvidia")
 
 TRITONS = ["installed"] + (["device"] if os.environ.get("FLASHTILE_DEVICE_TRITON") else [])
+# With both Tritons (CI), each compiles for one target: the GPU machine's Triton for sm90 (the H200 runs it), the
+# newest for sm80; front-end errors do not depend on the target, and this halves the test's time (~7 of 12 min).
+ARCHS = {"installed": "80" if len(TRITONS) == 2 else "80,90", "device": "90"}
 
 
 @pytest.mark.parametrize("which", TRITONS)
 def test_kernels_compile_for_gpus(which, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["FLASHTILE_COMPILE_ARCHS"] = ARCHS[which]
     if which == "device":
         env["PYTHONPATH"] = os.pathsep.join([os.environ["FLASHTILE_DEVICE_TRITON"], env.get("PYTHONPATH", "")])
         env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # keep the two Tritons' caches apart
