@@ -136,6 +136,19 @@ def test_bad_rotary():
                                           rotary_sin=torch.ones(90, 20), cache_seqlens=0)
 
 
+def shuffled_pages(k_dense, v_dense, page_size):
+    """The contiguous caches cut into pages stored in a shuffled order: (k_pages, v_pages, block_table)."""
+    batch, capacity = k_dense.shape[:2]
+    max_pages = capacity // page_size
+    order = torch.randperm(batch * max_pages, generator=torch.Generator().manual_seed(3))
+    block_table = order.reshape(batch, max_pages).to(torch.int32).to(k_dense.device)
+    k_pages = torch.empty(batch * max_pages, page_size, *k_dense.shape[2:], device=k_dense.device)
+    v_pages = torch.empty_like(k_pages)
+    k_pages[block_table.long()] = k_dense.reshape(batch, max_pages, page_size, *k_dense.shape[2:])
+    v_pages[block_table.long()] = v_dense.reshape(batch, max_pages, page_size, *v_dense.shape[2:])
+    return k_pages, v_pages, block_table
+
+
 @pytest.mark.parametrize("page_size", [16, 7], ids=["page16", "page7"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_paged_cache(backend, page_size, causal):
@@ -143,13 +156,7 @@ def test_paged_cache(backend, page_size, causal):
     _, device = backend
     q, k_dense, v_dense, k_new, v_new = cache_inputs(device, capacity=8 * page_size, seqlen_q=4, new=4)
     batch, capacity = k_dense.shape[:2]
-    max_pages = capacity // page_size
-    order = torch.randperm(batch * max_pages, generator=torch.Generator().manual_seed(3))
-    block_table = order.reshape(batch, max_pages).to(torch.int32).to(device)
-    k_pages = torch.empty(batch * max_pages, page_size, *k_dense.shape[2:], device=device)
-    v_pages = torch.empty_like(k_pages)
-    k_pages[block_table.long()] = k_dense.reshape(batch, max_pages, page_size, *k_dense.shape[2:])
-    v_pages[block_table.long()] = v_dense.reshape(batch, max_pages, page_size, *v_dense.shape[2:])
+    k_pages, v_pages, block_table = shuffled_pages(k_dense, v_dense, page_size)
     cache_seqlens = torch.tensor([0, page_size + 3, capacity - 4], dtype=torch.int32, device=device)
     want = flashtile.flash_attn_with_kvcache(q, k_dense, v_dense, k_new, v_new, cache_seqlens=cache_seqlens,
                                              causal=causal)
@@ -212,13 +219,7 @@ def test_paged_leftpad(backend, page_size):
     _, device = backend
     q, k_dense, v_dense, _, _ = cache_inputs(device, capacity=8 * page_size, seqlen_q=2)
     batch, capacity = k_dense.shape[:2]
-    max_pages = capacity // page_size
-    order = torch.randperm(batch * max_pages, generator=torch.Generator().manual_seed(3))
-    block_table = order.reshape(batch, max_pages).to(torch.int32).to(device)
-    k_pages = torch.empty(batch * max_pages, page_size, *k_dense.shape[2:], device=device)
-    v_pages = torch.empty_like(k_pages)
-    k_pages[block_table.long()] = k_dense.reshape(batch, max_pages, page_size, *k_dense.shape[2:])
-    v_pages[block_table.long()] = v_dense.reshape(batch, max_pages, page_size, *v_dense.shape[2:])
+    k_pages, v_pages, block_table = shuffled_pages(k_dense, v_dense, page_size)
     cache_seqlens = torch.tensor([3, page_size + 3, capacity], dtype=torch.int32, device=device)
     leftpad = torch.tensor([3, page_size - 1, 2 * page_size + 1], dtype=torch.int32, device=device)
     kwargs = dict(cache_seqlens=cache_seqlens, cache_leftpad=leftpad, causal=True, return_softmax_lse=True)
