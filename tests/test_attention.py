@@ -151,6 +151,25 @@ def test_packed_variants(backend):
                       torch.float32)
 
 
+
+def test_packed_variants_pass_attn_bias(backend):
+    """Every packed entry point forwards attn_bias (and its gradient) like the unpacked one."""
+    _, device = backend
+    gen = torch.Generator().manual_seed(6)
+    qkv = torch.randn(2, 20, 3, 2, 16, generator=gen).to(device)
+    bias = torch.randn(1, 2, 20, 20, generator=gen).to(device).requires_grad_()
+    q, k, v = qkv.unbind(2)
+    want = flashtile.flash_attn_func(q, k, v, attn_bias=bias)
+    (want_grad,) = torch.autograd.grad(want.sum(), bias)
+    for out in (flashtile.flash_attn_qkvpacked_func(qkv, attn_bias=bias),
+                flashtile.flash_attn_kvpacked_func(q, qkv[:, :, 1:], attn_bias=bias)):
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        torch.testing.assert_close(torch.autograd.grad(out.sum(), bias)[0], want_grad, rtol=0, atol=0)
+    flat, c = qkv.reshape(40, 3, 2, 16), torch.tensor([0, 20, 40], dtype=torch.int32, device=device)
+    for out in (flashtile.flash_attn_varlen_qkvpacked_func(flat, c, 20, attn_bias=bias),
+                flashtile.flash_attn_varlen_kvpacked_func(flat[:, 0], flat[:, 1:], c, c, 20, 20, attn_bias=bias)):
+        torch.testing.assert_close(out.reshape(2, 20, 2, 16), want, rtol=0, atol=0)
+
 def test_custom_op_matches_api(backend):
     """torch.ops.flashtile.fwd is differentiable on its own (autograd registered on the op)."""
     _, device = backend

@@ -111,24 +111,24 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
-                             sink=None):
+                             sink=None, attn_bias=None):
     """flash_attn_func with kv packed as (batch, seqlen_k, 2, nheads_k, headdim)."""
     if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[2] != 2:
         shape = tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__
         raise ValueError(f"kv must have shape (batch, seqlen_k, 2, nheads_k, headdim), got {shape}")
     return _attention(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
-                      alibi_slopes, deterministic, return_attn_probs, sink)
+                      alibi_slopes, deterministic, return_attn_probs, sink, attn_bias=attn_bias)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
-                              sink=None):
+                              sink=None, attn_bias=None):
     """flash_attn_func with q, k, v packed as (batch, seqlen, 3, nheads, headdim)."""
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 5 or qkv.shape[2] != 3:
         shape = tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__
         raise ValueError(f"qkv must have shape (batch, seqlen, 3, nheads, headdim), got {shape}")
     return _attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
-                      softcap, alibi_slopes, deterministic, return_attn_probs, sink)
+                      softcap, alibi_slopes, deterministic, return_attn_probs, sink, attn_bias=attn_bias)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -163,22 +163,24 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, sink=None):
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, sink=None,
+                                    attn_bias=None):
     """flash_attn_varlen_func with kv packed as (total_k, 2, nheads_k, headdim)."""
     if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or kv.shape[1] != 2:
         shape = tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__
         raise ValueError(f"kv must have shape (total_k, 2, nheads_k, headdim), got {shape}")
     return _attention(q, kv[:, 0], kv[:, 1], dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      deterministic, return_attn_probs, sink, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+                      deterministic, return_attn_probs, sink, (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                      attn_bias)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False, sink=None):
+                                     return_attn_probs=False, sink=None, attn_bias=None):
     """flash_attn_varlen_func with q, k, v packed as (total, 3, nheads, headdim) and shared cu_seqlens."""
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 4 or qkv.shape[1] != 3:
         shape = tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__
         raise ValueError(f"qkv must have shape (total, 3, nheads, headdim), got {shape}")
     return _attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], dropout_p, softmax_scale, causal, window_size, softcap,
-                      alibi_slopes, deterministic, return_attn_probs, sink, (cu_seqlens, cu_seqlens, max_seqlen,
-                                                                           max_seqlen))
+                      alibi_slopes, deterministic, return_attn_probs, sink,
+                      (cu_seqlens, cu_seqlens, max_seqlen, max_seqlen), attn_bias)
