@@ -136,6 +136,8 @@ def test_seed_reproducibility(backend):
     assert not torch.equal(first[0], other[0])
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="needs the kernels defined for the interpreter (on the GPU, "
+                    "test_philox_counters checks the kernels' mask against flashtile.philox)")
 def test_backends_draw_the_same_mask(monkeypatch):
     """The CPU path (flashtile.philox) regenerates the Triton kernels' Philox mask bit for bit."""
     q, k, v = make_qkv(2, 50, 70, 4, 2, 16, torch.float32, "cpu")
@@ -151,15 +153,18 @@ def test_backends_draw_the_same_mask(monkeypatch):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_philox_counters():
-    """The mask layout: element (b, h, i, j) uses Philox counter ((b * H + h) * Sq + i) * Sk + j."""
-    q, k, v = make_qkv(2, 9, 13, 3, 3, 16, torch.float32, "cpu", requires_grad=False)
+def test_philox_counters(backend):
+    """The mask layout: element (b, h, i, j) uses Philox counter ((b * H + h) * Sq + i) * Sk + j, and the
+    kernels' tl.rand (on the GPU too) is flashtile.philox bit for bit."""
+    _, device = backend
+    shape = (2, 300, 500, 3, 3, 64) if device == "cuda" else (2, 9, 13, 3, 3, 16)
+    q, k, v = make_qkv(*shape, torch.float32, device, requires_grad=False)
     torch.manual_seed(4)
     _, _, probs = flashtile.flash_attn_func(q, k, v, dropout_p=0.5, return_attn_probs=True)
     torch.manual_seed(4)
-    seed = torch.randint(2**63 - 1, (1,), dtype=torch.int64).item()  # the draw flashtile makes
+    seed = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device=device).item()  # the draw flashtile makes
     keep = philox.rand(seed, torch.arange(probs.numel()).reshape(probs.shape)) >= 0.5
-    assert torch.equal(keep, ~torch.signbit(probs))
+    assert torch.equal(keep, ~torch.signbit(probs.cpu()))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

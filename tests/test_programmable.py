@@ -15,7 +15,8 @@ TABLE_SIZE = tl.constexpr(256)  # relative positions -127..128 (q_idx - kv_idx +
 
 
 def rel_bias(score, b, h, q_idx, kv_idx, table):
-    return score + tl.load(table + h * TABLE_SIZE + (q_idx - kv_idx + 127))
+    # Relative positions beyond the table share its end buckets (an index past it would read other memory).
+    return score + tl.load(table + h * TABLE_SIZE + tl.minimum(tl.maximum(q_idx - kv_idx, -127), 128) + 127)
 
 
 def unit_grad(score, b, h, q_idx, kv_idx, table):
@@ -402,6 +403,26 @@ def test_mods_are_reused_across_calls():
     assert a.fn is b.fn and a.aux[0] is ids_a and b.aux[0] is ids_b
     assert mods.adapter(a, [ids_a]) is mods.adapter(b, [ids_b])
     assert Mod(softcap_mod, (), ("score", "b", "h", "q_idx", "kv_idx")).triton() is mods.triton_form(softcap_mod)
+
+
+def test_mods_compile_under_distinct_names():
+    """Triton inlines each called function under its module + qualified name + argument types and reuses
+    the first body compiled under a name (the interpreter does not, so only the GPU showed it): a score_mod
+    and its derivative, or two masks from one factory, must reach the kernels under distinct names."""
+    from flashtile.flex import mods
+
+    def get_full_name(fn):  # what Triton's code generator names fn by (a JITFunction copies these)
+        py = mods.python_function(fn)
+        return f"{py.__module__}.{py.__qualname__}"
+
+    score = Mod(softcap_mod, (), mods.SCORE_ARGS, "score_mod")
+    grad = Mod(softcap_grad, (), mods.SCORE_ARGS, "score_mod_grad")
+    assert get_full_name(mods.adapter(score, [])) != get_full_name(mods.adapter(grad, []))
+    both = flashtile.and_masks(flashtile.sliding_window_mask(4), flashtile.sliding_window_mask(9))
+    inner = [both.fn.__globals__[f"F{i}"] for i in range(2)]
+    assert get_full_name(inner[0]) != get_full_name(inner[1])
+    same_name = [Mod(f).triton() for f in (flashtile.sliding_window_mask(3).fn, flashtile.sliding_window_mask(5).fn)]
+    assert get_full_name(same_name[0]) != get_full_name(same_name[1])
 
 
 def test_user_aux_and_mask_objects(backend):

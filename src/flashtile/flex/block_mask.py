@@ -120,6 +120,8 @@ def create_block_mask(mask_fn, B, H, Sq, Sk, block_size=(128, 128), device=None,
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" means the current device, as tensors record it
+        device = torch.device("cuda", torch.cuda.current_device())
     for i, a in enumerate(mod.aux):
         if a.device != device:
             raise ValueError(f"aux tensor {i} of the mask is on {a.device} but the block mask is built on {device}")

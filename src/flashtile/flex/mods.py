@@ -42,27 +42,37 @@ def python_function(fn):
     return fn.fn if is_jitted(fn) else fn
 
 
+def _unique_name(fn):
+    """Give fn a qualified name no other mod has. Triton names each function it inlines by module,
+    qualified name and argument types, and reuses the first body compiled under a name: a score_mod and
+    its score_mod_grad (both reached through generated adapters with one signature), or two masks made by
+    one factory, would otherwise silently run the same code."""
+    fn.__qualname__ = f"{fn.__name__}_{next(_counter)}"
+    return fn
+
+
 def generate(source, name, namespace):
-    """Compile generated source into a plain function whose source inspect can find."""
+    """Compile generated source into a plain function (with a unique qualified name) whose source
+    inspect can find."""
     filename = f"<flashtile.flex generated {next(_counter)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     scope = dict(namespace, tl=tl, __name__=__name__)  # Triton reads the generated functions' __module__
     exec(compile(source, filename, "exec"), scope)
-    return scope[name]
+    return _unique_name(scope[name])
 
 
 def triton_form(fn):
-    """fn as a Triton function: itself when already jitted, else triton.jit of a copy that sees `tl`
-    (the interpreter needs triton.language among a jitted function's globals). Cached per function so
-    repeated calls reuse one compiled kernel."""
-    if is_jitted(fn):
-        return fn
+    """fn as a Triton function: triton.jit of a copy of its Python function (of fn itself, or of the
+    function behind a @triton.jit) that has a unique qualified name and sees `tl` (the interpreter needs
+    triton.language among a jitted function's globals). Cached per function so repeated calls reuse one
+    compiled kernel."""
     if fn not in _TRITON:
-        glb = fn.__globals__
+        py = python_function(fn)
+        glb = py.__globals__
         if not any(value is tl for value in glb.values()):
             glb = dict(glb, tl=tl)
-        copy = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
-        _TRITON[fn] = triton.jit(copy)
+        copy = types.FunctionType(py.__code__, glb, py.__name__, py.__defaults__, py.__closure__)
+        _TRITON[fn] = triton.jit(_unique_name(copy))
     return _TRITON[fn]
 
 
@@ -86,8 +96,18 @@ class _Ptr:
 
 
 def _load(ptr, mask=None, other=0):
+    """tl.load on an aux tensor. An index outside it is an error here: in the kernels it would read other
+    memory (only where mask is False may an index be out of range, as in Triton)."""
+    n = ptr.flat.numel()
     index = torch.as_tensor(ptr.offset, device=ptr.flat.device)
-    values = ptr.flat[index.clamp(0, ptr.flat.numel() - 1)]
+    outside = (index < 0) | (index >= n)
+    if mask is not None:
+        outside = outside & torch.as_tensor(mask, device=index.device)
+    if outside.any():
+        index_b, outside_b = torch.broadcast_tensors(index, outside)
+        raise IndexError(f"a mod reads an aux tensor of {n} elements at index {index_b[outside_b][0].item()}; "
+                         f"keep indices inside the tensor (clamp them with tl.minimum / tl.maximum, or pass mask=)")
+    values = ptr.flat[index.clamp(0, n - 1)]
     return values if mask is None else torch.where(mask, values, other)
 
 
