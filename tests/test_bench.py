@@ -184,7 +184,11 @@ def test_feature_spec_parsing(spec, canon, window, softcap, alibi):
     ("alibi:2", "alibi takes no values"),
     ("none+alibi", "cannot be combined"),
     ("window:1:0+window:2:0", "appears twice"),
-    ("dropout:0.1", "unknown feature 'dropout'"),
+    ("dropout:1", "0 < P < 1"),
+    ("dropout", "0 < P < 1"),
+    ("sink:1", "sink takes no values"),
+    ("bias+sink+bias", "appears twice"),
+    ("rope", "unknown feature 'rope'"),
 ])
 def test_bad_feature_specs(spec, message):
     with pytest.raises(ValueError, match=message):
@@ -236,6 +240,35 @@ def test_unsupported_features_are_skips(monkeypatch):
     assert fa4.unsupported(features.parse("window:8:0+softcap:5")) is None
     fa4.prepare(*inputs, False, features.parse("window:-1:4")).fn()
     assert calls == [(None, 4)]  # flash-attn 4 spells unbounded None
+
+
+def test_dropout_sink_bias_features(tmp_path):
+    """The features flashtile has beyond the others: parsed, passed to flash_attn_func, the accuracy check
+    rebuilds the sink and bias slice (and skips dropout), and the other providers decline them."""
+    feature = features.parse("dropout:0.1+sink+bias")
+    assert (feature.spec, feature.dropout, feature.sink, feature.bias) == ("dropout:0.1+sink+bias", 0.1, True, True)
+    assert feature.parts() == ["dropout", "sink", "bias"] and not feature.window_only
+    for name in ("standard", "flex", "sdpa-cudnn"):
+        assert PROVIDERS[name].unsupported(feature)
+    shape = sweep.Shape(1, 40, 70, 4, 2, 16, True, "fp32")
+    q, k, v = sweep.make_inputs(shape, torch.device("cpu"))
+    for spec in ("sink+bias", "dropout:0.3"):
+        prep = PROVIDERS["flashtile"].prepare(q, k, v, True, features.parse(spec))
+        out = prep.fn()
+        err = sweep.max_error(out.detach(), q, k, v, True, features.parse(spec))
+        assert (err is None) == (spec == "dropout:0.3") and (err is None or err < 1e-5), (spec, err)
+        torch.autograd.grad(out, prep.inputs, torch.ones_like(out))
+
+
+def test_varlen_provider_equals_dense():
+    """flashtile-varlen packs the batch into equal-length sequences: the same outputs as the dense call."""
+    shape = sweep.Shape(3, 40, 70, 4, 2, 16, True, "fp32")
+    q, k, v = sweep.make_inputs(shape, torch.device("cpu"))
+    feature = features.parse("window:20:0+bias")
+    dense, packed = (PROVIDERS[name].prepare(q, k, v, True, feature) for name in ("flashtile", "flashtile-varlen"))
+    out = packed.to_bshd(packed.fn())
+    assert out.shape == q.shape
+    torch.testing.assert_close(out, dense.fn(), atol=1e-5, rtol=1e-5)
 
 
 def test_standard_memory_prediction_covers_measured_peak():

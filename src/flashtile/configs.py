@@ -4,6 +4,7 @@ Each entry names the measurement that justified it (docs/perf-log.md). Under the
 interpreter a single small configuration is used: the interpreter runs programs one by one
 on the CPU, and only correctness matters there.
 """
+import functools
 from dataclasses import dataclass
 
 
@@ -113,6 +114,7 @@ def decode_config(arch, head_dim_padded, rows, dtype, interpreter=False):
     return TileConfig(block_m, block_n, warps, stages)
 
 
+@functools.lru_cache(maxsize=4096)  # a decode step calls it with the same few shapes; the search is ~50 us
 def num_splits_heuristic(programs, key_blocks, num_sms):
     """Splits of the key range for `programs` (batch * KV heads * row blocks) programs over `key_blocks`.
 

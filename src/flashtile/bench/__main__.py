@@ -80,7 +80,8 @@ def build_parser():
     run.add_argument("--modes", type=_name_list,
                      help="comma-separated: fwd, bwd, fwd_bwd, decode, sparse (default fwd,bwd)")
     run.add_argument("--providers", type=_name_list, help=f"comma-separated subset of: {', '.join(PROVIDERS)} "
-                     f"(decode: {', '.join(decode.PROVIDERS)}; sparse: {', '.join(sparse.PROVIDERS)})")
+                     f"(decode: {', '.join(decode.PROVIDERS)}; sparse: {', '.join(sparse.PROVIDERS)}); default: all "
+                     f"but flashtile-varlen (the varlen path on the same batch, for its overhead)")
     run.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     run.add_argument("--quick", action="store_true", help="a tiny sweep (explicit flags still win)")
     run.add_argument("--warmup", type=int, help="warm-up ms (do_bench; GPU default 25)")
@@ -156,7 +157,7 @@ def resolve(args, parser, device):
                      if bad else "--modes is empty")
     args.decode_providers = args.providers  # None = every decode provider
     args.sparse_providers = [n for n in args.providers or sparse.PROVIDERS if n in sparse.PROVIDERS]
-    args.providers = args.providers or list(PROVIDERS)
+    args.providers = args.providers or [name for name, p in PROVIDERS.items() if not p.opt_in]
     bad = [n for n in args.providers if n not in PROVIDERS and n not in decode.PROVIDERS and n not in sparse.PROVIDERS]
     if bad or not args.providers:
         parser.error(f"--providers: unknown provider {bad[0]!r} (choose from {', '.join(PROVIDERS)}, "

@@ -1,7 +1,11 @@
-"""Feature settings of the benchmark (``--feature SPEC``): sliding window, softcap, ALiBi.
+"""Feature settings of the benchmark (``--feature SPEC``): sliding window, softcap, ALiBi, dropout,
+attention sinks and an additive bias.
 
 SPEC is ``none`` or parts joined with ``+``: ``window:L:R`` (-1 = unbounded side), ``softcap:X`` (X > 0),
-``alibi`` (the standard geometric slopes for the query heads). Example: ``window:512:0+softcap:30``.
+``alibi`` (the standard geometric slopes for the query heads), ``dropout:P`` (0 < P < 1), ``sink`` (one
+learnable logit per query head, its gradient computed in the backward), ``bias`` (a fixed additive bias of
+shape (1, Hq, Sq, Sk) in the inputs' dtype, broadcast over the batch; no gradient). Example:
+``window:512:0+softcap:30``. Outputs with dropout are random and are not compared with the reference.
 """
 import math
 from dataclasses import dataclass
@@ -19,6 +23,9 @@ class Feature:
     window_size: tuple = (-1, -1)
     softcap: float = 0.0
     alibi: bool = False
+    dropout: float = 0.0
+    sink: bool = False
+    bias: bool = False
 
     @property
     def windowed(self):
@@ -26,10 +33,12 @@ class Feature:
 
     @property
     def window_only(self):
-        return self.windowed and not self.softcap and not self.alibi
+        return self.parts() == ["window"]
 
-    def kwargs(self, heads_q, device):
-        """flash_attn_func keyword arguments for this setting (only the ones that differ from the default)."""
+    def kwargs(self, heads_q, device, seqlen_q=None, seqlen_k=None, dtype=None, rows=None):
+        """flash_attn_func keyword arguments for this setting (only the ones that differ from the default).
+        The bias needs the sequence lengths and dtype; ``rows`` keeps only its last query rows (the
+        accuracy check's slice)."""
         out = {}
         if self.windowed:
             out["window_size"] = self.window_size
@@ -37,12 +46,18 @@ class Feature:
             out["softcap"] = self.softcap
         if self.alibi:
             out["alibi_slopes"] = alibi_slopes(heads_q, device)
+        if self.dropout:
+            out["dropout_p"] = self.dropout
+        if self.sink:
+            out["sink"] = torch.linspace(-1.0, 1.0, heads_q, device=device).requires_grad_()
+        if self.bias:
+            out["attn_bias"] = bias(heads_q, seqlen_q, seqlen_k, dtype, device, rows)
         return out
 
     def parts(self):
         """Names of the active parts, e.g. ["window", "softcap"]."""
-        return [name for name, on in (("window", self.windowed), ("softcap", self.softcap),
-                                      ("alibi", self.alibi)) if on]
+        return [name for name, on in (("window", self.windowed), ("softcap", self.softcap), ("alibi", self.alibi),
+                                      ("dropout", self.dropout), ("sink", self.sink), ("bias", self.bias)) if on]
 
 
 def _int(text, what):
@@ -60,12 +75,12 @@ def parse(spec):
     text = spec.strip().lower()
     if text == NONE:
         return Feature()
-    window, softcap, alibi, canon = (-1, -1), 0.0, False, []
+    window, softcap, alibi, dropout, flags, canon = (-1, -1), 0.0, False, 0.0, set(), []
     for part in text.split("+"):
         name, *args = part.strip().split(":")
         if name == NONE:
             raise ValueError("'none' cannot be combined with other features")
-        if name in ("window", "softcap", "alibi") and name in [c.split(":")[0] for c in canon]:
+        if name in [c.split(":")[0] for c in canon]:
             raise ValueError(f"{name!r} appears twice")
         if name == "window":
             if len(args) != 2:
@@ -87,9 +102,33 @@ def parse(spec):
                 raise ValueError(f"alibi takes no values, got {part.strip()!r}")
             alibi = True
             canon.append("alibi")
+        elif name == "dropout":
+            try:
+                dropout = float(args[0]) if len(args) == 1 else math.nan
+            except ValueError:
+                dropout = math.nan
+            if not 0 < dropout < 1:
+                raise ValueError(f"dropout takes one probability 0 < P < 1, dropout:P, got {part.strip()!r}")
+            canon.append(f"dropout:{dropout:g}")
+        elif name in ("sink", "bias"):
+            if args:
+                raise ValueError(f"{name} takes no values, got {part.strip()!r}")
+            flags.add(name)
+            canon.append(name)
         else:
-            raise ValueError(f"unknown feature {name!r} (choose from none, window:L:R, softcap:X, alibi)")
-    return Feature("+".join(canon), window, softcap, alibi)
+            raise ValueError(f"unknown feature {name!r} (choose from none, window:L:R, softcap:X, alibi, "
+                             f"dropout:P, sink, bias)")
+    return Feature("+".join(canon), window, softcap, alibi, dropout, "sink" in flags, "bias" in flags)
+
+
+def bias(heads, seqlen_q, seqlen_k, dtype, device, rows=None):
+    """The benchmark's additive bias (1, heads, Sq, Sk): a smooth deterministic pattern of magnitude <= 1,
+    so a slice of it (the last ``rows`` queries) can be rebuilt for the accuracy check."""
+    first = seqlen_q - (rows or seqlen_q)
+    i = torch.arange(first, seqlen_q, device=device, dtype=torch.float32).view(1, 1, -1, 1)
+    j = torch.arange(seqlen_k, device=device, dtype=torch.float32).view(1, 1, 1, -1)
+    h = torch.arange(heads, device=device, dtype=torch.float32).view(1, -1, 1, 1)
+    return torch.sin(0.013 * i + 0.007 * j + h).to(dtype)
 
 
 def _geometric(n):

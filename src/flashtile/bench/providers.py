@@ -49,6 +49,7 @@ class Provider:
 
     name = ""
     needs_cuda = True
+    opt_in = False
 
     def unavailable(self, device):
         """None when the provider can run on ``device``, else a short reason."""
@@ -83,9 +84,34 @@ class FlashTile(Provider):
     def prepare(self, q, k, v, causal, feature=Feature()):
         from flashtile import flash_attn_func
 
-        extra = feature.kwargs(q.shape[2], q.device)
+        extra = feature.kwargs(q.shape[2], q.device, q.shape[1], k.shape[1], q.dtype)
         q, k, v = _leaf(q), _leaf(k), _leaf(v)
         return Prepared((q, k, v), lambda: flash_attn_func(q, k, v, causal=causal, **extra))
+
+
+class FlashTileVarlen(Provider):
+    """flashtile.flash_attn_varlen_func on the same batch packed as B sequences of equal length (the
+    overhead of the varlen path over the dense one, same tokens and FLOPs)."""
+
+    name = "flashtile-varlen"
+    needs_cuda = False
+    opt_in = True  # not in the default provider list: name it in --providers
+
+    def prepare(self, q, k, v, causal, feature=Feature()):
+        import torch
+
+        from flashtile import flash_attn_varlen_func
+
+        (batch, sq), sk = q.shape[:2], k.shape[1]
+        extra = feature.kwargs(q.shape[2], q.device, sq, sk, q.dtype)
+        cu_q = torch.arange(0, (batch + 1) * sq, sq, dtype=torch.int32, device=q.device)
+        cu_k = torch.arange(0, (batch + 1) * sk, sk, dtype=torch.int32, device=q.device)
+        q, k, v = (_leaf(x.reshape(-1, *x.shape[2:])) for x in (q, k, v))
+
+        def fn():
+            return flash_attn_varlen_func(q, k, v, cu_q, cu_k, sq, sk, causal=causal, **extra)
+
+        return Prepared((q, k, v), fn, lambda out: out.reshape(batch, sq, *out.shape[1:]))
 
 
 class Standard(Provider):
@@ -93,6 +119,10 @@ class Standard(Provider):
 
     name = "standard"
     needs_cuda = False
+
+    def unsupported(self, feature):
+        extra = [p for p in feature.parts() if p in ("dropout", "sink", "bias")]
+        return f"{'/'.join(extra)} not in the standard baseline" if extra else None
 
     def prepare(self, q, k, v, causal, feature=Feature()):
         from flashtile.reference import standard_attention
@@ -147,6 +177,10 @@ class Sdpa(Provider):
 class Flex(Provider):
     name = "flex"
 
+    def unsupported(self, feature):
+        extra = [p for p in feature.parts() if p in ("dropout", "sink", "bias")]
+        return f"{'/'.join(extra)} not set up for FlexAttention here" if extra else None
+
     def unavailable(self, device):
         reason = super().unavailable(device)
         if reason is None:
@@ -198,13 +232,14 @@ class FlashAttnPackage(Provider):
 
     def unsupported(self, feature):
         params = self._params()
-        names = {"window": "window_size", "softcap": "softcap", "alibi": "alibi_slopes"}
+        names = {"window": "window_size", "softcap": "softcap", "alibi": "alibi_slopes", "dropout": "dropout_p",
+                 "sink": "sink", "bias": "attn_bias"}
         missing = [names[p] for p in feature.parts() if params is not None and names[p] not in params]
         return f"{self.module}.flash_attn_func does not accept {', '.join(missing)}" if missing else None
 
     def prepare(self, q, k, v, causal, feature=Feature()):
         func = importlib.import_module(self.module).flash_attn_func
-        extra = feature.kwargs(q.shape[2], q.device)
+        extra = feature.kwargs(q.shape[2], q.device, q.shape[1], k.shape[1], q.dtype)
         params = self._params()
         if "window_size" in extra and params and params["window_size"].default == (None, None):
             # flash-attn 4 spells an unbounded side None, not -1.
@@ -217,6 +252,7 @@ PROVIDERS = {
     p.name: p
     for p in (
         FlashTile(),
+        FlashTileVarlen(),
         Standard(),
         Sdpa("sdpa-flash", "FLASH_ATTENTION"),
         Sdpa("sdpa-efficient", "EFFICIENT_ATTENTION"),

@@ -75,14 +75,21 @@ def max_error(out, q, k, v, causal, feature=Feature()):
     with bottom-right causal alignment, the last m queries against all keys are exactly what
     attention_ref computes for a query block of length m, so no extra provider call is needed
     (windows and ALiBi distances are bottom-right aligned too). ``feature``: a Feature.
+    None with dropout (a random output).
     """
     from flashtile.reference import attention_ref
 
+    if feature.dropout:
+        return None
     group = q.shape[2] // k.shape[2]
     heads_q = min(group, 2) if group > 1 else min(q.shape[2], 2)
     heads_kv = 1 if group > 1 else heads_q
     rows = min(q.shape[1], ACCURACY_ROWS)
-    extra = feature.kwargs(heads_q, q.device)  # ALiBi slopes of the first heads_q heads
+    extra = feature.kwargs(q.shape[2], q.device, q.shape[1], k.shape[1], q.dtype, rows)
+    for name in ("alibi_slopes", "sink", "attn_bias"):  # the slice's heads (and the bias's last rows)
+        if name in extra:
+            extra[name] = extra[name].detach()[..., :heads_q, :, :] if name == "attn_bias" else \
+                extra[name].detach()[:heads_q]
     ref = attention_ref(q[:1, -rows:, :heads_q], k[:1, :, :heads_kv], v[:1, :, :heads_kv], causal=causal, **extra)
     got = out[:1, -rows:, :heads_q].to(torch.float64)
     if not torch.isfinite(got).all():
@@ -144,7 +151,7 @@ def measure(provider, shape, inputs, modes, device, warmup, rep):
             err = max_error(prep.to_bshd(detached), q, k, v, shape.causal, feature)
             del detached
             for mode, rec in records.items():
-                if math.isnan(err):
+                if err is not None and math.isnan(err):
                     rec["error"] = "non-finite values in the output"
                 else:
                     rec["max_err"] = err
