@@ -179,6 +179,25 @@ def test_custom_op_matches_api(backend):
     assert torch.autograd.grad(out.sum(), q)[0].shape == q.shape
 
 
+def test_eager_calls_skip_the_op_dispatch(backend, monkeypatch):
+    """In eager mode the API calls the ops' implementations directly (ops.call), with the same autograd:
+    gradients through the API equal those through torch.ops.flashtile.fwd (the registered autograd)."""
+    from flashtile import ops
+
+    _, device = backend
+    q, k, v = make_qkv(1, 20, 30, 2, 1, 16, torch.float32, device)
+    calls = []
+    for op in (ops.fwd, ops.bwd):
+        impl = ops._IMPLS[op]
+        monkeypatch.setitem(ops._IMPLS, op, lambda *a, impl=impl, name=op._name: calls.append(name) or impl(*a))
+    out = flashtile.flash_attn_func(q, k, v, softmax_scale=0.25, causal=True)
+    got = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert calls == ["fwd", "bwd"]
+    ref, _ = torch.ops.flashtile.fwd(q, k, v, 0.25, -1, 0, 0.0, None, None, None, None, 0, 0, None)
+    for a, b in zip(got, torch.autograd.grad(ref, (q, k, v), torch.ones_like(ref))):
+        assert torch.equal(a, b)
+
+
 def test_torch_compile_fullgraph(monkeypatch):
     """flash_attn_func inside torch.compile(fullgraph=True): no graph break, same values, gradients."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the compile test does not need the slow interpreter

@@ -1,9 +1,10 @@
 """Autograd for the forward op: what is saved, what the backward calls.
 
-Registered on the custom op itself (torch.library.register_autograd) rather than wrapped in a
-torch.autograd.Function, so `torch.ops.flashtile.fwd` is differentiable on its own and
-torch.compile traces it without a graph break. Saved: q, k, v, out, lse (and ALiBi slopes, sinks,
-bias, the dropout seed): O(N) memory beyond the bias; the dropout mask is regenerated, never stored.
+Registered on the custom op itself (torch.library.register_autograd), so `torch.ops.flashtile.fwd` is
+differentiable on its own and torch.compile traces it without a graph break. In eager mode `forward`
+runs the same context and backward through a torch.autograd.Function instead, skipping the custom-op
+dispatch (see ops.call). Saved: q, k, v, out, lse (and ALiBi slopes, sinks, bias, the dropout seed):
+O(N) memory beyond the bias; the dropout mask is regenerated, never stored.
 """
 import torch
 
@@ -42,11 +43,33 @@ def _bias_grad(dscores, attn_bias):
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k, attn_bias, rng = ctx.saved_tensors
     bias_grad = attn_bias is not None and ctx.needs_input_grad[13]
-    dq, dk, dv, dscores = ops.bwd(dout, q, k, v, out, lse, dlse, *ctx.scalars, alibi_slopes, cu_seqlens_q,
-                                  cu_seqlens_k, *ctx.max_seqlens, attn_bias, bias_grad, ctx.dropout_p, rng)
+    dq, dk, dv, dscores = ops.call(ops.bwd, dout, q, k, v, out, lse, dlse, *ctx.scalars, alibi_slopes,
+                                   cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, attn_bias, bias_grad, ctx.dropout_p,
+                                   rng)
     dsink = _sink_grad(dout, out, lse, dlse, sink) if sink is not None and ctx.needs_input_grad[8] else None
     dbias = _bias_grad(dscores, attn_bias) if bias_grad else None
     return dq, dk, dv, None, None, None, None, None, dsink, None, None, None, None, dbias, None, None
 
 
 torch.library.register_autograd("flashtile::fwd", _backward, setup_context=_setup_context)
+
+
+class _EagerForward(torch.autograd.Function):
+    """flashtile::fwd with the registration's context and backward, called without the op's dispatch."""
+
+    @staticmethod
+    def forward(*inputs):
+        return ops.call(ops.fwd, *inputs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _backward(ctx, dout, dlse)
+
+
+def forward(*inputs):
+    """(out, lse) = flashtile::fwd(*inputs), differentiable: the op under torch.compile, else _EagerForward."""
+    return _EagerForward.apply(*inputs) if ops.eager() else ops.fwd(*inputs)

@@ -1,8 +1,7 @@
 """The public API, drop-in compatible with the flash-attn package: validate, normalize, call the ops."""
 import torch
 
-from . import autograd  # noqa: F401  (registers autograd for flashtile::fwd)
-from . import checks, ops
+from . import autograd, checks, ops
 
 
 def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
@@ -29,16 +28,16 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     # device tensor: no host sync, and CUDA graphs and torch.compile see an ordinary random op.
     rng = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device=q.device) if dropout_p > 0 else None
     # deterministic needs nothing: the backward uses no atomics, so it is always deterministic.
-    out, lse = ops.fwd(q, k, v, scale, window_left, window_right, softcap, alibi_slopes,
-                       checks.sink_logits(sink, q, heads), *varlen, attn_bias, dropout_p, rng)
+    out, lse = autograd.forward(q, k, v, scale, window_left, window_right, softcap, alibi_slopes,
+                                checks.sink_logits(sink, q, heads), *varlen, attn_bias, dropout_p, rng)
     if not return_attn_probs:
         return out
     # As flash-attn: the attention matrix only with dropout (S_dmask), else None.
     probs = None
     if dropout_p > 0:
-        probs = ops.attn_probs(q.detach(), k.detach(), lse.detach(), scale, window_left, window_right, softcap,
-                               alibi_slopes, *varlen, None if attn_bias is None else attn_bias.detach(), dropout_p,
-                               rng)
+        probs = ops.call(ops.attn_probs, q.detach(), k.detach(), lse.detach(), scale, window_left, window_right,
+                         softcap, alibi_slopes, *varlen, None if attn_bias is None else attn_bias.detach(),
+                         dropout_p, rng)
     return out, lse, probs
 
 
@@ -67,10 +66,10 @@ def _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     heads = q.shape[1]
     window_left, window_right = checks.window(window_size, causal)
-    out, lse = ops.fwd_varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
-                                    checks.softmax_scale_or_default(softmax_scale, q.shape[-1]), window_left,
-                                    window_right, checks.softcap_value(softcap),
-                                    checks.alibi(alibi_slopes, q, batch, heads), checks.sink_logits(sink, q, heads))
+    out, lse = ops.call(ops.fwd_varlen_paged, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        block_table, checks.softmax_scale_or_default(softmax_scale, q.shape[-1]), window_left,
+                        window_right, checks.softcap_value(softcap), checks.alibi(alibi_slopes, q, batch, heads),
+                        checks.sink_logits(sink, q, heads))
     return (out, lse, None) if return_attn_probs else out
 
 

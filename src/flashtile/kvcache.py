@@ -133,9 +133,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if cache_batch_idx is not None:  # the cache as pages of one row each, for the append and the attention
         block_table = cache_batch_idx[:, None]
     if rotary_cos is not None or k is not None:
-        q_rot = ops.kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, used, block_table,
-                                   rotary_interleaved, local)
+        q_rot = ops.call(ops.kvcache_append, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, used, block_table,
+                         rotary_interleaved, local)
         q = q_rot if rotary_cos is not None else q
-    out, lse = ops.fwd_kvcache(q, k_cache, v_cache, end, block_table, scale, window_left, window_right, softcap,
-                               slopes, max(lengths), splits, cache_leftpad)
+    out, lse = ops.call(ops.fwd_kvcache, q, k_cache, v_cache, end, block_table, scale, window_left, window_right,
+                        softcap, slopes, max(lengths), splits, cache_leftpad)
     return (out, lse) if return_softmax_lse else out
