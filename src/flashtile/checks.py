@@ -91,6 +91,12 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, 
             raise ValueError(f"{max_name}={max_len} is smaller than the longest sequence in {name} ({max(lengths)})")
 
 
+def capturing(t):
+    """True while a CUDA graph is being captured on t's device: values in device tensors cannot be read back
+    then (no sync), so checks of tensor contents are skipped; shapes, dtypes and devices are still checked."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def block_table(table, batch, num_pages, device):
     """int32 (batch, max_pages) page indices into a paged cache of num_pages pages (batch None: any rows)."""
     if not isinstance(table, torch.Tensor) or table.dtype != torch.int32 or table.dim() != 2:
@@ -100,7 +106,7 @@ def block_table(table, batch, num_pages, device):
         raise ValueError(f"block_table must have {batch} rows (the batch), got {table.shape[0]}")
     if table.device != device:
         raise ValueError(f"block_table is on {table.device} but the cache is on {device}")
-    if table.numel():
+    if table.numel() and not capturing(table):
         low, high = torch.stack(torch.aminmax(table)).tolist()  # one device sync for both bounds
         if low < 0 or high >= num_pages:
             raise ValueError(f"block_table entries must index the cache's {num_pages} pages, got values in "

@@ -19,7 +19,7 @@ def _cache_seqlens(cache_seqlens, batch, device):
         raise ValueError(f"cache_seqlens must have shape ({batch},), got {tuple(cache_seqlens.shape)}")
     if cache_seqlens.device != device:
         raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but k_cache is on {device}")
-    return cache_seqlens, cache_seqlens.tolist()
+    return cache_seqlens, None if checks.capturing(cache_seqlens) else cache_seqlens.tolist()
 
 
 def _row_tensor(name, t, batch, device):
@@ -29,7 +29,7 @@ def _row_tensor(name, t, batch, device):
                         f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but k_cache is on {device}")
-    return t.tolist()
+    return None if checks.capturing(t) else t.tolist()
 
 
 def _num_splits(num_splits):
@@ -84,6 +84,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_leftpad (int32 (B,)): row b's keys start at cache token cache_leftpad[b] (0 <= cache_leftpad[b] <=
     cache_seqlens[b]); earlier tokens are ignored. Rotary positions stay cache positions, and causal, window
     and ALiBi distances do not depend on the padding (they are measured from the last key).
+    CUDA graphs: the call can be captured (int cache_seqlens needs no host sync at all). While capturing, the
+    contents of tensor arguments (cache_seqlens, block_table, cache_batch_idx, cache_leftpad) cannot be read
+    back, so their range checks are skipped and the cache capacity stands in for the longest row.
     """
     if cache_batch_idx is not None and block_table is not None:
         raise ValueError("cache_batch_idx cannot be combined with block_table (reorder the block table's rows "
@@ -92,7 +95,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     batch, capacity = q.shape[0], k_cache.shape[1]
     if cache_batch_idx is not None:
         indices = _row_tensor("cache_batch_idx", cache_batch_idx, batch, k_cache.device)
-        if min(indices) < 0 or max(indices) >= k_cache.shape[0]:
+        if indices is not None and (min(indices) < 0 or max(indices) >= k_cache.shape[0]):
             raise ValueError(f"cache_batch_idx entries must index the cache's {k_cache.shape[0]} rows, got "
                              f"{indices}")
     if block_table is not None:
@@ -110,13 +113,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         end = used + k.shape[1]
     else:
         end = used
-    lengths = [n + (k.shape[1] if k is not None else 0) for n in used_list]
+    if used_list is None:  # CUDA graph capture with tensor cache_seqlens: unchecked, the capacity bounds the keys
+        used_list, lengths = [0], [capacity]
+    else:
+        lengths = [n + (k.shape[1] if k is not None else 0) for n in used_list]
     if min(used_list) < 0 or max(lengths) > capacity:  # the cache must not be written or read past its end
         raise ValueError(f"cache_seqlens + new tokens must lie in [0, {capacity}] (the cache's capacity), got "
                          f"{lengths}")
     if cache_leftpad is not None:
         pads = _row_tensor("cache_leftpad", cache_leftpad, batch, k_cache.device)
-        if any(not 0 <= pad <= n for pad, n in zip(pads, used_list)):
+        if pads is not None and any(not 0 <= pad <= n for pad, n in zip(pads, used_list)):
             raise ValueError(f"cache_leftpad must lie in [0, cache_seqlens[b]] in every row, got {pads} with "
                              f"cache_seqlens {used_list}")
     if not isinstance(causal, bool):

@@ -94,6 +94,9 @@ def build_parser():
     dec.add_argument("--cache-lens", type=_int_list, help="tokens in the cache (GPU: 4k,16k,64k,128k; CPU: 512,2048)")
     dec.add_argument("--decode-batch", type=_int_list, help="batch sizes (GPU: 8,64; CPU: 2)")
     dec.add_argument("--page-size", type=_int_list, help="page sizes, 0 = contiguous cache (default 0,16,256)")
+    dec.add_argument("--cuda-graphs", action="store_true",
+                     help="time the replay of a CUDA graph of each decode call (no host work per call, as a "
+                          "serving loop that captures its step); records say timing=cuda-graph")
     dec.add_argument("--max-seconds", type=float, metavar="S",
                      help="time budget from the start of the run: no new decode shape starts after S seconds; "
                           "the sweep stops cleanly and writes what it has, as on Ctrl-C/SIGTERM (default: none). "

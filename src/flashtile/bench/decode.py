@@ -252,6 +252,7 @@ def run_decode(args, names, device, jsonl=None, deadline=None):
     dtype = DTYPES[args.dtype]
     heads_q, heads_kv, head_dim = args.decode_heads
     warmup = getattr(args, "decode_warmup", args.warmup)
+    graphs = getattr(args, "cuda_graphs", False) and device.type == "cuda"
     rep = getattr(args, "decode_rep", args.rep)
     gen = torch.Generator(device=device).manual_seed(args.seed)
     caches = {}  # (batch, cache_len) -> (q, k, v), for the batch that is running
@@ -307,7 +308,8 @@ def run_decode(args, names, device, jsonl=None, deadline=None):
                 rec = dict(provider=name, mode="decode", batch=batch, seqlen_q=1, seqlen_k=cache_len,
                            heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim, causal=True, dtype=args.dtype,
                            features=NONE, cache_len=cache_len, page_size=page_size, ms=None, tflops=None,
-                           gbps=None, frac_of_copy=None, peak_mem_mb=None, max_err=None, error=None, note=None)
+                           gbps=None, frac_of_copy=None, peak_mem_mb=None, max_err=None, error=None, note=None,
+                           timing="cuda-graph" if graphs else "eager")
                 fn = None
                 try:
                     if setup_error:
@@ -324,7 +326,7 @@ def run_decode(args, names, device, jsonl=None, deadline=None):
                             rec["error"] = "non-finite values in the output"
                         else:
                             rec["max_err"] = err
-                        rec["ms"] = bench_ms(fn, device, warmup, rep)
+                        rec["ms"] = bench_ms(fn, device, warmup, rep, cuda_graph=graphs)
                     rec["tflops"] = tflops(flops, rec["ms"])
                     rec["gbps"] = gbps(nbytes, rec["ms"])
                     rec["frac_of_copy"] = frac_of_copy(rec["gbps"], device)
@@ -396,7 +398,10 @@ def format_table(records):
     footer = [("sdpa: default dispatch with enable_gqa=True on (B, H, L, D) copies made outside timing; paged "
                "layouts are skipped (a gather into a contiguous cache would come first, not timed)")] \
         if any(r["provider"] == "sdpa" for r in records) else []
-    if any(r["provider"] == "flashtile" and r["page_size"] for r in records):
+    if any(r.get("timing") == "cuda-graph" for r in records):
+        footer.append("timed as CUDA graph replays (--cuda-graphs): no host work per call; flashtile's block "
+                      "table range check is skipped under capture")
+    elif any(r["provider"] == "flashtile" and r["page_size"] for r in records):
         footer.append("flashtile paged: each call checks the block table's bounds (one device sync), timed")
     return ("== decode (1 query token, causal; GB/s = K+V bytes read / time) ==\n" + _render(header, rows)
             + "".join("\n  " + line for line in footer + notes))

@@ -11,15 +11,19 @@ from torch.utils._pytree import tree_leaves
 MB = 2**20
 
 
-def bench_ms(fn, device, warmup, rep):
+def bench_ms(fn, device, warmup, rep, cuda_graph=False):
     """Median milliseconds of ``fn()``. The caller has already run fn once (compile excluded).
 
-    CUDA: triton.testing.do_bench (L2 flushed between runs). CPU: time.perf_counter over repeated
-    calls for about ``rep`` ms (at least 3, at most 50 runs) after ``warmup`` ms of extra warm-up.
+    CUDA: triton.testing.do_bench (L2 flushed between runs); with cuda_graph, of replaying one captured
+    call (what a serving loop that captures its decode step pays: no host work per call). CPU:
+    time.perf_counter over repeated calls for about ``rep`` ms (at least 3, at most 50 runs) after
+    ``warmup`` ms of extra warm-up.
     """
     if device.type == "cuda":
         from triton.testing import do_bench
 
+        if cuda_graph:
+            fn = _captured(fn)
         return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
     end = time.perf_counter() + warmup / 1e3
     while time.perf_counter() < end:
@@ -94,3 +98,17 @@ def free_bytes(device):
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def _captured(fn):
+    """graph.replay for a CUDA graph of one fn() call (warmed up on a side stream first, as capture needs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
