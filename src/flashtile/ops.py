@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from . import cpu
 
@@ -38,8 +39,10 @@ def _custom_op(name, mutates_args=()):
 
 
 def eager():
-    """True outside torch.compile tracing."""
-    return not torch.compiler.is_compiling()
+    """True outside any tracing: not under dynamo (torch.compile) and no dispatch mode active (AOT autograd's
+    and make_fx's tracing of a registered backward run under one; torch.compiler.is_compiling does not see
+    those in every torch version)."""
+    return not torch.compiler.is_compiling() and _current_dispatch_mode() is None
 
 
 def call(op, *args):
