@@ -78,6 +78,7 @@ CASES = [
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True, leftpad=True)),
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True, paged=True)),  # paged keys in flash_attn_varlen_func
+    (128, True, torch.bfloat16, 2, 1, dict(varlen=True, paged=True, page_size=64)),  # one page lookup per tile
     # Split-KV decoding (packed GQA rows, then the combine kernel): the decode bench's shape, paged, every
     # score feature, the smallest and largest head dims, fp32, and a prefill-sized chunk of 4 x 8 rows.
     (128, True, torch.bfloat16, 8, 1, dict(decode=True)),
@@ -158,8 +159,9 @@ def check_case(arch, case):
         geo = launch.Geometry.of(q, k, cu, cu, 34, 34)
         lse = torch.zeros(heads_q, 64)
         if features.get("paged"):  # forward only: the keys are (num_pages, page_size, Hk, D)
-            k = k.reshape(4, 16, heads_kv, head_dim)
-            geo = dataclasses.replace(geo, block_table=torch.zeros(2, 4, dtype=torch.int32))
+            page = features.get("page_size", 16)
+            k = k.reshape(64 // page, page, heads_kv, head_dim)
+            geo = dataclasses.replace(geo, block_table=torch.zeros(2, 64 // page, dtype=torch.int32))
     bias = dbias = None
     if features.get("bias"):
         bias, dbias = torch.zeros(1, heads_q, 64, 64, dtype=dtype), torch.zeros(1, heads_q, 64, 64)

@@ -223,7 +223,7 @@ def paginate(k, seqlens_k, page_size, seed=0):
     return pages, table
 
 
-@pytest.mark.parametrize("page_size", [1, 16, 7])
+@pytest.mark.parametrize("page_size", [1, 16, 7, 64])  # 64: whole key tiles per page (one lookup per tile)
 @pytest.mark.parametrize("features", [dict(causal=True), dict(window_size=(8, 4), softcap=10.0),
                                       dict(alibi=True, sink=True)], ids=["causal", "window-softcap", "alibi-sink"])
 def test_varlen_paged_equals_packed(backend, page_size, features):

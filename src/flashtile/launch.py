@@ -99,6 +99,13 @@ class Geometry:
             return 0, 0
         return self.block_table.stride(0), k.shape[1]
 
+    def paged_mode(self, k, block_n):
+        """The kernels' PAGED constexpr (common._kv_tile_ptrs): 0 contiguous, 2 when every key tile lies in one
+        page (page size a multiple of block_n, no left padding), else 1 (one page lookup per key)."""
+        if self.block_table is None:
+            return 0
+        return 2 if self.key_start is None and k.shape[1] % block_n == 0 else 1
+
     def key_start_arg(self, placeholder):
         return self.key_start if self.key_start is not None else placeholder
 
@@ -255,7 +262,7 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=N
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars(), *mods.args(lse)),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, SEQUSED_K=geo.seqused_k is not None,
-             PAGED=geo.block_table is not None, LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
+             PAGED=geo.paged_mode(k, cfg.BLOCK_N), LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
              DOT_PRECISION=_dot_precision(q.dtype),
              **sa.constexprs, **mods.constexprs()),
         cfg.num_warps, cfg.num_stages,
@@ -311,7 +318,7 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
          geo.seqlen_q, geo.heads_kv, group_size, num_splits, *sa.score_scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              IS_LOCAL=sa.constexprs["IS_LOCAL"], SOFTCAP=sa.constexprs["SOFTCAP"],
-             HAS_ALIBI=sa.constexprs["HAS_ALIBI"], PAGED=geo.block_table is not None,
+             HAS_ALIBI=sa.constexprs["HAS_ALIBI"], PAGED=geo.paged_mode(k, cfg.BLOCK_N),
              LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
              DOT_PRECISION=_dot_precision(q.dtype)),
         cfg.num_warps, cfg.num_stages,

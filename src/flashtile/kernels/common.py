@@ -135,7 +135,15 @@ def _kv_tile_ptrs(tile_ptrs, head_base, start_n, offs_kn, offs_d, stride_n, stri
                   seqlen_k, key_start, PAGED: tl.constexpr):
     """Pointers of a [BLOCK_N, HEAD_DIM_PAD] K or V tile: consecutive rows, or rows gathered through a page
     table (paged KV cache: key j is cache token t = key_start + j, in page block_table[t // page_size] at
-    slot t % page_size; any page size). Contiguous tiles have key_start folded into tile_ptrs."""
+    slot t % page_size; any page size). Contiguous tiles have key_start folded into tile_ptrs.
+    PAGED: 0 contiguous; 1 one page lookup per row; 2 the tile lies in one page (page_size a multiple of
+    BLOCK_N and tiles starting at multiples of BLOCK_N, i.e. key_start = 0): one lookup per tile and rows
+    at a fixed stride, which the compiler can see."""
+    if PAGED == 2:
+        token0 = start_n + key_start
+        page = tl.load(block_table + token0 // page_size).to(tl.int64)
+        rows = page * stride_page + ((token0 % page_size) + (offs_kn - start_n)).to(tl.int64) * stride_n
+        return head_base + rows[:, None] + offs_d[None, :]
     if PAGED:
         tokens = offs_kn + key_start  # [BLOCK_N]
         page = tl.load(block_table + tokens // page_size, mask=offs_kn < seqlen_k, other=0).to(tl.int64)
