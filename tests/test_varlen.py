@@ -140,6 +140,29 @@ def test_varlen_bad_input(mutate, exc, match):
         flashtile.flash_attn_varlen_func(**args)
 
 
+def test_cu_seqlens_read_back_once_per_version(monkeypatch):
+    """The offsets are read to the host once per cu_seqlens tensor (the layers of a model share one); an
+    in-place change through torch is seen (and checked) on the next call."""
+    from flashtile import checks
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v, cu_q, cu_k = _args()
+    reads = []
+
+    class CountingCache(type(checks._OFFSETS)):  # every store is one read-back
+        def __setitem__(self, tensor, value):
+            reads.append(tensor)
+            super().__setitem__(tensor, value)
+
+    monkeypatch.setattr(checks, "_OFFSETS", CountingCache())
+    for _ in range(3):
+        flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 4)
+    assert len(reads) == 2 and reads[0] is cu_q and reads[1] is cu_k
+    cu_k[-1] -= 1
+    with pytest.raises(ValueError, match=r"cu_seqlens_k must end at the number of tokens \(8\), got 7"):
+        flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 4)
+
+
 def test_varlen_under_torch_compile(monkeypatch):
     """The varlen path traces with fullgraph=True too (offset checks are skipped while tracing)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
