@@ -8,7 +8,6 @@ import os
 from dataclasses import dataclass, replace
 
 import torch
-import triton
 
 from . import configs
 from .kernels.bwd import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
@@ -39,9 +38,18 @@ def _arch(device):
     return torch.cuda.get_device_capability(device)
 
 
+def _cdiv(a, b):
+    # Plain Python: triton.cdiv is a constexpr_function in recent Triton, several us per call on the host.
+    return -(-a // b)
+
+
+def _next_pow2(n):
+    return 1 << max(0, n - 1).bit_length()
+
+
 def _head_dim_padded(head_dim):
     # tl.dot needs at least 16 along the reduction; tiles need a power of two.
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, _next_pow2(head_dim))
 
 
 def _dot_precision(dtype):
@@ -254,7 +262,7 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=N
     mods = mods or ModArgs.make(lse)
     cfg = mods.tiles(configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter))
     return [KernelLaunch(
-        _attn_fwd, (triton.cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
+        _attn_fwd, (_cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse, *geo.cu_args(lse), sa.bias,
          geo.block_table if geo.block_table is not None else lse, geo.key_start_arg(lse), sa.rng,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out), *geo.lse_strides(lse),
@@ -292,8 +300,8 @@ def splitkv_plan(geo, max_seqlen_k, num_splits, arch, dtype, device, interpreter
     cfg = configs.decode_config(arch, _head_dim_padded(geo.head_dim), rows, dtype, interpreter)
     if num_splits > 0:
         return cfg, min(num_splits, configs.MAX_SPLITS)
-    programs = geo.batch * geo.heads_kv * triton.cdiv(rows, cfg.BLOCK_M)
-    return cfg, configs.num_splits_heuristic(programs, triton.cdiv(max_seqlen_k, cfg.BLOCK_N), _num_sms(device))
+    programs = geo.batch * geo.heads_kv * _cdiv(rows, cfg.BLOCK_M)
+    return cfg, configs.num_splits_heuristic(programs, _cdiv(max_seqlen_k, cfg.BLOCK_N), _num_sms(device))
 
 
 def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
@@ -311,7 +319,7 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
     acc4 = out_acc if num_splits == 1 else out_acc[0]
     lse3 = lse_acc if num_splits == 1 else lse_acc[0]
     main = KernelLaunch(
-        _attn_fwd_splitkv, (num_splits, geo.batch * geo.heads_kv, triton.cdiv(geo.seqlen_q * group_size, cfg.BLOCK_M)),
+        _attn_fwd_splitkv, (num_splits, geo.batch * geo.heads_kv, _cdiv(geo.seqlen_q * group_size, cfg.BLOCK_M)),
         (q, k, v, out_acc, lse_acc, sa.alibi, geo.seqused_k, geo.block_table if geo.block_table is not None else lse,
          geo.key_start_arg(lse), *_strides3(q), *_strides3(k), *_strides3(v), split_strides[0], *_strides3(acc4),
          split_strides[1], lse3.stride(0), lse3.stride(1), sa.stride_alibi_b, *geo.page_args(k),
@@ -360,7 +368,7 @@ def rotary_append_launches(q, q_out, k_cache, v_cache, k, v, rotary_cos, rotary_
          *_strides3(q), *_strides3(q_out), *_strides3(k), *_strides3(v), *_strides3(k_cache), *_strides3(v_cache),
          *cos.stride()[:2], *sin.stride()[:2], stride_bt, page_size,
          seqlen_q, seqlen_new, heads_q_rot, rotary_cos.shape[1] if rotary else 0),
-        dict(HEAD_DIM=q.shape[3], HEAD_DIM_PAD=triton.next_power_of_2(q.shape[3]), ROTARY=rotary,
+        dict(HEAD_DIM=q.shape[3], HEAD_DIM_PAD=_next_pow2(q.shape[3]), ROTARY=rotary,
              INTERLEAVED=interleaved, Q_LOCAL=q_local, PAGED=block_table is not None),
         num_warps=1,
     )]
@@ -396,13 +404,13 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
     common = dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, DOT_PRECISION=precision,
                   IS_VARLEN=geo.is_varlen, **sa.constexprs, **mods.constexprs(grad=True))
     preprocess = KernelLaunch(
-        _attn_bwd_preprocess, (triton.cdiv(geo.seqlen_q, pre_block), geo.batch * geo.heads_q),
+        _attn_bwd_preprocess, (_cdiv(geo.seqlen_q, pre_block), geo.batch * geo.heads_q),
         (out, dout, lse, delta, lse2, cu_q, *_strides3(out), *_strides3(dout), *geo.lse_strides(lse),
          geo.seqlen_q, geo.heads_q),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=pre_block, IS_VARLEN=geo.is_varlen),
     )
     dkdv = KernelLaunch(
-        _attn_bwd_dkdv, (triton.cdiv(geo.seqlen_k, cfg.dkdv.BLOCK_N), geo.batch * geo.heads_kv),
+        _attn_bwd_dkdv, (_cdiv(geo.seqlen_k, cfg.dkdv.BLOCK_N), geo.batch * geo.heads_kv),
         (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k, sa.bias, sa.rng,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
          *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
@@ -413,7 +421,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
         cfg.dkdv.num_warps, cfg.dkdv.num_stages,
     )
     dq_launch = KernelLaunch(
-        _attn_bwd_dq, (triton.cdiv(geo.seqlen_q, cfg.dq.BLOCK_M), geo.batch * geo.heads_q),
+        _attn_bwd_dq, (_cdiv(geo.seqlen_q, cfg.dq.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, v, dout, lse2, delta, dq, sa.alibi, cu_q, cu_k, sa.bias, dbias if dbias is not None else lse, sa.rng,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
          *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
@@ -430,7 +438,7 @@ def probs_launches(geo, q, k, lse, probs, sa, arch, interpreter):
     head_dim_pad = _head_dim_padded(geo.head_dim)
     cfg = configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
     return [KernelLaunch(
-        _attn_probs, (triton.cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
+        _attn_probs, (_cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, lse, probs, sa.alibi, *geo.cu_args(lse), sa.bias, sa.rng,
          *_strides3(q), *_strides3(k), *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars()),

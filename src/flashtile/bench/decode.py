@@ -247,8 +247,8 @@ def run_decode(args, names, device, jsonl=None, deadline=None):
 
     jsonl: a path; each record is appended to it as one JSON line as soon as it is measured (the file is
     truncated first). deadline: a time.perf_counter() value; no new (batch, page size, cache_len) shape starts
-    after it (the one running finishes all its providers), and the sweep returns what it has, as it does on
-    Ctrl-C or SIGTERM."""
+    after it (the one running finishes all its providers; the first one always runs), and the sweep returns
+    what it has, as it does on Ctrl-C or SIGTERM."""
     dtype = DTYPES[args.dtype]
     heads_q, heads_kv, head_dim = args.decode_heads
     warmup = getattr(args, "decode_warmup", args.warmup)
@@ -289,7 +289,7 @@ def run_decode(args, names, device, jsonl=None, deadline=None):
     done = 0
     try:
         for batch, page_size, cache_len in order:
-            if deadline is not None and time.perf_counter() > deadline:
+            if deadline is not None and done and time.perf_counter() > deadline:  # the first shape always runs
                 raise _Stop(f"time budget (--max-seconds) reached after {time.perf_counter() - start:.1f} s")
             q = k = v = block_table = setup_error = None
             try:
