@@ -4,6 +4,7 @@ Inputs arrive validated and normalized by the API (interface.py, kvcache.py): de
 varlen (total, H, D) tensors with a unit last stride. Each kernel launch is data (KernelLaunch) so tests
 can compile it ahead of time for GPUs that are not present.
 """
+import functools
 import os
 from dataclasses import dataclass, replace
 
@@ -32,6 +33,7 @@ def _empty(shape, like, dtype=None):
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
+@functools.lru_cache(maxsize=None)  # per device: the property lookups cost several us of host time per call
 def _arch(device):
     if device.type != "cuda":
         return None
@@ -277,6 +279,7 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=N
     )]
 
 
+@functools.lru_cache(maxsize=None)
 def _num_sms(device):
     # Under the interpreter (CPU tensors) the heuristic plans for an H200, so tests exercise it as the GPU would.
     if device.type != "cuda":
