@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call per phase (each fits the 10-minute limit), output under $OUT. From the repo root:
-#   bash benchmarks/gpu_session.sh tests      # the GPU test tier (~4 min with 8 workers)
+#   bash benchmarks/gpu_session.sh tests      # the GPU test tier (~6 min with 14 workers)
 #   bash benchmarks/gpu_session.sh bench      # the default sweep, all providers (~6 min)
 #   bash benchmarks/gpu_session.sh features   # feature cost and window scaling at head dim 128, 8K (~3 min)
 #   bash benchmarks/gpu_session.sh varlen     # flash_attn_varlen_func vs the dense call on the same tokens
@@ -15,8 +15,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee
 phase="${1:-tests}"
 shift || true
 case "$phase" in
-    tests)
-        python3 -m pytest -q -p no:cacheprovider -n 8 tests/ "$@" 2>&1 | tee "$OUT/gpu-tier.txt" | tail -15 ;;
+    tests)  # -v streams every name to the log, so a timeout still says what ran; ~6 min with 14 workers
+        # (the two deselected groups are CPU-side checks that CI runs; with them the tier passes 10 minutes)
+        timeout -k 10 540 python3 -m pytest -v -p no:cacheprovider -n 14 -rfE --tb=short -W ignore tests/ \
+            -k "not flex_mods_match and not kernels_compile" "$@" > "$OUT/gpu-tier.txt" 2>&1 || true
+        { grep -E "^(FAILED|ERROR)" "$OUT/gpu-tier.txt" || true; } | head -40; tail -3 "$OUT/gpu-tier.txt" ;;
     bench)
         python3 -m flashtile.bench --out "$OUT/h200" "$@" > "$OUT/bench.log" 2>&1; tail -60 "$OUT/bench.log" ;;
     features)  # the cost of each feature over the plain kernel (issue 6: <= 10 % at D128, 8K) and window scaling
