@@ -229,3 +229,23 @@ def test_paged_leftpad(backend, page_size):
     torch.testing.assert_close(got_lse, want_lse)
     assert torch.all(got[0] == 0) and torch.all(got_lse[0] == float("-inf"))  # leftpad == cache_seqlens: no key
     check_against_reference(got[1:], q[1:], k_dense[1:, page_size - 1:], v_dense[1:, page_size - 1:], [4], causal=True)
+
+
+def test_decode_step_under_torch_compile(monkeypatch):
+    """A decode step (append with rotary, then attend) inside torch.compile(fullgraph=True) goes through the
+    custom ops (eager calls skip them): the same output and the same cache writes as eager."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the cpu.py path: the test is about tracing, not kernels
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 1, heads, 16, generator=gen) for heads in (4, 2, 2))
+    cache = torch.randn(2, 32, 2, 16, generator=gen)
+    cos, sin = torch.rand(64, 4, generator=gen), torch.rand(64, 4, generator=gen)
+
+    def step(k_cache, v_cache):
+        return flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cos, sin, cache_seqlens=10, causal=True)
+
+    eager_k, eager_v = cache.clone(), cache.clone()
+    want = step(eager_k, eager_v)
+    compiled_k, compiled_v = cache.clone(), cache.clone()
+    got = torch.compile(step, fullgraph=True)(compiled_k, compiled_v)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert torch.equal(compiled_k, eager_k) and torch.equal(compiled_v, eager_v)
