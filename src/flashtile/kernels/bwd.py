@@ -6,8 +6,8 @@ loops over every query head of its group, so GQA sums need no atomics and result
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _block_list, _dropout_keep, _dropout_rng, _key_range, _load_tile, _query_range, _scores,
-                     _segment, _seq_offset, _seq_range, _store_tile, _tile_start)
+from .common import (LOG2E, _block_list, _dropout_keep, _key_range, _load_tile, _query_block, _query_range,
+                     _scores, _segment, _seq_offset, _seq_range, _store_tile, _tile_start)
 
 
 
@@ -296,15 +296,11 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
     if IS_LOCAL or BLOCK_SPARSE:
         pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
-    off_b = (pid_bh // heads_q).to(tl.int64)
-    off_h = (pid_bh % heads_q).to(tl.int64)
-    off_hk = off_h // group_size
-    start_m = pid_m * BLOCK_M
     max_k = seqlen_k  # dbias and the dropout counters are laid out as (B, Hq, max_q, max_k)
     dbias_ptr = DBias + pid_bh.to(tl.int64) * seqlen_q * seqlen_k
-    seed, rng_base = _dropout_rng(Rng, pid_bh, seqlen_q, seqlen_k, HAS_DROPOUT)
-    q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
-    k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
+    off_b, off_h, off_hk, start_m, seed, rng_base, q_start, seqlen_q, k_start, seqlen_k = _query_block(
+        pid_m, pid_bh, heads_q, group_size, seqlen_q, seqlen_k, Rng, CuSeqlensQ, CuSeqlensK, BLOCK_M, HAS_DROPOUT,
+        IS_VARLEN)
     if IS_VARLEN:
         if start_m >= seqlen_q:
             return

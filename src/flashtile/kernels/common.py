@@ -246,6 +246,21 @@ def _block_list(FULL: tl.constexpr, Num, Idx, FullNum, FullIdx, off_b, off_h, bl
 
 
 @triton.jit
+def _query_block(pid_m, pid_bh, heads_q, group_size, seqlen_q, seqlen_k, Rng, CuSeqlensQ, CuSeqlensK,
+                 BLOCK_M: tl.constexpr, HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Where a (query block, batch * query head) program works, shared by the forward, probabilities and dQ
+    kernels: (off_b, off_h, off_hk, start_m, seed, rng_base, q_start, seqlen_q, k_start, seqlen_k). The
+    dropout counters use the maxima seqlen_q / seqlen_k as given; the returned lengths are this sequence's
+    in varlen mode (the caller returns when start_m >= seqlen_q)."""
+    off_b = (pid_bh // heads_q).to(tl.int64)
+    off_h = (pid_bh % heads_q).to(tl.int64)
+    seed, rng_base = _dropout_rng(Rng, pid_bh, seqlen_q, seqlen_k, HAS_DROPOUT)
+    q_start, seq_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
+    k_start, seq_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
+    return off_b, off_h, off_h // group_size, pid_m * BLOCK_M, seed, rng_base, q_start, seq_q, k_start, seq_k
+
+
+@triton.jit
 def _dropout_rng(Rng, pid_bh, seqlen_q, seqlen_k, HAS_DROPOUT: tl.constexpr):
     """(seed, first counter of this (batch, head)) of the dropout RNG: counters are laid out as
     (B, Hq, max_q, max_k) (see _dropout_keep); (0, 0) without dropout."""

@@ -2,8 +2,8 @@
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _block_list, _dropout_keep, _dropout_rng, _key_range, _key_start, _kv_tile_ptrs,
-                     _load_tile, _scores, _segment, _seq_offset, _seq_range, _store_tile, _tile_start)
+from .common import (LOG2E, _block_list, _dropout_keep, _key_range, _key_start, _kv_tile_ptrs, _load_tile,
+                     _query_block, _scores, _segment, _seq_offset, _store_tile, _tile_start)
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -103,14 +103,10 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
         # Longest rows first: under a causal mask (or a causal block mask) the bottom blocks do the most work.
         pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
-    off_b = (pid_bh // heads_q).to(tl.int64)
-    off_h = (pid_bh % heads_q).to(tl.int64)
-    off_hk = off_h // group_size
-    start_m = pid_m * BLOCK_M
     max_k = seqlen_k  # dropout counters are laid out as (B, Hq, max_q, max_k), positions within the sequence
-    seed, rng_base = _dropout_rng(Rng, pid_bh, seqlen_q, seqlen_k, HAS_DROPOUT)
-    q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
-    k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
+    off_b, off_h, off_hk, start_m, seed, rng_base, q_start, seqlen_q, k_start, seqlen_k = _query_block(
+        pid_m, pid_bh, heads_q, group_size, seqlen_q, seqlen_k, Rng, CuSeqlensQ, CuSeqlensK, BLOCK_M, HAS_DROPOUT,
+        IS_VARLEN)
     if SEQUSED_K:
         seqlen_k = tl.load(CuSeqlensK + off_b)
     key_start = _key_start(KeyStart, off_b, LEFTPAD)
@@ -209,15 +205,11 @@ def _attn_probs(Q, K, Lse, Probs, Alibi, CuSeqlensQ, CuSeqlensK, Bias, Rng,
     """
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    off_b = (pid_bh // heads_q).to(tl.int64)
-    off_h = (pid_bh % heads_q).to(tl.int64)
-    off_hk = off_h // group_size
-    start_m = pid_m * BLOCK_M
     max_k = seqlen_k
     probs_base = Probs + pid_bh.to(tl.int64) * seqlen_q * seqlen_k
-    seed, rng_base = _dropout_rng(Rng, pid_bh, seqlen_q, seqlen_k, HAS_DROPOUT)
-    q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
-    k_start, seqlen_k = _seq_range(CuSeqlensK, off_b, seqlen_k, IS_VARLEN)
+    off_b, off_h, off_hk, start_m, seed, rng_base, q_start, seqlen_q, k_start, seqlen_k = _query_block(
+        pid_m, pid_bh, heads_q, group_size, seqlen_q, seqlen_k, Rng, CuSeqlensQ, CuSeqlensK, BLOCK_M, HAS_DROPOUT,
+        IS_VARLEN)
     if IS_VARLEN:
         if start_m >= seqlen_q:
             return
