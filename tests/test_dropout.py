@@ -154,8 +154,9 @@ def test_backends_draw_the_same_mask(monkeypatch):
 
 
 def test_philox_counters(backend):
-    """The mask layout: element (b, h, i, j) uses Philox counter ((b * H + h) * Sq + i) * Sk + j, and the
-    kernels' tl.rand (on the GPU too) is flashtile.philox bit for bit."""
+    """The mask layout: element (b, h, i, j) takes output j % 4 of Philox counter
+    ((b * H + h) * Sq + i) * ceil(Sk / 4) + j // 4 (an Sk that is not a multiple of 4 included), and the
+    kernels' tl.rand4x (on the GPU too) is flashtile.philox bit for bit."""
     _, device = backend
     shape = (2, 300, 500, 3, 3, 64) if device == "cuda" else (2, 9, 13, 3, 3, 16)
     q, k, v = make_qkv(*shape, torch.float32, device, requires_grad=False)
@@ -163,8 +164,14 @@ def test_philox_counters(backend):
     _, _, probs = flashtile.flash_attn_func(q, k, v, dropout_p=0.5, return_attn_probs=True)
     torch.manual_seed(4)
     seed = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device=device).item()  # the draw flashtile makes
-    keep = philox.rand(seed, torch.arange(probs.numel()).reshape(probs.shape)) >= 0.5
+    B, H, Sq, Sk = probs.shape
+    bh = torch.arange(B * H).reshape(B, H, 1, 1)
+    i, j = torch.arange(Sq).reshape(-1, 1), torch.arange(Sk)
+    groups = (bh * Sq + i) * ((Sk + 3) // 4) + j // 4
+    lanes = philox.rand4x(seed, groups)  # [B, H, Sq, Sk, 4]
+    keep = torch.gather(lanes, -1, (j % 4).expand(B, H, Sq, Sk)[..., None])[..., 0] >= 0.5
     assert torch.equal(keep, ~torch.signbit(probs.cpu()))
+    assert torch.equal(keep, philox.dropout_uniform(seed, bh, i, j, Sq, Sk) >= 0.5)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -111,7 +111,9 @@ def test_dropout_mask_equals_cpu_philox():
     _, _, s_dmask = flashtile.flash_attn_func(q, k, v, dropout_p=0.3, return_attn_probs=True)
     torch.manual_seed(3)
     seed = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device="cuda").item()  # the draw flashtile makes
-    keep = philox.rand(seed, torch.arange(s_dmask.numel()).reshape(s_dmask.shape)) >= 0.3
+    B, H, Sq, Sk = s_dmask.shape
+    keep = philox.dropout_uniform(seed, torch.arange(B * H).reshape(B, H, 1, 1), torch.arange(Sq)[:, None],
+                                  torch.arange(Sk), Sq, Sk) >= 0.3
     assert torch.equal(keep, ~torch.signbit(s_dmask.cpu()))
 
 

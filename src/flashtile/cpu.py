@@ -110,7 +110,7 @@ class _Scores:
 
 class Dropout:
     """Dropout's keep mask, tile by tile: element (b, h, i, j) of a (B, Hq, max_q, max_k) layout is kept when
-    Philox counter ((b * Hq + h) * max_q + i) * max_k + j gives a uniform >= p, as kernels/common._dropout_keep.
+    philox.dropout_uniform(seed, b * Hq + h, i, j, max_q, max_k) >= p, as kernels/common._dropout_keep.
 
     first_batch: the batch index of this call's first row (a varlen sequence runs as a batch of one).
     """
@@ -135,7 +135,7 @@ class Dropout:
         """Boolean [B, Hk, G, m1 - m0, n1 - n0]."""
         rows = torch.arange(m0, m1)[:, None]
         cols = torch.arange(n0, n1)[None, :]
-        return philox.rand(self.seed, (self.bh * self.max_q + rows) * self.max_k + cols) >= self.p
+        return philox.dropout_uniform(self.seed, self.bh, rows, cols, self.max_q, self.max_k) >= self.p
 
 
 def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink, attn_bias=None,

@@ -50,7 +50,7 @@ def _attn_bwd_preprocess(Out, DOut, Lse, Delta, Lse2, CuSeqlensQ,
 
 @triton.jit
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, lse2_ptr, delta_ptr,
-                         offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k,
+                         offs_m, offs_n, start_n, offs_d, lo, hi, seqlen_q, seqlen_k,
                          qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                          bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k, dropout_p,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -89,7 +89,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                              SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
         pT = tl.math.exp2(sT - lse2[None, :])  # [BLOCK_N, BLOCK_M]
         if HAS_DROPOUT:
-            keepT = _dropout_keep(seed, rng_base, offs_qm[None, :], offs_n[:, None], max_k, dropout_p)
+            keepT = _dropout_keep(seed, rng_base, offs_qm[None, :], start_n, max_k, dropout_p, offs_n.shape[0], True)
             rp = 1.0 / (1.0 - dropout_p)
             dv = tl.dot(tl.where(keepT, pT * rp, 0.0).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         else:
@@ -175,7 +175,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
         if HAS_ALIBI:
             alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
         bias_ptr = Bias + off_b * stride_bias_b + off_h * stride_bias_h
-        rng_base = (off_b * heads_kv * group_size + off_h) * max_q * max_k
+        rng_base = (off_b * heads_kv * group_size + off_h) * max_q * ((max_k + 3) // 4)  # see _dropout_keep
         if SPLIT_GROUP_SUM:
             # fp32: a sum over group_size * Sq rows in one running fp32 accumulator drifts like
             # sqrt(n) ulps; summing each head apart first keeps fp32 GQA as exact as PyTorch.
@@ -188,7 +188,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                                 start_n // SPARSE_N, stride_bm_b, stride_bm_h, stride_bm_m,
                                                 stride_bi_b, stride_bi_h, stride_bi_m)
                 dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
-                                              Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
+                                              Lse2 + row_base, Delta + row_base, offs_m, offs_n, start_n, offs_d,
                                               0, n_blocks * SPARSE_M, seqlen_q, seqlen_k,
                                               qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                                               bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k,
@@ -200,7 +200,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
             for SEGMENT in tl.static_range(3):
                 seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
                 dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom,
-                                              Lse2 + row_base, Delta + row_base, offs_m, offs_n, offs_d,
+                                              Lse2 + row_base, Delta + row_base, offs_m, offs_n, start_n, offs_d,
                                               seg_lo, seg_hi, seqlen_q, seqlen_k,
                                               qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                                               bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k,
@@ -255,7 +255,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
         p = tl.math.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N]
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if HAS_DROPOUT:
-            keep = _dropout_keep(seed, rng_base, offs_m[:, None], offs_kn[None, :], max_k, dropout_p)
+            keep = _dropout_keep(seed, rng_base, offs_m[:, None], start_n, max_k, dropout_p, BLOCK_N, False)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
         if STORE_DBIAS:

@@ -72,15 +72,30 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
 
 
 @triton.jit
-def _dropout_keep(seed, rng_base, q_idx, k_idx, max_k, dropout_p):
-    """Dropout's keep mask at (q_idx, k_idx), True with probability 1 - dropout_p.
+def _dropout_keep(seed, rng_base, q_idx, start_n, max_k, dropout_p, BLOCK_N: tl.constexpr,
+                  KEYS_ON_ROWS: tl.constexpr):
+    """Dropout's keep mask of a tile of queries q_idx and keys start_n + [0, BLOCK_N), True with probability
+    1 - dropout_p: [M, BLOCK_N] for q_idx [M, 1], or [BLOCK_N, M] for q_idx [1, M] with KEYS_ON_ROWS (the dK/dV
+    kernel's transposed tiles). start_n is a multiple of 4.
 
-    Philox (tl.rand) keyed by seed, counting element (b, h, i, j) of a (B, Hq, max_q, max_k) layout:
-    counter = rng_base + i * max_k + j with rng_base = (b * Hq + h) * max_q * max_k, positions within
-    the sequence. The counter depends only on the element, not on the tiling, so the dK/dV and dQ
-    kernels regenerate the forward's mask exactly, and flashtile.philox reproduces it on the CPU.
+    One Philox call (tl.rand4x, keyed by seed) per four consecutive keys: element (b, h, i, j) of a
+    (B, Hq, max_q, max_k) layout takes output j % 4 of counter rng_base + i * ceil(max_k / 4) + j // 4, with
+    rng_base = (b * Hq + h) * max_q * ceil(max_k / 4), positions within the sequence. The draw depends only
+    on the element, not on the tiling, so the dK/dV and dQ kernels regenerate the forward's mask exactly,
+    and flashtile.philox.dropout_uniform reproduces it on the CPU. (One tl.rand per element ran a full
+    Philox for each and kept one of its four outputs.)
     """
-    return tl.rand(seed, rng_base + q_idx.to(tl.int64) * max_k + k_idx) >= dropout_p
+    groups = start_n // 4 + tl.arange(0, BLOCK_N // 4)
+    row_groups = (max_k + 3) // 4
+    if KEYS_ON_ROWS:
+        r0, r1, r2, r3 = tl.rand4x(seed, rng_base + q_idx.to(tl.int64) * row_groups + groups[:, None])
+        # [BLOCK_N / 4, M, 2, 2] holding r[2 * a + c] at [g, m, a, c]: key 4 * g + 2 * a + c, query m
+        u = tl.join(tl.join(r0, r2), tl.join(r1, r3))
+        u = tl.reshape(tl.permute(u, (0, 2, 3, 1)), (BLOCK_N, q_idx.shape[1]))
+    else:
+        r0, r1, r2, r3 = tl.rand4x(seed, rng_base + q_idx.to(tl.int64) * row_groups + groups[None, :])
+        u = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (q_idx.shape[0], BLOCK_N))
+    return u >= dropout_p
 
 
 @triton.jit
@@ -268,5 +283,5 @@ def _dropout_rng(Rng, pid_bh, seqlen_q, seqlen_k, HAS_DROPOUT: tl.constexpr):
     base = 0
     if HAS_DROPOUT:  # one return statement: Triton wants one return type, and the branch is resolved statically
         seed = tl.load(Rng)
-        base = pid_bh.to(tl.int64) * seqlen_q * seqlen_k
+        base = pid_bh.to(tl.int64) * seqlen_q * ((seqlen_k + 3) // 4)
     return seed, base

@@ -48,7 +48,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
         alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
-            p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], offs_kn[None, :], max_k, dropout_p), p, 0.0)
+            p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], start_n, max_k, dropout_p, BLOCK_N, False),
+                         p, 0.0)
         v = _load_tile(_kv_tile_ptrs(v_ptrs, v_head, start_n, offs_kn, offs_d, stride_vn, stride_vpage, block_table,
                                      page_size, seqlen_k, key_start, PAGED),
                        offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
@@ -240,6 +241,7 @@ def _attn_probs(Q, K, Lse, Probs, Alibi, CuSeqlensQ, CuSeqlensK, Bias, Rng,
                           True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS)
         p = tl.math.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N]
         if HAS_DROPOUT:
-            p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], offs_kn[None, :], max_k, dropout_p), p, -p)
+            p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], start_n, max_k, dropout_p, BLOCK_N, False),
+                         p, -p)
         tl.store(probs_ptrs + start_n, p.to(Probs.dtype.element_ty),
                  mask=(offs_m[:, None] < seqlen_q) & (offs_kn[None, :] < seqlen_k))
