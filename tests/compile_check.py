@@ -68,6 +68,7 @@ CASES = [
     (72, True, torch.bfloat16, 2, 2, {}),
     (256, True, torch.float32, 2, 1, {}),
     (128, False, torch.bfloat16, 2, 1, ALL_FEATURES),
+    (128, True, torch.bfloat16, 2, 1, dict(softcap=30.0, approx_tanh=True)),  # softcap's tanh.approx.f32
     (128, False, torch.float32, 2, 1, ALL_FEATURES),  # fp32 tiles + a bias tile: the tightest on sm80
     (64, True, torch.bfloat16, 2, 1, dict(dropout=True)),
     (256, True, torch.bfloat16, 2, 1, dict(dropout=True)),
@@ -167,7 +168,8 @@ def check_case(arch, case):
         bias, dbias = torch.zeros(1, heads_q, 64, 64, dtype=dtype), torch.zeros(1, heads_q, 64, 64)
     dropout_p, rng = (0.1, torch.zeros(1, dtype=torch.int64)) if features.get("dropout") else (0.0, None)
     sa = launch.ScoreArgs.make(geo, 0.1, features.get("window_left", -1), 0 if causal else features.get(
-        "window_right", -1), features.get("softcap", 0.0), slopes, lse, bias, dropout_p, rng)
+        "window_right", -1), features.get("softcap", 0.0), slopes, lse, bias, dropout_p, rng,
+        approx_tanh=features.get("approx_tanh", False))
     sink = torch.zeros(heads_q) if features.get("sink") else None
     if features.get("kvcache") or features.get("decode"):
         geo = dataclasses.replace(geo, seqused_k=torch.tensor([50], dtype=torch.int32))

@@ -61,6 +61,12 @@ def _dot_precision(dtype):
     return "tf32"
 
 
+def _approx_tanh(q):
+    """Softcap's tanh as one approximate GPU instruction: for fp16/bf16 inputs (its ~2^-11 relative error is
+    below their rounding) on NVIDIA GPUs; exact for fp32, in the interpreter and on other GPUs."""
+    return q.dtype != torch.float32 and q.is_cuda and torch.version.hip is None and not interpreter_active()
+
+
 def _strides3(t):
     """(batch, sequence, head) strides of a (B, S, H, D) tensor, or of a packed varlen (total, H, D) one."""
     if t.dim() == 3:
@@ -165,11 +171,11 @@ class ScoreArgs:
 
     @staticmethod
     def make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, placeholder, attn_bias=None,
-             dropout_p=0.0, rng=None):
+             dropout_p=0.0, rng=None, approx_tanh=False):
         """placeholder: any fp32 tensor, passed where an optional tensor argument is absent.
         attn_bias: 4-D, broadcastable to (B, Hq, max_q, max_k) (size-1 dims are read with stride 0), or None;
         in varlen mode indexed by positions within each sequence. rng: int64 (1,) Philox seed when
-        dropout_p > 0."""
+        dropout_p > 0. approx_tanh: softcap through the GPU's tanh.approx (see _approx_tanh)."""
         unbounded = geo.seqlen_q + geo.seqlen_k
         has_alibi = alibi_slopes is not None
         has_bias = attn_bias is not None
@@ -186,7 +192,8 @@ class ScoreArgs:
             window_right=window_right if window_right >= 0 else unbounded,
             dropout_p=float(dropout_p),
             left_bounded=window_left >= 0,
-            constexprs=dict(IS_LOCAL=window_left >= 0 or window_right >= 0, SOFTCAP=softcap > 0,
+            constexprs=dict(IS_LOCAL=window_left >= 0 or window_right >= 0,
+                            SOFTCAP=(2 if approx_tanh else 1) if softcap > 0 else 0,
                             HAS_ALIBI=has_alibi, HAS_BIAS=has_bias, HAS_DROPOUT=dropout_p > 0),
         )
 
@@ -463,7 +470,7 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias,
-                        dropout_p, rng)
+                        dropout_p, rng, approx_tanh=_approx_tanh(q))
     for launch in forward_launches(geo, q, k, v, out, lse, sink, sa, _arch(q.device), interpreter_active(),
                                    mods):
         launch.run()
@@ -479,7 +486,7 @@ def _flash_attn_probs(q, k, lse, softmax_scale, window_left, window_right, softc
     shape = (geo.batch, geo.heads_q, geo.seqlen_q, geo.seqlen_k)
     probs = torch.zeros(shape, dtype=q.dtype, device=q.device) if geo.is_varlen else _empty(shape, q)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias,
-                        dropout_p, rng)
+                        dropout_p, rng, approx_tanh=_approx_tanh(q))
     for launch in probs_launches(geo, q, k, lse, probs, sa, _arch(q.device), interpreter_active()):
         launch.run()
     return probs
@@ -501,7 +508,8 @@ def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, sof
                   key_start=key_start)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
-    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
+    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse,
+                        approx_tanh=_approx_tanh(q))
     arch, interpreter = _arch(q.device), interpreter_active()
     if uses_splitkv(geo, num_splits):
         cfg, splits = splitkv_plan(geo, max_seqlen_k, num_splits, arch, q.dtype, q.device, interpreter)
@@ -522,7 +530,8 @@ def _flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqle
                    cu_seqlens_q, cu_seqlens_k, block_table=block_table)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
-    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse)
+    sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse,
+                        approx_tanh=_approx_tanh(q))
     for launch in forward_launches(geo, q, k_pages, v_pages, out, lse, sink, sa, _arch(q.device),
                                    interpreter_active()):
         launch.run()
@@ -549,7 +558,7 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
     dbias = (torch.zeros((geo.batch, geo.heads_q, geo.seqlen_q, geo.seqlen_k), dtype=torch.float32, device=q.device)
              if bias_grad else None)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias,
-                        dropout_p, rng)
+                        dropout_p, rng, approx_tanh=_approx_tanh(q))
     preprocess, *grads = backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale,
                                            sa, _arch(q.device), interpreter_active(), mods)
     preprocess.run()

@@ -7,8 +7,14 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _tanh(x):
-    # Through exp2, since the interpreter has no libdevice; saturates to +-1 without NaN.
+def _tanh(x, APPROX: tl.constexpr = False):
+    """tanh(x) for fp32 x. APPROX: the GPU's one-instruction tanh.approx.f32 (relative error about 2^-11,
+    finer than fp16/bf16 inputs carry; NVIDIA only). Else through exp2 and a division (the interpreter has no
+    libdevice), which saturates to +-1 without NaN but costs two special-function ops per score on top of the
+    softmax's exp2."""
+    if APPROX:
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
     return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)
 
 
@@ -35,9 +41,10 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
     True where a key is visible; both are generated adapters around the user's functions, and positions
     past the sequence ends are clamped to the last one so mods may index aux tensors with them.
     Returns (s, t, g): g = d SCORE_MOD / d score from SCORE_MOD_GRAD (the backward's chain rule), else t.
+    SOFTCAP: 0 off, 1 on, 2 on with the GPU's approximate tanh (fp16/bf16 inputs; see _tanh).
     """
     if SOFTCAP:
-        t = _tanh(qk * qk_scale)
+        t = _tanh(qk * qk_scale, SOFTCAP == 2)
         s = t * softcap_log2
     else:
         s = qk * qk_scale
