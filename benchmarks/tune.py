@@ -80,13 +80,21 @@ def time_bwd(cfg, pad, out, q, k, v, dout, shape, part):
     return rec
 
 
+def save(path, records):
+    if path:
+        with open(path, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, records=records), f, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--causal", default="0,1")
+    parser.add_argument("--directions", default="fwd,bwd", help="fwd, bwd or both (the other keeps configs.py's)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    directions = args.directions.split(",")
     records = []
     for head_dim in [int(d) for d in args.head_dims.split(",")]:
         for causal in [bool(int(c)) for c in args.causal.split(",")]:
@@ -109,7 +117,7 @@ def main():
             pad = max(16, head_dim)
             run = lambda: flashtile.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
             fwd_default = configs._SM90_FWD[pad]
-            for cfg in FWD_CANDIDATES.get(head_dim, []):
+            for cfg in FWD_CANDIDATES.get(head_dim, []) if "fwd" in directions else []:
                 configs._SM90_FWD[pad] = cfg
                 try:
                     err = (run() - ref).abs().max().item()
@@ -120,23 +128,22 @@ def main():
                     records.append(dict(shape, provider="flashtile", direction="fwd", config=repr(cfg),
                                         error=str(exc)[:200]))
                 print(records[-1], flush=True)
+                save(args.out, records)
             configs._SM90_FWD[pad] = fwd_default
             out = run()
             bwd_default = configs._SM90_BWD[pad]
             best = {}
-            for part, candidates in (("dkdv", DKDV_CANDIDATES), ("dq", DQ_CANDIDATES)):
+            for part, candidates in (("dkdv", DKDV_CANDIDATES), ("dq", DQ_CANDIDATES)) if "bwd" in directions else ():
                 for tiles in candidates.get(head_dim, []):
                     others = dict(dkdv=best.get("dkdv", bwd_default.dkdv), dq=bwd_default.dq)
                     cfg = BwdConfig(**dict(others, **{part: tiles}))
                     rec = time_bwd(cfg, pad, out, q, k, v, dout, shape, part)
                     records.append(rec)
                     print(rec, flush=True)
+                    save(args.out, records)  # after every record: a sweep cut off by a time limit keeps what ran
                     if rec.get("finite") and rec["bwd_tflops"] > best.get(part + "_tflops", 0):
                         best[part], best[part + "_tflops"] = tiles, rec["bwd_tflops"]
             configs._SM90_BWD[pad] = bwd_default
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, records=records), f, indent=1)
     print("\nhead_dim causal  cudnn fwd/bwd   flash fwd/bwd   best flashtile fwd (config)   best bwd (config)")
     keys = sorted({(r["head_dim"], r["causal"]) for r in records})
     for hd, c in keys:
