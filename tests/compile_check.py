@@ -58,7 +58,8 @@ def compile_launch(kl, arch):
 # (head_dim, causal, dtype, heads_q, heads_kv, score features): the head-dim buckets users hit most, both
 # causal modes, GQA, a padded head dim, fp32 (ieee dots, the group-sum path, the largest tiles in bytes),
 # every score feature switched on at once, and dropout (with the attention-probabilities kernel) alone, with
-# everything, with varlen, and at the largest head dim.
+# everything, with varlen, and at the largest head dim. Most cases are 64 tokens long, where rows see few keys
+# and the forward takes its short-row tiles (configs.SHORT_KEYS); the seqlen=1024 cases compile the others.
 ALL_FEATURES = dict(window_left=32, window_right=8, softcap=30.0, alibi=True, sink=True, bias=True)
 CASES = [
     (64, True, torch.bfloat16, 2, 1, {}),
@@ -69,6 +70,8 @@ CASES = [
     (256, True, torch.float32, 2, 1, {}),
     (128, False, torch.bfloat16, 2, 1, ALL_FEATURES),
     (128, True, torch.bfloat16, 2, 1, dict(softcap=30.0, approx_tanh=True)),  # softcap's tanh.approx.f32
+    (128, True, torch.bfloat16, 2, 1, dict(seqlen=1024)),
+    (128, False, torch.bfloat16, 2, 1, dict(softcap=30.0, alibi=True, sink=True, bias=True, dropout=True, seqlen=1024)),
     (128, False, torch.float32, 2, 1, ALL_FEATURES),  # fp32 tiles + a bias tile: the tightest on sm80
     (64, True, torch.bfloat16, 2, 1, dict(dropout=True)),
     (256, True, torch.bfloat16, 2, 1, dict(dropout=True)),
@@ -149,9 +152,11 @@ def check_case(arch, case):
     """Compile one case's launches for arch; returns (failures, report lines)."""
     head_dim, causal, dtype, heads_q, heads_kv, features = case
     smem_limit = TARGETS[arch]
-    q = torch.zeros(1, features.get("seqlen_q", 1) if features.get("decode") else 64, heads_q, head_dim, dtype=dtype)
-    k = torch.zeros(1, 64, heads_kv, head_dim, dtype=dtype)
-    lse = torch.zeros(1, heads_q, 64)
+    seqlen = features.get("seqlen", 64)
+    q = torch.zeros(1, features.get("seqlen_q", 1) if features.get("decode") else seqlen, heads_q, head_dim,
+                    dtype=dtype)
+    k = torch.zeros(1, seqlen, heads_kv, head_dim, dtype=dtype)
+    lse = torch.zeros(1, heads_q, seqlen)
     slopes = torch.ones(heads_q) if features.get("alibi") else None
     geo = launch.Geometry.of(q, k)
     if features.get("varlen"):
@@ -165,7 +170,7 @@ def check_case(arch, case):
             geo = dataclasses.replace(geo, block_table=torch.zeros(2, 64 // page, dtype=torch.int32))
     bias = dbias = None
     if features.get("bias"):
-        bias, dbias = torch.zeros(1, heads_q, 64, 64, dtype=dtype), torch.zeros(1, heads_q, 64, 64)
+        bias, dbias = torch.zeros(1, heads_q, seqlen, seqlen, dtype=dtype), torch.zeros(1, heads_q, seqlen, seqlen)
     dropout_p, rng = (0.1, torch.zeros(1, dtype=torch.int64)) if features.get("dropout") else (0.0, None)
     sa = launch.ScoreArgs.make(geo, 0.1, features.get("window_left", -1), 0 if causal else features.get(
         "window_right", -1), features.get("softcap", 0.0), slopes, lse, bias, dropout_p, rng,
@@ -191,8 +196,8 @@ def check_case(arch, case):
         launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
                                              interpreter=False, mods=mods)
     if features.get("dropout"):  # return_attn_probs
-        launches += launch.probs_launches(geo, q, k, lse, torch.zeros(1, heads_q, 64, 64, dtype=dtype), sa, arch,
-                                          interpreter=False)
+        launches += launch.probs_launches(geo, q, k, lse, torch.zeros(1, heads_q, seqlen, seqlen, dtype=dtype), sa,
+                                          arch, interpreter=False)
     failures, lines = 0, []
     for kl in launches:
         what = (f"sm{arch[0]}{arch[1]} {kl.kernel.fn.__name__} D{head_dim} causal={causal} "

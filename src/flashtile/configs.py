@@ -41,12 +41,27 @@ _SM90_FWD = {
     128: TileConfig(128, 64, 8, 3),  # 466 (128x128: 465; 4 warps: 208)
     256: TileConfig(128, 64, 8, 2),  # 454 (3 stages does not fit in shared memory)
 }
+# Rows that see at most SHORT_KEYS keys (short sequences, narrow windows): each program runs a few key tiles,
+# so its fixed cost (Q load, pipeline fill, store) dominates; 64-row tiles with 4 warps fit two programs per
+# SM, which overlap those phases. Session 4 (kernel time, D128 bf16): 512 tokens 230 -> 204 us, causal 181 ->
+# 151; window 256 at 8K 219 -> 192 us. At a 1024 window the 128-row tiles stay faster (395 vs 422 us).
+SHORT_KEYS = 512
+_SM90_FWD_SHORT = {**_SM90_FWD, 128: TileConfig(64, 64, 4, 3)}
 _SM90_BWD = {
     16: _bwd(64, 64, 64, 64, 4, 3),
     32: _bwd(64, 64, 64, 64, 4, 3),
-    64: _bwd(64, 64, 64, 64, 4, 3),  # 355 (64/128 tiles, 8 warps: 335)
-    128: _bwd(64, 128, 128, 64, 8, 2),  # 353 (64x64, 4 warps: 350)
-    256: _bwd(32, 32, 32, 32, 4, 2),  # 149: below FA2, see perf-log.md
+    # Session 4 sweep (seqlen 4096, TFLOP/s non-causal / causal): dK/dV 32x64 with 4 stages 329/297 -> 339/317.
+    64: BwdConfig(TileConfig(32, 64, 4, 4), TileConfig(64, 64, 4, 3)),
+    # dQ 64x64/4 warps/2 stages: 355 -> 372 (non-causal).
+    128: BwdConfig(TileConfig(64, 128, 8, 2), TileConfig(64, 64, 4, 2)),
+    # 148 -> 208, still below FA2's 253 (perf-log.md): dK/dV 64x64/8 warps/1 stage, dQ 128x32.
+    256: BwdConfig(TileConfig(64, 64, 8, 1), TileConfig(128, 32, 8, 2)),
+}
+# Causal or windowed (local) backward, where the sweep picked differently.
+_SM90_BWD_LOCAL = {
+    **_SM90_BWD,
+    128: BwdConfig(TileConfig(64, 128, 8, 3), TileConfig(64, 64, 4, 2)),  # 282 -> 314
+    256: BwdConfig(TileConfig(32, 32, 4, 2), TileConfig(128, 32, 8, 2)),  # 143 -> 187
 }
 
 # Every other GPU: conservative tiles that fit ~100 KB of shared memory (Ampere/Ada class).
@@ -75,19 +90,21 @@ def _table_for(arch, dtype, sm90, generic):
     return sm90 if arch is not None and arch >= (9, 0) and not is_fp32 else generic
 
 
-def fwd_config(arch, head_dim_padded, local, dtype, interpreter=False):
-    """The forward tile configuration. arch is (major, minor) of the CUDA device, or None."""
+def fwd_config(arch, head_dim_padded, local, dtype, interpreter=False, keys_per_row=None):
+    """The forward tile configuration. arch is (major, minor) of the CUDA device, or None; keys_per_row: the
+    most keys one query row attends to (min(Sk, window span)), None if unknown."""
     if interpreter:
         return INTERPRETER_FWD
     generic = _GENERIC_FP32_FWD if dtype is not None and dtype.itemsize == 4 else _GENERIC_FWD
-    return _table_for(arch, dtype, _SM90_FWD, generic)[head_dim_padded]
+    short = keys_per_row is not None and keys_per_row <= SHORT_KEYS
+    return _table_for(arch, dtype, _SM90_FWD_SHORT if short else _SM90_FWD, generic)[head_dim_padded]
 
 
 def bwd_config(arch, head_dim_padded, local, dtype, interpreter=False):
     """The backward tile configuration (dK/dV and dQ kernels)."""
     if interpreter:
         return INTERPRETER_BWD
-    return _table_for(arch, dtype, _SM90_BWD, _GENERIC_BWD)[head_dim_padded]
+    return _table_for(arch, dtype, _SM90_BWD_LOCAL if local else _SM90_BWD, _GENERIC_BWD)[head_dim_padded]
 
 
 # Split-KV decoding (kernels/decode.py). Not yet measured on the H200: first guesses from the byte count.

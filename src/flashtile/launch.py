@@ -197,6 +197,10 @@ class ScoreArgs:
                             HAS_ALIBI=has_alibi, HAS_BIAS=has_bias, HAS_DROPOUT=dropout_p > 0),
         )
 
+    def keys_per_row(self, seqlen_k):
+        """The most keys one query row can attend to (the window's span, at most seqlen_k)."""
+        return min(seqlen_k, self.window_left + self.window_right + 1)
+
     def score_scalars(self):
         """_scores's runtime scalars: what the split-KV decode kernel takes (it has no dropout)."""
         return self.qk_scale, self.softcap_log2, self.window_left, self.window_right
@@ -269,7 +273,8 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=N
     """
     head_dim_pad = _head_dim_padded(geo.head_dim)
     mods = mods or ModArgs.make(lse)
-    cfg = mods.tiles(configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter))
+    cfg = mods.tiles(configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter,
+                                        sa.keys_per_row(geo.seqlen_k)))
     return [KernelLaunch(
         _attn_fwd, (_cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse, *geo.cu_args(lse), sa.bias,
