@@ -59,7 +59,7 @@ def compile_launch(kl, arch):
 # causal modes, GQA, a padded head dim, fp32 (ieee dots, the group-sum path, the largest tiles in bytes),
 # every score feature switched on at once, and dropout (with the attention-probabilities kernel) alone, with
 # everything, with varlen, and at the largest head dim. Most cases are 64 tokens long, where rows see few keys
-# and the forward takes its short-row tiles (configs.SHORT_KEYS); the seqlen=1024 cases compile the others.
+# and the forward takes its short-row tiles (configs.SHORT_KEYS); the seqlen=2048 cases compile the others.
 ALL_FEATURES = dict(window_left=32, window_right=8, softcap=30.0, alibi=True, sink=True, bias=True)
 CASES = [
     (64, True, torch.bfloat16, 2, 1, {}),
@@ -70,8 +70,8 @@ CASES = [
     (256, True, torch.float32, 2, 1, {}),
     (128, False, torch.bfloat16, 2, 1, ALL_FEATURES),
     (128, True, torch.bfloat16, 2, 1, dict(softcap=30.0, approx_tanh=True)),  # softcap's tanh.approx.f32
-    (128, True, torch.bfloat16, 2, 1, dict(seqlen=1024)),
-    (128, False, torch.bfloat16, 2, 1, dict(softcap=30.0, alibi=True, sink=True, bias=True, dropout=True, seqlen=1024)),
+    (128, True, torch.bfloat16, 2, 1, dict(seqlen=2048)),
+    (128, False, torch.bfloat16, 2, 1, dict(softcap=30.0, alibi=True, sink=True, bias=True, dropout=True, seqlen=2048)),
     (128, False, torch.float32, 2, 1, ALL_FEATURES),  # fp32 tiles + a bias tile: the tightest on sm80
     (64, True, torch.bfloat16, 2, 1, dict(dropout=True)),
     (256, True, torch.bfloat16, 2, 1, dict(dropout=True)),

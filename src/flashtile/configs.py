@@ -43,10 +43,13 @@ _SM90_FWD = {
 }
 # Rows that see at most SHORT_KEYS keys (short sequences, narrow windows): each program runs a few key tiles,
 # so its fixed cost (Q load, pipeline fill, store) dominates; 64-row tiles with 4 warps fit two programs per
-# SM, which overlap those phases. Session 4 (kernel time, D128 bf16): 512 tokens 230 -> 204 us, causal 181 ->
-# 151; window 256 at 8K 219 -> 192 us. At a 1024 window the 128-row tiles stay faster (395 vs 422 us).
-SHORT_KEYS = 512
-_SM90_FWD_SHORT = {**_SM90_FWD, 128: TileConfig(64, 64, 4, 3)}
+# SM, which overlap those phases. Session 4, kernel time in us, default -> 64x64/4 warps/3 stages (bf16, 16K
+# tokens; non-causal / causal): D128 512 tokens 230/181 -> 204/151, 1K 347/242 -> 336/219, window 256 at 8K
+# 219 -> 192; D64 512 222/188 -> 207/158, 1K 384/275 -> 358/235. Not taken: D128 at 2K (606/379 -> 600/359)
+# and a 1024 window at 8K, where the 128-row tiles stay faster (395 vs 422); D256, where they are (512 tokens:
+# 218/162, the best alternative 230/163).
+SHORT_KEYS = 1024
+_SM90_FWD_SHORT = {**_SM90_FWD, 64: TileConfig(64, 64, 4, 3), 128: TileConfig(64, 64, 4, 3)}
 _SM90_BWD = {
     16: _bwd(64, 64, 64, 64, 4, 3),
     32: _bwd(64, 64, 64, 64, 4, 3),
