@@ -69,12 +69,13 @@ def _approx_tanh(q):
 
 def _strides3(t):
     """(batch, sequence, head) strides of a (B, S, H, D) tensor, or of a packed varlen (total, H, D) one."""
-    if t.dim() == 3:
-        return 0, t.stride(0), t.stride(1)
-    return t.stride(0), t.stride(1), t.stride(2)
+    s = t.stride()  # one call, not three: this runs for every tensor of every launch (host time)
+    if len(s) == 3:
+        return 0, s[0], s[1]
+    return s[0], s[1], s[2]
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen (treat as immutable; dataclasses.replace): a frozen __init__ costs ~1.5 us more per call
 class Geometry:
     """Sizes of one call: dense q (B, Sq, Hq, D), or varlen q (total_q, Hq, D) packed at int32 cu_seqlens.
 
@@ -95,7 +96,8 @@ class Geometry:
     @staticmethod
     def of(q, k, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
         if cu_seqlens_q is None:
-            return Geometry(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
+            (batch, seqlen_q, heads_q, head_dim), (_, seqlen_k, heads_kv, _) = q.shape, k.shape  # one .shape each
+            return Geometry(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)
         return Geometry(cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k, q.shape[1], k.shape[1], q.shape[2],
                         cu_seqlens_q, cu_seqlens_k)
 
@@ -148,7 +150,7 @@ class KernelLaunch:
         self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen, as Geometry: built on every call
 class ScoreArgs:
     """What turns q.k products into probabilities: kernels/common._scores's runtime arguments, dropout's
     (common._dropout_keep) and the constexpr switches.
@@ -248,7 +250,8 @@ class ModArgs:
         return (*lists, *strides)
 
     def args(self, placeholder, transposed=False):
-        return (*self.aux, *self._list_args(self.q_lists if transposed else self.kv_lists, placeholder))
+        aux = (*self.aux, *(placeholder,) * (4 - len(self.aux)))  # _NO_MODS has none: placeholder (never read)
+        return (*aux, *self._list_args(self.q_lists if transposed else self.kv_lists, placeholder))
 
     def constexprs(self, grad=False):
         sparse = self.block_size is not None
@@ -266,13 +269,16 @@ class ModArgs:
                        BLOCK_N=min(cfg.BLOCK_N, self.block_size[1]))
 
 
+_NO_MODS = ModArgs(())  # plain attention: shared, so a call does not build one (host time)
+
+
 def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=None):
     """The forward's one launch, writing out (q's shape) and lse (geo.lse_shape).
 
     sa: ScoreArgs; sink: fp32 (Hq,) attention-sink logits or None; mods: ModArgs or None.
     """
     head_dim_pad = _head_dim_padded(geo.head_dim)
-    mods = mods or ModArgs.make(lse)
+    mods = mods or _NO_MODS
     cfg = mods.tiles(configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter,
                                         sa.keys_per_row(geo.seqlen_k)))
     return [KernelLaunch(
@@ -410,7 +416,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
     """
     group_size = geo.heads_q // geo.heads_kv
     head_dim_pad = _head_dim_padded(geo.head_dim)
-    mods = mods or ModArgs.make(lse)
+    mods = mods or _NO_MODS
     cfg = configs.bwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
     cfg = configs.BwdConfig(mods.tiles(cfg.dkdv), mods.tiles(cfg.dq))
     precision = _dot_precision(q.dtype)
