@@ -17,14 +17,22 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 from . import cpu
 
 
-def _interpreter_active():
-    from .launch import interpreter_active  # imports triton: only when a kernel may run
+_launch_module = None
 
-    return interpreter_active()
+
+def _launch():
+    """flashtile.launch, imported on first use (it imports triton: only when a kernel may run); then from a
+    global, since an import statement costs ~1 us of host time on every call."""
+    global _launch_module
+    if _launch_module is None:
+        from . import launch
+
+        _launch_module = launch
+    return _launch_module
 
 
 def _runs_triton(t):
-    return t.device.type != "cpu" or _interpreter_active()
+    return not t.is_cpu or _launch().interpreter_active()
 
 
 _IMPLS = {}  # custom op -> its Python implementation
@@ -68,9 +76,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int,
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
-        from .launch import _flash_attn_forward
-
-        return _flash_attn_forward(q, k, v, *args, *varlen, attn_bias, dropout_p, rng)
+        return _launch()._flash_attn_forward(q, k, v, *args, *varlen, attn_bias, dropout_p, rng)
     if cu_seqlens_q is not None:
         return cpu.varlen_forward(q, k, v, *args, *varlen, attn_bias, dropout_p, rng)
     return cpu.forward(q, k, v, *args, attn_bias, cpu.Dropout.of(dropout_p, rng, q, k))
@@ -98,10 +104,8 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
-        from .launch import _flash_attn_backward
-
-        return _flash_attn_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad, dropout_p,
-                                    rng)
+        return _launch()._flash_attn_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad,
+                                              dropout_p, rng)
     if cu_seqlens_q is not None:
         return cpu.varlen_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad, dropout_p,
                                    rng)
@@ -134,9 +138,7 @@ def attn_probs(q: Tensor, k: Tensor, lse: Tensor, softmax_scale: float, window_l
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
-        from .launch import _flash_attn_probs
-
-        return _flash_attn_probs(q, k, lse, *args, *varlen, attn_bias, dropout_p, rng)
+        return _launch()._flash_attn_probs(q, k, lse, *args, *varlen, attn_bias, dropout_p, rng)
     return cpu.attn_probs(q, k, lse, *args, *varlen, attn_bias, dropout_p, rng)
 
 
@@ -157,10 +159,8 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqused_k: Tensor, 
     decode kernel, 0 = heuristic (the CPU path ignores both)."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     if _runs_triton(q):
-        from .launch import _flash_attn_forward_kvcache
-
-        return _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, *args, max_seqlen_k,
-                                           num_splits, key_start)
+        return _launch()._flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, *args,
+                                                     max_seqlen_k, num_splits, key_start)
     return cpu.kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, *args, key_start)
 
 
@@ -180,9 +180,7 @@ def kvcache_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tens
     empty tensor without rotary. rotary_cos/sin: (seqlen_ro, rotary_dim / 2). One kernel launch on the GPU."""
     args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved, q_local)
     if _runs_triton(q):
-        from .launch import _kvcache_append
-
-        return _kvcache_append(*args)
+        return _launch()._kvcache_append(*args)
     return cpu.kvcache_append(*args)
 
 
@@ -202,10 +200,8 @@ def fwd_varlen_paged(q: Tensor, k_pages: Tensor, v_pages: Tensor, cu_seqlens_q: 
     block_table[b] (int32 (B, max_pages)) lists. out like q, lse (Hq, total_q). No autograd."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
     if _runs_triton(q):
-        from .launch import _flash_attn_forward_varlen_paged
-
-        return _flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                max_seqlen_k, block_table, *args)
+        return _launch()._flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k,
+                                                          max_seqlen_q, max_seqlen_k, block_table, *args)
     return cpu.varlen_paged_forward(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     block_table, *args)
 
