@@ -26,8 +26,9 @@ TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: 
 
 def _signature(kl):
     """Signature, constexprs and the attributes a real launch specializes on: like Triton's JIT, pointers
-    (torch allocations are 16-byte aligned) and ints divisible by 16 get tt.divisibility = 16. Without them
-    loads cannot be vectorized, the pipeliner skips them, and shared memory would be under-reported."""
+    (torch allocations are 16-byte aligned) and ints divisible by 16 get tt.divisibility = 16, and an int equal
+    to 1 becomes a constant (e.g. group_size for MHA: its loop disappears). Without them loads cannot be
+    vectorized, the pipeliner skips them, and shared memory and registers would be misreported."""
     names = kl.kernel.arg_names
     sig, constexprs, attrs = {}, {}, {}
     values = dict(zip(names, kl.args), **kl.constexprs)
@@ -41,6 +42,9 @@ def _signature(kl):
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(value, float):
             sig[name] = "fp32"
+        elif value == 1:
+            sig[name] = "constexpr"
+            constexprs[(i,)] = 1
         else:
             sig[name] = "i32"
             if value % 16 == 0:
