@@ -122,7 +122,7 @@ def _unit(score, b, h, q_idx, kv_idx, table):
     return score * 0.0 + 1.0
 
 
-def _mod_args(features, q, lse):
+def _mod_args(features, q):
     """Programmable attention: a score_mod reading an aux table (and its derivative), and with flex=True a
     block-sparse document mask (the block-sparse loops, the mask_mod, a second aux tensor)."""
     from flashtile.flex import and_masks, causal_mask, create_block_mask, document_mask, mods
@@ -135,7 +135,7 @@ def _mod_args(features, q, lse):
         mask = and_masks(causal_mask, document_mask(torch.zeros(q.shape[1], dtype=torch.int64)))
         block_mask = create_block_mask(mask, None, None, q.shape[1], q.shape[1], device="cpu")
     pool = mods.aux_pool(score, grad, mask)
-    return launch.ModArgs.make(lse, pool, mods.adapter(score, pool), mods.adapter(grad, pool),
+    return launch.ModArgs.make(pool, mods.adapter(score, pool), mods.adapter(grad, pool),
                                mods.adapter(mask, pool) if mask is not None else None, block_mask)
 
 
@@ -186,7 +186,7 @@ def check_case(arch, case):
             geo = dataclasses.replace(geo, block_table=torch.zeros(1, 4, dtype=torch.int32))
         if features.get("leftpad"):
             geo = dataclasses.replace(geo, key_start=torch.tensor([3], dtype=torch.int32))
-    mods = _mod_args(features, q, lse) if features.get("flex") or features.get("score_mod") else None
+    mods = _mod_args(features, q) if features.get("flex") or features.get("score_mod") else None
     if features.get("append"):
         launches = _append_launches(features, q[:, :1], k)
     elif features.get("decode"):

@@ -274,7 +274,7 @@ def test_dropout_through_the_block_sparse_loops():
     rng = torch.tensor([1234567], dtype=torch.int64, device=DEVICE)
     block_mask = flashtile.create_block_mask(flashtile.causal_mask, None, None, 96, 96, block_size=(32, 32),
                                              device=DEVICE)
-    mods = _Spec(None, None, block_mask.mask_mod, block_mask).mod_args(q)
+    mods = _Spec(None, None, block_mask.mask_mod, block_mask).mod_args()
     assert mods.block_size is not None  # the BLOCK_SPARSE loops
     scale = 0.2
     want, want_lse = launch._flash_attn_forward(q, k, v, scale, -1, 0, 0.0, None, None, dropout_p=0.3, rng=rng)

@@ -215,7 +215,7 @@ class ScoreArgs:
 @dataclass(frozen=True)
 class ModArgs:
     """Programmable attention (flashtile.flex) as kernel arguments: the user mods as generated adapters
-    (JITFunctions taking aux0..aux3, or None), four aux tensors, and a block mask's index lists.
+    (JITFunctions taking aux0..aux3, or None), up to four aux tensors, and a block mask's index lists.
 
     kv_lists: (num, idx, full_num, full_idx) for the forward and dQ kernels, (B, H, Sq / bm) and
     (B, H, Sq / bm, Sk / bn) int32; q_lists: the transposed ones for dK/dV. None without a block mask.
@@ -229,9 +229,9 @@ class ModArgs:
     q_lists: tuple = None
 
     @staticmethod
-    def make(placeholder, aux=(), score_mod=None, score_mod_grad=None, mask_mod=None, block_mask=None):
+    def make(aux=(), score_mod=None, score_mod_grad=None, mask_mod=None, block_mask=None):
         """aux: up to 4 tensors; block_mask: a flashtile.flex.BlockMask (already checked against the inputs)."""
-        aux = tuple(aux) + (placeholder,) * (4 - len(aux))
+        aux = tuple(aux)
         if block_mask is None:
             return ModArgs(aux, score_mod, score_mod_grad, mask_mod)
         bm = block_mask
@@ -250,7 +250,7 @@ class ModArgs:
         return (*lists, *strides)
 
     def args(self, placeholder, transposed=False):
-        aux = (*self.aux, *(placeholder,) * (4 - len(self.aux)))  # _NO_MODS has none: placeholder (never read)
+        aux = (*self.aux, *(placeholder,) * (4 - len(self.aux)))  # absent aux tensors: never read
         return (*aux, *self._list_args(self.q_lists if transposed else self.kv_lists, placeholder))
 
     def constexprs(self, grad=False):

@@ -13,13 +13,13 @@ class _Spec:
     def __init__(self, score, grad, mask, block_mask):
         self.score, self.grad, self.mask, self.block_mask = score, grad, mask, block_mask
 
-    def mod_args(self, placeholder):
+    def mod_args(self):
         from ..launch import ModArgs
 
         pool = aux_pool(self.score, self.grad, self.mask)
         score, grad, mask = (adapter(mod, pool) if mod is not None else None
                              for mod in (self.score, self.grad, self.mask))
-        return ModArgs.make(placeholder, pool, score, grad, mask, self.block_mask)
+        return ModArgs.make(pool, score, grad, mask, self.block_mask)
 
     def cpu_mods(self):
         return cpu.Mods(self.score, self.grad, self.mask)
@@ -54,7 +54,7 @@ class _Attention(torch.autograd.Function):
             from ..launch import _flash_attn_forward
 
             out, lse = _flash_attn_forward(q, k, v, scale, -1, window_right, 0.0, None, None,
-                                           mods=spec.mod_args(q))
+                                           mods=spec.mod_args())
         else:
             out, lse = cpu.forward(q, k, v, scale, -1, window_right, 0.0, None, None, mods=spec.cpu_mods())
         ctx.save_for_backward(q, k, v, out, lse)
@@ -70,7 +70,7 @@ class _Attention(torch.autograd.Function):
             from ..launch import _flash_attn_backward
 
             dq, dk, dv, _ = _flash_attn_backward(dout, q, k, v, out, lse, None, scale, -1, window_right, 0.0, None,
-                                                 mods=spec.mod_args(q))
+                                                 mods=spec.mod_args())
         else:
             dq, dk, dv, _ = cpu.backward(dout, q, k, v, out, lse, None, scale, -1, window_right, 0.0, None,
                                          mods=spec.cpu_mods())
