@@ -6,8 +6,8 @@ loops over every query head of its group, so GQA sums need no atomics and result
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _block_list, _dropout_keep, _key_range, _load_tile, _query_block, _query_range,
-                     _scores, _segment, _seq_offset, _seq_range, _store_tile, _tile_start)
+from .common import (LOG2E, _block_list, _dropout_base, _dropout_keep, _key_range, _load_tile, _query_block,
+                     _query_range, _scores, _segment, _seq_offset, _seq_range, _store_tile, _tile_start)
 
 
 
@@ -175,7 +175,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
         if HAS_ALIBI:
             alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
         bias_ptr = Bias + off_b * stride_bias_b + off_h * stride_bias_h
-        rng_base = (off_b * heads_kv * group_size + off_h) * max_q * ((max_k + 3) // 4)  # see _dropout_keep
+        rng_base = _dropout_base(off_b * heads_kv * group_size + off_h, max_q, max_k)
         if SPLIT_GROUP_SUM:
             # fp32: a sum over group_size * Sq rows in one running fp32 accumulator drifts like
             # sqrt(n) ulps; summing each head apart first keeps fp32 GQA as exact as PyTorch.

@@ -283,6 +283,13 @@ def _query_block(pid_m, pid_bh, heads_q, group_size, seqlen_q, seqlen_k, Rng, Cu
 
 
 @triton.jit
+def _dropout_base(bh, max_q, max_k):
+    """First dropout counter of (batch, query head) bh = b * Hq + h: the (B, Hq, max_q, ceil(max_k / 4))
+    layout of _dropout_keep."""
+    return bh.to(tl.int64) * max_q * ((max_k + 3) // 4)
+
+
+@triton.jit
 def _dropout_rng(Rng, pid_bh, seqlen_q, seqlen_k, HAS_DROPOUT: tl.constexpr):
     """(seed, first counter of this (batch, head)) of the dropout RNG: counters are laid out as
     (B, Hq, max_q, max_k) (see _dropout_keep); (0, 0) without dropout."""
@@ -290,5 +297,5 @@ def _dropout_rng(Rng, pid_bh, seqlen_q, seqlen_k, HAS_DROPOUT: tl.constexpr):
     base = 0
     if HAS_DROPOUT:  # one return statement: Triton wants one return type, and the branch is resolved statically
         seed = tl.load(Rng)
-        base = pid_bh.to(tl.int64) * seqlen_q * ((seqlen_k + 3) // 4)
+        base = _dropout_base(pid_bh, seqlen_q, seqlen_k)
     return seed, base
