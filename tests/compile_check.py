@@ -82,7 +82,7 @@ CASES = [
     (128, False, torch.bfloat16, 2, 1, dict(ALL_FEATURES, dropout=True)),
     (64, True, torch.float32, 2, 1, dict(dropout=True)),
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True)),
-    (128, True, torch.bfloat16, 2, 1, dict(varlen=True, bias=True, dropout=True)),
+    (128, True, torch.bfloat16, 2, 1, dict(varlen=True, bias=True, dropout=True, dlse=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True)),
     (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True, leftpad=True)),
     (128, True, torch.bfloat16, 2, 1, dict(varlen=True, paged=True)),  # paged keys in flash_attn_varlen_func
@@ -197,8 +197,10 @@ def check_case(arch, case):
     else:
         launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False, mods=mods)
     if not any(features.get(name) for name in ("kvcache", "decode", "paged", "append")):  # paged KV is inference only
-        launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, dbias, 0.1, sa, arch,
-                                             interpreter=False, mods=mods)
+        rows = torch.zeros(geo.row_buffer_shape(q))  # the backward's Delta / Lse2 layout
+        launches += launch.backward_launches(geo, q, q, k, k, q, lse, rows, rows, q, k, k, dbias, 0.1, sa, arch,
+                                             interpreter=False, mods=mods,
+                                             dlse=lse if features.get("dlse") else None)
     if features.get("dropout"):  # return_attn_probs
         launches += launch.probs_launches(geo, q, k, lse, torch.zeros(1, heads_q, seqlen, seqlen, dtype=dtype), sa,
                                           arch, interpreter=False)

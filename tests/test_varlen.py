@@ -290,3 +290,21 @@ def test_varlen_paged_bad_input():
     with pytest.raises(NotImplementedError, match=r"attn_bias is not supported with block_table"):
         flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, block_table=table,
                                          attn_bias=torch.zeros(1, 1, 5, 4))
+
+
+def test_backward_row_buffers_are_aligned_and_disjoint():
+    """The varlen backward's Delta / Lse2 rows (launch.Geometry.row_buffer_shape, kernels/common._row_base):
+    each sequence starts at a multiple of 16, no two overlap, and a query tile past the last row stays inside."""
+    from flashtile import launch
+
+    for lengths in ([0, 1, 15, 16, 17, 300, 5], [33] * 9, [1], [0, 0, 0]):
+        cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+        q = torch.empty(int(cu[-1]), 2, 8)
+        geo = launch.Geometry.of(q, q, cu, cu, max(lengths), max(lengths))
+        heads, width = geo.row_buffer_shape(q)
+        assert heads == 2 and width % 16 == 0
+        starts = [16 * (b + int(cu[b]) // 16) for b in range(len(lengths))]
+        ends = [s + n for s, n in zip(starts, lengths)]
+        assert all(s % 16 == 0 for s in starts)
+        assert all(e <= s for e, s in zip(ends, starts[1:]))
+        assert max(ends) + launch.ROW_PAD <= width

@@ -17,6 +17,9 @@ from .kernels.fwd import _attn_fwd, _attn_probs
 from .kernels.rotary import _rotary_append
 
 LOG2E = 1.4426950408889634
+# Spare rows at the end of the varlen backward's Delta / Lse2 buffers (Geometry.row_buffer_shape): the dK/dV
+# kernel reads whole query tiles of them unpredicated, up to a tile past the last sequence.
+ROW_PAD = 128
 
 
 def interpreter_active():
@@ -110,6 +113,14 @@ class Geometry:
 
     def lse_strides(self, lse):
         return (0, lse.stride(0)) if self.is_varlen else (lse.stride(0), lse.stride(1))
+
+    def row_buffer_shape(self, q):
+        """The backward's Delta / Lse2 buffers: lse's shape when dense. Varlen: (Hq, R), sequence b's rows from
+        16 * (b + cu_seqlens_q[b] // 16) (kernels/common._row_base): aligned, disjoint, within
+        16 * B + total_q rounded up to 16, plus ROW_PAD rows that a tile running past the last sequence reads."""
+        if not self.is_varlen:
+            return self.lse_shape(q)
+        return self.heads_q, 16 * self.batch + _cdiv(q.shape[0], 16) * 16 + ROW_PAD
 
     def page_args(self, k):
         """(block table batch stride, page size) for a paged cache; zeros otherwise (never read)."""
@@ -408,33 +419,37 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
 
 
 def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale, sa, arch,
-                      interpreter, mods=None):
-    """The backward's three launches: preprocess (delta, lse2, laid out as lse), dK/dV, dQ; sa: ScoreArgs.
+                      interpreter, mods=None, dlse=None):
+    """The backward's three launches: preprocess (delta, lse2, of shape geo.row_buffer_shape), dK/dV, dQ;
+    sa: ScoreArgs.
 
     dbias: a zero-filled fp32 (B, Hq, max_q, max_k) buffer that the dQ kernel fills with dS, or None.
-    mods: ModArgs or None.
+    mods: ModArgs or None. dlse: the gradient flowing into lse (lse's shape), or None.
     """
     group_size = geo.heads_q // geo.heads_kv
     head_dim_pad = _head_dim_padded(geo.head_dim)
     mods = mods or _NO_MODS
     cfg = configs.bwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
     cfg = configs.BwdConfig(mods.tiles(cfg.dkdv), mods.tiles(cfg.dq))
+    assert cfg.dkdv.BLOCK_M <= ROW_PAD, "the dK/dV kernel's query tiles may read ROW_PAD rows past the last sequence"
     precision = _dot_precision(q.dtype)
+    row_strides = geo.lse_strides(lse2)
     pre_block = 64
     cu_q, cu_k = geo.cu_args(lse)
     common = dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, DOT_PRECISION=precision,
                   IS_VARLEN=geo.is_varlen, **sa.constexprs, **mods.constexprs(grad=True))
     preprocess = KernelLaunch(
         _attn_bwd_preprocess, (_cdiv(geo.seqlen_q, pre_block), geo.batch * geo.heads_q),
-        (out, dout, lse, delta, lse2, cu_q, *_strides3(out), *_strides3(dout), *geo.lse_strides(lse),
-         geo.seqlen_q, geo.heads_q),
-        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=pre_block, IS_VARLEN=geo.is_varlen),
+        (out, dout, lse, dlse if dlse is not None else lse, delta, lse2, cu_q, *_strides3(out), *_strides3(dout),
+         *geo.lse_strides(lse), *row_strides, geo.seqlen_q, geo.heads_q),
+        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=pre_block, IS_VARLEN=geo.is_varlen,
+             HAS_DLSE=dlse is not None),
     )
     dkdv = KernelLaunch(
         _attn_bwd_dkdv, (_cdiv(geo.seqlen_k, cfg.dkdv.BLOCK_N), geo.batch * geo.heads_kv),
         (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k, sa.bias, sa.rng,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
-         *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
+         *row_strides, sa.stride_alibi_b, *sa.bias_strides,
          geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars(),
          *mods.args(lse, transposed=True)),
         dict(BLOCK_M=cfg.dkdv.BLOCK_M, BLOCK_N=cfg.dkdv.BLOCK_N,
@@ -445,7 +460,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
         _attn_bwd_dq, (_cdiv(geo.seqlen_q, cfg.dq.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, v, dout, lse2, delta, dq, sa.alibi, cu_q, cu_k, sa.bias, dbias if dbias is not None else lse, sa.rng,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dq),
-         *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
+         *row_strides, sa.stride_alibi_b, *sa.bias_strides,
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, group_size, softmax_scale, *sa.scalars(), *mods.args(lse)),
         dict(BLOCK_M=cfg.dq.BLOCK_M, BLOCK_N=cfg.dq.BLOCK_N, STORE_DBIAS=dbias is not None,
              LEFT_BOUNDED=sa.left_bounded, **common),
@@ -557,24 +572,22 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
     else an empty tensor.
 
     dlse (lse's shape) or None is the gradient flowing into lse: since d lse_i / d s_ij = P_ij it
-    folds into delta (dS = P * (dP - (delta - dlse))), so the kernels do not change. mods: as in the forward.
+    folds into delta (dS = P * (dP - (delta - dlse))), in the preprocess kernel. mods: as in the forward.
     """
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    delta = _empty(lse.shape, q, torch.float32)
-    lse2 = _empty(lse.shape, q, torch.float32)
+    delta = _empty(geo.row_buffer_shape(q), q, torch.float32)
+    lse2 = _empty(geo.row_buffer_shape(q), q, torch.float32)
     dq, dk, dv = _empty(q.shape, q), _empty(k.shape, k), _empty(v.shape, v)
     # Zeros, not poison: blocks the kernels skip (outside a window or causal mask) have dS = 0.
     dbias = (torch.zeros((geo.batch, geo.heads_q, geo.seqlen_q, geo.seqlen_k), dtype=torch.float32, device=q.device)
              if bias_grad else None)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias,
                         dropout_p, rng, approx_tanh=_approx_tanh(q))
-    preprocess, *grads = backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale,
-                                           sa, _arch(q.device), interpreter_active(), mods)
-    preprocess.run()
-    if dlse is not None:
-        delta -= dlse
-    for launch in grads:
+    if dlse is not None:  # read with lse's strides
+        dlse = dlse.to(torch.float32).contiguous()
+    for launch in backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale,
+                                    sa, _arch(q.device), interpreter_active(), mods, dlse):
         launch.run()
     return dq, dk, dv, dbias if dbias is not None else q.new_empty(0, dtype=torch.float32)

@@ -7,21 +7,24 @@ import triton
 import triton.language as tl
 
 from .common import (LOG2E, _block_list, _dropout_base, _dropout_keep, _key_range, _load_tile, _query_block,
-                     _query_range, _scores, _segment, _seq_offset, _seq_range, _store_tile, _tile_start)
+                     _query_range, _row_base, _scores, _segment, _seq_offset, _seq_range, _store_tile,
+                     _tile_start)
 
 
 
 @triton.jit
-def _attn_bwd_preprocess(Out, DOut, Lse, Delta, Lse2, CuSeqlensQ,
+def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ,
                          stride_ob, stride_om, stride_oh,
                          stride_dob, stride_dom, stride_doh,
-                         stride_lse_b, stride_lse_h,
+                         stride_lse_b, stride_lse_h, stride_row_b, stride_row_h,
                          seqlen_q, heads_q,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                         IS_VARLEN: tl.constexpr):
-    """Delta = rowsum(dO * O); Lse2 = lse * log2(e), with +inf for rows that saw no key (so P = 0 there).
+                         IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr):
+    """Delta = rowsum(dO * O) - dLse; Lse2 = lse * log2(e), with +inf for rows that saw no key (so P = 0 there).
 
-    Delta and Lse2 have Lse's layout: (B, Hq, Sq), or (Hq, total_q) in varlen mode.
+    Lse and DLse (the gradient flowing into lse, HAS_DLSE) have lse's layout: (B, Hq, Sq), or (Hq, total_q) in
+    varlen mode. Delta and Lse2 are laid out for the dK/dV and dQ kernels (common._row_base, strides
+    stride_row_*). Since d lse_i / d s_ij = P_ij, dLse folds into delta: dS = P * (dP - (delta - dlse)).
     """
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_q).to(tl.int64)
@@ -41,9 +44,12 @@ def _attn_bwd_preprocess(Out, DOut, Lse, Delta, Lse2, CuSeqlensQ,
                     + rows * stride_dom + offs_d[None, :],
                     offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # [BLOCK_M]
-    row_ptrs = off_b * stride_lse_b + off_h * stride_lse_h + q_start + offs_m
-    lse = tl.load(Lse + row_ptrs, mask=offs_m < seqlen_q, other=0.0)
+    lse_ptrs = off_b * stride_lse_b + off_h * stride_lse_h + q_start + offs_m
+    lse = tl.load(Lse + lse_ptrs, mask=offs_m < seqlen_q, other=0.0)
+    if HAS_DLSE:
+        delta -= tl.load(DLse + lse_ptrs, mask=offs_m < seqlen_q, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    row_ptrs = _row_base(off_b, off_h, q_start, stride_row_b, stride_row_h, IS_VARLEN) + offs_m
     tl.store(Delta + row_ptrs, delta, mask=offs_m < seqlen_q)
     tl.store(Lse2 + row_ptrs, lse2, mask=offs_m < seqlen_q)
 
@@ -56,7 +62,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                          MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
                          HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr, ROWS_PADDED: tl.constexpr,
                          off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None, SCORE_MOD: tl.constexpr = None,
                          SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, idx_ptr=None,
                          BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128):
@@ -67,6 +73,9 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
     caller multiplies by softmax_scale once at the end. HAS_DROPOUT: with Z the forward's keep mask
     and r = 1 / (1 - dropout_p), dV = (P Z r)^T dO and dP = (dO V^T) Z r; delta = rowsum(dO O) is
     still rowsum(P dP), so dS = P (dP - delta) keeps its form.
+    ROWS_PADDED: the rows past seqlen_q up to a tile's end can be read (varlen: the next sequence's rows or
+    the buffer's tail padding; see Geometry.row_buffer_shape), so the masked tiles read them unpredicated
+    and discard them. Per-element predicates there cost the varlen kernel its registers (it spilled at D128).
     """
     for virt_m in range(lo, hi, BLOCK_M):
         start_m = _tile_start(virt_m, idx_ptr, BLOCK_SPARSE, SPARSE_M)
@@ -75,8 +84,11 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                        MASKED)  # [BLOCK_M, HEAD_DIM_PAD]
         do = _load_tile(do_ptrs + start_m * stride_dom, offs_qm, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD,
                         MASKED)  # [BLOCK_M, HEAD_DIM_PAD]
-        if MASKED:
+        if MASKED and ROWS_PADDED:
             # Rows past the sequence end get lse2 = +inf, hence P = 0.
+            lse2 = tl.where(offs_qm < seqlen_q, tl.load(lse2_ptr + offs_qm), float("inf"))
+            delta = tl.where(offs_qm < seqlen_q, tl.load(delta_ptr + offs_qm), 0.0)
+        elif MASKED:
             lse2 = tl.load(lse2_ptr + offs_qm, mask=offs_qm < seqlen_q, other=float("inf"))
             delta = tl.load(delta_ptr + offs_qm, mask=offs_qm < seqlen_q, other=0.0)
         else:
@@ -114,7 +126,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                    stride_dob, stride_dom, stride_doh,
                    stride_dkb, stride_dkn, stride_dkh,
                    stride_dvb, stride_dvn, stride_dvh,
-                   stride_lse_b, stride_lse_h, stride_alibi_b,
+                   stride_row_b, stride_row_h, stride_alibi_b,
                    stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                    seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale,
                    qk_scale, softcap_log2, window_left, window_right, dropout_p,
@@ -170,7 +182,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
         off_h = off_hk * group_size + g
         q_ptrs = Q + q_base + off_h * stride_qh + rows * stride_qm + offs_d[None, :]
         do_ptrs = DOut + do_base + off_h * stride_doh + rows * stride_dom + offs_d[None, :]
-        row_base = off_b * stride_lse_b + off_h * stride_lse_h + q_start
+        row_base = _row_base(off_b, off_h, q_start, stride_row_b, stride_row_h, IS_VARLEN)
         alibi_slope = 0.0
         if HAS_ALIBI:
             alibi_slope = tl.load(Alibi + off_b * stride_alibi_b + off_h)
@@ -193,7 +205,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                                               bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k,
                                               dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, FULL == 0, IS_LOCAL,
-                                              SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION,
+                                              SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, IS_VARLEN,
                                               off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD,
                                               SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_M)
         else:
@@ -205,7 +217,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                                               bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k,
                                               dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, SEGMENT != 1, IS_LOCAL,
-                                              SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION,
+                                              SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, IS_VARLEN,
                                               off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD,
                                               SCORE_MOD_GRAD, MASK_MOD)
         if SPLIT_GROUP_SUM:
@@ -276,7 +288,7 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
                  stride_vb, stride_vn, stride_vh,
                  stride_dob, stride_dom, stride_doh,
                  stride_dqb, stride_dqm, stride_dqh,
-                 stride_lse_b, stride_lse_h, stride_alibi_b,
+                 stride_row_b, stride_row_h, stride_alibi_b,
                  stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                  seqlen_q, seqlen_k, heads_q, group_size, softmax_scale,
                  qk_scale, softcap_log2, window_left, window_right, dropout_p,
@@ -315,7 +327,7 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
     do = _load_tile(DOut + _seq_offset(off_b, q_start, stride_dob, stride_dom, IS_VARLEN) + off_h * stride_doh
                     + rows * stride_dom + offs_d[None, :],
                     offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_M, HEAD_DIM_PAD]
-    row_ptrs = off_b * stride_lse_b + off_h * stride_lse_h + q_start + offs_m
+    row_ptrs = _row_base(off_b, off_h, q_start, stride_row_b, stride_row_h, IS_VARLEN) + offs_m
     lse2 = tl.load(Lse2 + row_ptrs, mask=offs_m < seqlen_q, other=float("inf"))  # [BLOCK_M]
     delta = tl.load(Delta + row_ptrs, mask=offs_m < seqlen_q, other=0.0)  # [BLOCK_M]
     alibi_slope = 0.0

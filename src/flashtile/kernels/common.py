@@ -115,6 +115,16 @@ def _seq_range(CuSeqlens, off_b, seqlen, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _row_base(off_b, off_h, q_start, stride_b, stride_h, IS_VARLEN: tl.constexpr):
+    """Offset of a (batch, query head)'s first row in the backward's Delta / Lse2 buffers (launch.py
+    Geometry.row_buffer_shape). Dense: lse's layout. Varlen: sequence b's rows start at 16 * (b + q_start // 16),
+    a multiple of 16 (so the row loads are aligned vectors) and clear of the other sequences' rows."""
+    if IS_VARLEN:
+        return off_h * stride_h + 16 * (off_b + q_start // 16)
+    return off_b * stride_b + off_h * stride_h
+
+
+@triton.jit
 def _seq_offset(off_b, start, stride_b, stride_s, IS_VARLEN: tl.constexpr):
     """Element offset of a sequence's first token: packed tokens in varlen mode, the batch stride when dense."""
     if IS_VARLEN:
