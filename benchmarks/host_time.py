@@ -1,0 +1,86 @@
+"""Host time vs GPU time of one attention call, to tell launch-bound shapes from kernel-bound ones.
+
+    PYTHONPATH=src python3 benchmarks/host_time.py [--profile OUT.txt]
+
+Per case (provider x grad x shape) it prints:
+  host_us  Python time per call, calls issued back to back without a sync (the GPU queue absorbs them);
+  gpu_us   time per call of 50 back-to-back calls between two CUDA events: the kernel time when the host
+           keeps ahead, else the host time;
+  bench_us triton's do_bench median (the bench command's number: L2 flushed before each call, so host time
+           beyond the flush's own ~80 us shows up in it).
+Run in a fresh process without torch.profiler (a CPU-activity profile slows every later call in the process).
+--profile writes cProfile's top functions of 200 flashtile calls with grad (B32 S512 H16 D128).
+"""
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+import flashtile
+
+SHAPES = [(32, 512, 16, 128, False), (32, 512, 16, 128, True), (16, 1024, 16, 128, True), (32, 512, 32, 64, False)]
+
+
+def _cudnn(q, k, v, causal):
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              is_causal=causal)
+
+
+def _host_and_gpu(fn, calls=100):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(50):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return host * 1e6, start.elapsed_time(end) / 50 * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", help="write a cProfile of 200 flashtile calls with grad here")
+    args = ap.parse_args()
+    print(f"{'provider':10} {'grad':5} {'B':>3} {'S':>5} {'H':>3} {'D':>4} {'causal':6} "
+          f"{'host_us':>8} {'gpu_us':>8} {'bench_us':>8}")
+    for b, s, h, d, causal in SHAPES:
+        for grad in (False, True):
+            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+                       for _ in range(3))
+            for name, call in (("flashtile", lambda: flashtile.flash_attn_func(q, k, v, causal=causal)),
+                               ("cudnn", lambda: _cudnn(q, k, v, causal))):
+                host, gpu = _host_and_gpu(call)
+                bench = do_bench(call, warmup=25, rep=100, return_mode="median") * 1e3
+                print(f"{name:10} {str(grad):5} {b:3} {s:5} {h:3} {d:4} {str(causal):6} "
+                      f"{host:8.1f} {gpu:8.1f} {bench:8.1f}", flush=True)
+    if args.profile:
+        q, k, v = (torch.randn(32, 512, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        _host_and_gpu(lambda: flashtile.flash_attn_func(q, k, v))
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            flashtile.flash_attn_func(q, k, v)
+        prof.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+        with open(args.profile, "w") as f:
+            f.write(text.getvalue())
+
+
+if __name__ == "__main__":
+    main()
