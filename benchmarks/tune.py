@@ -96,8 +96,14 @@ def main():
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--causal", default="0,1")
     parser.add_argument("--directions", default="fwd,bwd", help="fwd, bwd or both (the other keeps configs.py's)")
+    parser.add_argument("--fwd-candidates", default=None,
+                        help="forward tiles to try at every head dim instead of FWD_CANDIDATES, as "
+                             "BLOCK_MxBLOCK_NxWARPSxSTAGES,... e.g. 128x32x8x2,64x64x4x3")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.fwd_candidates:
+        tiles = [T(*map(int, item.split("x"))) for item in args.fwd_candidates.split(",")]
+        FWD_CANDIDATES.update({d: tiles for d in FWD_CANDIDATES})
     directions = args.directions.split(",")
     records = []
     for head_dim in [int(d) for d in args.head_dims.split(",")]:
