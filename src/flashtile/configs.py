@@ -37,7 +37,9 @@ INTERPRETER_BWD = _bwd(32, 32, 32, 32, 4, 1)
 _SM90_FWD = {
     16: TileConfig(128, 64, 4, 3),
     32: TileConfig(128, 64, 4, 3),
-    64: TileConfig(128, 64, 4, 3),  # 383 TFLOP/s (128x128: 369; 8 warps: 349)
+    # 8 warps since session 5 (tune-fwd-h200-2026-11-29-s5): 4K 388/337 -> 409/367, 16K 379/374 -> 418/400
+    # (non-causal/causal); in the v1 sweep 8 warps had measured 349 against 383.
+    64: TileConfig(128, 64, 8, 3),
     128: TileConfig(128, 64, 8, 3),  # 466 (128x128: 465; 4 warps: 208)
     256: TileConfig(128, 64, 8, 2),  # 454 (3 stages does not fit in shared memory)
 }
