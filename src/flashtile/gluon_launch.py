@@ -1,0 +1,125 @@
+"""Host side of the Hopper Gluon forward (kernels/gluon_fwd.py): support check, descriptors, launch.
+
+Not part of the default dispatch yet: launch.py uses it for the plain forward only when FLASHTILE_GLUON=1
+and gluon_supported() agrees. Importing this module never fails: on a triton without Gluon's Hopper
+API, or under the interpreter, gluon_supported() is False.
+"""
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+try:
+    from triton.experimental.gluon import language as _gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
+
+    from .kernels.gluon_fwd import WG_M, _attn_fwd_hopper
+    GLUON_IMPORT_ERROR = None
+except Exception as exc:  # noqa: BLE001  (any failure means: no Gluon path on this triton)
+    _attn_fwd_hopper = None
+    GLUON_IMPORT_ERROR = exc
+
+LOG2E = 1.4426950408889634
+BLOCK_M = 128  # two consumer warpgroups of WG_M = 64 rows
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """One schedule of the kernel. Registers: 12 warps share 64K registers; the loader warpgroup gives
+    most of its share to the two consumer warpgroups (maxnreg is the launch's per-thread budget)."""
+    block_n: int
+    stages: int
+    pingpong: bool = True
+    consumer_regs: int = 240
+    loader_regs: int = 24
+    maxnreg: int = 168
+
+
+# Variants the check script can compare on the GPU; "default" is what gluon_forward uses.
+VARIANTS = {
+    "default": {64: GluonConfig(128, 3), 128: GluonConfig(128, 2)},
+    "no-pingpong": {64: GluonConfig(128, 3, pingpong=False), 128: GluonConfig(128, 2, pingpong=False)},
+    "bn64": {64: GluonConfig(64, 4), 128: GluonConfig(64, 4)},
+    "stages3": {64: GluonConfig(128, 4), 128: GluonConfig(128, 3)},
+}
+
+
+def _tma_2d_ok(t):
+    """t (B, S, H, D) viewed as a 2D (B * S, H * D) TMA tensor: rows of a head contiguous, 16-byte aligned."""
+    batch, seqlen, heads, head_dim = t.shape
+    return (t.stride(3) == 1 and (t.stride(2) == head_dim or heads == 1)
+            and (t.stride(0) == seqlen * t.stride(1) or batch == 1)
+            and t.stride(1) * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0)
+
+
+def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    attn_bias=None, sink=None, **other_features):
+    """True when the Gluon forward can compute flash_attn_func(q, k, v, causal=causal) with these features:
+    CUDA sm90, no interpreter, fp16/bf16 dense (B, S, H, D), head_dim 64 or 128, heads_q % heads_kv == 0,
+    TMA-compatible strides, causal only with seqlen_q <= seqlen_k, and no other score feature."""
+    if _attn_fwd_hopper is None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    if any(v_ not in (None, False, 0, 0.0) for v_ in other_features.values()):
+        return False
+    if dropout_p or softcap or alibi_slopes is not None or attn_bias is not None or sink is not None:
+        return False
+    if tuple(window_size) != (-1, -1):
+        return False
+    if not all(isinstance(t, torch.Tensor) and t.is_cuda and t.dim() == 4 for t in (q, k, v)):
+        return False
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return False
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    if head_dim not in (64, 128) or k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
+        return False
+    if heads_kv == 0 or heads_q % heads_kv or seqlen_q == 0 or seqlen_k == 0 or batch == 0:
+        return False
+    if causal and seqlen_q > seqlen_k:  # rows that see no key: left to the portable kernel
+        return False
+    if max(batch * seqlen_q, batch * seqlen_k) >= 2**31:  # TMA coordinates are int32
+        return False
+    return all(_tma_2d_ok(t) for t in (q, k, v))
+
+
+def _descriptor(t, block_rows):
+    batch, seqlen, heads, head_dim = t.shape
+    layout = _gl.NVMMASharedLayout.get_default_for([block_rows, head_dim], _gl.float16 if t.dtype == torch.float16
+                                                   else _gl.bfloat16)
+    return _GluonDescriptor(t, [batch * seqlen, heads * head_dim], [t.stride(1), 1], [block_rows, head_dim], layout)
+
+
+def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config):
+    """(grid, args, constexprs, launch options) of one launch; shared by gluon_forward and the offline
+    compile check so both compile the same kernel."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    args = (_descriptor(q, WG_M.value), _descriptor(k, config.block_n), _descriptor(v, config.block_n), out, lse,
+            out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+            seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, softmax_scale * LOG2E)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=causal,
+                      PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs)
+    grid = (math.ceil(seqlen_q / BLOCK_M), batch * heads_q)
+    return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
+
+
+def _empty(shape, like, dtype):
+    if os.environ.get("FLASHTILE_POISON_OUTPUTS", "0") not in ("", "0"):
+        return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default"):
+    """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), natural log (as the portable forward writes it,
+    so the existing backward runs on them). Requires gluon_supported(q, k, v, causal=causal)."""
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    out = _empty(q.shape, q, q.dtype)
+    lse = _empty((q.shape[0], q.shape[2], q.shape[1]), q, torch.float32)
+    config = VARIANTS[variant][q.shape[-1]]
+    grid, args, constexprs, options = gluon_launch_args(q, k, v, out, lse, float(softmax_scale), causal, config)
+    _attn_fwd_hopper[grid](*args, **constexprs, **options)
+    return out, lse

@@ -1,0 +1,243 @@
+"""Hopper (sm90) forward in Gluon: TMA, mbarriers, async wgmma, warp specialization (FA3's schedule).
+
+One program per (128-row query tile, batch * query head), three partitions:
+  - load (1 warp): TMA loads of the two 64-row Q halves, then K and V blocks into a STAGES-deep ring;
+  - two consumer warpgroups (the default partition and a 4-warp worker), each owning 64 query rows.
+Each consumer runs the online softmax with intra-warpgroup overlap: the QK^T of block j is issued
+together with the PV of block j-1, and the softmax of block j runs while that PV is in flight. With
+PINGPONG the two warpgroups take turns issuing their GEMMs (two mbarriers pass the turn), so one
+warpgroup's softmax overlaps the other's GEMMs.
+
+Plain case only: dense (B, S, H, D) q/k/v viewed as 2D (B * S, H * D) TMA tensors, head_dim 64/128,
+fp16/bf16, causal aligned bottom-right with seqlen_q <= seqlen_k (every row sees at least one key, so
+no row's running max stays -inf). Rows of a tile past seqlen_q read the next batch's queries (or TMA's
+zero fill) and are never stored; keys past seqlen_k are masked to -inf in the last block.
+Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log, as kernels/fwd.py does.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+LN2 = gl.constexpr(0.6931471805599453)
+WG_M = gl.constexpr(64)  # query rows per consumer warpgroup (the wgmma M of one warpgroup)
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
+                    q_row, q_col, kv_row, kv_col, n_blocks,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    # Both Q halves on one barrier; a box past the tensor's end is zero-filled and still counts its bytes.
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [q_row + WG_M, q_col], q_bar, q_smem.index(1))
+    for j in range(n_blocks):
+        stage = j % STAGES
+        # Fresh barriers count as having completed phase 1, so the first lap through the ring does not wait.
+        empty_phase = ((j // STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(stage), empty_phase)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, kv_col], k_ready.index(stage),
+                                        k_bufs.index(stage))
+        mbarrier.wait(v_empty.index(stage), empty_phase)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, kv_col], v_ready.index(stage),
+                                        v_bufs.index(stage))
+
+
+@gluon.jit
+def _turn_wait(turn_bars, j, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    # Warpgroup 0 issues first: its first wait is on the fresh barrier's (already complete) phase 1.
+    if PINGPONG:
+        mbarrier.wait(turn_bars.index(WG), (j & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _turn_pass(turn_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn_bars.index(1 - WG))
+
+
+@gluon.jit
+def _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """-inf where key j * BLOCK_N + c is past seqlen_k or (causal) after row r's diagonal r + causal_offset."""
+    cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))  # [BLOCK_N]
+    visible = (cols < seqlen_k)[None, :]
+    if IS_CAUSAL:
+        rows = row0 + gl.arange(0, WG_M, layout=gl.SliceLayout(1, s.type.layout))  # [WG_M]
+        visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
+    return gl.where(visible, s, float("-inf"))  # [WG_M, BLOCK_N]
+
+
+@gluon.jit
+def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn_bars,
+             row0, seqlen_k, causal_offset, qk_scale,
+             WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+             MASKED: gl.constexpr, PINGPONG: gl.constexpr):
+    """Key block j >= 1: issue S_j = Q K_j^T and O += P_{j-1} V_{j-1}, softmax S_j while the PV runs,
+    then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i, p = P_j)."""
+    s_layout: gl.constexpr = m_i.type.layout.parent
+    o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
+    stage = j % STAGES
+    prev = (j - 1) % STAGES
+    mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+    _turn_wait(turn_bars, j, WG, PINGPONG)
+    s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
+    s_tok = warpgroup_mma(q_view, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+    o_tok = warpgroup_mma(p, v_bufs.index(prev), o_acc, is_async=True)
+    _turn_pass(turn_bars, WG, PINGPONG)
+    # wgmma groups retire in order: one outstanding means S_j is done and the PV may still run.
+    s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_M, BLOCK_N]
+    mbarrier.arrive(k_empty.index(stage))
+    if MASKED:
+        s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # [WG_M], log2 units of the scaled scores
+    alpha = gl.exp2(m_i - m_new)  # [WG_M]
+    p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
+    l_i = l_i * alpha + gl.sum(p_f32, axis=1)
+    p_next = gl.convert_layout(p_f32.to(p.dtype), p.type.layout, assert_trivial=True)
+    # P_{j-1} (registers) is read by the PV wgmma until it retires: keep it alive through the wait.
+    o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+    mbarrier.arrive(v_empty.index(prev))
+    o_acc = o_acc * gl.convert_layout(alpha, o_row)[:, None]
+    return o_acc, m_new, l_i, p_next
+
+
+@gluon.jit
+def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                        out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
+                        qk_scale,
+                        WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                        IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks, of
+    which the first n_full need no mask. Writes those rows of out (stride_om per row) and lse."""
+    dtype: gl.constexpr = q_smem.dtype
+    # One warpgroup, 64 rows: S is [64, BLOCK_N] and O [64, HEAD_DIM] in wgmma accumulator layouts; P feeds
+    # the PV wgmma from registers (its accumulator layout converts to the operand layout without shuffles).
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_view = q_smem.index(WG)
+    row0 = start_m + WG * WG_M
+
+    # Key block 0 (always masked: cheap once, and it is the diagonal block of the first tile).
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    _turn_wait(turn_bars, 0, WG, PINGPONG)
+    s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
+    s_tok = warpgroup_mma(q_view, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    _turn_pass(turn_bars, WG, PINGPONG)
+    s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_M, BLOCK_N]
+    mbarrier.arrive(k_empty.index(0))
+    s = _mask_scores(s, 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
+    m_i = gl.max(s, axis=1) * qk_scale  # [WG_M]; finite: every row sees key 0 (host guarantees it)
+    p_f32 = gl.exp2(s * qk_scale - m_i[:, None])  # [WG_M, BLOCK_N]
+    l_i = gl.sum(p_f32, axis=1)  # [WG_M]
+    p = gl.convert_layout(p_f32.to(dtype), p_layout, assert_trivial=True)  # [WG_M, BLOCK_N]
+    o_acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, o_layout)
+
+    # Fully visible blocks, then the masked ones (the causal diagonal and the seqlen_k tail).
+    for j in range(1, n_full):
+        o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
+                                      v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale,
+                                      WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG)
+    for j in range(gl.maximum(n_full, 1), n_blocks):
+        o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
+                                      v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale,
+                                      WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG)
+
+    # The last block's PV.
+    last = (n_blocks - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+    o_tok = warpgroup_mma(p, v_bufs.index(last), o_acc, is_async=True)
+    o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+    mbarrier.arrive(v_empty.index(last))
+
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    l_o = gl.convert_layout(l_i, o_row)
+    out = o_acc * (1.0 / l_o)[:, None]  # [WG_M, HEAD_DIM]
+    rows = row0 + gl.arange(0, WG_M, layout=o_row)  # [WG_M]
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
+    in_seq = rows < seqlen_q
+    o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
+    gl.store(o_ptrs, out.to(dtype), mask=in_seq[:, None])
+    lse = (gl.convert_layout(m_i, o_row) + gl.log2(l_o)) * LN2  # [WG_M], natural log
+    gl.store(lse_ptr + rows, lse, mask=in_seq)
+
+
+@gluon.jit
+def _consumer1_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                         out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
+                         qk_scale,
+                         HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                         IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                        out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
+                        qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)
+
+
+@gluon.jit
+def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse,
+                     stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
+                     seqlen_q, seqlen_k, heads_q, group_size, qk_scale,
+                     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                     IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+    """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
+    qk_scale = softmax_scale * log2(e). Launch with num_warps=4 (consumer warpgroup 0) and a grid of
+    (cdiv(Sq, 128), B * Hq)."""
+    BLOCK_M: gl.constexpr = 2 * WG_M
+    pid_m = gl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m  # longest rows first
+    pid_bh = gl.program_id(1)
+    off_b = pid_bh // heads_q
+    off_h = pid_bh % heads_q
+    off_hk = off_h // group_size
+    start_m = pid_m * BLOCK_M
+
+    # Key blocks [0, n_blocks) are visited; [0, n_full) need no mask (fully visible to every row of the tile).
+    if IS_CAUSAL:
+        causal_offset = seqlen_k - seqlen_q  # >= 0: row r sees keys <= r + causal_offset
+        n_blocks = gl.cdiv(gl.minimum(seqlen_k, start_m + BLOCK_M + causal_offset), BLOCK_N)
+        n_full = gl.minimum(start_m + causal_offset + 1, seqlen_k) // BLOCK_N
+    else:
+        causal_offset = 0
+        n_blocks = gl.cdiv(seqlen_k, BLOCK_N)
+        n_full = seqlen_k // BLOCK_N
+
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        # Both consumer warpgroups release every K and V buffer.
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(turn_bars.index(i), count=1)
+
+    out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+    lse_ptr = Lse + off_b.to(gl.int64) * stride_lse_b + off_h.to(gl.int64) * stride_lse_h
+    gl.warp_specialize([
+        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars, out_ptr,
+                               lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
+                               qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+        (_consumer1_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars, out_ptr,
+                                lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
+                                qk_scale, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
+                           v_empty, off_b * seqlen_q + start_m, off_h * HEAD_DIM, off_b * seqlen_k,
+                           off_hk * HEAD_DIM, n_blocks, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

@@ -1,0 +1,120 @@
+"""Compile the Hopper Gluon forward ahead of time for sm90 (no GPU needed) and report what it became.
+
+Run with the device's triton first on the path (TRITON_INTERPRET unset):
+    env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_compile_check.py [--variant default] [--dump DIR]
+Per case: registers / spills from ptxas -v, shared memory, and counts of the PTX instructions the schedule
+relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg). Exits 1 if a case fails to compile.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.jit import mangle_type
+
+from flashtile import gluon_launch
+
+PTX_PATTERNS = {
+    "wgmma": r"wgmma\.mma_async",
+    "wgmma.wait": r"wgmma\.wait_group",
+    "tma.load": r"cp\.async\.bulk\.tensor",
+    "mbar.wait": r"mbarrier\.try_wait",
+    "mbar.arrive": r"mbarrier\.arrive",
+    "setmaxnreg": r"setmaxnreg",
+    "st.shared": r"st\.shared",
+    "ld.shared": r"ld\.shared",
+    "bar.sync": r"bar\.sync|barrier\.sync",
+}
+
+
+def _signature(kernel, args, constexprs):
+    """Like the JIT: pointers and ints divisible by 16 get tt.divisibility 16; ints equal to 1 are constants."""
+    sig, consts, attrs = {}, {}, {}
+    values = dict(zip(kernel.arg_names, args), **constexprs)
+    for i, name in enumerate(kernel.arg_names):
+        value = values[name]
+        if name in constexprs:
+            sig[name] = "constexpr"
+            consts[(i, )] = value
+        elif isinstance(value, torch.Tensor):
+            sig[name] = mangle_type(value)
+            attrs[(i, )] = [["tt.divisibility", 16]]
+        elif isinstance(value, bool) or not isinstance(value, int):
+            sig[name] = mangle_type(value)
+        elif value == 1:
+            sig[name] = "constexpr"
+            consts[(i, )] = 1
+        else:
+            sig[name] = "i32"
+            if value % 16 == 0:
+                attrs[(i, )] = [["tt.divisibility", 16]]
+    return sig, consts, attrs
+
+
+def ptxas_report(ptx):
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    res = subprocess.run([str(ptxas), "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull], capture_output=True,
+                         text=True)
+    os.unlink(f.name)
+    return res.stderr
+
+
+def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2):
+    from triton.experimental.gluon._runtime import GluonASTSource
+    q = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16)
+    k = torch.empty(batch, seqlen_k, heads_kv, head_dim, dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, heads_q, seqlen_q)
+    kernel = gluon_launch._attn_fwd_hopper
+    _, args, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.1, causal, config)
+    sig, consts, attrs = _signature(kernel, args, constexprs)
+    src = GluonASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", default="default", choices=sorted(gluon_launch.VARIANTS))
+    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--dump", default="", help="write each case's ttgir / ptx / ptxas report here")
+    args = parser.parse_args()
+    print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
+    failed = 0
+    for head_dim in map(int, args.head_dims.split(",")):
+        for causal in (False, True):
+            config = gluon_launch.VARIANTS[args.variant][head_dim]
+            name = f"d{head_dim}-{'causal' if causal else 'full'}-{args.variant}"
+            try:
+                compiled = compile_case(head_dim, causal, config)
+            except Exception as exc:  # noqa: BLE001
+                failed += 1
+                print(f"{name}: FAILED to compile: {type(exc).__name__}: {exc}")
+                continue
+            ptx = compiled.asm["ptx"]
+            report = ptxas_report(ptx)
+            regs = re.findall(r"Used (\d+) registers", report)
+            spills = re.findall(r"(\d+) bytes spill stores", report)
+            warnings = [line for line in report.splitlines() if "warning" in line.lower()]
+            counts = "  ".join(f"{key} {len(re.findall(pat, ptx))}" for key, pat in PTX_PATTERNS.items())
+            print(f"{name}: smem {compiled.metadata.shared} B  regs {','.join(regs)}  spill stores "
+                  f"{','.join(spills)} B  | {counts}")
+            for line in warnings:
+                print(f"    ptxas: {line.strip()}")
+            if args.dump:
+                os.makedirs(args.dump, exist_ok=True)
+                for ext in ("ttgir", "llir", "ptx"):
+                    Path(args.dump, f"{name}.{ext}").write_text(compiled.asm[ext])
+                Path(args.dump, f"{name}.ptxas.txt").write_text(report)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
