@@ -106,18 +106,13 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config):
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
-def _empty(shape, like, dtype):
-    if os.environ.get("FLASHTILE_POISON_OUTPUTS", "0") not in ("", "0"):
-        return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
-    return torch.empty(shape, dtype=dtype, device=like.device)
-
-
 def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default"):
     """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), natural log (as the portable forward writes it,
     so the existing backward runs on them). Requires gluon_supported(q, k, v, causal=causal)."""
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    out = _empty(q.shape, q, q.dtype)
+    from .launch import _empty  # NaN-poisoned under FLASHTILE_POISON_OUTPUTS=1, as the other launchers
+    out = _empty(q.shape, q)
     lse = _empty((q.shape[0], q.shape[2], q.shape[1]), q, torch.float32)
     config = VARIANTS[variant][q.shape[-1]]
     grid, args, constexprs, options = gluon_launch_args(q, k, v, out, lse, float(softmax_scale), causal, config)

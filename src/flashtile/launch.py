@@ -492,6 +492,13 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
     dropout_p > 0: rng is the int64 (1,) Philox seed on q's device; the backward gets the same one.
     mods: ModArgs (programmable attention) or None.
     """
+    plain = (cu_seqlens_q is None and window_left < 0 and window_right in (-1, 0) and not softcap
+             and alibi_slopes is None and sink is None and attn_bias is None and not dropout_p and mods is None)
+    if plain and os.environ.get("FLASHTILE_GLUON", "0") not in ("", "0"):
+        # Opt-in Hopper Gluon forward (gluon_launch.py) while it is being measured; not the default yet.
+        from . import gluon_launch
+        if gluon_launch.gluon_supported(q, k, v, causal=window_right == 0):
+            return gluon_launch.gluon_forward(q, k, v, softmax_scale, causal=window_right == 0)
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
