@@ -47,6 +47,8 @@ def _signature(kernel, args, constexprs):
             attrs[(i, )] = [["tt.divisibility", 16]]
         elif isinstance(value, bool) or not isinstance(value, int):
             sig[name] = mangle_type(value)
+        elif name in kernel.do_not_specialize:
+            sig[name] = "i32"
         elif value == 1:
             sig[name] = "constexpr"
             consts[(i, )] = 1

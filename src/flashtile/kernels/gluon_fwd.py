@@ -178,7 +178,10 @@ def _consumer1_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_read
                         qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)
 
 
-@gluon.jit
+# Shape-like ints are not specialized (divisibility, == 1): one compiled kernel per (config, head dim, causal,
+# dtype) instead of one per seqlen class. TMA does the loads, so the hints would buy nothing there.
+@gluon.jit(do_not_specialize=["stride_lse_b", "stride_lse_h", "seqlen_q", "seqlen_k", "heads_q",
+                              "group_size"])
 def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse,
                      stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
                      seqlen_q, seqlen_k, heads_q, group_size, qk_scale,
