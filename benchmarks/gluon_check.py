@@ -225,7 +225,7 @@ def phase_bench(variants, seqlens):
                     providers[f"gluon[{variant}]"] = (
                         lambda variant=variant: gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant))
                 providers["flashtile-triton"] = lambda: flashtile.flash_attn_func(q, k, v, causal=causal)
-                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+                qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # as flashtile.bench does
 
                 def cudnn():
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
