@@ -108,7 +108,8 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config):
 
 def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default"):
     """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), natural log (as the portable forward writes it,
-    so the existing backward runs on them). Requires gluon_supported(q, k, v, causal=causal)."""
+    so the existing backward runs on them). Requires gluon_supported(q, k, v, causal=causal) and
+    softmax_scale > 0 (the running max is taken before scaling)."""
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     from .launch import _empty  # NaN-poisoned under FLASHTILE_POISON_OUTPUTS=1, as the other launchers

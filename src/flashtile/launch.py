@@ -492,7 +492,7 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
     dropout_p > 0: rng is the int64 (1,) Philox seed on q's device; the backward gets the same one.
     mods: ModArgs (programmable attention) or None.
     """
-    plain = (cu_seqlens_q is None and window_left < 0 and window_right in (-1, 0) and not softcap
+    plain = (cu_seqlens_q is None and softmax_scale > 0 and window_left < 0 and window_right in (-1, 0) and not softcap
              and alibi_slopes is None and sink is None and attn_bias is None and not dropout_p and mods is None)
     if plain and os.environ.get("FLASHTILE_GLUON", "0") not in ("", "0"):
         # Opt-in Hopper Gluon forward (gluon_launch.py) while it is being measured; not the default yet.
