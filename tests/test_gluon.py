@@ -16,9 +16,10 @@ def test_unsupported_without_hopper():
 
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype)
-SHAPES = [(2, 1024, 1024, 4, 4, torch.bfloat16), (2, 1000, 1000, 4, 2, torch.bfloat16),
-          (1, 130, 257, 2, 2, torch.bfloat16), (2, 777, 999, 8, 1, torch.bfloat16), (3, 1, 1, 2, 1, torch.bfloat16),
-          (2, 1000, 1000, 4, 2, torch.float16)]
+# Batches > 1 need seqlen_k % 128 == 0 (gluon_supported); the tails are covered with one sequence.
+SHAPES = [(2, 1024, 1024, 4, 4, torch.bfloat16), (1, 1000, 1000, 4, 2, torch.bfloat16),
+          (1, 130, 257, 2, 2, torch.bfloat16), (1, 777, 999, 8, 1, torch.bfloat16), (1, 1, 1, 2, 1, torch.bfloat16),
+          (1, 1000, 1000, 4, 2, torch.float16), (3, 256, 512, 4, 2, torch.bfloat16)]
 
 
 @pytest.mark.gpu
@@ -44,3 +45,35 @@ def test_refuses_rows_without_keys():
     q, k, v = make_qkv(1, 257, 130, 2, 2, 128, torch.bfloat16, "cuda", requires_grad=False)
     assert not gluon_launch.gluon_supported(q, k, v, causal=True)
     assert gluon_launch.gluon_supported(q, k, v, causal=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+def test_refuses_key_blocks_spanning_two_sequences():
+    """A key block past one sequence's end would read the next one's values (masked, but 0 * inf = NaN)."""
+    q, k, v = make_qkv(2, 1000, 1000, 2, 2, 128, torch.bfloat16, "cuda", requires_grad=False)
+    assert not gluon_launch.gluon_supported(q, k, v)
+    assert gluon_launch.gluon_supported(q[:1], k[:1], v[:1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flash_attn_func_takes_it_by_default(monkeypatch, causal):
+    """flash_attn_func routes the plain forward to the Gluon kernel unless FLASHTILE_GLUON=0, and the
+    backward runs on its out / lse."""
+    calls = []
+    original = gluon_launch.gluon_forward
+    monkeypatch.setattr(gluon_launch, "gluon_forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    q, k, v = make_qkv(2, 512, 512, 4, 2, 128, torch.bfloat16, "cuda", requires_grad=True)
+    out = flashtile.flash_attn_func(q, k, v, causal=causal)
+    assert calls
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    monkeypatch.setenv("FLASHTILE_GLUON", "0")
+    out_portable = flashtile.flash_attn_func(q, k, v, causal=causal)
+    assert len(calls) == 1
+    grads_portable = torch.autograd.grad(out_portable, (q, k, v), dout)
+    torch.testing.assert_close(out, out_portable, atol=2e-2, rtol=0)
+    for g, gp in zip(grads, grads_portable):
+        torch.testing.assert_close(g, gp, atol=5e-2, rtol=0)

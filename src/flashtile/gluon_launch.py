@@ -1,8 +1,8 @@
 """Host side of the Hopper Gluon forward (kernels/gluon_fwd.py): support check, descriptors, launch.
 
-Not part of the default dispatch yet: launch.py uses it for the plain forward only when FLASHTILE_GLUON=1
-and gluon_supported() agrees. Importing this module never fails: on a triton without Gluon's Hopper
-API, or under the interpreter, gluon_supported() is False.
+launch.py uses it for the plain forward (no varlen, window, softcap, ALiBi, sink, bias, dropout or mods)
+when gluon_supported() agrees, unless FLASHTILE_GLUON=0. Importing this module never fails: on a triton
+without Gluon's Hopper API, or under the interpreter, gluon_supported() is False.
 """
 import math
 import os
@@ -81,6 +81,11 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     if causal and seqlen_q > seqlen_k:  # rows that see no key: left to the portable kernel
         return False
     if max(batch * seqlen_q, batch * seqlen_k) >= 2**31:  # TMA coordinates are int32
+        return False
+    # K and V are read as one (B * Sk, Hk * D) tensor: a key block past a sequence's end reads the next
+    # sequence's keys. Their scores are masked, but P = 0 times a non-finite V would still poison the row, so
+    # only the last sequence may end inside a block (TMA zero-fills past the tensor's end).
+    if batch > 1 and seqlen_k % VARIANTS["default"][head_dim].block_n:
         return False
     return all(_tma_2d_ok(t) for t in (q, k, v))
 

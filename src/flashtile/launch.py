@@ -494,8 +494,8 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
     """
     plain = (cu_seqlens_q is None and softmax_scale > 0 and window_left < 0 and window_right in (-1, 0) and not softcap
              and alibi_slopes is None and sink is None and attn_bias is None and not dropout_p and mods is None)
-    if plain and os.environ.get("FLASHTILE_GLUON", "0") not in ("", "0"):
-        # Opt-in Hopper Gluon forward (gluon_launch.py) while it is being measured; not the default yet.
+    if plain and q.is_cuda and os.environ.get("FLASHTILE_GLUON", "1") != "0":
+        # Hopper: the warp-specialized Gluon forward (gluon_launch.py) where it supports the call.
         from . import gluon_launch
         if gluon_launch.gluon_supported(q, k, v, causal=window_right == 0):
             return gluon_launch.gluon_forward(q, k, v, softmax_scale, causal=window_right == 0)
