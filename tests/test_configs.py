@@ -35,3 +35,11 @@ def test_local_backward_has_its_own_table():
         assert configs.bwd_config(SM90, head_dim, False, torch.bfloat16) == configs._SM90_BWD[head_dim]
         assert configs.bwd_config(SM90, head_dim, True, torch.bfloat16) == configs._SM90_BWD_LOCAL[head_dim]
     assert configs.bwd_config(SM90, 128, True, torch.float32) == configs._GENERIC_BWD[128]
+
+
+def test_gluon_forward_policy():
+    """The Gluon forward is wanted only where it measured faster (configs.GLUON_FWD_MIN_KEYS)."""
+    assert configs.gluon_fwd_wanted(128, False, 512)
+    assert not configs.gluon_fwd_wanted(128, True, 512) and configs.gluon_fwd_wanted(128, True, 1024)
+    assert not configs.gluon_fwd_wanted(64, False, 2048) and configs.gluon_fwd_wanted(64, False, 4096)
+    assert not configs.gluon_fwd_wanted(256, False, 16384)  # no Gluon kernel at head dim 256

@@ -60,12 +60,12 @@ def test_refuses_key_blocks_spanning_two_sequences():
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_flash_attn_func_takes_it_by_default(monkeypatch, causal):
-    """flash_attn_func routes the plain forward to the Gluon kernel unless FLASHTILE_GLUON=0, and the
-    backward runs on its out / lse."""
+    """flash_attn_func routes the plain forward to the Gluon kernel where configs.py wants it (D128 from 1K
+    keys) unless FLASHTILE_GLUON=0, and the backward runs on its out / lse."""
     calls = []
     original = gluon_launch.gluon_forward
     monkeypatch.setattr(gluon_launch, "gluon_forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
-    q, k, v = make_qkv(2, 512, 512, 4, 2, 128, torch.bfloat16, "cuda", requires_grad=True)
+    q, k, v = make_qkv(2, 1024, 1024, 4, 2, 128, torch.bfloat16, "cuda", requires_grad=True)
     out = flashtile.flash_attn_func(q, k, v, causal=causal)
     assert calls
     dout = torch.randn_like(out)

@@ -69,6 +69,20 @@ _SM90_BWD_LOCAL = {
     256: BwdConfig(TileConfig(32, 32, 4, 2), TileConfig(128, 32, 8, 2)),  # 143 -> 187
 }
 
+# The Hopper Gluon forward (kernels/gluon_fwd.py, FA3's warp-specialized schedule) serves the plain forward from
+# these key counts on, where it measured faster than the portable kernel: (head dim, causal) -> least seqlen_k.
+# Session 5 (benchmarks/results/gluon-h200-2026-11-29-s5), time Gluon / portable at 512, 1K, 2K, 4K, 16K:
+# D128 0.75/0.82/0.82/0.79/0.78, causal 1.10/0.95/0.84/0.80/0.78; D64 1.25/1.06/1.09/0.99/0.98, causal
+# 1.56/1.28/1.13/1.05/0.94 (D64 causal: between 4K and 16K unmeasured, so from 16K only).
+GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 1024, (64, False): 4096, (64, True): 16384}
+
+
+def gluon_fwd_wanted(head_dim, causal, seqlen_k):
+    """Whether the plain forward should take the Gluon kernel at this shape (where gluon_supported allows)."""
+    least = GLUON_FWD_MIN_KEYS.get((head_dim, causal))
+    return least is not None and seqlen_k >= least
+
+
 # Every other GPU: conservative tiles that fit ~100 KB of shared memory (Ampere/Ada class).
 _GENERIC_FWD = {
     16: TileConfig(128, 64, 4, 2),

@@ -494,11 +494,14 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
     """
     plain = (cu_seqlens_q is None and softmax_scale > 0 and window_left < 0 and window_right in (-1, 0) and not softcap
              and alibi_slopes is None and sink is None and attn_bias is None and not dropout_p and mods is None)
-    if plain and q.is_cuda and os.environ.get("FLASHTILE_GLUON", "1") != "0":
-        # Hopper: the warp-specialized Gluon forward (gluon_launch.py) where it supports the call.
-        from . import gluon_launch
-        if gluon_launch.gluon_supported(q, k, v, causal=window_right == 0):
-            return gluon_launch.gluon_forward(q, k, v, softmax_scale, causal=window_right == 0)
+    if plain and q.is_cuda:
+        # Hopper: the warp-specialized Gluon forward (gluon_launch.py) where configs.py says it is faster;
+        # FLASHTILE_GLUON=1 takes it wherever it is supported, =0 never.
+        causal, choice = window_right == 0, os.environ.get("FLASHTILE_GLUON")
+        if choice == "1" or (choice != "0" and configs.gluon_fwd_wanted(q.shape[-1], causal, k.shape[1])):
+            from . import gluon_launch
+            if gluon_launch.gluon_supported(q, k, v, causal=causal):
+                return gluon_launch.gluon_forward(q, k, v, softmax_scale, causal=causal)
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
