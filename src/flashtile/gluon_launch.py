@@ -36,13 +36,25 @@ class GluonConfig:
     maxnreg: int = 168
 
 
-# Variants the check script can compare on the GPU; "default" is what gluon_forward uses.
+# Variants the check script can compare on the GPU; "default" is what gluon_forward uses. A variant may cover
+# only some head dims. D256 (shared memory per CTA <= 227 KB): Q is 2 x 64 x 256 x 2 B = 64 KB, a K + V stage
+# 2 x BLOCK_N x 512 B (64 KB at BLOCK_N 64), so BLOCK_N 64 fits 2 stages, 32 fits 4, 128 only 1; the O
+# accumulator alone is 64 x 256 fp32 = 128 registers per consumer thread.
 VARIANTS = {
-    "default": {64: GluonConfig(128, 3), 128: GluonConfig(128, 2)},
-    "no-pingpong": {64: GluonConfig(128, 3, pingpong=False), 128: GluonConfig(128, 2, pingpong=False)},
+    "default": {64: GluonConfig(128, 3), 128: GluonConfig(128, 2), 256: GluonConfig(64, 2)},
+    "no-pingpong": {64: GluonConfig(128, 3, pingpong=False), 128: GluonConfig(128, 2, pingpong=False),
+                    256: GluonConfig(64, 2, pingpong=False)},
     "bn64": {64: GluonConfig(64, 4), 128: GluonConfig(64, 4)},
     "stages3": {64: GluonConfig(128, 4), 128: GluonConfig(128, 3)},
+    "d256-bn64s1": {256: GluonConfig(64, 1)},
+    "d256-bn32s4": {256: GluonConfig(32, 4)},
 }
+HEAD_DIMS = (64, 128, 256)
+
+
+def max_block_n(head_dim):
+    """The largest key block any variant uses at this head dim (the batch > 1 tail rule must hold for all)."""
+    return max(configs[head_dim].block_n for configs in VARIANTS.values() if head_dim in configs)
 
 
 def _tma_2d_ok(t):
@@ -56,7 +68,7 @@ def _tma_2d_ok(t):
 def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                     attn_bias=None, sink=None, **other_features):
     """True when the Gluon forward can compute flash_attn_func(q, k, v, causal=causal) with these features:
-    CUDA sm90, no interpreter, fp16/bf16 dense (B, S, H, D), head_dim 64 or 128, heads_q % heads_kv == 0,
+    CUDA sm90, no interpreter, fp16/bf16 dense (B, S, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0,
     TMA-compatible strides, causal only with seqlen_q <= seqlen_k, and no other score feature."""
     if _attn_fwd_hopper is None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
@@ -74,7 +86,7 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
         return False
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    if head_dim not in (64, 128) or k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
+    if head_dim not in HEAD_DIMS or k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
         return False
     if heads_kv == 0 or heads_q % heads_kv or seqlen_q == 0 or seqlen_k == 0 or batch == 0:
         return False
@@ -85,7 +97,7 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     # K and V are read as one (B * Sk, Hk * D) tensor: a key block past a sequence's end reads the next
     # sequence's keys. Their scores are masked, but P = 0 times a non-finite V would still poison the row, so
     # only the last sequence may end inside a block (TMA zero-fills past the tensor's end).
-    if batch > 1 and seqlen_k % VARIANTS["default"][head_dim].block_n:
+    if batch > 1 and seqlen_k % max_block_n(head_dim):
         return False
     return all(_tma_2d_ok(t) for t in (q, k, v))
 

@@ -8,7 +8,7 @@ together with the PV of block j-1, and the softmax of block j runs while that PV
 PINGPONG the two warpgroups take turns issuing their GEMMs (two mbarriers pass the turn), so one
 warpgroup's softmax overlaps the other's GEMMs.
 
-Plain case only: dense (B, S, H, D) q/k/v viewed as 2D (B * S, H * D) TMA tensors, head_dim 64/128,
+Plain case only: dense (B, S, H, D) q/k/v viewed as 2D (B * S, H * D) TMA tensors, head_dim 64/128/256,
 fp16/bf16, causal aligned bottom-right with seqlen_q <= seqlen_k (every row sees at least one key, so
 no row's running max stays -inf). Rows of a tile past seqlen_q read the next batch's queries (or TMA's
 zero fill) and are never stored; keys past seqlen_k are masked to -inf in the last block.
