@@ -1,20 +1,28 @@
-"""Check and time the Hopper Gluon forward on the GPU, in one self-diagnosing run (target < 90 s).
+"""Check and time the Hopper Gluon forward on the GPU, in one self-diagnosing run (target < 120 s).
 
-    PYTHONPATH=src python3 benchmarks/gluon_check.py [--variants default,no-pingpong,bn64,stages3]
+    PYTHONPATH=src python3 benchmarks/gluon_check.py [--variants ...] [--bench-dims 64,128,256]
+        [--seqlens 4096,16384] [--skip-bench] [--skip-features] [--bench-features]
 
 Phases, each in a child process with a time limit (a kernel that deadlocks on an mbarrier hangs forever;
 killing the child frees the GPU and the run goes on to report it):
-  smoke    one tiny case per head dim: does it launch, finish and match?
-  correct  four children at once, one per head dim (64, 128) x causal: seqlens 1K, 4K, odd (1000,
-           130 x 257), GQA/MQA with q < k (causal aligned bottom-right), 1 x 1, strided q/k/v (a packed qkv
-           tensor), fp16; NaN-poisoned outputs; O against the float64 reference with DESIGN.md's rule (<= 2 x
-           the plain bf16 PyTorch error + rounding floor), with the portable Triton forward's error on a few
-           cases for comparison; lse (natural log, (B, Hq, Sq)) against the float64 one. Then the existing
+  smoke    one tiny case per head dim (64, 128, 256): does it launch, finish and match?
+  correct  one child per head dim (64, 128, 256) x causal, and one per feature group, all at once: seqlens 1K,
+           4K, odd (1000, 130 x 257), GQA/MQA with q < k (causal aligned bottom-right), 1 x 1, strided q/k/v (a
+           packed qkv tensor), fp16; NaN-poisoned outputs; O against the float64 reference with DESIGN.md's rule
+           (<= 2 x the plain bf16 PyTorch error + rounding floor), with the portable Triton forward's error on a
+           few cases for comparison; lse (natural log, (B, Hq, Sq)) against the float64 one. Then the existing
            backward run on the Gluon forward's out / lse (FLASHTILE_GLUON=1 through flash_attn_func), checked
-           the same way. Variants after the first get a shorter list.
-  bench    16K tokens, hidden 2048 (B = 16384 / S, H = 2048 / D), S 4096 / 16384, D 64 / 128, causal both:
-           TFLOP/s (4 B H S^2 D, halved when causal; median of do_bench) of each Gluon variant, the flashtile
-           Triton forward and SDPA cuDNN, and the ratios.
+           the same way. Variants after the first get a shorter list; a variant runs only at the head dims it
+           has a config for.
+           Feature groups (FEATURE_CASES, default variant): feat:single (softcap, ALiBi (H,) / (B, H), sinks),
+           feat:window (sliding windows incl. a refused one), feat:combo (window + softcap + ALiBi + GQA at
+           D64/128/256, D256 features, and the backward on a window + softcap + ALiBi + sink forward, dsink too).
+  bench    16K tokens, hidden 2048 (B = 16384 / S, H = 2048 / D), S in --seqlens, D in --bench-dims, causal
+           both: TFLOP/s (4 B H S^2 D, halved when causal; median of do_bench) of each Gluon variant, the
+           flashtile Triton forward and SDPA cuDNN, and the ratios.
+  bench-features (--bench-features)  D128 8K B2 H16: plain / causal / softcap / ALiBi / sink / windows
+           (256, 1024, 4096 left, 0 right) / a combination, Gluon against the portable kernel, as ratios to
+           the plain Gluon time, per unit of work for windows; cuDNN plain and causal for scale.
 Every line starts with PASS / FAIL / SKIP / ERROR / TIME / INFO so the log greps well.
 """
 import argparse
@@ -34,6 +42,7 @@ from flashtile.reference import attention_ref  # noqa: E402
 
 ABS_FLOOR = {torch.float16: 1e-5, torch.bfloat16: 1e-4}
 LSE_ATOL, LSE_RTOL = 2e-3, 1e-4
+DEVICE = "cuda"
 
 
 def say(*parts):
@@ -45,16 +54,51 @@ def max_err(x, ref):
 
 
 def make_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, packed=False, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
     if packed:  # q, k, v as views of one (B, S, 3, H, D) tensor: row stride 3 * H * D
-        qkv = torch.randn(batch, seqlen_q, 3, heads_q, head_dim, generator=gen, device="cuda").to(dtype)
+        qkv = torch.randn(batch, seqlen_q, 3, heads_q, head_dim, generator=gen, device=DEVICE).to(dtype)
         return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    return [torch.randn(b, s, h, head_dim, generator=gen, device="cuda").to(dtype)
+    return [torch.randn(b, s, h, head_dim, generator=gen, device=DEVICE).to(dtype)
             for b, s, h in ((batch, seqlen_q, heads_q), (batch, seqlen_k, heads_kv), (batch, seqlen_k, heads_kv))]
 
 
-def triton_forward(q, k, v, scale, causal):
-    return launch._flash_attn_forward(q, k, v, scale, -1, 0 if causal else -1, 0.0, None, None)
+def triton_forward(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None):
+    """The portable Triton forward (FLASHTILE_GLUON=0 is set above), with flash-attn's window convention."""
+    _, _, left, right = gluon_launch.mask_mode(causal, window_size)
+    return launch._flash_attn_forward(q, k, v, scale, left, right, softcap, alibi_slopes, sink)
+
+
+def alibi_slopes(heads, batch=None):
+    """The ALiBi paper's geometric slopes 2^(-8 h / H), (H,) or per batch (B, H) (rows slightly perturbed)."""
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=DEVICE)
+    if batch is None:
+        return slopes
+    return torch.stack([slopes * (1.0 + 0.1 * b) for b in range(batch)])
+
+
+def feature_args(spec, batch, heads_q):
+    """gluon_forward / attention_ref keywords of a feature spec: window (left, right), softcap, alibi ('h' for
+    (H,) slopes, 'bh' for (B, H)), sink (True: logits N(0, 1) * 2, seeded)."""
+    args = dict(window_size=spec.get("window", (-1, -1)), softcap=spec.get("softcap", 0.0))
+    if spec.get("alibi"):
+        args["alibi_slopes"] = alibi_slopes(heads_q, batch if spec["alibi"] == "bh" else None)
+    if spec.get("sink"):
+        args["sink"] = 2 * torch.randn(heads_q, generator=torch.Generator(device=DEVICE).manual_seed(1),
+                                       device=DEVICE)
+    return args
+
+
+def describe(spec):
+    parts = []
+    if "window" in spec:
+        parts.append(f"win{spec['window'][0]},{spec['window'][1]}")
+    if spec.get("softcap"):
+        parts.append(f"cap{spec['softcap']:g}")
+    if spec.get("alibi"):
+        parts.append(f"alibi-{spec['alibi']}")
+    if spec.get("sink"):
+        parts.append("sink")
+    return "+".join(parts) or "plain"
 
 
 # (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype, packed)
@@ -74,16 +118,65 @@ CASES = [
 ]
 SHORT_CASES = ("odd-1000", "gqa-q777-k999", "4K")
 SMOKE = ("smoke-128", 1, 128, 128, 1, 1, torch.bfloat16, False)
+BF16 = torch.bfloat16
+C1000 = ("1000", 1, 1000, 1000, 4, 2, BF16, False)
+C2K = ("2K", 1, 2048, 2048, 4, 4, BF16, False)
+GQA2K = ("gqa-2K", 1, 2048, 2048, 8, 2, BF16, False)
+# Score features, three groups (one child each): (case, head_dim, causal, spec, compare with the portable kernel).
+COMBO = dict(window=(256, 0), softcap=30.0, alibi="h")
+FEATURE_CASES = {
+    "feat:single": [
+        (C1000, 128, False, dict(softcap=30.0), True),
+        (C1000, 128, True, dict(softcap=30.0), False),
+        (("gqa-q777-k999", 1, 777, 999, 8, 2, BF16, False), 128, False, dict(alibi="h"), True),
+        (("2x1024", 2, 1024, 1024, 4, 4, BF16, False), 128, True, dict(alibi="bh"), False),
+        (C1000, 128, False, dict(sink=True), True),
+        (C1000, 128, True, dict(sink=True), False),
+        (("fp16-1000", 1, 1000, 1000, 4, 2, torch.float16, False), 128, False,
+         dict(softcap=30.0, alibi="h", sink=True), False),
+        (("odd-1000", 1, 1000, 1000, 4, 4, BF16, False), 64, False, dict(softcap=30.0), False),
+        (("q130-k257", 1, 130, 257, 2, 2, BF16, False), 64, True, dict(alibi="h", sink=True), False),
+    ],
+    "feat:window": [
+        (C2K, 128, False, dict(window=(256, 0)), True),
+        (C1000, 128, False, dict(window=(100, 50)), True),
+        (C1000, 128, False, dict(window=(300, -1)), False),
+        (("q130-k257", 1, 130, 257, 2, 2, BF16, False), 128, False, dict(window=(64, 0)), False),
+        (("q300-k200", 1, 300, 200, 2, 2, BF16, False), 128, False, dict(window=(50, 150)), False),
+        (("q300-k200", 1, 300, 200, 2, 2, BF16, False), 128, False, dict(window=(50, 50)), False),  # refused
+        (("2x1024", 2, 1024, 1024, 4, 2, BF16, False), 128, False, dict(window=(0, 0)), False),
+        (("4K", 1, 4096, 4096, 2, 2, BF16, False), 128, True, dict(window=(1024, -1)), False),  # causal: (1024, 0)
+        (C2K, 128, False, dict(window=(256, 0), sink=True), False),
+        (C2K, 64, False, dict(window=(256, 0)), False),
+    ],
+    "feat:combo": [
+        (GQA2K, 128, False, COMBO, True),
+        (("gqa-q1000-k1200", 1, 1000, 1200, 8, 2, BF16, False), 128, False,
+         dict(window=(200, 100), softcap=30.0, alibi="bh", sink=True), False),
+        (GQA2K, 64, False, COMBO, False),
+        (GQA2K, 256, False, COMBO, True),
+        (C1000, 256, False, dict(softcap=30.0), False),
+        (C2K, 256, False, dict(window=(256, 0)), False),
+        (C1000, 256, True, dict(sink=True, alibi="h"), False),
+    ],
+}
+BACKWARD_FEATURES = dict(window=(256, 0), softcap=30.0, alibi="h", sink=True)
 
 
-def check_case(case, head_dim, causal, variant):
-    """One forward case: PASS / FAIL / SKIP line; returns True unless it failed."""
+def check_case(case, head_dim, causal, variant, spec=None, compare_triton=None):
+    """One forward case (spec: score features, see feature_args): PASS / FAIL / SKIP line; returns True unless
+    it failed. compare_triton: also run the portable forward (default: on SHORT_CASES)."""
     name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype, packed = case
+    spec = spec or {}
     label = (f"d{head_dim} {'causal' if causal else 'full  '} {name:<16} B{batch} Sq{seqlen_q} Sk{seqlen_k} "
-             f"H{heads_q}/{heads_kv} {str(dtype)[6:]} [{variant}]")
+             f"H{heads_q}/{heads_kv} {str(dtype)[6:]} {describe(spec)} [{variant}]")
     q, k, v = make_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, packed)
-    expect_supported = not (causal and seqlen_q > seqlen_k) and (batch == 1 or seqlen_k % 128 == 0)
-    supported = gluon_launch.gluon_supported(q, k, v, causal=causal)
+    feats = feature_args(spec, batch, heads_q)
+    # Every row must see a key: causal needs Sq <= Sk, a window's right side Sq - Sk <= right.
+    right = 0 if causal else feats["window_size"][1]
+    block_n = 64 if head_dim == 256 else 128  # the largest key block of any variant at this head dim
+    expect_supported = not (right >= 0 and seqlen_q - seqlen_k > right) and (batch == 1 or seqlen_k % block_n == 0)
+    supported = gluon_launch.gluon_supported(q, k, v, causal=causal, **feats)
     if not supported:
         tag = "SKIP" if not expect_supported else "FAIL"
         say(f"{tag} {label}: gluon_supported() is False ({'expected' if not expect_supported else 'UNEXPECTED'})")
@@ -92,12 +185,14 @@ def check_case(case, head_dim, causal, variant):
         say(f"FAIL {label}: gluon_supported() is True for a case it must refuse")
         return False
     scale = head_dim ** -0.5
-    out, lse = gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant)
+    out, lse = gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant, **feats)
     torch.cuda.synchronize()
-    ref_out, ref_lse = attention_ref(q, k, v, causal=causal, softmax_scale=scale, return_lse=True)
-    low_out = attention_ref(q, k, v, causal=causal, softmax_scale=scale, upcast=False)
+    ref_out, ref_lse = attention_ref(q, k, v, causal=causal, softmax_scale=scale, return_lse=True, **feats)
+    low_out = attention_ref(q, k, v, causal=causal, softmax_scale=scale, upcast=False, **feats)
     # The portable kernel's error for comparison, on a few cases only (each seqlen class is another compile).
-    tri_out, tri_lse = triton_forward(q, k, v, scale, causal) if name in SHORT_CASES else (None, None)
+    if compare_triton is None:
+        compare_triton = name in SHORT_CASES
+    tri_out, tri_lse = triton_forward(q, k, v, scale, causal, **feats) if compare_triton else (None, None)
     problems = []
     if out.shape != q.shape or out.dtype != q.dtype or lse.shape != (batch, heads_q, seqlen_q):
         problems.append(f"shapes out {tuple(out.shape)} {out.dtype} lse {tuple(lse.shape)}")
@@ -129,13 +224,20 @@ def check_case(case, head_dim, causal, variant):
     return True
 
 
-def check_backward(head_dim, causal):
-    """flash_attn_func with FLASHTILE_GLUON=1: the Gluon forward's out / lse feed the existing backward."""
+def check_backward(head_dim, causal, spec=None):
+    """flash_attn_func with FLASHTILE_GLUON=1: the Gluon forward's out / lse feed the existing backward (with a
+    sink in spec, its gradient too: it is computed from lse, which includes the sink)."""
     import flashtile
+    spec = spec or {}
     batch, seqlen, heads_q, heads_kv, dtype = 1, 1000, 4, 2, torch.bfloat16
     label = (f"d{head_dim} {'causal' if causal else 'full  '} backward-on-gluon-fwd B{batch} S{seqlen} "
-             f"H{heads_q}/{heads_kv}")
+             f"H{heads_q}/{heads_kv} {describe(spec)}")
     q, k, v = [t.requires_grad_() for t in make_inputs(batch, seqlen, seqlen, heads_q, heads_kv, head_dim, dtype)]
+    feats = feature_args(spec, batch, heads_q)
+    leaves = [q, k, v]
+    if feats.get("sink") is not None:
+        feats["sink"].requires_grad_()
+        leaves.append(feats["sink"])
     dout = torch.randn_like(q)
     calls = []
     original = gluon_launch.gluon_forward
@@ -147,8 +249,8 @@ def check_backward(head_dim, causal):
     gluon_launch.gluon_forward = counting
     os.environ["FLASHTILE_GLUON"] = "1"
     try:
-        out = flashtile.flash_attn_func(q, k, v, causal=causal)
-        grads = torch.autograd.grad(out, (q, k, v), dout)
+        out = flashtile.flash_attn_func(q, k, v, causal=causal, **feats)
+        grads = torch.autograd.grad(out, leaves, dout)
     finally:
         os.environ["FLASHTILE_GLUON"] = "0"
         gluon_launch.gluon_forward = original
@@ -157,11 +259,14 @@ def check_backward(head_dim, causal):
         return False
     refs = []
     for upcast in (True, False):
-        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-        o = attention_ref(*leaves, causal=causal, upcast=upcast)
-        refs.append((o.detach(), *torch.autograd.grad(o, leaves, dout.to(o.dtype))))
+        ref_leaves = [x.detach().clone().requires_grad_() for x in leaves]
+        ref_feats = dict(feats)
+        if len(ref_leaves) == 4:
+            ref_feats["sink"] = ref_leaves[3]
+        o = attention_ref(*ref_leaves[:3], causal=causal, upcast=upcast, **ref_feats)
+        refs.append((o.detach(), *torch.autograd.grad(o, ref_leaves, dout.to(o.dtype))))
     ok, parts = True, []
-    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out, *grads), *refs):
+    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv", "dsink"), (out, *grads), *refs):
         err, err_low = max_err(got, r64), max_err(rlow, r64)
         bound = 2 * err_low + max_err(r64.to(dtype), r64) + ABS_FLOOR[dtype]
         finite = torch.isfinite(got).all().item()
@@ -184,16 +289,18 @@ def guarded(fn, *args, what=""):
 def phase_smoke(variants):
     ok = True
     for variant in variants[:1]:
-        for head_dim in (64, 128):
+        for head_dim in (64, 128, 256):
             say(f"INFO smoke d{head_dim} [{variant}] launching (a hang here = deadlock)")
             ok &= bool(guarded(check_case, SMOKE, head_dim, False, variant, what=f"smoke d{head_dim} [{variant}]"))
     return ok
 
 
 def phase_correct(variants, head_dim, causal):
-    """One (head_dim, causal) group: every case for the first variant, the short list for the others."""
+    """One (head_dim, causal) group: every case for the first variant, the short list for the others (the
+    variants that cover this head dim)."""
     os.environ["FLASHTILE_POISON_OUTPUTS"] = "1"
     passed = failed = 0
+    variants = [v for v in variants if head_dim in gluon_launch.VARIANTS[v]]
     for variant in variants:
         for case in CASES:
             if variant != variants[0] and case[0] not in SHORT_CASES:
@@ -207,23 +314,39 @@ def phase_correct(variants, head_dim, causal):
     return failed == 0
 
 
+def phase_features(group):
+    """One group of FEATURE_CASES with the default variant; feat:combo adds the backward on a feature forward."""
+    os.environ["FLASHTILE_POISON_OUTPUTS"] = "1"
+    passed = failed = 0
+    for case, head_dim, causal, spec, compare in FEATURE_CASES[group]:
+        what = f"d{head_dim} causal={causal} {case[0]} {describe(spec)}"
+        say(f"INFO {group}: {what} launching")
+        ok = guarded(check_case, case, head_dim, causal, "default", spec, compare, what=what)
+        passed, failed = passed + bool(ok), failed + (not ok)
+    if group == "feat:combo":
+        ok = guarded(check_backward, 128, False, BACKWARD_FEATURES, what=f"backward d128 {describe(BACKWARD_FEATURES)}")
+        passed, failed = passed + bool(ok), failed + (not ok)
+    say(f"INFO correctness {group}: {passed} passed, {failed} failed")
+    return failed == 0
+
+
 def _tflops(ms, batch, heads, seqlen, head_dim, causal):
     flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
     return flops / (ms * 1e-3) / 1e12
 
 
-def phase_bench(variants, seqlens):
+def phase_bench(variants, seqlens, head_dims):
     os.environ.pop("FLASHTILE_POISON_OUTPUTS", None)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import flashtile
-    for head_dim in (64, 128):
+    for head_dim in head_dims:
         for causal in (False, True):
             for seqlen in seqlens:
                 batch, heads = 16384 // seqlen, 2048 // head_dim
                 q, k, v = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16)
                 scale = head_dim ** -0.5
                 providers = {}
-                for variant in variants:
+                for variant in [v for v in variants if head_dim in gluon_launch.VARIANTS[v]]:
                     providers[f"gluon[{variant}]"] = (
                         lambda variant=variant: gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant))
                 providers["flashtile-triton"] = lambda: flashtile.flash_attn_func(q, k, v, causal=causal)
@@ -252,6 +375,60 @@ def phase_bench(variants, seqlens):
                             f"vs triton {tf / tri if tri else float('nan'):.2f}x")
 
 
+def _ms(fn):
+    with torch.no_grad():
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def phase_bench_features():
+    """D128, 8K, B 2, H 16, bf16: each score feature's forward time, Gluon (default variant) against the portable
+    kernel, as a ratio to the plain Gluon time (issue 6: each feature <= 1.10x plain) and, for windows, per unit of
+    work (time ratio / the fraction of the score matrix the window keeps); cuDNN plain / causal for scale."""
+    os.environ.pop("FLASHTILE_POISON_OUTPUTS", None)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    batch, seqlen, heads, head_dim = 2, 8192, 16, 128
+    q, k, v = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16)
+    scale = head_dim ** -0.5
+    full = seqlen * seqlen
+
+    def window_work(left):  # visible (row, key) pairs of a bottom-right window (left, 0) over a square matrix
+        return sum(min(i, left) + 1 for i in range(seqlen))
+
+    rows = [("plain", False, {}, 1.0), ("causal", True, {}, window_work(seqlen) / full),
+            ("softcap30", False, dict(softcap=30.0), 1.0), ("alibi", False, dict(alibi="h"), 1.0),
+            ("sink", False, dict(sink=True), 1.0)]
+    rows += [(f"win{w},0", False, dict(window=(w, 0)), window_work(w) / full) for w in (256, 1024, 4096)]
+    rows += [("win1024+cap+alibi", False, dict(window=(1024, 0), softcap=30.0, alibi="h"), window_work(1024) / full)]
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    for causal in (False, True):
+        def cudnn(causal=causal):
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        try:
+            say(f"TIME feat d128 S{seqlen} B{batch} H{heads} sdpa-cudnn {'causal' if causal else 'plain'}"
+                f" {_ms(cudnn):8.3f} ms")
+        except Exception as exc:  # noqa: BLE001
+            say(f"ERROR time feat cudnn causal={causal}: {type(exc).__name__}: {exc}")
+    plain_ms = None
+    for name, causal, spec, work in rows:
+        feats = feature_args(spec, batch, heads)
+        times = {}
+        for provider, fn in (
+                ("gluon", lambda: gluon_launch.gluon_forward(q, k, v, scale, causal, **feats)),
+                ("triton", lambda: triton_forward(q, k, v, scale, causal, **feats))):
+            try:
+                times[provider] = _ms(fn)
+            except Exception as exc:  # noqa: BLE001
+                say(f"ERROR time feat {name} {provider}: {type(exc).__name__}: {exc}")
+        if name == "plain":
+            plain_ms = times.get("gluon")
+        g, t = times.get("gluon", float("nan")), times.get("triton", float("nan"))
+        rel = g / plain_ms if plain_ms else float("nan")
+        say(f"TIME feat d128 S{seqlen} B{batch} H{heads} {name:<18} gluon {g:8.3f} ms  triton {t:8.3f} ms  "
+            f"gluon/triton {g / t:.2f}  gluon/plain-gluon {rel:.2f}x  work {work:.3f}  per-work {rel / work:.2f}x"
+            f"{'  OVER 1.10' if rel / work > 1.10 else ''}")
+
+
 def run_children(phase, args, timeout, groups=(None, )):
     """Runs the phase in one child per group, concurrently (compiles dominate and run in parallel), killing
     whatever is still running after timeout seconds. True if every child exited 0."""
@@ -259,8 +436,11 @@ def run_children(phase, args, timeout, groups=(None, )):
     start = time.time()
     children = []
     for group in groups:
-        cmd = [sys.executable, __file__, "--phase", phase, "--variants", args.variants, "--seqlens", args.seqlens]
+        cmd = [sys.executable, __file__, "--phase", phase, "--variants", args.variants, "--seqlens", args.seqlens,
+               "--bench-dims", args.bench_dims]
         if group is not None:
+            if group.startswith("feat:"):
+                cmd[cmd.index("--phase") + 1] = "features"
             cmd += ["--group", group]
         children.append((group, subprocess.Popen(cmd)))
     ok = True
@@ -283,12 +463,17 @@ def run_children(phase, args, timeout, groups=(None, )):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="default,no-pingpong,bn64,stages3",
-                        help=f"comma list of {sorted(gluon_launch.VARIANTS)}")
+    parser.add_argument("--variants", default="default,no-pingpong,bn64,stages3,d256-bn64s1,d256-bn32s4",
+                        help=f"comma list of {sorted(gluon_launch.VARIANTS)} (each runs where it has a config)")
     parser.add_argument("--seqlens", default="4096,16384", help="bench sequence lengths")
-    parser.add_argument("--phase", default="all", choices=["all", "smoke", "correct", "bench"])
-    parser.add_argument("--group", default="", help="correct phase: HEAD_DIM:CAUSAL, e.g. 128:1")
+    parser.add_argument("--bench-dims", default="64,128,256", help="bench head dims")
+    parser.add_argument("--phase", default="all",
+                        choices=["all", "smoke", "correct", "features", "bench", "bench-features"])
+    parser.add_argument("--group", default="", help="correct phase: HEAD_DIM:CAUSAL, e.g. 128:1; features: a "
+                        f"FEATURE_CASES key {list(FEATURE_CASES)}")
     parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--skip-features", action="store_true", help="no feature correctness cases")
+    parser.add_argument("--bench-features", action="store_true", help="also time each score feature (D128 8K)")
     args = parser.parse_args()
     variants = args.variants.split(",")
     seqlens = [int(s) for s in args.seqlens.split(",")]
@@ -297,8 +482,13 @@ def main():
     if args.phase == "correct":
         head_dim, causal = args.group.split(":")
         sys.exit(0 if phase_correct(variants, int(head_dim), causal == "1") else 1)
+    if args.phase == "features":
+        sys.exit(0 if phase_features(args.group) else 1)
     if args.phase == "bench":
-        phase_bench(variants, seqlens)
+        phase_bench(variants, seqlens, [int(d) for d in args.bench_dims.split(",")])
+        return
+    if args.phase == "bench-features":
+        phase_bench_features()
         return
     say(f"INFO torch {torch.__version__} triton {triton.__version__} "
         f"gpu {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'} "
@@ -307,9 +497,15 @@ def main():
     if not run_children("smoke", args, 120):
         say("FAIL smoke failed: skipping the remaining Gluon phases")
         return
-    run_children("correct", args, 240, groups=("64:0", "64:1", "128:0", "128:1"))
+    groups = ["64:0", "64:1", "128:0", "128:1", "256:0", "256:1"]
+    if not args.skip_features:
+        groups += list(FEATURE_CASES)
+    # Plain groups run the correct phase, feature groups the features phase: both in one concurrent batch.
+    run_children("correct", args, 240, groups=groups)
     if not args.skip_bench:
         run_children("bench", args, 240)
+    if args.bench_features:
+        run_children("bench-features", args, 180)
     say(f"INFO total {time.time() - start:.1f} s")
 
 

@@ -1,7 +1,8 @@
 """Compile the Hopper Gluon forward ahead of time for sm90 (no GPU needed) and report what it became.
 
 Run with the device's triton first on the path (TRITON_INTERPRET unset):
-    env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_compile_check.py [--variant default] [--dump DIR]
+    env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_compile_check.py [--variant default]
+        [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo | all] [--dump DIR]
 Per case: registers / spills from ptxas -v, shared memory, and counts of the PTX instructions the schedule
 relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg). Exits 1 if a case fails to compile.
 """
@@ -69,14 +70,32 @@ def ptxas_report(ptx):
     return res.stderr
 
 
-def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2):
+# Score features to compile (gluon_launch_args keywords); window cases replace the causal mask.
+FEATURES = {
+    "plain": {},
+    "softcap": dict(softcap=30.0),
+    "alibi": dict(alibi_slopes=True),
+    "sink": dict(sink=True),
+    "window": dict(window_size=(256, 0)),
+    "combo": dict(window_size=(256, 64), softcap=30.0, alibi_slopes=True, sink=True),
+}
+
+
+def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2,
+                 features=None):
     from triton.experimental.gluon._runtime import GluonASTSource
     q = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16)
     k = torch.empty(batch, seqlen_k, heads_kv, head_dim, dtype=torch.bfloat16)
     out = torch.empty_like(q)
     lse = torch.empty(batch, heads_q, seqlen_q)
     kernel = gluon_launch._attn_fwd_hopper
-    _, args, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.1, causal, config)
+    features = dict(features or {})
+    if features.get("alibi_slopes"):
+        features["alibi_slopes"] = torch.empty(heads_q)
+    if features.get("sink"):
+        features["sink"] = torch.empty(heads_q)
+    _, args, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.1, causal, config,
+                                                                  **features)
     sig, consts, attrs = _signature(kernel, args, constexprs)
     src = GluonASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
@@ -85,17 +104,24 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", default="default", choices=sorted(gluon_launch.VARIANTS))
-    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--head-dims", default="64,128,256", help="head dims the variant covers are compiled")
+    parser.add_argument("--features", default="plain", help=f"comma list of {list(FEATURES)} or 'all'")
     parser.add_argument("--dump", default="", help="write each case's ttgir / ptx / ptxas report here")
     args = parser.parse_args()
     print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
     failed = 0
+    features = list(FEATURES) if args.features == "all" else args.features.split(",")
     for head_dim in map(int, args.head_dims.split(",")):
-        for causal in (False, True):
+        if head_dim not in gluon_launch.VARIANTS[args.variant]:
+            continue
+        for feature, causal in [(f, c) for f in features for c in (False, True)
+                                if not (c and "window_size" in FEATURES[f])]:
             config = gluon_launch.VARIANTS[args.variant][head_dim]
             name = f"d{head_dim}-{'causal' if causal else 'full'}-{args.variant}"
+            if feature != "plain":
+                name = f"d{head_dim}-{feature}{'-causal' if causal else ''}-{args.variant}"
             try:
-                compiled = compile_case(head_dim, causal, config)
+                compiled = compile_case(head_dim, causal, config, features=FEATURES[feature])
             except Exception as exc:  # noqa: BLE001
                 failed += 1
                 print(f"{name}: FAILED to compile: {type(exc).__name__}: {exc}")
@@ -104,7 +130,8 @@ def main():
             report = ptxas_report(ptx)
             regs = re.findall(r"Used (\d+) registers", report)
             spills = re.findall(r"(\d+) bytes spill stores", report)
-            warnings = [line for line in report.splitlines() if "warning" in line.lower()]
+            warnings = [line for line in report.splitlines()
+                        if "warning" in line.lower() or "performance loss" in line.lower()]
             counts = "  ".join(f"{key} {len(re.findall(pat, ptx))}" for key, pat in PTX_PATTERNS.items())
             print(f"{name}: smem {compiled.metadata.shared} B  regs {','.join(regs)}  spill stores "
                   f"{','.join(spills)} B  | {counts}")

@@ -1,7 +1,8 @@
 """Host side of the Hopper Gluon forward (kernels/gluon_fwd.py): support check, descriptors, launch.
 
-launch.py uses it for the plain forward (no varlen, window, softcap, ALiBi, sink, bias, dropout or mods)
-when gluon_supported() agrees, unless FLASHTILE_GLUON=0. Importing this module never fails: on a triton
+launch.py uses it for the dense forward without dropout, bias or mods (plain, causal, sliding window, softcap,
+ALiBi, sinks) when configs.gluon_fwd_wanted() and gluon_supported() agree; FLASHTILE_GLUON=1 takes it wherever
+it is supported, =0 never. Importing this module never fails: on a triton
 without Gluon's Hopper API, or under the interpreter, gluon_supported() is False.
 """
 import math
@@ -36,13 +37,25 @@ class GluonConfig:
     maxnreg: int = 168
 
 
-# Variants the check script can compare on the GPU; "default" is what gluon_forward uses.
+# Variants the check script can compare on the GPU; "default" is what gluon_forward uses. A variant may cover
+# only some head dims. D256 (shared memory per CTA <= 227 KB): Q is 2 x 64 x 256 x 2 B = 64 KB, a K + V stage
+# 2 x BLOCK_N x 512 B (64 KB at BLOCK_N 64), so BLOCK_N 64 fits 2 stages, 32 fits 4, 128 only 1; the O
+# accumulator alone is 64 x 256 fp32 = 128 registers per consumer thread.
 VARIANTS = {
-    "default": {64: GluonConfig(128, 3), 128: GluonConfig(128, 2)},
-    "no-pingpong": {64: GluonConfig(128, 3, pingpong=False), 128: GluonConfig(128, 2, pingpong=False)},
+    "default": {64: GluonConfig(128, 3), 128: GluonConfig(128, 2), 256: GluonConfig(64, 2)},
+    "no-pingpong": {64: GluonConfig(128, 3, pingpong=False), 128: GluonConfig(128, 2, pingpong=False),
+                    256: GluonConfig(64, 2, pingpong=False)},
     "bn64": {64: GluonConfig(64, 4), 128: GluonConfig(64, 4)},
     "stages3": {64: GluonConfig(128, 4), 128: GluonConfig(128, 3)},
+    "d256-bn64s1": {256: GluonConfig(64, 1)},
+    "d256-bn32s4": {256: GluonConfig(32, 4)},
 }
+HEAD_DIMS = (64, 128, 256)
+
+
+def max_block_n(head_dim):
+    """The largest key block any variant uses at this head dim (the batch > 1 tail rule must hold for all)."""
+    return max(configs[head_dim].block_n for configs in VARIANTS.values() if head_dim in configs)
 
 
 def _tma_2d_ok(t):
@@ -53,18 +66,28 @@ def _tma_2d_ok(t):
             and t.stride(1) * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0)
 
 
+def mask_mode(causal, window_size):
+    """(is_causal, is_local, window_left, window_right) of flash-attn's (causal, window_size), -1 = unbounded:
+    causal is the window (left, 0), and the window (-1, 0) is plain causal (the kernel's IS_CAUSAL path)."""
+    left, right = (int(w) if w is not None and w >= 0 else -1 for w in window_size)
+    if causal:
+        right = 0
+    is_causal = left < 0 and right == 0
+    return is_causal, not is_causal and (left >= 0 or right >= 0), left, right
+
+
 def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                     attn_bias=None, sink=None, **other_features):
-    """True when the Gluon forward can compute flash_attn_func(q, k, v, causal=causal) with these features:
-    CUDA sm90, no interpreter, fp16/bf16 dense (B, S, H, D), head_dim 64 or 128, heads_q % heads_kv == 0,
-    TMA-compatible strides, causal only with seqlen_q <= seqlen_k, and no other score feature."""
+    """True when the Gluon forward can compute flash_attn_func(q, k, v, causal=causal, window_size=window_size,
+    softcap=softcap, alibi_slopes=alibi_slopes, sink=sink): CUDA sm90, no interpreter, fp16/bf16 dense
+    (B, S, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0, TMA-compatible strides, every query row
+    seeing at least one key (causal: seqlen_q <= seqlen_k; a window's right side: seqlen_q - seqlen_k <= right),
+    ALiBi slopes fp32 (Hq,) or (B, Hq), sink (Hq,); no dropout, bias, varlen or mods."""
     if _attn_fwd_hopper is None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
     if any(v_ not in (None, False, 0, 0.0) for v_ in other_features.values()):
         return False
-    if dropout_p or softcap or alibi_slopes is not None or attn_bias is not None or sink is not None:
-        return False
-    if tuple(window_size) != (-1, -1):
+    if dropout_p or attn_bias is not None or softcap < 0:
         return False
     if not all(isinstance(t, torch.Tensor) and t.is_cuda and t.dim() == 4 for t in (q, k, v)):
         return False
@@ -74,18 +97,26 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
         return False
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    if head_dim not in (64, 128) or k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
+    if head_dim not in HEAD_DIMS or k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
         return False
     if heads_kv == 0 or heads_q % heads_kv or seqlen_q == 0 or seqlen_k == 0 or batch == 0:
         return False
-    if causal and seqlen_q > seqlen_k:  # rows that see no key: left to the portable kernel
+    if alibi_slopes is not None and not (
+            isinstance(alibi_slopes, torch.Tensor) and alibi_slopes.device == q.device
+            and alibi_slopes.dtype == torch.float32 and tuple(alibi_slopes.shape) in ((heads_q, ), (batch, heads_q))):
+        return False
+    if sink is not None and not (isinstance(sink, torch.Tensor) and sink.device == q.device
+                                 and tuple(sink.shape) == (heads_q, )):
+        return False
+    _, _, _, right = mask_mode(causal, window_size)
+    if right >= 0 and seqlen_q - seqlen_k > right:  # rows that see no key: left to the portable kernel
         return False
     if max(batch * seqlen_q, batch * seqlen_k) >= 2**31:  # TMA coordinates are int32
         return False
     # K and V are read as one (B * Sk, Hk * D) tensor: a key block past a sequence's end reads the next
     # sequence's keys. Their scores are masked, but P = 0 times a non-finite V would still poison the row, so
     # only the last sequence may end inside a block (TMA zero-fills past the tensor's end).
-    if batch > 1 and seqlen_k % VARIANTS["default"][head_dim].block_n:
+    if batch > 1 and seqlen_k % max_block_n(head_dim):
         return False
     return all(_tma_2d_ok(t) for t in (q, k, v))
 
@@ -97,30 +128,43 @@ def _descriptor(t, block_rows):
     return _GluonDescriptor(t, [batch * seqlen, heads * head_dim], [t.stride(1), 1], [block_rows, head_dim], layout)
 
 
-def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config):
+def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_size=(-1, -1), softcap=0.0,
+                      alibi_slopes=None, sink=None):
     """(grid, args, constexprs, launch options) of one launch; shared by gluon_forward and the offline
-    compile check so both compile the same kernel."""
+    compile check so both compile the same kernel. Features off leave the constexprs at the plain kernel's."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    is_causal, is_local, left, right = mask_mode(causal, window_size)
+    unbounded = seqlen_q + seqlen_k  # as launch.ScoreArgs: no position difference reaches it
+    alibi = alibi_slopes.float().contiguous() if alibi_slopes is not None else lse  # lse: an unread placeholder
+    sink_t = sink.float().contiguous() if sink is not None else lse
     args = (_descriptor(q, WG_M.value), _descriptor(k, config.block_n), _descriptor(v, config.block_n), out, lse,
-            out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-            seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, softmax_scale * LOG2E)
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=causal,
-                      PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs)
+            alibi, sink_t, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+            alibi.stride(0) if alibi_slopes is not None and alibi.dim() == 2 else 0,
+            seqlen_q, seqlen_k, heads_q, heads_q // heads_kv,
+            softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E, float(softcap) * LOG2E,
+            left if left >= 0 else unbounded, right if right >= 0 else unbounded)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
+                      PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
+                      IS_LOCAL=is_local, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+                      HAS_SINK=sink is not None)
     grid = (math.ceil(seqlen_q / BLOCK_M), batch * heads_q)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
-def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default"):
+def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", window_size=(-1, -1), softcap=0.0,
+                  alibi_slopes=None, sink=None):
     """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), natural log (as the portable forward writes it,
-    so the existing backward runs on them). Requires gluon_supported(q, k, v, causal=causal) and
-    softmax_scale > 0 (the running max is taken before scaling)."""
+    including the sink when there is one, so the existing backward runs on them). Requires
+    gluon_supported(q, k, v, causal, window_size=..., softcap=..., alibi_slopes=..., sink=...) and
+    softmax_scale > 0 (without score features the running max is taken before scaling)."""
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     from .launch import _empty  # NaN-poisoned under FLASHTILE_POISON_OUTPUTS=1, as the other launchers
     out = _empty(q.shape, q)
     lse = _empty((q.shape[0], q.shape[2], q.shape[1]), q, torch.float32)
     config = VARIANTS[variant][q.shape[-1]]
-    grid, args, constexprs, options = gluon_launch_args(q, k, v, out, lse, float(softmax_scale), causal, config)
+    grid, args, constexprs, options = gluon_launch_args(q, k, v, out, lse, float(softmax_scale), causal, config,
+                                                        window_size, float(softcap), alibi_slopes, sink)
     _attn_fwd_hopper[grid](*args, **constexprs, **options)
     return out, lse

@@ -492,16 +492,18 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
     dropout_p > 0: rng is the int64 (1,) Philox seed on q's device; the backward gets the same one.
     mods: ModArgs (programmable attention) or None.
     """
-    plain = (cu_seqlens_q is None and softmax_scale > 0 and window_left < 0 and window_right in (-1, 0) and not softcap
-             and alibi_slopes is None and sink is None and attn_bias is None and not dropout_p and mods is None)
-    if plain and q.is_cuda:
-        # Hopper: the warp-specialized Gluon forward (gluon_launch.py) where configs.py says it is faster;
-        # FLASHTILE_GLUON=1 takes it wherever it is supported, =0 never.
-        causal, choice = window_right == 0, os.environ.get("FLASHTILE_GLUON")
+    dense = (cu_seqlens_q is None and softmax_scale > 0 and attn_bias is None and not dropout_p and mods is None)
+    if dense and q.is_cuda:
+        # Hopper: the warp-specialized Gluon forward (gluon_launch.py; plain, causal, windows, softcap, ALiBi, sinks)
+        # where configs.py says it is faster (keyed by head dim and causal: a window other than (-1, 0) counts
+        # as not causal); FLASHTILE_GLUON=1 takes it wherever it is supported, =0 never.
+        causal, choice = window_left < 0 and window_right == 0, os.environ.get("FLASHTILE_GLUON")
         if choice == "1" or (choice != "0" and configs.gluon_fwd_wanted(q.shape[-1], causal, k.shape[1])):
             from . import gluon_launch
-            if gluon_launch.gluon_supported(q, k, v, causal=causal):
-                return gluon_launch.gluon_forward(q, k, v, softmax_scale, causal=causal)
+            features = dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
+                            sink=sink)
+            if gluon_launch.gluon_supported(q, k, v, **features):
+                return gluon_launch.gluon_forward(q, k, v, softmax_scale, **features)
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)

@@ -8,15 +8,21 @@ together with the PV of block j-1, and the softmax of block j runs while that PV
 PINGPONG the two warpgroups take turns issuing their GEMMs (two mbarriers pass the turn), so one
 warpgroup's softmax overlaps the other's GEMMs.
 
-Plain case only: dense (B, S, H, D) q/k/v viewed as 2D (B * S, H * D) TMA tensors, head_dim 64/128,
-fp16/bf16, causal aligned bottom-right with seqlen_q <= seqlen_k (every row sees at least one key, so
-no row's running max stays -inf). Rows of a tile past seqlen_q read the next batch's queries (or TMA's
-zero fill) and are never stored; keys past seqlen_k are masked to -inf in the last block.
+Dense (B, S, H, D) q/k/v viewed as 2D (B * S, H * D) TMA tensors, head_dim 64/128/256, fp16/bf16; causal
+and sliding windows aligned bottom-right, the host guaranteeing that every real row sees at least one key.
+Rows of a tile past seqlen_q read the next batch's queries (or TMA's zero fill) and are never stored; keys
+past seqlen_k are masked to -inf in the last block.
+Score features, each a constexpr (off, the plain kernel compiles as it did without them), in the order of
+kernels/common._scores: SOFTCAP (softcap * tanh(score / softcap), common._tanh's tanh.approx.f32), HAS_ALIBI
+(-slope * |i + Sk - Sq - j|), then the masks (causal, IS_LOCAL window, sequence end); HAS_SINK starts the
+online softmax from one logit per head (m = sink, l = 1), so lse includes the sink as kernels/fwd.py's does.
 Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log, as kernels/fwd.py does.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from .common import _tanh
 
 LN2 = gl.constexpr(0.6931471805599453)
 WG_M = gl.constexpr(64)  # query rows per consumer warpgroup (the wgmma M of one warpgroup)
@@ -69,12 +75,45 @@ def _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N: gl.constexpr, IS_
 
 
 @gluon.jit
+def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+                    BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr,
+                    SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, MASKED: gl.constexpr):
+    """Raw q.k of keys key0 + [0, BLOCK_N) and rows row0 + [0, WG_M) -> scores in log2 units, as
+    kernels/common._scores makes them: softcap, ALiBi, then (MASKED) causal / window / sequence-end masks.
+    qk_scale is softmax_scale * log2(e), or softmax_scale / softcap under SOFTCAP (softcap_log2 = softcap * log2(e));
+    alibi_log2 = slope * log2(e); diag = seqlen_k - seqlen_q."""
+    layout: gl.constexpr = s.type.layout
+    if SOFTCAP:
+        # common._tanh (a @triton.jit helper; Gluon can call it) with the GPU's tanh.approx.f32, as the portable
+        # forward takes it for fp16/bf16 inputs.
+        s = _tanh(s * qk_scale, True) * softcap_log2
+    else:
+        s = s * qk_scale
+    cols = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))  # [BLOCK_N] key positions
+    rows = row0 + diag + gl.arange(0, WG_M, layout=gl.SliceLayout(1, layout))  # [WG_M] query positions + Sk - Sq
+    if HAS_ALIBI:
+        dist = gl.abs(rows.to(gl.float32)[:, None] - cols.to(gl.float32)[None, :])  # [WG_M, BLOCK_N]
+        s = s - alibi_log2 * dist
+    if MASKED:
+        visible = (cols < seqlen_k)[None, :]
+        if IS_CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None])
+        if IS_LOCAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + window_right) & (
+                cols[None, :] >= rows[:, None] - window_left)
+        s = gl.where(visible, s, float("-inf"))
+    return s  # [WG_M, BLOCK_N]
+
+
+@gluon.jit
 def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn_bars,
-             row0, seqlen_k, causal_offset, qk_scale,
+             row0, seqlen_k, causal_offset, qk_scale, key_lo, softcap_log2, alibi_log2, window_left, window_right,
              WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-             MASKED: gl.constexpr, PINGPONG: gl.constexpr):
-    """Key block j >= 1: issue S_j = Q K_j^T and O += P_{j-1} V_{j-1}, softmax S_j while the PV runs,
-    then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i, p = P_j)."""
+             MASKED: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
+             HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr):
+    """Key block j >= 1 (keys key_lo + j * BLOCK_N + [0, BLOCK_N)): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1},
+    softmax S_j while the PV runs, then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i,
+    p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
     stage = j % STAGES
@@ -89,11 +128,24 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     # wgmma groups retire in order: one outstanding means S_j is done and the PV may still run.
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_M, BLOCK_N]
     mbarrier.arrive(k_empty.index(stage))
-    if MASKED:
-        s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # [WG_M], log2 units of the scaled scores
-    alpha = gl.exp2(m_i - m_new)  # [WG_M]
-    p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
+    if SOFTCAP or HAS_ALIBI or IS_LOCAL:
+        s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                            alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                            MASKED)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))  # [WG_M]
+        if IS_LOCAL and MASKED and not HAS_SINK:
+            # A window can leave a row without a visible key so far: m stays -inf; subtract 0 so exp2 gives 0.
+            m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_sub = m_new
+        alpha = gl.exp2(m_i - m_sub)  # [WG_M]
+        p_f32 = gl.exp2(s - m_sub[:, None])  # [WG_M, BLOCK_N]
+    else:
+        if MASKED:
+            s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # [WG_M], log2 units of the scaled scores
+        alpha = gl.exp2(m_i - m_new)  # [WG_M]
+        p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
     l_i = l_i * alpha + gl.sum(p_f32, axis=1)
     p_next = gl.convert_layout(p_f32.to(p.dtype), p.type.layout, assert_trivial=True)
     # P_{j-1} (registers) is read by the PV wgmma until it retires: keep it alive through the wait.
@@ -106,12 +158,15 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
 @gluon.jit
 def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                         out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
-                        qk_scale,
+                        qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                         WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                        IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
-    """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks, of
-    which the first n_full need no mask. Writes those rows of out (stride_om per row) and lse."""
+                        IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr,
+                        SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr):
+    """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
+    at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
+    of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit."""
     dtype: gl.constexpr = q_smem.dtype
+    SCORES: gl.constexpr = SOFTCAP or HAS_ALIBI or IS_LOCAL  # scores pass through _feature_scores
     # One warpgroup, 64 rows: S is [64, BLOCK_N] and O [64, HEAD_DIM] in wgmma accumulator layouts; P feeds
     # the PV wgmma from registers (its accumulator layout converts to the operand layout without shuffles).
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -121,6 +176,12 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q_view = q_smem.index(WG)
     row0 = start_m + WG * WG_M
+    alibi_log2 = 0.0
+    if HAS_ALIBI:
+        alibi_log2 = gl.load(alibi_ptr) * 1.4426950408889634
+    sink_log2 = 0.0
+    if HAS_SINK:
+        sink_log2 = gl.load(sink_ptr) * 1.4426950408889634
 
     # Key block 0 (always masked: cheap once, and it is the diagonal block of the first tile).
     mbarrier.wait(q_bar, 0)
@@ -131,22 +192,58 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     _turn_pass(turn_bars, WG, PINGPONG)
     s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_M, BLOCK_N]
     mbarrier.arrive(k_empty.index(0))
-    s = _mask_scores(s, 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
-    m_i = gl.max(s, axis=1) * qk_scale  # [WG_M]; finite: every row sees key 0 (host guarantees it)
-    p_f32 = gl.exp2(s * qk_scale - m_i[:, None])  # [WG_M, BLOCK_N]
-    l_i = gl.sum(p_f32, axis=1)  # [WG_M]
+    if SCORES:
+        s = _feature_scores(s, key_lo, row0, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
+                            window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, True)
+        m_i = gl.max(s, axis=1)  # [WG_M]
+        if HAS_SINK:
+            # The sink is one more logit of every row: the running max and denominator start from it.
+            m_i = gl.maximum(m_i, sink_log2)
+            p_f32 = gl.exp2(s - m_i[:, None])  # [WG_M, BLOCK_N]
+            l_i = gl.sum(p_f32, axis=1) + gl.exp2(sink_log2 - m_i)  # [WG_M]
+        else:
+            if IS_LOCAL:
+                # A window can hide this whole block from a row: m = -inf; subtract 0 so exp2 gives 0, not NaN.
+                p_f32 = gl.exp2(s - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])  # [WG_M, BLOCK_N]
+            else:
+                p_f32 = gl.exp2(s - m_i[:, None])  # [WG_M, BLOCK_N]
+            l_i = gl.sum(p_f32, axis=1)  # [WG_M]
+    else:
+        s = _mask_scores(s, 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
+        m_i = gl.max(s, axis=1) * qk_scale  # [WG_M]; finite: every row sees key 0 (host guarantees it)
+        if HAS_SINK:
+            m_i = gl.maximum(m_i, sink_log2)
+        p_f32 = gl.exp2(s * qk_scale - m_i[:, None])  # [WG_M, BLOCK_N]
+        l_i = gl.sum(p_f32, axis=1)  # [WG_M]
+        if HAS_SINK:
+            l_i = l_i + gl.exp2(sink_log2 - m_i)
     p = gl.convert_layout(p_f32.to(dtype), p_layout, assert_trivial=True)  # [WG_M, BLOCK_N]
     o_acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, o_layout)
 
-    # Fully visible blocks, then the masked ones (the causal diagonal and the seqlen_k tail).
-    for j in range(1, n_full):
+    # Masked blocks before the window's full ones (IS_LOCAL), fully visible blocks, then the masked ones (the
+    # causal diagonal or the window's right edge, and the seqlen_k tail).
+    if IS_LOCAL:
+        for j in range(1, n_lead):
+            o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
+                                          v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
+                                          softcap_log2, alibi_log2, window_left, window_right,
+                                          WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, IS_LOCAL, SOFTCAP,
+                                          HAS_ALIBI, HAS_SINK)
+        full_start = gl.maximum(n_lead, 1)
+    else:
+        full_start = 1
+    for j in range(full_start, n_full):
         o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
-                                      v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale,
-                                      WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG)
+                                      v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
+                                      softcap_log2, alibi_log2, window_left, window_right,
+                                      WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
+                                      HAS_ALIBI, HAS_SINK)
     for j in range(gl.maximum(n_full, 1), n_blocks):
         o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
-                                      v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale,
-                                      WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG)
+                                      v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
+                                      softcap_log2, alibi_log2, window_left, window_right,
+                                      WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, IS_LOCAL, SOFTCAP,
+                                      HAS_ALIBI, HAS_SINK)
 
     # The last block's PV.
     last = (n_blocks - 1) % STAGES
@@ -170,30 +267,36 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
 @gluon.jit
 def _consumer1_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                          out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
-                         qk_scale,
+                         qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                          HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+                         IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr,
+                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr):
     _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                         out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
-                        qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)
+                        qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
+                        1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_SINK)
 
 
 # Shape-like ints are not specialized (divisibility, == 1): one compiled kernel per (config, head dim, causal,
 # dtype) instead of one per seqlen class. TMA does the loads, so the hints would buy nothing there.
 @gluon.jit(do_not_specialize=["stride_lse_b", "stride_lse_h", "seqlen_q", "seqlen_k", "heads_q",
-                              "group_size"])
-def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse,
-                     stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
-                     seqlen_q, seqlen_k, heads_q, group_size, qk_scale,
+                              "group_size", "stride_alibi_b", "window_left", "window_right"])
+def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
+                     stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h, stride_alibi_b,
+                     seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                     CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                     IS_LOCAL: gl.constexpr = False, SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
+                     HAS_SINK: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
-    qk_scale = softmax_scale * log2(e). Launch with num_warps=4 (consumer warpgroup 0) and a grid of
-    (cdiv(Sq, 128), B * Hq)."""
+    qk_scale = softmax_scale * log2(e) (softmax_scale / softcap under SOFTCAP, softcap_log2 = softcap * log2(e)).
+    Alibi: fp32 slopes read at off_b * stride_alibi_b + off_h; Sink: fp32 (Hq,) logits. IS_LOCAL: a window
+    (window_left, window_right, Sq + Sk for an unbounded side, as launch.ScoreArgs passes them); causal alone is
+    IS_CAUSAL. Launch with num_warps=4 (consumer warpgroup 0) and a grid of (cdiv(Sq, 128), B * Hq)."""
     BLOCK_M: gl.constexpr = 2 * WG_M
     pid_m = gl.program_id(0)
-    if IS_CAUSAL:
+    if IS_CAUSAL or IS_LOCAL:
         pid_m = gl.num_programs(0) - 1 - pid_m  # longest rows first
     pid_bh = gl.program_id(1)
     off_b = pid_bh // heads_q
@@ -201,15 +304,38 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse,
     off_hk = off_h // group_size
     start_m = pid_m * BLOCK_M
 
-    # Key blocks [0, n_blocks) are visited; [0, n_full) need no mask (fully visible to every row of the tile).
-    if IS_CAUSAL:
+    # Key blocks [0, n_blocks) from key key_lo are visited; [n_lead, n_full) need no mask (fully visible to
+    # every real row of the tile).
+    if IS_LOCAL:
+        # As kernels/common._key_range: row r sees keys r + diag - left <= j <= r + diag + right, j < Sk.
+        causal_offset = seqlen_k - seqlen_q
+        first_row = start_m + causal_offset
+        last_row = gl.minimum(start_m + BLOCK_M, seqlen_q) - 1 + causal_offset
+        lo = gl.maximum(first_row - window_left, 0) // BLOCK_N * BLOCK_N
+        hi = gl.maximum(gl.minimum(last_row + window_right + 1, seqlen_k), lo)
+        full_lo = gl.cdiv(gl.maximum(last_row - window_left, 0), BLOCK_N) * BLOCK_N
+        full_lo = gl.minimum(gl.maximum(full_lo, lo), hi)
+        full_hi = gl.maximum(gl.minimum(first_row + window_right + 1, seqlen_k), 0) // BLOCK_N * BLOCK_N
+        full_hi = gl.minimum(gl.maximum(full_hi, full_lo), hi)
+        key_lo = lo
+        n_blocks = gl.cdiv(hi - lo, BLOCK_N)  # >= 1: the tile's first row sees a key (host guarantees it)
+        n_lead = (full_lo - lo) // BLOCK_N
+        n_full = (full_hi - lo) // BLOCK_N
+    elif IS_CAUSAL:
         causal_offset = seqlen_k - seqlen_q  # >= 0: row r sees keys <= r + causal_offset
         n_blocks = gl.cdiv(gl.minimum(seqlen_k, start_m + BLOCK_M + causal_offset), BLOCK_N)
         n_full = gl.minimum(start_m + causal_offset + 1, seqlen_k) // BLOCK_N
+        key_lo = 0
+        n_lead = 0
     else:
-        causal_offset = 0
+        if HAS_ALIBI:
+            causal_offset = seqlen_k - seqlen_q  # ALiBi's distances are bottom-right aligned too
+        else:
+            causal_offset = 0
         n_blocks = gl.cdiv(seqlen_k, BLOCK_N)
         n_full = seqlen_k // BLOCK_N
+        key_lo = 0
+        n_lead = 0
 
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM], q_desc.layout)
@@ -233,14 +359,24 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse,
 
     out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
     lse_ptr = Lse + off_b.to(gl.int64) * stride_lse_b + off_h.to(gl.int64) * stride_lse_h
+    alibi_ptr = Alibi
+    if HAS_ALIBI:
+        alibi_ptr = Alibi + off_b * stride_alibi_b + off_h
+    sink_ptr = Sink
+    if HAS_SINK:
+        sink_ptr = Sink + off_h
     gl.warp_specialize([
         (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars, out_ptr,
                                lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
-                               qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+                               qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
+                               0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                               HAS_SINK)),
         (_consumer1_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars, out_ptr,
                                 lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
-                                qk_scale, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+                                qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
+                                window_right, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
+                                HAS_ALIBI, HAS_SINK)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
-                           v_empty, off_b * seqlen_q + start_m, off_h * HEAD_DIM, off_b * seqlen_k,
+                           v_empty, off_b * seqlen_q + start_m, off_h * HEAD_DIM, off_b * seqlen_k + key_lo,
                            off_hk * HEAD_DIM, n_blocks, BLOCK_N, STAGES)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
