@@ -103,10 +103,10 @@ def _dropout_keep(seed, rng_base, q_idx, start_n, max_k, threshold, BLOCK_N: tl.
     thr = tl.cast(threshold, tl.uint32)
     # t: [M, G, b, a] (keys on rows: [G, M, b, a]) holding output 2a + b of group g, b joined first. Triton lays
     # the key tile out 4 keys per thread before it picks the MMA layout, splitting a group's eight keys between
-    # threads at a; in this order its one shared-memory exchange moves the 32-bit outputs (two keys each)
-    # straight into the dot's register layout. Joined a first (the rand4x order) they also moved between the
-    # joins, and then the booleans: 894 instead of 766 SASS instructions per thread and key tile (D128 forward,
-    # offline compile).
+    # threads at a; in this order its shared-memory exchanges all move 32-bit outputs (two keys each), the last
+    # one straight into the dot's register layout. Joined a first (the rand4x order), the booleans were exchanged
+    # too, packed and unpacked per key: 894 instead of 766 SASS instructions per thread and key tile (D128
+    # forward, offline compile). The dK/dV tile has a group's keys on eight lanes and exchanges the booleans.
     t = tl.join(tl.join(r0.to(tl.uint32, bitcast=True), r1.to(tl.uint32, bitcast=True)),
                 tl.join(r2.to(tl.uint32, bitcast=True), r3.to(tl.uint32, bitcast=True)))
     if KEYS_ON_ROWS:  # one return statement: the compiler visits the code after a static if's return
