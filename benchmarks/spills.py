@@ -5,8 +5,14 @@ to local memory is a poor candidate however its tiles look. Compiles for sm90 wi
 (put the device's triton first on PYTHONPATH to match the GPU) and runs that triton's ptxas -v.
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python benchmarks/spills.py --head-dims 128 --kernel dkdv
 Shapes: bf16, B=4, S=4096, H=16 (strides as in the benchmark; divisibility hints as at launch).
+--configured: only the tiles configs.py picks for the shape. --dropout P: compile with dropout on (P > 0).
+--sass: also the instruction count of each loop body over 64 instructions, in kernel order (nvdisasm of the
+cubin; per iteration and thread: the issue cost of one tile; the unmasked loop is the hot one, the masked ones
+run on boundary tiles), with how many are integer ALU (IMAD/IADD3/LOP3/SHF/ISETP/SEL/PRMT/LEA) and
+shared-memory (LDS/STS/BAR) instructions.
 """
 import argparse
+import collections
 import os
 import re
 import subprocess
@@ -47,29 +53,66 @@ def ptxas_usage(ptx):
     return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1
 
 
-def measure(kernel, head_dim, causal, tiles):
-    m, n, warps, stages = tiles
-    tile = configs.TileConfig(m, n, warps, stages)
-    configs.fwd_config = lambda *a, **k: tile
-    configs.bwd_config = lambda *a, **k: configs.BwdConfig(tile, tile)
+INT_OPS = ("IMAD", "IADD3", "LOP3", "SHF", "ISETP", "SEL", "PRMT", "LEA")
+SMEM_OPS = ("LDS", "STS", "BAR")
+
+
+def loop_bodies(cubin):
+    """(instructions, integer ALU, shared memory) of each loop body (a backward branch) of over 64 instructions."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    text = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    labels, ops, bodies = {}, [], []
+    for line in text.splitlines():
+        label = re.match(r"^\.(L_x_\d+):", line.strip())
+        if label:
+            labels[label.group(1)] = len(ops)
+            continue
+        ins = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)[A-Z0-9_.]*(.*)", line)
+        if not ins:
+            continue
+        ops.append(ins.group(1))
+        target = re.search(r"`\(\.(L_x_\d+)\)", ins.group(2))
+        if ins.group(1) == "BRA" and target and labels.get(target.group(1), len(ops)) < len(ops) - 1:
+            count = collections.Counter(ops[labels[target.group(1)]:])
+            if len(ops) - labels[target.group(1)] > 64:
+                bodies.append((len(ops) - labels[target.group(1)], sum(count[o] for o in INT_OPS),
+                               sum(count[o] for o in SMEM_OPS)))
+    return bodies
+
+
+def measure(kernel, head_dim, causal, tiles, dropout_p=0.0, sass=False):
+    if tiles is not None:
+        m, n, warps, stages = tiles
+        tile = configs.TileConfig(m, n, warps, stages)
+        configs.fwd_config = lambda *a, **k: tile
+        configs.bwd_config = lambda *a, **k: configs.BwdConfig(tile, tile)
     q = torch.empty(4, 4096, 2048 // head_dim, head_dim, dtype=torch.bfloat16)
     lse = torch.empty(4, 2048 // head_dim, 4096)
     geo = launch.Geometry.of(q, q)
-    sa = launch.ScoreArgs.make(geo, 0.1, -1, 0 if causal else -1, 0.0, None, lse, None)
+    rng = torch.zeros(1, dtype=torch.int64) if dropout_p > 0 else None
+    sa = launch.ScoreArgs.make(geo, 0.1, -1, 0 if causal else -1, 0.0, None, lse, None, dropout_p, rng)
     if kernel == "fwd":
         kl = launch.forward_launches(geo, q, q, q, q, lse, None, sa, (9, 0), interpreter=False)[0]
     else:
         launches = launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, (9, 0),
                                             interpreter=False)
         kl = launches[1] if kernel == "dkdv" else launches[2]
+    tiles = (kl.constexprs["BLOCK_M"], kl.constexprs["BLOCK_N"], kl.num_warps, kl.num_stages)
     sig, constexprs, attrs = _signature(kl)
     try:
         compiled = triton.compile(ASTSource(fn=kl.kernel, signature=sig, constexprs=constexprs, attrs=attrs),
-                                  target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+                                  target=GPUTarget("cuda", 90, 32),
+                                  options=dict(num_warps=kl.num_warps, num_stages=kl.num_stages))
     except Exception as exc:
         return kernel, head_dim, causal, tiles, f"does not compile: {type(exc).__name__}"
     regs, spills = ptxas_usage(compiled.asm["ptx"])
-    return kernel, head_dim, causal, tiles, f"regs {regs:3d}  spill {spills:5d} B  smem {compiled.metadata.shared:6d} B"
+    text = f"regs {regs:3d}  spill {spills:5d} B  smem {compiled.metadata.shared:6d} B"
+    if sass:
+        text += "  loops " + " | ".join("{} ({} int, {} smem)".format(*b) for b in loop_bodies(compiled.asm["cubin"]))
+    return kernel, head_dim, causal, tiles, text
 
 
 def main():
@@ -77,10 +120,14 @@ def main():
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--kernel", default="dkdv,dq,fwd")
     parser.add_argument("--causal", default="both", choices=["yes", "no", "both"])
+    parser.add_argument("--configured", action="store_true", help="only the tiles configs.py picks")
+    parser.add_argument("--dropout", type=float, default=0.0, metavar="P", help="compile with dropout_p = P")
+    parser.add_argument("--sass", action="store_true", help="instruction count of the longest loop body")
     args = parser.parse_args()
     causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
-    jobs = [(kern, d, c, t) for kern in args.kernel.split(",") for d in map(int, args.head_dims.split(","))
-            for c in causals for t in CANDIDATES[kern]]
+    jobs = [(kern, d, c, t, args.dropout, args.sass) for kern in args.kernel.split(",")
+            for d in map(int, args.head_dims.split(",")) for c in causals
+            for t in ([None] if args.configured else CANDIDATES[kern])]
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
         for kernel, d, causal, tiles, text in pool.map(measure, *zip(*jobs)):
             print(f"{kernel:5} D{d:<4} {'causal' if causal else 'full  '} {str(tiles):18} {text}", flush=True)

@@ -153,25 +153,83 @@ def test_backends_draw_the_same_mask(monkeypatch):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_philox_counters(backend):
-    """The mask layout: element (b, h, i, j) takes output j % 4 of Philox counter
-    ((b * H + h) * Sq + i) * ceil(Sk / 4) + j // 4 (an Sk that is not a multiple of 4 included), and the
-    kernels' tl.rand4x (on the GPU too) is flashtile.philox bit for bit."""
+@pytest.mark.parametrize("p", [0.5, 0.3])
+def test_philox_counters(backend, p):
+    """The mask layout: element (b, h, i, j) takes output (j % 8) // 2 of Philox counter
+    ((b * H + h) * Sq + i) * ceil(Sk / 8) + j // 8 (an Sk that is not a multiple of 8 included), its low 16 bits
+    for even j and its high 16 bits for odd j, and is kept when they are >= dropout_threshold(p); the kernels'
+    tl.randint4x (on the GPU too) is flashtile.philox bit for bit. p = 0.3 (threshold 19661) reads every bit of
+    the 16."""
     _, device = backend
     shape = (2, 300, 500, 3, 3, 64) if device == "cuda" else (2, 9, 13, 3, 3, 16)
     q, k, v = make_qkv(*shape, torch.float32, device, requires_grad=False)
     torch.manual_seed(4)
-    _, _, probs = flashtile.flash_attn_func(q, k, v, dropout_p=0.5, return_attn_probs=True)
+    _, _, probs = flashtile.flash_attn_func(q, k, v, dropout_p=p, return_attn_probs=True)
     torch.manual_seed(4)
     seed = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device=device).item()  # the draw flashtile makes
     B, H, Sq, Sk = probs.shape
     bh = torch.arange(B * H).reshape(B, H, 1, 1)
     i, j = torch.arange(Sq).reshape(-1, 1), torch.arange(Sk)
-    groups = (bh * Sq + i) * ((Sk + 3) // 4) + j // 4
-    lanes = philox.rand4x(seed, groups)  # [B, H, Sq, Sk, 4]
-    keep = torch.gather(lanes, -1, (j % 4).expand(B, H, Sq, Sk)[..., None])[..., 0] >= 0.5
+    groups = (bh * Sq + i) * ((Sk + 7) // 8) + j // 8
+    outputs = torch.stack(philox.randint4x(seed, groups), -1)  # [B, H, Sq, Sk, 4]
+    word = torch.gather(outputs, -1, ((j % 8) // 2).expand(B, H, Sq, Sk)[..., None])[..., 0]
+    bits = torch.where(j % 2 == 0, word & 0xFFFF, word >> 16)
+    assert philox.dropout_threshold(p) == round(p * 65536)
+    keep = bits >= round(p * 65536)
     assert torch.equal(keep, ~torch.signbit(probs.cpu()))
-    assert torch.equal(keep, philox.dropout_uniform(seed, bh, i, j, Sq, Sk) >= 0.5)
+    assert torch.equal(bits, philox.dropout_bits(seed, bh, i, j, Sq, Sk))
+    assert torch.equal(keep, philox.dropout_keep_mask(seed, bh, i, j, Sq, Sk, p))
+    for start, end in ((0, Sk), (5, 11), (8, 9)):  # the CPU path's per-tile form, tiles not aligned to 8 included
+        assert torch.equal(bits[..., start:end], philox.dropout_bits_block(seed, bh, i, start, end, Sq, Sk))
+
+
+@pytest.mark.parametrize("p", [1e-12, 0.5 / 65536, 1 / 65536, 1e-4, 0.1, 0.17, 0.3, 0.5, 0.9, 1 - 1e-4, 1 - 1e-12])
+def test_dropout_threshold_rule(p):
+    """The 16-bit rule keeps a draw r in [0, 65536) when r >= dropout_threshold(p): with probability
+    (65536 - t) / 65536, within 1/65536 of 1 - p; any p > 0 drops and any p < 1 keeps with some probability."""
+    t = philox.dropout_threshold(p)
+    assert isinstance(t, int) and 1 <= t <= 65535
+    keep_prob = (65536 - t) / 65536
+    assert (torch.arange(65536) >= t).sum().item() == 65536 - t  # the rule over every 16-bit draw
+    assert abs(keep_prob - (1 - p)) <= 1 / 65536
+    if 0.5 / 65536 < p < 1 - 0.5 / 65536:  # unclamped: round to nearest
+        assert abs(keep_prob - (1 - p)) <= 0.5 / 65536
+    assert philox.dropout_threshold(0.0) == 0
+
+
+def test_tiny_dropout_p_still_drops():
+    """p = 1e-7 rounds to threshold 1, not 0: a draw of exactly 0 is dropped, so about one element in 65536 is
+    (2**20 draws: 16 expected, within 6 standard deviations), and the draws are uniform over the 16 bits."""
+    seed = 123456789
+    bh, rows, cols = torch.arange(4).reshape(4, 1, 1), torch.arange(256).reshape(256, 1), torch.arange(1024)
+    bits = philox.dropout_bits_block(seed, bh, rows, 0, 1024, 256, 1024)
+    assert torch.equal(bits[..., 3:700:97], philox.dropout_bits(seed, bh, rows, cols[3:700:97], 256, 1024))
+    dropped = (bits < philox.dropout_threshold(1e-7)).sum().item()
+    expected = bits.numel() / 65536
+    assert 0 < dropped and abs(dropped - expected) <= 6 * math.sqrt(expected), dropped
+    assert dropped == (bits == 0).sum().item()
+    # Each of the 16 bits is set in half of the draws (within 6 standard deviations).
+    for bit in range(16):
+        ones = ((bits >> bit) & 1).double().mean().item()
+        assert abs(ones - 0.5) <= 6 * math.sqrt(0.25 / bits.numel()), (bit, ones)
+
+
+def test_tiny_dropout_p_drops_in_the_kernels(backend):
+    """The kernels (and the CPU path) get the threshold, not a rounded-away p: with p = 1e-7, 2 * 2 * 512 * 512
+    scores lose about 16 (threshold 1: the draws equal to 0), exactly those of flashtile.philox."""
+    name, device = backend
+    if name == "triton" and device == "cpu":
+        pytest.skip("a million scores take the interpreter ~20 s; test_philox_counters checks its threshold")
+    q, k, v = make_qkv(2, 512, 512, 2, 2, 16, torch.float32, device, requires_grad=False)
+    torch.manual_seed(12)
+    _, _, probs = flashtile.flash_attn_func(q, k, v, dropout_p=1e-7, return_attn_probs=True)
+    torch.manual_seed(12)
+    seed = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device=device).item()
+    dropped = torch.signbit(probs.cpu())
+    assert 0 < dropped.sum().item() <= 16 + 6 * 4
+    keep = philox.dropout_keep_mask(seed, torch.arange(4).reshape(2, 2, 1, 1), torch.arange(512)[:, None],
+                                    torch.arange(512), 512, 512, 1e-7)
+    assert torch.equal(~dropped, keep)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -112,8 +112,8 @@ def test_dropout_mask_equals_cpu_philox():
     torch.manual_seed(3)
     seed = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device="cuda").item()  # the draw flashtile makes
     B, H, Sq, Sk = s_dmask.shape
-    keep = philox.dropout_uniform(seed, torch.arange(B * H).reshape(B, H, 1, 1), torch.arange(Sq)[:, None],
-                                  torch.arange(Sk), Sq, Sk) >= 0.3
+    keep = philox.dropout_keep_mask(seed, torch.arange(B * H).reshape(B, H, 1, 1), torch.arange(Sq)[:, None],
+                                    torch.arange(Sk), Sq, Sk, 0.3)
     assert torch.equal(keep, ~torch.signbit(s_dmask.cpu()))
 
 

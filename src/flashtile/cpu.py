@@ -110,13 +110,14 @@ class _Scores:
 
 class Dropout:
     """Dropout's keep mask, tile by tile: element (b, h, i, j) of a (B, Hq, max_q, max_k) layout is kept when
-    philox.dropout_uniform(seed, b * Hq + h, i, j, max_q, max_k) >= p, as kernels/common._dropout_keep.
+    philox.dropout_bits(seed, b * Hq + h, i, j, max_q, max_k) >= philox.dropout_threshold(p), as
+    kernels/common._dropout_keep (computed per tile with philox.dropout_bits_block).
 
     first_batch: the batch index of this call's first row (a varlen sequence runs as a batch of one).
     """
 
     def __init__(self, p, seed, first_batch, batch, heads_kv, heads_q, max_q, max_k):
-        self.p = torch.tensor(p, dtype=torch.float32)  # the kernels compare in fp32
+        self.threshold = philox.dropout_threshold(p)
         self.scale = 1.0 / (1.0 - p)
         self.seed = seed
         self.max_q, self.max_k = max_q, max_k
@@ -134,8 +135,7 @@ class Dropout:
     def keep(self, m0, m1, n0, n1):
         """Boolean [B, Hk, G, m1 - m0, n1 - n0]."""
         rows = torch.arange(m0, m1)[:, None]
-        cols = torch.arange(n0, n1)[None, :]
-        return philox.dropout_uniform(self.seed, self.bh, rows, cols, self.max_q, self.max_k) >= self.p
+        return philox.dropout_bits_block(self.seed, self.bh, rows, n0, n1, self.max_q, self.max_k) >= self.threshold
 
 
 def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink, attn_bias=None,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import configs
+from . import configs, philox
 from .kernels.bwd import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
 from .kernels.decode import _attn_combine, _attn_fwd_splitkv
 from .kernels.fwd import _attn_fwd, _attn_probs
@@ -164,7 +164,8 @@ class KernelLaunch:
 @dataclass  # not frozen, as Geometry: built on every call
 class ScoreArgs:
     """What turns q.k products into probabilities: kernels/common._scores's runtime arguments, dropout's
-    (common._dropout_keep) and the constexpr switches.
+    (the probability, whose 1 / (1 - p) scales kept values, and the integer threshold of common._dropout_keep:
+    philox.dropout_threshold) and the constexpr switches.
 
     window_left / window_right are -1 for unbounded at the API (causal is right = 0); the kernels get
     Sq + Sk instead, which no position difference reaches, so the loop bounds need no special case.
@@ -179,6 +180,7 @@ class ScoreArgs:
     window_left: int
     window_right: int
     dropout_p: float
+    dropout_threshold: int
     left_bounded: bool  # a finite left window: the key loops keep their leading masked segment
     constexprs: dict
 
@@ -204,6 +206,7 @@ class ScoreArgs:
             window_left=window_left if window_left >= 0 else unbounded,
             window_right=window_right if window_right >= 0 else unbounded,
             dropout_p=float(dropout_p),
+            dropout_threshold=philox.dropout_threshold(dropout_p),
             left_bounded=window_left >= 0,
             constexprs=dict(IS_LOCAL=window_left >= 0 or window_right >= 0,
                             SOFTCAP=(2 if approx_tanh else 1) if softcap > 0 else 0,
@@ -219,8 +222,8 @@ class ScoreArgs:
         return self.qk_scale, self.softcap_log2, self.window_left, self.window_right
 
     def scalars(self):
-        """The score scalars, then dropout_p: the forward, backward and probabilities kernels."""
-        return (*self.score_scalars(), self.dropout_p)
+        """The score scalars, then dropout_p and its threshold: the forward, backward and probabilities kernels."""
+        return (*self.score_scalars(), self.dropout_p, self.dropout_threshold)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""Philox-4x32-10 in PyTorch integer ops, bit-exact with Triton's tl.rand / tl.rand4x, so the CPU path
-regenerates the kernels' dropout masks (dropout_uniform is the mask's layout).
+"""Philox-4x32-10 in PyTorch integer ops, bit-exact with Triton's tl.randint4x, so the CPU path regenerates
+the kernels' dropout masks (dropout_bits is the mask's layout, dropout_threshold its rule).
 
 Every value lives in an int64 tensor holding an unsigned 32-bit number; 32 x 32-bit products are split
 into 16-bit halves so nothing overflows int64.
@@ -10,8 +10,6 @@ _MASK32 = 0xFFFFFFFF
 _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85  # Weyl increments of the key
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57  # round multipliers
 _ROUNDS = 10  # Triton's default
-# tl.rand's scale: the largest float32 such that (2**31 - 1) * scale < 1.
-_UNIFORM_SCALE = torch.tensor(4.6566127342e-10, dtype=torch.float32)
 
 
 def _mul_hi_lo(a, x):
@@ -43,26 +41,37 @@ def randint(seed, offsets):
     return randint4x(seed, offsets)[0]
 
 
-def _uniform(bits):
-    # Triton reads the bits as int32 and folds negatives with ~x, leaving 31 random bits.
-    folded = torch.where(bits >= 2**31, _MASK32 - bits, bits)
-    return folded.to(torch.float32) * _UNIFORM_SCALE
+def dropout_threshold(p):
+    """The integer threshold t of dropout probability p: a 16-bit draw r is kept when r >= t, so the keep
+    probability is (65536 - t) / 65536. t = round(p * 65536), so t / 65536 is within 1/131072 of p, clamped to
+    [1, 65535] (then within 1/65536) so that any p > 0 drops and any p < 1 keeps, each with probability at least
+    1/65536; 0 for p == 0 (nothing dropped)."""
+    if p == 0:
+        return 0
+    return min(max(round(p * 65536), 1), 65535)
 
 
-def rand(seed, offsets):
-    """tl.rand(seed, offsets): float32 uniform in [0, 1), bit-exact with Triton."""
-    return _uniform(randint(seed, offsets))
+def dropout_bits(seed, bh, rows, cols, max_q, max_k):
+    """The 16-bit draw (int64 in [0, 65536)) that decides dropout at element (bh, i, j) of a (B * Hq, max_q, max_k)
+    layout (bh, rows, cols: int64 tensors that broadcast), as kernels/common._dropout_keep draws it: one Philox
+    call per eight consecutive keys, counter (bh * max_q + i) * ceil(max_k / 8) + j // 8; key j takes output
+    (j % 8) // 2 of the four, its low 16 bits for even j and its high 16 bits for odd j."""
+    groups = (bh * max_q + rows) * ((max_k + 7) // 8) + cols // 8
+    outputs = torch.stack(randint4x(seed, groups), -1)  # [..., 4]
+    word = torch.gather(outputs, -1, torch.broadcast_to((cols % 8) // 2, groups.shape).unsqueeze(-1)).squeeze(-1)
+    return (word >> (16 * (cols % 2))) & 0xFFFF
 
 
-def rand4x(seed, offsets):
-    """tl.rand4x(seed, offsets): four float32 uniforms per counter, stacked on a new last dimension."""
-    return torch.stack([_uniform(bits) for bits in randint4x(seed, offsets)], -1)
+def dropout_bits_block(seed, bh, rows, col_start, col_end, max_q, max_k):
+    """dropout_bits at the columns [col_start, col_end) ([..., col_end - col_start] for rows [..., 1]), with one
+    Philox evaluation per eight keys instead of one per key (the CPU path's tiles)."""
+    first, last = col_start // 8, (col_end + 7) // 8
+    groups = (bh * max_q + rows) * ((max_k + 7) // 8) + torch.arange(first, last)  # [..., G]
+    outputs = torch.stack(randint4x(seed, groups), -1)  # [..., G, 4]
+    bits = torch.stack([outputs & 0xFFFF, outputs >> 16], -1).flatten(-3)  # [..., 8 G]: key 8 g + 2 o + half
+    return bits[..., col_start - 8 * first:col_end - 8 * first]
 
 
-def dropout_uniform(seed, bh, rows, cols, max_q, max_k):
-    """The uniform that decides dropout at element (bh, i, j) of a (B * Hq, max_q, max_k) layout (bh, rows,
-    cols: int64 tensors that broadcast), as kernels/common._dropout_keep draws it: one Philox call per four
-    consecutive keys, counter (bh * max_q + i) * ceil(max_k / 4) + j // 4, output j % 4 of the four."""
-    groups = (bh * max_q + rows) * ((max_k + 3) // 4) + cols // 4
-    lanes = torch.broadcast_to(cols % 4, groups.shape)
-    return torch.gather(rand4x(seed, groups), -1, lanes.unsqueeze(-1)).squeeze(-1)
+def dropout_keep_mask(seed, bh, rows, cols, max_q, max_k, p):
+    """Boolean keep mask of dropout probability p at the elements of dropout_bits: its draw >= dropout_threshold(p)."""
+    return dropout_bits(seed, bh, rows, cols, max_q, max_k) >= dropout_threshold(p)

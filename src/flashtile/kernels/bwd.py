@@ -59,7 +59,8 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                          offs_m, offs_n, start_n, offs_d, lo, hi, seqlen_q, seqlen_k,
                          qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                          bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k, dropout_p,
-                         HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                         dropout_threshold, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                         BLOCK_M: tl.constexpr,
                          MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
                          HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                          DOT_PRECISION: tl.constexpr, ROWS_PADDED: tl.constexpr,
@@ -101,7 +102,8 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                              SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
         pT = tl.math.exp2(sT - lse2[None, :])  # [BLOCK_N, BLOCK_M]
         if HAS_DROPOUT:
-            keepT = _dropout_keep(seed, rng_base, offs_qm[None, :], start_n, max_k, dropout_p, offs_n.shape[0], True)
+            keepT = _dropout_keep(seed, rng_base, offs_qm[None, :], start_n, max_k, dropout_threshold,
+                                  offs_n.shape[0], True)
             rp = 1.0 / (1.0 - dropout_p)
             dv = tl.dot(tl.where(keepT, pT * rp, 0.0).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         else:
@@ -129,7 +131,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                    stride_row_b, stride_row_h, stride_alibi_b,
                    stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                    seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale,
-                   qk_scale, softcap_log2, window_left, window_right, dropout_p,
+                   qk_scale, softcap_log2, window_left, window_right, dropout_p, dropout_threshold,
                    Aux0, Aux1, Aux2, Aux3, QNum, QIdx, FullQNum, FullQIdx,
                    stride_bm_b, stride_bm_h, stride_bm_m, stride_bi_b, stride_bi_h, stride_bi_m,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -204,10 +206,10 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               0, n_blocks * SPARSE_M, seqlen_q, seqlen_k,
                                               qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                                               bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k,
-                                              dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, FULL == 0, IS_LOCAL,
-                                              SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, IS_VARLEN,
-                                              off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD,
-                                              SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_M)
+                                              dropout_p, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
+                                              FULL == 0, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+                                              DOT_PRECISION, IS_VARLEN, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
+                                              SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_M)
         else:
             for SEGMENT in tl.static_range(3):
                 seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
@@ -216,10 +218,10 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               seg_lo, seg_hi, seqlen_q, seqlen_k,
                                               qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                                               bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k,
-                                              dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M, SEGMENT != 1, IS_LOCAL,
-                                              SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT, DOT_PRECISION, IS_VARLEN,
-                                              off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD,
-                                              SCORE_MOD_GRAD, MASK_MOD)
+                                              dropout_p, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
+                                              SEGMENT != 1, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
+                                              DOT_PRECISION, IS_VARLEN, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
+                                              SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
         if SPLIT_GROUP_SUM:
             dk = dk_all + dk
             dv = dv_all + dv
@@ -238,7 +240,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
                        offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k,
                        qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                        bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, max_k, seed, rng_base, dropout_p,
-                       HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                       dropout_threshold, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                        MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
                        HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_DBIAS: tl.constexpr,
                        HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -267,7 +269,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
         p = tl.math.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N]
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if HAS_DROPOUT:
-            keep = _dropout_keep(seed, rng_base, offs_m[:, None], start_n, max_k, dropout_p, BLOCK_N, False)
+            keep = _dropout_keep(seed, rng_base, offs_m[:, None], start_n, max_k, dropout_threshold, BLOCK_N, False)
             dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
         ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
         if STORE_DBIAS:
@@ -291,7 +293,7 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
                  stride_row_b, stride_row_h, stride_alibi_b,
                  stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                  seqlen_q, seqlen_k, heads_q, group_size, softmax_scale,
-                 qk_scale, softcap_log2, window_left, window_right, dropout_p,
+                 qk_scale, softcap_log2, window_left, window_right, dropout_p, dropout_threshold,
                  Aux0, Aux1, Aux2, Aux3, KvNum, KvIdx, FullKvNum, FullKvIdx,
                  stride_bm_b, stride_bm_h, stride_bm_m, stride_bi_b, stride_bi_h, stride_bi_m,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -350,8 +352,8 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
                                     offs_m, offs_n, offs_d, 0, n_blocks * SPARSE_N, seqlen_q, seqlen_k,
                                     qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                                     bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, max_k, seed, rng_base,
-                                    dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0, IS_LOCAL, SOFTCAP,
-                                    HAS_ALIBI, HAS_BIAS, STORE_DBIAS, HAS_DROPOUT, DOT_PRECISION,
+                                    dropout_p, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0, IS_LOCAL,
+                                    SOFTCAP, HAS_ALIBI, HAS_BIAS, STORE_DBIAS, HAS_DROPOUT, DOT_PRECISION,
                                     off_b, off_h, Aux0, Aux1, Aux2, Aux3,
                                     SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_N)
     else:
@@ -363,8 +365,8 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
                                     offs_m, offs_n, offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k,
                                     qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                                     bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, max_k, seed, rng_base,
-                                    dropout_p, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL, SOFTCAP,
-                                    HAS_ALIBI, HAS_BIAS, STORE_DBIAS, HAS_DROPOUT, DOT_PRECISION,
+                                    dropout_p, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1,
+                                    IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, STORE_DBIAS, HAS_DROPOUT, DOT_PRECISION,
                                     off_b, off_h, Aux0, Aux1, Aux2, Aux3,
                                     SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
     dq = dq * softmax_scale

@@ -79,30 +79,44 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
 
 
 @triton.jit
-def _dropout_keep(seed, rng_base, q_idx, start_n, max_k, dropout_p, BLOCK_N: tl.constexpr,
+def _dropout_keep(seed, rng_base, q_idx, start_n, max_k, threshold, BLOCK_N: tl.constexpr,
                   KEYS_ON_ROWS: tl.constexpr):
-    """Dropout's keep mask of a tile of queries q_idx and keys start_n + [0, BLOCK_N), True with probability
-    1 - dropout_p: [M, BLOCK_N] for q_idx [M, 1], or [BLOCK_N, M] for q_idx [1, M] with KEYS_ON_ROWS (the dK/dV
-    kernel's transposed tiles). start_n is a multiple of 4.
+    """Dropout's keep mask of a tile of queries q_idx and keys start_n + [0, BLOCK_N): [M, BLOCK_N] for q_idx
+    [M, 1], or [BLOCK_N, M] for q_idx [1, M] with KEYS_ON_ROWS (the dK/dV kernel's transposed tiles). start_n is
+    a multiple of 8. True where the element's 16-bit draw is >= threshold (philox.dropout_threshold(dropout_p)):
+    with probability (65536 - threshold) / 65536, within 1/65536 of 1 - dropout_p.
 
-    One Philox call (tl.rand4x, keyed by seed) per four consecutive keys: element (b, h, i, j) of a
-    (B, Hq, max_q, max_k) layout takes output j % 4 of counter rng_base + i * ceil(max_k / 4) + j // 4, with
-    rng_base = (b * Hq + h) * max_q * ceil(max_k / 4), positions within the sequence. The draw depends only
-    on the element, not on the tiling, so the dK/dV and dQ kernels regenerate the forward's mask exactly,
-    and flashtile.philox.dropout_uniform reproduces it on the CPU. (One tl.rand per element ran a full
-    Philox for each and kept one of its four outputs.)
+    One Philox call (tl.randint4x, keyed by seed) per eight consecutive keys: element (b, h, i, j) of a
+    (B, Hq, max_q, max_k) layout uses counter rng_base + i * ceil(max_k / 8) + j // 8, with
+    rng_base = (b * Hq + h) * max_q * ceil(max_k / 8), positions within the sequence, and takes output
+    (j % 8) // 2 of its four, the low 16 bits for even j, the high 16 bits for odd j. The draw depends only on the
+    element, not on the tiling, so the dK/dV and dQ kernels regenerate the forward's mask exactly, and
+    flashtile.philox.dropout_bits reproduces it on the CPU. (tl.rand4x per four keys with a float compare took
+    twice the Philox calls and an int-to-float conversion per key.)
     """
-    groups = start_n // 4 + tl.arange(0, BLOCK_N // 4)
-    row_groups = (max_k + 3) // 4
+    groups = start_n // 8 + tl.arange(0, BLOCK_N // 8)
+    row_groups = (max_k + 7) // 8
     if KEYS_ON_ROWS:
-        r0, r1, r2, r3 = tl.rand4x(seed, rng_base + q_idx.to(tl.int64) * row_groups + groups[:, None])
-        # [BLOCK_N / 4, M, 2, 2] holding r[2 * a + c] at [g, m, a, c]: key 4 * g + 2 * a + c, query m
-        u = tl.join(tl.join(r0, r2), tl.join(r1, r3))
-        u = tl.reshape(tl.permute(u, (0, 2, 3, 1)), (BLOCK_N, q_idx.shape[1]))
+        r0, r1, r2, r3 = tl.randint4x(seed, rng_base + q_idx.to(tl.int64) * row_groups + groups[:, None])
     else:
-        r0, r1, r2, r3 = tl.rand4x(seed, rng_base + q_idx.to(tl.int64) * row_groups + groups[None, :])
-        u = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (q_idx.shape[0], BLOCK_N))
-    return u >= dropout_p
+        r0, r1, r2, r3 = tl.randint4x(seed, rng_base + q_idx.to(tl.int64) * row_groups + groups[None, :])
+    thr = tl.cast(threshold, tl.uint32)
+    # t: [M, G, b, a] (keys on rows: [G, M, b, a]) holding output 2a + b of group g, b joined first. Triton lays
+    # the key tile out 4 keys per thread before it picks the MMA layout, splitting a group's eight keys between
+    # threads at a; in this order its shared-memory exchanges all move 32-bit outputs (two keys each), the last
+    # one straight into the dot's register layout. Joined a first (the rand4x order), the booleans were exchanged
+    # too, packed and unpacked per key: 894 instead of 766 SASS instructions per thread and key tile (D128
+    # forward, offline compile). The dK/dV tile has a group's keys on eight lanes and exchanges the booleans.
+    t = tl.join(tl.join(r0.to(tl.uint32, bitcast=True), r1.to(tl.uint32, bitcast=True)),
+                tl.join(r2.to(tl.uint32, bitcast=True), r3.to(tl.uint32, bitcast=True)))
+    if KEYS_ON_ROWS:  # one return statement: the compiler visits the code after a static if's return
+        w = tl.reshape(tl.permute(t, (0, 3, 2, 1)), (BLOCK_N // 2, q_idx.shape[1]))  # [BLOCK_N / 2, M]
+        keep = tl.join((w & 0xFFFF) >= thr, w >= (thr << 16))  # [BLOCK_N / 2, M, 2]: low, high half
+        keep = tl.reshape(tl.permute(keep, (0, 2, 1)), (BLOCK_N, q_idx.shape[1]))
+    else:
+        w = tl.reshape(tl.permute(t, (0, 1, 3, 2)), (q_idx.shape[0], BLOCK_N // 2))  # [M, BLOCK_N / 2]
+        keep = tl.reshape(tl.join((w & 0xFFFF) >= thr, w >= (thr << 16)), (q_idx.shape[0], BLOCK_N))
+    return keep
 
 
 @triton.jit
@@ -294,9 +308,9 @@ def _query_block(pid_m, pid_bh, heads_q, group_size, seqlen_q, seqlen_k, Rng, Cu
 
 @triton.jit
 def _dropout_base(bh, max_q, max_k):
-    """First dropout counter of (batch, query head) bh = b * Hq + h: the (B, Hq, max_q, ceil(max_k / 4))
+    """First dropout counter of (batch, query head) bh = b * Hq + h: the (B, Hq, max_q, ceil(max_k / 8))
     layout of _dropout_keep."""
-    return bh.to(tl.int64) * max_q * ((max_k + 3) // 4)
+    return bh.to(tl.int64) * max_q * ((max_k + 7) // 8)
 
 
 @triton.jit

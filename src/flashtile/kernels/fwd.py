@@ -13,7 +13,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
                     lo, hi, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                     bias_ptr, stride_bias_m, stride_bias_n,
                     k_head, v_head, stride_kpage, stride_vpage, block_table, page_size, key_start,
-                    seed, rng_base, max_k, dropout_p,
+                    seed, rng_base, max_k, dropout_threshold,
                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, PAGED: tl.constexpr,
@@ -48,8 +48,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
         alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
-            p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], start_n, max_k, dropout_p, BLOCK_N, False),
-                         p, 0.0)
+            p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], start_n, max_k, dropout_threshold, BLOCK_N,
+                                       False), p, 0.0)
         v = _load_tile(_kv_tile_ptrs(v_ptrs, v_head, start_n, offs_kn, offs_d, stride_vn, stride_vpage, block_table,
                                      page_size, seqlen_k, key_start, PAGED),
                        offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
@@ -67,7 +67,7 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
               stride_lse_b, stride_lse_h, stride_alibi_b,
               stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n, stride_bt_b, page_size,
               seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
-              dropout_p,
+              dropout_p, dropout_threshold,
               Aux0, Aux1, Aux2, Aux3, KvNum, KvIdx, FullKvNum, FullKvIdx,
               stride_bm_b, stride_bm_h, stride_bm_m, stride_bi_b, stride_bi_h, stride_bi_m,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -90,8 +90,9 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
     HAS_SINK: Sink (Hq,) holds one logit per head that joins every row's softmax denominator but
     carries no value (attention sinks); the online softmax simply starts from it.
 
-    HAS_DROPOUT: Rng holds the int64 Philox seed; probabilities are dropped with probability dropout_p
-    (common._dropout_keep) and the kept ones scaled by 1 / (1 - dropout_p). Lse stays the undropped one.
+    HAS_DROPOUT: Rng holds the int64 Philox seed; probabilities are dropped with probability dropout_p (where
+    the element's 16-bit draw is below dropout_threshold = philox.dropout_threshold(dropout_p), see
+    common._dropout_keep) and the kept ones scaled by 1 / (1 - dropout_p). Lse stays the undropped one.
 
     Programmable attention (flashtile.flex): SCORE_MOD / MASK_MOD read Aux0..Aux3 (see _scores). BLOCK_SPARSE:
     the key blocks come from a block mask of (SPARSE_M, SPARSE_N) blocks, multiples of the tiles: KvNum /
@@ -154,7 +155,7 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
                                             offs_d, 0, n_blocks * SPARSE_N, seqlen_q, seqlen_k, qk_scale,
                                             softcap_log2, alibi_slope, window_left, window_right, bias_ptr,
                                             stride_bias_m, stride_bias_n, k_head, v_head, stride_kb, stride_vb,
-                                            block_table, page_size, key_start, seed, rng_base, max_k, dropout_p,
+                                            block_table, page_size, key_start, seed, rng_base, max_k, dropout_threshold,
                                             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0, IS_LOCAL, SOFTCAP,
                                             HAS_ALIBI, HAS_BIAS, PAGED, HAS_DROPOUT, DOT_PRECISION,
                                             off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD, MASK_MOD, idx_ptr,
@@ -168,7 +169,7 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
                                             offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                                             alibi_slope, window_left, window_right, bias_ptr, stride_bias_m,
                                             stride_bias_n, k_head, v_head, stride_kb, stride_vb, block_table,
-                                            page_size, key_start, seed, rng_base, max_k, dropout_p,
+                                            page_size, key_start, seed, rng_base, max_k, dropout_threshold,
                                             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL, SOFTCAP,
                                             HAS_ALIBI, HAS_BIAS, PAGED, HAS_DROPOUT, DOT_PRECISION,
                                             off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD, MASK_MOD)
@@ -193,7 +194,7 @@ def _attn_probs(Q, K, Lse, Probs, Alibi, CuSeqlensQ, CuSeqlensK, Bias, Rng,
                 stride_lse_b, stride_lse_h, stride_alibi_b,
                 stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                 seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
-                dropout_p,
+                dropout_p, dropout_threshold,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -241,7 +242,7 @@ def _attn_probs(Q, K, Lse, Probs, Alibi, CuSeqlensQ, CuSeqlensK, Bias, Rng,
                           True, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS)
         p = tl.math.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N]
         if HAS_DROPOUT:
-            p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], start_n, max_k, dropout_p, BLOCK_N, False),
-                         p, -p)
+            p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], start_n, max_k, dropout_threshold, BLOCK_N,
+                                       False), p, -p)
         tl.store(probs_ptrs + start_n, p.to(Probs.dtype.element_ty),
                  mask=(offs_m[:, None] < seqlen_q) & (offs_kn[None, :] < seqlen_k))
