@@ -4,6 +4,8 @@ The counting step of the method before a GPU measurement: a configuration whose 
 to local memory is a poor candidate however its tiles look. Compiles for sm90 with the installed triton
 (put the device's triton first on PYTHONPATH to match the GPU) and runs that triton's ptxas -v.
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python benchmarks/spills.py --head-dims 128 --kernel dkdv
+--variant desc compiles the dK/dV kernel's descriptor variant (configs.BwdConfig.dkdv_variant). "wgmma serialized":
+ptxas's C7515 warning, every wgmma of the kernel waits for the previous one (a performance cliff, not a spill).
 Shapes: bf16, B=4, S=4096, H=16 (strides as in the benchmark; divisibility hints as at launch).
 """
 import argparse
@@ -44,14 +46,14 @@ def ptxas_usage(ptx):
     os.unlink(f.name)
     regs = re.search(r"Used (\d+) registers", err)
     spills = re.search(r"(\d+) bytes spill stores", err)
-    return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1
+    return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1, "C7515" in err
 
 
-def measure(kernel, head_dim, causal, tiles):
+def measure(kernel, head_dim, causal, tiles, variant="default"):
     m, n, warps, stages = tiles
     tile = configs.TileConfig(m, n, warps, stages)
     configs.fwd_config = lambda *a, **k: tile
-    configs.bwd_config = lambda *a, **k: configs.BwdConfig(tile, tile)
+    configs.bwd_config = lambda *a, **k: configs.BwdConfig(tile, tile, variant)
     q = torch.empty(4, 4096, 2048 // head_dim, head_dim, dtype=torch.bfloat16)
     lse = torch.empty(4, 2048 // head_dim, 4096)
     geo = launch.Geometry.of(q, q)
@@ -68,8 +70,9 @@ def measure(kernel, head_dim, causal, tiles):
                                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
     except Exception as exc:
         return kernel, head_dim, causal, tiles, f"does not compile: {type(exc).__name__}"
-    regs, spills = ptxas_usage(compiled.asm["ptx"])
-    return kernel, head_dim, causal, tiles, f"regs {regs:3d}  spill {spills:5d} B  smem {compiled.metadata.shared:6d} B"
+    regs, spills, serialized = ptxas_usage(compiled.asm["ptx"])
+    return kernel, head_dim, causal, tiles, (f"regs {regs:3d}  spill {spills:5d} B  smem {compiled.metadata.shared:6d} B"
+                                             + ("  wgmma serialized" if serialized else ""))
 
 
 def main():
@@ -77,12 +80,13 @@ def main():
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--kernel", default="dkdv,dq,fwd")
     parser.add_argument("--causal", default="both", choices=["yes", "no", "both"])
+    parser.add_argument("--variant", default="default", help="the dK/dV kernel's variant (configs.BwdConfig)")
     args = parser.parse_args()
     causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
     jobs = [(kern, d, c, t) for kern in args.kernel.split(",") for d in map(int, args.head_dims.split(","))
             for c in causals for t in CANDIDATES[kern]]
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
-        for kernel, d, causal, tiles, text in pool.map(measure, *zip(*jobs)):
+        for kernel, d, causal, tiles, text in pool.map(measure, *zip(*jobs), [args.variant] * len(jobs)):
             print(f"{kernel:5} D{d:<4} {'causal' if causal else 'full  '} {str(tiles):18} {text}", flush=True)
 
 
