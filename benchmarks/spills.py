@@ -71,8 +71,8 @@ def measure(kernel, head_dim, causal, tiles, variant="default"):
     except Exception as exc:
         return kernel, head_dim, causal, tiles, f"does not compile: {type(exc).__name__}"
     regs, spills, serialized = ptxas_usage(compiled.asm["ptx"])
-    return kernel, head_dim, causal, tiles, (f"regs {regs:3d}  spill {spills:5d} B  smem {compiled.metadata.shared:6d} B"
-                                             + ("  wgmma serialized" if serialized else ""))
+    text = f"regs {regs:3d}  spill {spills:5d} B  smem {compiled.metadata.shared:6d} B"
+    return kernel, head_dim, causal, tiles, text + ("  wgmma serialized" if serialized else "")
 
 
 def main():
