@@ -4,6 +4,8 @@ The counting step of the method before a GPU measurement: a configuration whose 
 to local memory is a poor candidate however its tiles look. Compiles for sm90 with the installed triton
 (put the device's triton first on PYTHONPATH to match the GPU) and runs that triton's ptxas -v.
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python benchmarks/spills.py --head-dims 128 --kernel dkdv
+--variant desc compiles the dK/dV kernel's descriptor variant (configs.BwdConfig.dkdv_variant). "wgmma serialized":
+ptxas's C7515 warning, every wgmma of the kernel waits for the previous one (a performance cliff, not a spill).
 Shapes: bf16, B=4, S=4096, H=16 (strides as in the benchmark; divisibility hints as at launch).
 --configured: only the tiles configs.py picks for the shape. --dropout P: compile with dropout on (P > 0).
 --sass: also the instruction count of each loop body over 64 instructions, in kernel order (nvdisasm of the
@@ -50,7 +52,7 @@ def ptxas_usage(ptx):
     os.unlink(f.name)
     regs = re.search(r"Used (\d+) registers", err)
     spills = re.search(r"(\d+) bytes spill stores", err)
-    return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1
+    return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1, "C7515" in err
 
 
 INT_OPS = ("IMAD", "IADD3", "LOP3", "SHF", "ISETP", "SEL", "PRMT", "LEA")
@@ -83,12 +85,12 @@ def loop_bodies(cubin):
     return bodies
 
 
-def measure(kernel, head_dim, causal, tiles, dropout_p=0.0, sass=False):
+def measure(kernel, head_dim, causal, tiles, dropout_p=0.0, sass=False, variant="default"):
     if tiles is not None:
         m, n, warps, stages = tiles
         tile = configs.TileConfig(m, n, warps, stages)
         configs.fwd_config = lambda *a, **k: tile
-        configs.bwd_config = lambda *a, **k: configs.BwdConfig(tile, tile)
+        configs.bwd_config = lambda *a, **k: configs.BwdConfig(tile, tile, variant)
     q = torch.empty(4, 4096, 2048 // head_dim, head_dim, dtype=torch.bfloat16)
     lse = torch.empty(4, 2048 // head_dim, 4096)
     geo = launch.Geometry.of(q, q)
@@ -108,8 +110,10 @@ def measure(kernel, head_dim, causal, tiles, dropout_p=0.0, sass=False):
                                   options=dict(num_warps=kl.num_warps, num_stages=kl.num_stages))
     except Exception as exc:
         return kernel, head_dim, causal, tiles, f"does not compile: {type(exc).__name__}"
-    regs, spills = ptxas_usage(compiled.asm["ptx"])
+    regs, spills, serialized = ptxas_usage(compiled.asm["ptx"])
     text = f"regs {regs:3d}  spill {spills:5d} B  smem {compiled.metadata.shared:6d} B"
+    if serialized:
+        text += "  wgmma serialized"
     if sass:
         text += "  loops " + " | ".join("{} ({} int, {} smem)".format(*b) for b in loop_bodies(compiled.asm["cubin"]))
     return kernel, head_dim, causal, tiles, text
@@ -123,13 +127,14 @@ def main():
     parser.add_argument("--configured", action="store_true", help="only the tiles configs.py picks")
     parser.add_argument("--dropout", type=float, default=0.0, metavar="P", help="compile with dropout_p = P")
     parser.add_argument("--sass", action="store_true", help="instruction count of the longest loop body")
+    parser.add_argument("--variant", default="default", help="the dK/dV kernel's variant (configs.BwdConfig)")
     args = parser.parse_args()
     causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
     jobs = [(kern, d, c, t, args.dropout, args.sass) for kern in args.kernel.split(",")
             for d in map(int, args.head_dims.split(",")) for c in causals
             for t in ([None] if args.configured else CANDIDATES[kern])]
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
-        for kernel, d, causal, tiles, text in pool.map(measure, *zip(*jobs)):
+        for kernel, d, causal, tiles, text in pool.map(measure, *zip(*jobs), [args.variant] * len(jobs)):
             print(f"{kernel:5} D{d:<4} {'causal' if causal else 'full  '} {str(tiles):18} {text}", flush=True)
 
 

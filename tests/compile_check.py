@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from flashtile import launch
 
@@ -40,6 +41,9 @@ def _signature(kl):
         elif isinstance(value, torch.Tensor):
             sig[name] = TRITON_TYPES[value.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, TensorDescriptor):  # as the JIT specializes a host-side descriptor
+            block = ", ".join(map(str, value.block_shape))
+            sig[name] = f"tensordesc<{TRITON_TYPES[value.base.dtype][1:]}[{block}]>"
         elif isinstance(value, float):
             sig[name] = "fp32"
         elif value == 1:

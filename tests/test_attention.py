@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import flashtile
+from flashtile import configs, launch
 from conftest import DEVICE
 from utils import assert_close_rule, make_qkv, references
 
@@ -234,3 +235,23 @@ def test_cpu_path_memory_is_linear(monkeypatch):
     out = flashtile.flash_attn_func(q, k, v, causal=True)
     torch.autograd.grad(out.sum(), (q, k, v))
     assert max(seen) <= cpu_impl.BLOCK_M * cpu_impl.BLOCK_N
+
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal): the D256 dK/dV variants (configs.
+# D256_BWD_VARIANTS) forced on. Two batches with ragged lengths: a descriptor tile running past a sequence reads
+# the next batch's rows, which must be discarded; GQA runs the group loop; D200 pads to 256, where the launcher
+# builds no descriptor and the default loads run.
+D256_VARIANT_CASES = [(2, 45, 70, 4, 2, 256, True), (2, 33, 40, 2, 2, 256, False), (1, 17, 40, 2, 1, 200, True)]
+
+
+@pytest.mark.parametrize("variant", sorted(configs.D256_BWD_VARIANTS))
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads_q,heads_kv,head_dim,causal", D256_VARIANT_CASES,
+                         ids=[f"b{c[0]}-q{c[1]}-k{c[2]}-h{c[3]}x{c[4]}-d{c[5]}-{'causal' if c[6] else 'full'}"
+                              for c in D256_VARIANT_CASES])
+def test_d256_bwd_variants(monkeypatch, variant, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal):
+    monkeypatch.setattr(configs, "D256_BWD", variant)
+    built = []
+    make = launch._dkdv_descriptors
+    monkeypatch.setattr(launch, "_dkdv_descriptors", lambda *a: built.append(make(*a)) or built[-1])
+    run_and_check(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, torch.float16, DEVICE)
+    assert built and all((d is not None) == (head_dim == 256) for d in built)

@@ -5,7 +5,8 @@ interpreter a single small configuration is used: the interpreter runs programs 
 on the CPU, and only correctness matters there.
 """
 import functools
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -19,9 +20,14 @@ class TileConfig:
 
 @dataclass(frozen=True)
 class BwdConfig:
-    """The backward's two main kernels are tuned apart: dK/dV (keys resident) and dQ (queries resident)."""
+    """The backward's two main kernels are tuned apart: dK/dV (keys resident) and dQ (queries resident).
+
+    dkdv_variant: how the dK/dV kernel reads q and dO tiles. "default": pointer tensors (cp.async);
+    "desc": tensor descriptors (TMA), where the launcher can build them (launch._dkdv_descriptors), else default.
+    """
     dkdv: TileConfig
     dq: TileConfig
+    dkdv_variant: str = "default"
 
 
 def _bwd(m1, n1, m2, n2, warps, stages):
@@ -83,6 +89,18 @@ def gluon_fwd_wanted(head_dim, causal, seqlen_k):
     return least is not None and seqlen_k >= least
 
 
+# Alternative D256 backwards, for measurement only (not a default until the H200 says so; docs/perf-log.md,
+# "D256 backward without pointer tensors"): FLASHTILE_D256_BWD=<name> swaps one in on sm90 (16-bit inputs).
+# "desc": q/dO through TMA descriptors frees the 2 x 16 registers per thread of their [64, 256] pointer tensors,
+# the difference between spilling and not at 64 keys x 64 queries with 8 warps and 2 stages.
+D256_BWD_VARIANTS = {
+    "desc": (BwdConfig(TileConfig(64, 64, 8, 2), TileConfig(128, 32, 8, 2), "desc"),  # non-causal
+             BwdConfig(TileConfig(64, 64, 8, 2), TileConfig(128, 32, 8, 2), "desc")),  # causal / window
+}
+D256_BWD = os.environ.get("FLASHTILE_D256_BWD", "")  # read once, at import
+if D256_BWD and D256_BWD not in D256_BWD_VARIANTS:
+    raise ValueError(f"FLASHTILE_D256_BWD={D256_BWD!r}: expected one of {sorted(D256_BWD_VARIANTS)}")
+
 # Every other GPU: conservative tiles that fit ~100 KB of shared memory (Ampere/Ada class).
 _GENERIC_FWD = {
     16: TileConfig(128, 64, 4, 2),
@@ -122,8 +140,12 @@ def fwd_config(arch, head_dim_padded, local, dtype, interpreter=False, keys_per_
 def bwd_config(arch, head_dim_padded, local, dtype, interpreter=False):
     """The backward tile configuration (dK/dV and dQ kernels)."""
     if interpreter:
-        return INTERPRETER_BWD
-    return _table_for(arch, dtype, _SM90_BWD_LOCAL if local else _SM90_BWD, _GENERIC_BWD)[head_dim_padded]
+        return replace(INTERPRETER_BWD, dkdv_variant=D256_BWD_VARIANTS[D256_BWD][0].dkdv_variant) \
+            if D256_BWD and head_dim_padded == 256 else INTERPRETER_BWD
+    table = _table_for(arch, dtype, _SM90_BWD_LOCAL if local else _SM90_BWD, _GENERIC_BWD)
+    if D256_BWD and head_dim_padded == 256 and table is not _GENERIC_BWD:
+        return D256_BWD_VARIANTS[D256_BWD][1 if local else 0]
+    return table[head_dim_padded]
 
 
 # Split-KV decoding (kernels/decode.py). Not yet measured on the H200: first guesses from the byte count.

@@ -421,6 +421,27 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
     return q_out
 
 
+def _dkdv_descriptors(geo, q, dout, block_m, head_dim_pad):
+    """TMA descriptors over q and dout viewed as (rows, heads_q * head_dim), block [block_m, head_dim_pad], for
+    the dK/dV kernel's Q_DESC path; None where that view does not exist or TMA cannot address it (a padded head
+    dim, heads not adjacent, batches not adjacent, 16-byte alignment)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor  # triton >= 3.4
+
+    if geo.head_dim != head_dim_pad:
+        return None
+    descs = []
+    for t in (q, dout):
+        s = t.stride()
+        rows = t.shape[0] if geo.is_varlen else t.shape[0] * t.shape[1]
+        stride_m, stride_h = s[-3], s[-2]
+        if (s[-1] != 1 or stride_h != geo.head_dim or (not geo.is_varlen and s[0] != t.shape[1] * stride_m)
+                or (stride_m * t.element_size()) % 16 or t.data_ptr() % 16):
+            return None
+        descs.append(TensorDescriptor(t, [rows, geo.heads_q * geo.head_dim], [stride_m, 1],
+                                      [block_m, head_dim_pad]))
+    return descs
+
+
 def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale, sa, arch,
                       interpreter, mods=None, dlse=None):
     """The backward's three launches: preprocess (delta, lse2, of shape geo.row_buffer_shape), dK/dV, dQ;
@@ -433,7 +454,10 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
     head_dim_pad = _head_dim_padded(geo.head_dim)
     mods = mods or _NO_MODS
     cfg = configs.bwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
-    cfg = configs.BwdConfig(mods.tiles(cfg.dkdv), mods.tiles(cfg.dq))
+    descs = None
+    if cfg.dkdv_variant == "desc":
+        descs = _dkdv_descriptors(geo, q, dout, mods.tiles(cfg.dkdv).BLOCK_M, head_dim_pad)
+    cfg = replace(cfg, dkdv=mods.tiles(cfg.dkdv), dq=mods.tiles(cfg.dq))
     assert cfg.dkdv.BLOCK_M <= ROW_PAD, "the dK/dV kernel's query tiles may read ROW_PAD rows past the last sequence"
     precision = _dot_precision(q.dtype)
     row_strides = geo.lse_strides(lse2)
@@ -450,12 +474,12 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
     )
     dkdv = KernelLaunch(
         _attn_bwd_dkdv, (_cdiv(geo.seqlen_k, cfg.dkdv.BLOCK_N), geo.batch * geo.heads_kv),
-        (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k, sa.bias, sa.rng,
+        (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k, sa.bias, sa.rng, *(descs or (q, dout)),
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
          *row_strides, sa.stride_alibi_b, *sa.bias_strides,
          geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars(),
          *mods.args(lse, transposed=True)),
-        dict(BLOCK_M=cfg.dkdv.BLOCK_M, BLOCK_N=cfg.dkdv.BLOCK_N,
+        dict(BLOCK_M=cfg.dkdv.BLOCK_M, BLOCK_N=cfg.dkdv.BLOCK_N, Q_DESC=descs is not None,
              SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1, **common),
         cfg.dkdv.num_warps, cfg.dkdv.num_stages,
     )

@@ -66,7 +66,8 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                          DOT_PRECISION: tl.constexpr, ROWS_PADDED: tl.constexpr,
                          off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None, SCORE_MOD: tl.constexpr = None,
                          SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, idx_ptr=None,
-                         BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128):
+                         BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128,
+                         q_desc=None, do_desc=None, desc_row=0, desc_col=0, Q_DESC: tl.constexpr = False):
     """Accumulate dK, dV of one key block over query blocks [lo, hi), working on transposed tiles.
     BLOCK_SPARSE: [lo, hi) are offsets into the query blocks listed at idx_ptr (see _tile_start).
 
@@ -77,14 +78,22 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
     ROWS_PADDED: the rows past seqlen_q up to a tile's end can be read (varlen: the next sequence's rows or
     the buffer's tail padding; see Geometry.row_buffer_shape), so the masked tiles read them unpredicated
     and discard them. Per-element predicates there cost the varlen kernel its registers (it spilled at D128).
+    Q_DESC: q and dO tiles come through the 2-D tensor descriptors q_desc / do_desc (rows x heads * head dim,
+    block [BLOCK_M, HEAD_DIM_PAD], tile at [desc_row + start_m, desc_col]): TMA copies straight into shared
+    memory, so no [BLOCK_M, HEAD_DIM_PAD] pointer tensors occupy registers. Rows past the sequence are the next
+    sequence's (or zero past the buffer) and are discarded as in ROWS_PADDED: lse2 = +inf there, so P = 0.
     """
     for virt_m in range(lo, hi, BLOCK_M):
         start_m = _tile_start(virt_m, idx_ptr, BLOCK_SPARSE, SPARSE_M)
         offs_qm = start_m + offs_m
-        q = _load_tile(q_ptrs + start_m * stride_qm, offs_qm, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD,
-                       MASKED)  # [BLOCK_M, HEAD_DIM_PAD]
-        do = _load_tile(do_ptrs + start_m * stride_dom, offs_qm, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD,
-                        MASKED)  # [BLOCK_M, HEAD_DIM_PAD]
+        if Q_DESC:
+            q = q_desc.load([desc_row + start_m, desc_col])  # [BLOCK_M, HEAD_DIM_PAD]
+            do = do_desc.load([desc_row + start_m, desc_col])  # [BLOCK_M, HEAD_DIM_PAD]
+        else:
+            q = _load_tile(q_ptrs + start_m * stride_qm, offs_qm, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD,
+                           MASKED)  # [BLOCK_M, HEAD_DIM_PAD]
+            do = _load_tile(do_ptrs + start_m * stride_dom, offs_qm, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD,
+                            MASKED)  # [BLOCK_M, HEAD_DIM_PAD]
         if MASKED and ROWS_PADDED:
             # Rows past the sequence end get lse2 = +inf, hence P = 0.
             lse2 = tl.where(offs_qm < seqlen_q, tl.load(lse2_ptr + offs_qm), float("inf"))
@@ -121,7 +130,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
 
 
 @triton.jit
-def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeqlensK, Bias, Rng,
+def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeqlensK, Bias, Rng, QDesc, DODesc,
                    stride_qb, stride_qm, stride_qh,
                    stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh,
@@ -140,12 +149,15 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                    HAS_DROPOUT: tl.constexpr, IS_VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    SPLIT_GROUP_SUM: tl.constexpr,
                    SCORE_MOD: tl.constexpr = None, SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
-                   BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128):
+                   BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128,
+                   Q_DESC: tl.constexpr = False):
     """One program per (key block, batch * key/value head); sums over the group's query heads.
 
     BLOCK_SPARSE: the query blocks come from the block mask's transposed lists QNum / FullQNum
     (B, H, Sk / SPARSE_N) and QIdx / FullQIdx (B, H, Sk / SPARSE_N, Sq / SPARSE_M); see _attn_fwd.
     HAS_DROPOUT: the forward's keep mask is regenerated in both loop structures.
+    Q_DESC: QDesc / DODesc are tensor descriptors over q and dO viewed as (rows, heads_q * HEAD_DIM) (see
+    _attn_bwd_dkdv_inner); else they are unused.
     """
     start_n = tl.program_id(0) * BLOCK_N
     pid_bh = tl.program_id(1)
@@ -180,8 +192,12 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
     rows = offs_m[:, None].to(tl.int64)
     q_base = _seq_offset(off_b, q_start, stride_qb, stride_qm, IS_VARLEN)
     do_base = _seq_offset(off_b, q_start, stride_dob, stride_dom, IS_VARLEN)
+    desc_row = (off_b * max_q).to(tl.int32)  # the descriptors' first row of this sequence
+    if IS_VARLEN:
+        desc_row = q_start.to(tl.int32)
     for g in range(0, group_size):
         off_h = off_hk * group_size + g
+        desc_col = (off_h * HEAD_DIM).to(tl.int32)
         q_ptrs = Q + q_base + off_h * stride_qh + rows * stride_qm + offs_d[None, :]
         do_ptrs = DOut + do_base + off_h * stride_doh + rows * stride_dom + offs_d[None, :]
         row_base = _row_base(off_b, off_h, q_start, stride_row_b, stride_row_h, IS_VARLEN)
@@ -209,7 +225,9 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               dropout_p, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
                                               FULL == 0, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
                                               DOT_PRECISION, IS_VARLEN, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
-                                              SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_M)
+                                              SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_M,
+                                              q_desc=QDesc, do_desc=DODesc, desc_row=desc_row, desc_col=desc_col,
+                                              Q_DESC=Q_DESC)
         else:
             for SEGMENT in tl.static_range(3):
                 seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
@@ -221,7 +239,8 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               dropout_p, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
                                               SEGMENT != 1, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
                                               DOT_PRECISION, IS_VARLEN, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
-                                              SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
+                                              SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, q_desc=QDesc, do_desc=DODesc,
+                                              desc_row=desc_row, desc_col=desc_col, Q_DESC=Q_DESC)
         if SPLIT_GROUP_SUM:
             dk = dk_all + dk
             dv = dv_all + dv
