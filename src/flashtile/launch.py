@@ -137,7 +137,7 @@ class Geometry:
             return dict(PAGED=0, PAGE_SHIFT=-1, PAGE_PREFETCH=False)
         page = k.shape[1]
         return dict(PAGED=2 if self.key_start is None and page % block_n == 0 else 1,
-                    PAGE_SHIFT=page.bit_length() - 1 if page & (page - 1) == 0 else -1, PAGE_PREFETCH=False)
+                    PAGE_SHIFT=page.bit_length() - 1 if page & (page - 1) == 0 else -1, PAGE_PREFETCH=True)
 
     def key_start_arg(self, placeholder):
         return self.key_start if self.key_start is not None else placeholder
