@@ -55,10 +55,13 @@ def ptxas(ptx):
         f.write(ptx)
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     cubin = f.name + ".cubin"
-    err = subprocess.run([str(bin_dir / "ptxas"), "-v", "--gpu-name=sm_90a", f.name, "-o", cubin],
-                         capture_output=True, text=True).stderr
-    sass = subprocess.run([str(bin_dir / "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
+    run = subprocess.run([str(bin_dir / "ptxas"), "-v", "--gpu-name=sm_90a", f.name, "-o", cubin],
+                         capture_output=True, text=True)
+    err = run.stderr
     os.unlink(f.name)
+    if run.returncode:
+        raise RuntimeError(f"ptxas failed: {err[-500:]}")
+    sass = subprocess.run([str(bin_dir / "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
     os.unlink(cubin)
     regs = re.search(r"Used (\d+) registers", err)
     spills = re.search(r"(\d+) bytes spill stores", err)
