@@ -79,6 +79,79 @@ def test_paged(backend, page_size, num_splits):
     check(out, lse, q, keys, values, [2, 42, 90], causal=True)
 
 
+def paged_rows(device, lengths, page_size, capacity, heads_q=8, heads_kv=2, seed=0):
+    """q and a contiguous cache (B, capacity, Hk, 32) for `lengths`, and the same cache in shuffled pages."""
+    q, k_cache, v_cache = make_cache(device, len(lengths), 1, heads_q, heads_kv, capacity, seed=seed)
+    k_pages, v_pages, table = paged_copy(k_cache, v_cache, page_size, torch.Generator().manual_seed(seed))
+    return q, k_cache, v_cache, k_pages, v_pages, table.to(device)
+
+
+# The GPU's decode tiles (64 keys) under the interpreter, where configs.INTERPRETER_DECODE has 16: pages of 16 and
+# 32 put several pages in one tile (one lookup per key, shifts), 48 and 96 do not divide it (divisions), 64 and 256
+# hold whole tiles (one lookup per tile). Rows end inside a page and inside a tile; leftpad shifts every tile off
+# the page boundaries.
+GPU_TILES = configs.TileConfig(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1)
+TILE_LENGTHS = [0, 1, 63, 64, 65, 130, 200]
+
+
+@pytest.mark.parametrize("leftpad", [False, True], ids=["aligned", "leftpad"])
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["s1", "s3"])
+@pytest.mark.parametrize("page_size", [16, 32, 48, 64, 96, 256])
+def test_paged_gpu_tiles(monkeypatch, page_size, num_splits, leftpad):
+    monkeypatch.setattr(configs, "INTERPRETER_DECODE", GPU_TILES)
+    q, k_cache, v_cache, k_pages, v_pages, table = paged_rows("cpu", TILE_LENGTHS, page_size, capacity=200)
+    seqlens = torch.tensor(TILE_LENGTHS, dtype=torch.int32)
+    pads = torch.tensor([min(n, 17 * i) for i, n in enumerate(TILE_LENGTHS)], dtype=torch.int32) if leftpad else None
+    out, lse = flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=table, cache_seqlens=seqlens,
+                                                 cache_leftpad=pads, causal=True, num_splits=num_splits,
+                                                 return_softmax_lse=True)
+    if pads is None:
+        check(out, lse, q, k_cache, v_cache, TILE_LENGTHS, causal=True)
+        return
+    for b, (n, pad) in enumerate(zip(TILE_LENGTHS, pads.tolist())):
+        check(out[b:b + 1], lse[b:b + 1], q[b:b + 1], k_cache[b:b + 1, pad:], v_cache[b:b + 1, pad:], [n - pad],
+              causal=True)
+
+
+@pytest.mark.parametrize("page_size", [16, 64], ids=["page16", "page64"])
+def test_page_lookup_variants_agree(monkeypatch, page_size):
+    """The paging constexprs only change how addresses are computed: a division or a shift, page numbers read
+    in the tile's iteration or a tile ahead (PAGE_PREFETCH), one lookup per key or per tile; bit for bit."""
+    monkeypatch.setattr(configs, "INTERPRETER_DECODE", GPU_TILES)
+    q, _, _, k_pages, v_pages, table = paged_rows("cpu", TILE_LENGTHS, page_size, capacity=200)
+    seqlens = torch.tensor(TILE_LENGTHS, dtype=torch.int32)
+    chosen = launch.Geometry.page_constexprs
+    results = []
+    for paged, shift, prefetch in [(1, -1, False), (1, page_size.bit_length() - 1, False), (None, None, True),
+                                   (None, None, False)]:
+        def variant(self, k, block_n, paged=paged, shift=shift, prefetch=prefetch):
+            c = chosen(self, k, block_n)
+            return dict(PAGED=paged or c["PAGED"], PAGE_SHIFT=c["PAGE_SHIFT"] if shift is None else shift,
+                        PAGE_PREFETCH=prefetch)
+        monkeypatch.setattr(launch.Geometry, "page_constexprs", variant)
+        results.append(flashtile.flash_attn_with_kvcache(q, k_pages, v_pages, block_table=table, cache_seqlens=seqlens,
+                                                         causal=True, num_splits=3, return_softmax_lse=True))
+    for out, lse in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
+
+
+@pytest.mark.parametrize("leftpad", [False, True], ids=["aligned", "leftpad"])
+def test_cache_batch_idx_gpu_tiles(monkeypatch, leftpad):
+    """cache_batch_idx runs as pages of one cache row each: a power-of-two capacity takes the shift path (one
+    lookup per tile when aligned, per key with leftpad)."""
+    monkeypatch.setattr(configs, "INTERPRETER_DECODE", GPU_TILES)
+    lengths = [65, 128, 3]
+    q, k_cache, v_cache = make_cache("cpu", 4, 1, 8, 2, 128)
+    idx = torch.tensor([2, 0, 3], dtype=torch.int32)
+    pads = torch.tensor([5, 64, 0], dtype=torch.int32) if leftpad else None
+    out, lse = flashtile.flash_attn_with_kvcache(q[:3], k_cache, v_cache, cache_seqlens=torch.tensor(
+        lengths, dtype=torch.int32), cache_batch_idx=idx, cache_leftpad=pads, num_splits=2, return_softmax_lse=True)
+    for b, (row, n) in enumerate(zip(idx.tolist(), lengths)):
+        pad = 0 if pads is None else int(pads[b])
+        check(out[b:b + 1], lse[b:b + 1], q[b:b + 1], k_cache[row:row + 1, pad:], v_cache[row:row + 1, pad:],
+              [n - pad])
+
+
 FEATURES = {
     "window": dict(window_size=(20, 0)),
     "window-both": dict(window_size=(5, 3)),

@@ -128,12 +128,16 @@ class Geometry:
             return 0, 0
         return self.block_table.stride(0), k.shape[1]
 
-    def paged_mode(self, k, block_n):
-        """The kernels' PAGED constexpr (common._kv_tile_ptrs): 0 contiguous, 2 when every key tile lies in one
-        page (page size a multiple of block_n, no left padding), else 1 (one page lookup per key)."""
+    def page_constexprs(self, k, block_n):
+        """The kernels' paging constexprs for key tiles of block_n keys (common._kv_tile_ptrs,
+        fwd._attn_fwd_inner): PAGED 0 contiguous, 2 when every key tile lies in one page (page size a multiple
+        of block_n, no left padding), else 1 (one page lookup per key); PAGE_SHIFT log2 of a power-of-two page
+        size (shifts instead of divisions), else -1; PAGE_PREFETCH: page numbers read a tile ahead."""
         if self.block_table is None:
-            return 0
-        return 2 if self.key_start is None and k.shape[1] % block_n == 0 else 1
+            return dict(PAGED=0, PAGE_SHIFT=-1, PAGE_PREFETCH=False)
+        page = k.shape[1]
+        return dict(PAGED=2 if self.key_start is None and page % block_n == 0 else 1,
+                    PAGE_SHIFT=page.bit_length() - 1 if page & (page - 1) == 0 else -1, PAGE_PREFETCH=True)
 
     def key_start_arg(self, placeholder):
         return self.key_start if self.key_start is not None else placeholder
@@ -304,7 +308,7 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=N
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars(), *mods.args(lse)),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, SEQUSED_K=geo.seqused_k is not None,
-             PAGED=geo.paged_mode(k, cfg.BLOCK_N), LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
+             **geo.page_constexprs(k, cfg.BLOCK_N), LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
              DOT_PRECISION=_dot_precision(q.dtype),
              **sa.constexprs, **mods.constexprs()),
         cfg.num_warps, cfg.num_stages,
@@ -361,7 +365,7 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
          geo.seqlen_q, geo.heads_kv, group_size, num_splits, *sa.score_scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              IS_LOCAL=sa.constexprs["IS_LOCAL"], SOFTCAP=sa.constexprs["SOFTCAP"],
-             HAS_ALIBI=sa.constexprs["HAS_ALIBI"], PAGED=geo.paged_mode(k, cfg.BLOCK_N),
+             HAS_ALIBI=sa.constexprs["HAS_ALIBI"], **geo.page_constexprs(k, cfg.BLOCK_N),
              LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
              DOT_PRECISION=_dot_precision(q.dtype)),
         cfg.num_warps, cfg.num_stages,

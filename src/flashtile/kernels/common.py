@@ -177,23 +177,45 @@ def _key_start(KeyStart, off_b, LEFTPAD: tl.constexpr):
 
 
 @triton.jit
-def _kv_tile_ptrs(tile_ptrs, head_base, start_n, offs_kn, offs_d, stride_n, stride_page, block_table, page_size,
-                  seqlen_k, key_start, PAGED: tl.constexpr):
+def _page_slot(tokens, page_size, PAGE_SHIFT: tl.constexpr):
+    """(page index, slot) of int32 cache tokens in pages of page_size tokens: a shift and a mask when the page
+    size is the power of two 2**PAGE_SHIFT (known at compile time; PAGE_SHIFT -1 otherwise), else a division."""
+    if PAGE_SHIFT >= 0:
+        return tokens >> PAGE_SHIFT, tokens & ((1 << PAGE_SHIFT) - 1)
+    return tokens // page_size, tokens % page_size
+
+
+@triton.jit
+def _tile_pages(block_table, start_n, offs_n, seqlen_k, key_start, page_size, PAGED: tl.constexpr,
+                PAGE_SHIFT: tl.constexpr):
+    """Page numbers of the key tile starting at key start_n (see _kv_tile_ptrs): one per row [BLOCK_N] (PAGED 1)
+    or one for the tile (PAGED 2); 0 for keys at or past seqlen_k, so a tile past the end (the next tile of the
+    last one, when the page numbers are read a tile ahead) reads inside the block table and gets a valid page."""
+    if PAGED == 2:
+        first = start_n
+    else:
+        first = start_n + offs_n  # [BLOCK_N]
+    page, _ = _page_slot((first + key_start).to(tl.int32), page_size, PAGE_SHIFT)
+    return tl.load(block_table + page, mask=first < seqlen_k, other=0)  # one return: a scalar or [BLOCK_N]
+
+
+@triton.jit
+def _kv_tile_ptrs(tile_ptrs, head_base, start_n, offs_kn, offs_d, stride_n, stride_page, pages, page_size,
+                  key_start, PAGED: tl.constexpr, PAGE_SHIFT: tl.constexpr):
     """Pointers of a [BLOCK_N, HEAD_DIM_PAD] K or V tile: consecutive rows, or rows gathered through a page
     table (paged KV cache: key j is cache token t = key_start + j, in page block_table[t // page_size] at
-    slot t % page_size; any page size). Contiguous tiles have key_start folded into tile_ptrs.
+    slot t % page_size; any page size), whose entries for this tile _tile_pages read into `pages`.
+    Contiguous tiles have key_start folded into tile_ptrs.
     PAGED: 0 contiguous; 1 one page lookup per row; 2 the tile lies in one page (page_size a multiple of
     BLOCK_N and tiles starting at multiples of BLOCK_N, i.e. key_start = 0): one lookup per tile and rows
-    at a fixed stride, which the compiler can see."""
+    at a fixed stride, which the compiler can see. PAGE_SHIFT: see _page_slot."""
     if PAGED == 2:
-        token0 = start_n + key_start
-        page = tl.load(block_table + token0 // page_size).to(tl.int64)
-        rows = page * stride_page + ((token0 % page_size) + (offs_kn - start_n)).to(tl.int64) * stride_n
+        _, slot0 = _page_slot((start_n + key_start).to(tl.int32), page_size, PAGE_SHIFT)
+        rows = pages.to(tl.int64) * stride_page + (slot0 + (offs_kn - start_n)).to(tl.int64) * stride_n
         return head_base + rows[:, None] + offs_d[None, :]
     if PAGED:
-        tokens = offs_kn + key_start  # [BLOCK_N]
-        page = tl.load(block_table + tokens // page_size, mask=offs_kn < seqlen_k, other=0).to(tl.int64)
-        rows = page * stride_page + (tokens % page_size).to(tl.int64) * stride_n  # [BLOCK_N]
+        _, slot = _page_slot((offs_kn + key_start).to(tl.int32), page_size, PAGE_SHIFT)  # [BLOCK_N]
+        rows = pages.to(tl.int64) * stride_page + slot.to(tl.int64) * stride_n  # [BLOCK_N]
         return head_base + rows[:, None] + offs_d[None, :]
     return tile_ptrs + start_n * stride_n
 

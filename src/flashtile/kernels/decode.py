@@ -28,13 +28,15 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart,
                       HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, PAGED: tl.constexpr,
-                      LEFTPAD: tl.constexpr, LEFT_BOUNDED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                      LEFTPAD: tl.constexpr, LEFT_BOUNDED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                      PAGE_SHIFT: tl.constexpr = -1, PAGE_PREFETCH: tl.constexpr = False):
     """Writes split s's Out[s] (B, Sq, Hq, D) and Lse[s] (B, Hq, Sq) (natural log) at s * stride_os / stride_ls.
 
     Out/Lse are the fp32 workspace (num_splits > 1) or the final output and lse (one split, strides 0 along
     splits). Batch b sees its first SequsedK[b] keys, contiguous (K, V: (B, capacity, Hk, D)) or, when
     PAGED, in the pages BlockTable[b] lists (K, V: (num_pages, page_size, Hk, D)); with LEFTPAD only the
     cache tokens from KeyStart[b] on. A split that sees no key of a row writes output 0 and lse -inf for it.
+    PAGED, PAGE_SHIFT: see common._kv_tile_ptrs; PAGE_PREFETCH: see fwd._attn_fwd_inner.
     Score arguments: see common._scores.
     """
     split = tl.program_id(0).to(tl.int64)
@@ -85,7 +87,8 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart,
                                         alibi_slope, window_left, window_right, Q, 0, 0, k_head, v_head,
                                         stride_kb, stride_vb, block_table, page_size, key_start, 0, 0, 0, 0.0,
                                         HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL,
-                                        SOFTCAP, HAS_ALIBI, False, PAGED, False, DOT_PRECISION)
+                                        SOFTCAP, HAS_ALIBI, False, PAGED, False, DOT_PRECISION,
+                                        PAGE_SHIFT=PAGE_SHIFT, PAGE_PREFETCH=PAGE_PREFETCH)
 
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]

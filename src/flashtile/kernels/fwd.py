@@ -3,7 +3,7 @@ import triton
 import triton.language as tl
 
 from .common import (LOG2E, _block_list, _dropout_keep, _key_range, _key_start, _kv_tile_ptrs, _load_tile,
-                     _query_block, _scores, _segment, _seq_offset, _store_tile, _tile_start)
+                     _query_block, _scores, _segment, _seq_offset, _store_tile, _tile_pages, _tile_start)
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -20,18 +20,34 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
                     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
                     off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
                     SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, idx_ptr=None,
-                    BLOCK_SPARSE: tl.constexpr = False, SPARSE_N: tl.constexpr = 128):
+                    BLOCK_SPARSE: tl.constexpr = False, SPARSE_N: tl.constexpr = 128,
+                    PAGE_SHIFT: tl.constexpr = -1, PAGE_PREFETCH: tl.constexpr = False):
     """Online softmax over key blocks [lo, hi); MASKED blocks evaluate the masks, the others skip them.
     BLOCK_SPARSE: [lo, hi) are offsets into the key blocks listed at idx_ptr (see _tile_start).
+    PAGED: see common._kv_tile_ptrs. PAGE_PREFETCH: the block-table entries of the next tile are read while this
+    one is processed and carried through the loop. The K/V addresses then do not depend on a load of the same
+    iteration, and the software pipeliner multi-buffers K and V as for a contiguous cache (with the lookup in
+    the iteration it counts one level of indirection and gives each load (num_stages - 1) // 2 stages of
+    latency: one K/V buffer at 3 stages, so each tile waited for its full memory latency).
 
     HAS_DROPOUT: dropped probabilities still count in the denominator l_i (the softmax is of the
     undropped scores) but not in acc; the caller scales by 1 / (1 - dropout_p) at the end.
     """
+    tl.static_assert(not (BLOCK_SPARSE and PAGED and PAGE_PREFETCH), "the block-sparse loop reads no pages ahead")
+    if PAGED and PAGE_PREFETCH:
+        next_pages = _tile_pages(block_table, lo, offs_n, seqlen_k, key_start, page_size, PAGED, PAGE_SHIFT)
     for virt_n in range(lo, hi, BLOCK_N):
         start_n = _tile_start(virt_n, idx_ptr, BLOCK_SPARSE, SPARSE_N)
         offs_kn = start_n + offs_n
-        k = _load_tile(_kv_tile_ptrs(k_ptrs, k_head, start_n, offs_kn, offs_d, stride_kn, stride_kpage, block_table,
-                                     page_size, seqlen_k, key_start, PAGED),
+        pages = 0
+        if PAGED and PAGE_PREFETCH:
+            pages = next_pages
+            next_pages = _tile_pages(block_table, start_n + BLOCK_N, offs_n, seqlen_k, key_start, page_size, PAGED,
+                                     PAGE_SHIFT)
+        elif PAGED:
+            pages = _tile_pages(block_table, start_n, offs_n, seqlen_k, key_start, page_size, PAGED, PAGE_SHIFT)
+        k = _load_tile(_kv_tile_ptrs(k_ptrs, k_head, start_n, offs_kn, offs_d, stride_kn, stride_kpage, pages,
+                                     page_size, key_start, PAGED, PAGE_SHIFT),
                        offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         s, _, _ = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
@@ -50,8 +66,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
         if HAS_DROPOUT:
             p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], start_n, max_k, dropout_threshold, BLOCK_N,
                                        False), p, 0.0)
-        v = _load_tile(_kv_tile_ptrs(v_ptrs, v_head, start_n, offs_kn, offs_d, stride_vn, stride_vpage, block_table,
-                                     page_size, seqlen_k, key_start, PAGED),
+        v = _load_tile(_kv_tile_ptrs(v_ptrs, v_head, start_n, offs_kn, offs_d, stride_vn, stride_vpage, pages,
+                                     page_size, key_start, PAGED, PAGE_SHIFT),
                        offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
@@ -77,7 +93,8 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
               HAS_BIAS: tl.constexpr, IS_VARLEN: tl.constexpr, SEQUSED_K: tl.constexpr, PAGED: tl.constexpr,
               LEFTPAD: tl.constexpr, HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
               SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, BLOCK_SPARSE: tl.constexpr = False,
-              SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128):
+              SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128, PAGE_SHIFT: tl.constexpr = -1,
+              PAGE_PREFETCH: tl.constexpr = False):
     """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log. Score arguments: see _scores.
 
     IS_VARLEN: sequences are packed along the token axis (total, H, D) at offsets CuSeqlensQ/K (int32,
@@ -86,6 +103,7 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
     PAGED (KV cache, or varlen keys): K and V are (num_pages, page_size, Hk, D), stride_kb / stride_vb step
     pages, and batch b's keys are listed page by page in BlockTable[b] (int32 (B, max_pages)).
     LEFTPAD (KV cache): batch b's keys are the cache tokens KeyStart[b] <= t < CuSeqlensK[b] (int32 (B,)).
+    PAGE_SHIFT (common._page_slot), PAGE_PREFETCH (_attn_fwd_inner): how page lookups are computed and scheduled.
 
     HAS_SINK: Sink (Hq,) holds one logit per head that joins every row's softmax denominator but
     carries no value (attention sinks); the online softmax simply starts from it.
@@ -172,7 +190,8 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
                                             page_size, key_start, seed, rng_base, max_k, dropout_threshold,
                                             HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL, SOFTCAP,
                                             HAS_ALIBI, HAS_BIAS, PAGED, HAS_DROPOUT, DOT_PRECISION,
-                                            off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD, MASK_MOD)
+                                            off_b, off_h, Aux0, Aux1, Aux2, Aux3, SCORE_MOD, MASK_MOD,
+                                            PAGE_SHIFT=PAGE_SHIFT, PAGE_PREFETCH=PAGE_PREFETCH)
 
     # A row that saw no key (and no sink): output 0 and lse -inf.
     empty = l_i == 0.0
