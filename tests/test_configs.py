@@ -42,4 +42,6 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_wanted(128, False, 512)
     assert not configs.gluon_fwd_wanted(128, True, 512) and configs.gluon_fwd_wanted(128, True, 1024)
     assert not configs.gluon_fwd_wanted(64, False, 2048) and configs.gluon_fwd_wanted(64, False, 4096)
-    assert not configs.gluon_fwd_wanted(256, False, 16384)  # D256: FLASHTILE_GLUON=1 only until measured
+    assert configs.gluon_fwd_wanted(256, False, 4096) and not configs.gluon_fwd_wanted(256, True, 2048)
+    assert not configs.gluon_fwd_wanted(128, False, 8192, window_span=257)  # narrow windows: the 64x64 tiles
+    assert configs.gluon_fwd_wanted(128, False, 8192, window_span=1025)

@@ -65,14 +65,16 @@ _SM90_BWD = {
     64: BwdConfig(TileConfig(32, 64, 4, 4), TileConfig(64, 64, 4, 3)),
     # dQ 64x64/4 warps/2 stages: 355 -> 372 (non-causal).
     128: BwdConfig(TileConfig(64, 128, 8, 2), TileConfig(64, 64, 4, 2)),
-    # 148 -> 208, still below FA2's 253 (perf-log.md): dK/dV 64x64/8 warps/1 stage, dQ 128x32.
-    256: BwdConfig(TileConfig(64, 64, 8, 1), TileConfig(128, 32, 8, 2)),
+    # Session 5 (d256-bwd-h200-2026-11-29-s5): q/dO through TMA descriptors ("desc") free the registers of
+    # their pointer tensors, so 64x64/8 warps takes 2 stages without spilling in its main loop: 208 -> 245
+    # TFLOP/s at S 4096 (FA2 253). The pointer-tile tables it replaced: D256_BWD_VARIANTS["pointers"].
+    256: BwdConfig(TileConfig(64, 64, 8, 2), TileConfig(128, 32, 8, 2), "desc"),
 }
 # Causal or windowed (local) backward, where the sweep picked differently.
 _SM90_BWD_LOCAL = {
     **_SM90_BWD,
     128: BwdConfig(TileConfig(64, 128, 8, 3), TileConfig(64, 64, 4, 2)),  # 282 -> 314
-    256: BwdConfig(TileConfig(32, 32, 4, 2), TileConfig(128, 32, 8, 2)),  # 143 -> 187
+    256: BwdConfig(TileConfig(64, 64, 8, 2), TileConfig(128, 32, 8, 2), "desc"),  # 188 -> 197 (FA2 230)
 }
 
 # The Hopper Gluon forward (kernels/gluon_fwd.py, FA3's warp-specialized schedule) serves the plain forward from
@@ -80,22 +82,30 @@ _SM90_BWD_LOCAL = {
 # Session 5 (benchmarks/results/gluon-h200-2026-11-29-s5), time Gluon / portable at 512, 1K, 2K, 4K, 16K:
 # D128 0.75/0.82/0.82/0.79/0.78, causal 1.10/0.95/0.84/0.80/0.78; D64 1.25/1.06/1.09/0.99/0.98, causal
 # 1.56/1.28/1.13/1.05/0.94 (D64 causal: between 4K and 16K unmeasured, so from 16K only).
-GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 1024, (64, False): 4096, (64, True): 16384}
+# D256 (session 5, 4K and 16K only: 1.45-1.58x the portable kernel, 1.01-1.13x cuDNN): from 4K.
+GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 1024, (64, False): 4096, (64, True): 16384,
+                      (256, False): 4096, (256, True): 4096}
+# Sliding windows: the keys a row sees. At D128 8K a 256-key window ran 7 % slower in Gluon than in the portable
+# 64x64 tiles, 1024 and 4096 ran 16-19 % faster (gluon-ext-h200-2026-11-29-s5).
+GLUON_FWD_MIN_WINDOW = 1024
 
 
-def gluon_fwd_wanted(head_dim, causal, seqlen_k):
-    """Whether the plain forward should take the Gluon kernel at this shape (where gluon_supported allows)."""
+def gluon_fwd_wanted(head_dim, causal, seqlen_k, window_span=None):
+    """Whether the dense forward should take the Gluon kernel at this shape (where gluon_supported allows);
+    window_span: the keys one row's window covers (left + right + 1), None without a two-sided window."""
     least = GLUON_FWD_MIN_KEYS.get((head_dim, causal))
+    if window_span is not None and window_span < GLUON_FWD_MIN_WINDOW:
+        return False
     return least is not None and seqlen_k >= least
 
 
-# Alternative D256 backwards, for measurement only (not a default until the H200 says so; docs/perf-log.md,
-# "D256 backward without pointer tensors"): FLASHTILE_D256_BWD=<name> swaps one in on sm90 (16-bit inputs).
-# "desc": q/dO through TMA descriptors frees the 2 x 16 registers per thread of their [64, 256] pointer tensors,
-# the difference between spilling and not at 64 keys x 64 queries with 8 warps and 2 stages.
+# The D256 backwards to compare (FLASHTILE_D256_BWD=<name> swaps one in on sm90 for 16-bit inputs; read once):
+# "desc" is the default above; "pointers" the pointer-tile configurations it replaced in session 5 (non-causal
+# 64x64/8w/1 stage, causal 32x32/4w/2 stages).
 D256_BWD_VARIANTS = {
-    "desc": (BwdConfig(TileConfig(64, 64, 8, 2), TileConfig(128, 32, 8, 2), "desc"),  # non-causal
-             BwdConfig(TileConfig(64, 64, 8, 2), TileConfig(128, 32, 8, 2), "desc")),  # causal / window
+    "desc": (_SM90_BWD[256], _SM90_BWD_LOCAL[256]),  # (non-causal, causal / window)
+    "pointers": (BwdConfig(TileConfig(64, 64, 8, 1), TileConfig(128, 32, 8, 2)),
+                 BwdConfig(TileConfig(32, 32, 4, 2), TileConfig(128, 32, 8, 2))),
 }
 D256_BWD = os.environ.get("FLASHTILE_D256_BWD", "")  # read once, at import
 if D256_BWD and D256_BWD not in D256_BWD_VARIANTS:

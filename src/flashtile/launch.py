@@ -529,7 +529,8 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
         # where configs.py says it is faster (keyed by head dim and causal: a window other than (-1, 0) counts
         # as not causal); FLASHTILE_GLUON=1 takes it wherever it is supported, =0 never.
         causal, choice = window_left < 0 and window_right == 0, os.environ.get("FLASHTILE_GLUON")
-        if choice == "1" or (choice != "0" and configs.gluon_fwd_wanted(q.shape[-1], causal, k.shape[1])):
+        span = window_left + window_right + 1 if window_left >= 0 and window_right >= 0 else None
+        if choice == "1" or (choice != "0" and configs.gluon_fwd_wanted(q.shape[-1], causal, k.shape[1], span)):
             from . import gluon_launch
             features = dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
                             sink=sink)
