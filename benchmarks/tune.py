@@ -4,7 +4,8 @@ Usage (on a CUDA machine, from the repo root):
     PYTHONPATH=src python benchmarks/tune.py --seqlen 4096 --out results.json
 Shapes follow the papers: batch = 16384 / seqlen, heads = 2048 / head_dim, bf16.
 Each candidate is checked against SDPA's output (backward: its gradients, relative error) when timed;
-the fastest valid one per (head dim, causal, direction) is printed last. The chosen ones go into configs.py by hand, with
+the fastest valid one per (head dim, causal, direction) is printed last. The chosen ones go into configs.py by hand,
+with
 the numbers in docs/perf-log.md.
 """
 import argparse
