@@ -163,3 +163,43 @@ def test_flash_attn_func_features_backward(monkeypatch, head_dim):
     torch.testing.assert_close(out, out_portable, atol=2e-2, rtol=0)
     for g, gp in zip(grads, grads_portable):
         torch.testing.assert_close(g, gp, atol=5e-2, rtol=1e-2)
+
+
+def test_a_failing_gluon_launch_falls_back_once(monkeypatch):
+    """A Gluon launch that fails to build (e.g. an API change in an untested triton) warns once, disables the
+    Gluon path for the process and lets the portable kernels answer; a supported call never takes it again."""
+    from flashtile import launch
+
+    q = torch.randn(1, 256, 2, 128, dtype=torch.bfloat16)
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise TypeError("simulated Gluon API change")
+
+    monkeypatch.setattr(gluon_launch, "_disabled", None)
+    monkeypatch.setattr(gluon_launch, "tested_triton", lambda: True)
+    monkeypatch.setattr(gluon_launch, "_attn_fwd_hopper", object())  # past the import check
+    monkeypatch.setattr(gluon_launch, "gluon_forward", broken)
+    monkeypatch.setattr(gluon_launch, "_supported_device", lambda *tensors: True)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # read per call by gluon_supported; no kernel runs here
+    with pytest.warns(RuntimeWarning, match="Gluon forward failed"):
+        assert launch._gluon_forward(q, q, q, 0.1, -1, -1, 0.0, None, None) is None
+    assert calls == [1] and gluon_launch._disabled is not None
+    assert launch._gluon_forward(q, q, q, 0.1, -1, -1, 0.0, None, None) is None
+    assert calls == [1]  # disabled: not tried again
+    monkeypatch.setenv("FLASHTILE_GLUON", "0")
+    assert launch._gluon_forward(q, q, q, 0.1, -1, -1, 0.0, None, None) is None
+
+
+def test_untested_triton_needs_the_opt_in(monkeypatch):
+    from flashtile import launch
+
+    q = torch.randn(1, 256, 2, 128)
+    seen = []
+    monkeypatch.setattr(gluon_launch, "tested_triton", lambda: False)
+    monkeypatch.setattr(gluon_launch, "gluon_supported", lambda *a, **kw: seen.append(1) or False)
+    monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
+    assert launch._gluon_forward(q, q, q, 0.1, -1, -1, 0.0, None, None) is None and not seen
+    monkeypatch.setenv("FLASHTILE_GLUON", "1")
+    assert launch._gluon_forward(q, q, q, 0.1, -1, -1, 0.0, None, None) is None and seen == [1]

@@ -7,9 +7,11 @@ without Gluon's Hopper API, or under the interpreter, gluon_supported() is False
 """
 import math
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
+import triton
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -23,6 +25,24 @@ except Exception as exc:  # noqa: BLE001  (any failure means: no Gluon path on t
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 128  # two consumer warpgroups of WG_M = 64 rows
+# Gluon is experimental and its API moves between triton releases: by default the kernel is used only with the
+# releases it was checked on (the H200 machine's); FLASHTILE_GLUON=1 tries it on any.
+TESTED_TRITON = ("3.6.",)
+_disabled = None  # the exception that made a launch fail in this process (then the portable path serves)
+
+
+def tested_triton():
+    return triton.__version__.startswith(TESTED_TRITON)
+
+
+def disable(exc):
+    """Stop using the Gluon forward in this process after a launch failed to build (e.g. an API change in an
+    untested triton), with one warning; the caller falls back to the portable kernels."""
+    global _disabled
+    if _disabled is None:
+        warnings.warn(f"flashtile: the Hopper Gluon forward failed ({type(exc).__name__}: {exc}); using the portable "
+                      f"Triton kernels from now on (FLASHTILE_GLUON=0 silences this)", RuntimeWarning, stacklevel=3)
+    _disabled = exc
 
 
 @dataclass(frozen=True)
@@ -76,6 +96,11 @@ def mask_mode(causal, window_size):
     return is_causal, not is_causal and (left >= 0 or right >= 0), left, right
 
 
+def _supported_device(*tensors):
+    """CUDA tensors on a Hopper (sm90) device: the Gluon kernel uses its TMA, wgmma and setmaxnreg."""
+    return all(t.is_cuda for t in tensors) and torch.cuda.get_device_capability(tensors[0].device) == (9, 0)
+
+
 def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                     attn_bias=None, sink=None, **other_features):
     """True when the Gluon forward can compute flash_attn_func(q, k, v, causal=causal, window_size=window_size,
@@ -83,15 +108,13 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     (B, S, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0, TMA-compatible strides, every query row
     seeing at least one key (causal: seqlen_q <= seqlen_k; a window's right side: seqlen_q - seqlen_k <= right),
     ALiBi slopes fp32 (Hq,) or (B, Hq), sink (Hq,); no dropout, bias, varlen or mods."""
-    if _attn_fwd_hopper is None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if _attn_fwd_hopper is None or _disabled is not None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
     if any(v_ not in (None, False, 0, 0.0) for v_ in other_features.values()):
         return False
     if dropout_p or attn_bias is not None or softcap < 0:
         return False
-    if not all(isinstance(t, torch.Tensor) and t.is_cuda and t.dim() == 4 for t in (q, k, v)):
-        return False
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)) or not _supported_device(q, k, v):
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return False

@@ -515,6 +515,30 @@ def probs_launches(geo, q, k, lse, probs, sa, arch, interpreter):
     )]
 
 
+def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
+    """(out, lse) from the Hopper Gluon forward (gluon_launch.py; plain, causal, windows, softcap, ALiBi, sinks)
+    where configs.py says it is faster (keyed by head dim and causal: a window other than (-1, 0) counts as not
+    causal) on a tested triton, else None. FLASHTILE_GLUON=1 takes it wherever it is supported, =0 never. A
+    launch that fails to build disables it for the process (one warning) and returns None."""
+    from . import gluon_launch
+
+    causal, choice = window_left < 0 and window_right == 0, os.environ.get("FLASHTILE_GLUON")
+    span = window_left + window_right + 1 if window_left >= 0 and window_right >= 0 else None
+    wanted = gluon_launch.tested_triton() and configs.gluon_fwd_wanted(q.shape[-1], causal, k.shape[1], span)
+    if choice == "0" or not (choice == "1" or wanted):
+        return None
+    features = dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes, sink=sink)
+    if not gluon_launch.gluon_supported(q, k, v, **features):
+        return None
+    try:
+        return gluon_launch.gluon_forward(q, k, v, softmax_scale, **features)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (compile or host-API errors; the portable kernels still serve)
+        gluon_launch.disable(exc)
+        return None
+
+
 def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
                         cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None,
                         dropout_p=0.0, rng=None, mods=None):
@@ -525,17 +549,9 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
     """
     dense = (cu_seqlens_q is None and softmax_scale > 0 and attn_bias is None and not dropout_p and mods is None)
     if dense and q.is_cuda:
-        # Hopper: the warp-specialized Gluon forward (gluon_launch.py; plain, causal, windows, softcap, ALiBi, sinks)
-        # where configs.py says it is faster (keyed by head dim and causal: a window other than (-1, 0) counts
-        # as not causal); FLASHTILE_GLUON=1 takes it wherever it is supported, =0 never.
-        causal, choice = window_left < 0 and window_right == 0, os.environ.get("FLASHTILE_GLUON")
-        span = window_left + window_right + 1 if window_left >= 0 and window_right >= 0 else None
-        if choice == "1" or (choice != "0" and configs.gluon_fwd_wanted(q.shape[-1], causal, k.shape[1], span)):
-            from . import gluon_launch
-            features = dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
-                            sink=sink)
-            if gluon_launch.gluon_supported(q, k, v, **features):
-                return gluon_launch.gluon_forward(q, k, v, softmax_scale, **features)
+        result = _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
+        if result is not None:
+            return result
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
