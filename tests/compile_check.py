@@ -26,18 +26,25 @@ TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: 
 
 
 def _signature(kl):
-    """Signature, constexprs and the attributes a real launch specializes on: like Triton's JIT, pointers
-    (torch allocations are 16-byte aligned) and ints divisible by 16 get tt.divisibility = 16, and an int equal
-    to 1 becomes a constant (e.g. group_size for MHA: its loop disappears). Without them loads cannot be
-    vectorized, the pipeliner skips them, and shared memory and registers would be misreported."""
-    names = kl.kernel.arg_names
-    sig, constexprs, attrs = {}, {}, {}
-    values = dict(zip(names, kl.args), **kl.constexprs)
+    """Signature, constexprs and the attributes a real launch of kl (a launch.KernelLaunch) specializes on."""
+    return kernel_signature(kl.kernel, kl.args, kl.constexprs)
+
+
+def kernel_signature(kernel, args, constexprs):
+    """Signature, constexprs and the attributes a launch of kernel(*args, **constexprs) specializes on: like
+    Triton's JIT, pointers (torch allocations are 16-byte aligned) and ints divisible by 16 get
+    tt.divisibility = 16, and an int equal to 1 becomes a constant (e.g. group_size for MHA: its loop
+    disappears) unless the kernel lists it in do_not_specialize. Without them loads cannot be vectorized, the
+    pipeliner skips them, and shared memory and registers would be misreported. Also serves the Gluon kernel
+    (tests/gluon_compile_check.py)."""
+    names = kernel.arg_names
+    sig, consts, attrs = {}, {}, {}
+    values = dict(zip(names, args), **constexprs)
     for i, name in enumerate(names):
         value = values[name]
-        if name in kl.constexprs:
+        if name in constexprs:
             sig[name] = "constexpr"
-            constexprs[(i,)] = value
+            consts[(i,)] = value
         elif isinstance(value, torch.Tensor):
             sig[name] = TRITON_TYPES[value.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -46,14 +53,19 @@ def _signature(kl):
             sig[name] = f"tensordesc<{TRITON_TYPES[value.base.dtype][1:]}[{block}]>"
         elif isinstance(value, float):
             sig[name] = "fp32"
+        elif isinstance(value, bool) or not isinstance(value, int):  # e.g. a Gluon host descriptor
+            from triton.runtime.jit import mangle_type
+            sig[name] = mangle_type(value)
+        elif name in kernel.do_not_specialize:
+            sig[name] = "i32"
         elif value == 1:
             sig[name] = "constexpr"
-            constexprs[(i,)] = 1
+            consts[(i,)] = 1
         else:
             sig[name] = "i32"
             if value % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    return sig, constexprs, attrs
+    return sig, consts, attrs
 
 
 def compile_launch(kl, arch):

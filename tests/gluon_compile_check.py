@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.runtime.jit import mangle_type
 
+from compile_check import kernel_signature  # this folder: the JIT-faithful signature
 from flashtile import gluon_launch
 
 PTX_PATTERNS = {
@@ -32,32 +32,6 @@ PTX_PATTERNS = {
     "ld.shared": r"ld\.shared",
     "bar.sync": r"bar\.sync|barrier\.sync",
 }
-
-
-def _signature(kernel, args, constexprs):
-    """Like the JIT: pointers and ints divisible by 16 get tt.divisibility 16; ints equal to 1 are constants."""
-    sig, consts, attrs = {}, {}, {}
-    values = dict(zip(kernel.arg_names, args), **constexprs)
-    for i, name in enumerate(kernel.arg_names):
-        value = values[name]
-        if name in constexprs:
-            sig[name] = "constexpr"
-            consts[(i, )] = value
-        elif isinstance(value, torch.Tensor):
-            sig[name] = mangle_type(value)
-            attrs[(i, )] = [["tt.divisibility", 16]]
-        elif isinstance(value, bool) or not isinstance(value, int):
-            sig[name] = mangle_type(value)
-        elif name in kernel.do_not_specialize:
-            sig[name] = "i32"
-        elif value == 1:
-            sig[name] = "constexpr"
-            consts[(i, )] = 1
-        else:
-            sig[name] = "i32"
-            if value % 16 == 0:
-                attrs[(i, )] = [["tt.divisibility", 16]]
-    return sig, consts, attrs
 
 
 def ptxas_report(ptx):
@@ -96,7 +70,7 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000
         features["sink"] = torch.empty(heads_q)
     _, args, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.1, causal, config,
                                                                   **features)
-    sig, consts, attrs = _signature(kernel, args, constexprs)
+    sig, consts, attrs = kernel_signature(kernel, args, constexprs)
     src = GluonASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
