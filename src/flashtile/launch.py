@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import configs, philox
-from .kernels.bwd import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
+from .kernels.bwd import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_dq_convert, _attn_bwd_preprocess
 from .kernels.decode import _attn_combine, _attn_fwd_splitkv
 from .kernels.fwd import _attn_fwd, _attn_probs
 from .kernels.rotary import _rotary_append
@@ -446,6 +446,30 @@ def _dkdv_descriptors(geo, q, dout, block_m, head_dim_pad):
     return descs
 
 
+def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2):
+    """The backward's preprocess: delta = rowsum(dO * O) - dlse and lse2 = lse * log2(e), both of shape
+    geo.row_buffer_shape; dlse (lse's shape) or None. Shared by the portable and the Gluon backward."""
+    pre_block = 64
+    return KernelLaunch(
+        _attn_bwd_preprocess, (_cdiv(geo.seqlen_q, pre_block), geo.batch * geo.heads_q),
+        (out, dout, lse, dlse if dlse is not None else lse, delta, lse2, geo.cu_args(lse)[0], *_strides3(out),
+         *_strides3(dout), *geo.lse_strides(lse), *geo.lse_strides(lse2), geo.seqlen_q, geo.heads_q),
+        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=_head_dim_padded(geo.head_dim), BLOCK_M=pre_block,
+             IS_VARLEN=geo.is_varlen, HAS_DLSE=dlse is not None),
+    )
+
+
+def dq_convert_launch(dq_accum, dq, scale):
+    """dq (B, Sq, Hq, D) = dq_accum[:, :Sq] * scale: the Gluon backward's fp32 (B, Sq_pad, Hq, D) dQ buffer."""
+    batch, seqlen_q, heads_q, head_dim = dq.shape
+    block_m = 64
+    return KernelLaunch(
+        _attn_bwd_dq_convert, (_cdiv(seqlen_q, block_m), batch * heads_q),
+        (dq_accum, dq, dq_accum.stride(0), dq_accum.stride(1), *_strides3(dq), seqlen_q, heads_q, scale),
+        dict(HEAD_DIM=head_dim, BLOCK_M=block_m),
+    )
+
+
 def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale, sa, arch,
                       interpreter, mods=None, dlse=None):
     """The backward's three launches: preprocess (delta, lse2, of shape geo.row_buffer_shape), dK/dV, dQ;
@@ -465,17 +489,10 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
     assert cfg.dkdv.BLOCK_M <= ROW_PAD, "the dK/dV kernel's query tiles may read ROW_PAD rows past the last sequence"
     precision = _dot_precision(q.dtype)
     row_strides = geo.lse_strides(lse2)
-    pre_block = 64
     cu_q, cu_k = geo.cu_args(lse)
     common = dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, DOT_PRECISION=precision,
                   IS_VARLEN=geo.is_varlen, **sa.constexprs, **mods.constexprs(grad=True))
-    preprocess = KernelLaunch(
-        _attn_bwd_preprocess, (_cdiv(geo.seqlen_q, pre_block), geo.batch * geo.heads_q),
-        (out, dout, lse, dlse if dlse is not None else lse, delta, lse2, cu_q, *_strides3(out), *_strides3(dout),
-         *geo.lse_strides(lse), *row_strides, geo.seqlen_q, geo.heads_q),
-        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=pre_block, IS_VARLEN=geo.is_varlen,
-             HAS_DLSE=dlse is not None),
-    )
+    preprocess = preprocess_launch(geo, out, dout, lse, dlse, delta, lse2)
     dkdv = KernelLaunch(
         _attn_bwd_dkdv, (_cdiv(geo.seqlen_k, cfg.dkdv.BLOCK_N), geo.batch * geo.heads_kv),
         (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k, sa.bias, sa.rng, *(descs or (q, dout)),

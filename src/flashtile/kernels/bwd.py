@@ -392,3 +392,20 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
     dq_ptrs = (DQ + _seq_offset(off_b, q_start, stride_dqb, stride_dqm, IS_VARLEN) + off_h * stride_dqh
                + rows * stride_dqm + offs_d[None, :])
     _store_tile(dq_ptrs, dq.to(DQ.dtype.element_ty), offs_m, seqlen_q, offs_d, HEAD_DIM, HEAD_DIM_PAD)
+
+
+@triton.jit
+def _attn_bwd_dq_convert(DQAccum, DQ, stride_ab, stride_am, stride_qb, stride_qm, stride_qh, seqlen_q, heads_q,
+                         scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """DQ = DQAccum * scale in DQ's dtype, for the Gluon backward's fp32 dQ buffer (B, Sq_pad, Hq, HEAD_DIM) with
+    a unit head stride of HEAD_DIM (a power of two). One program per (BLOCK_M rows, batch * head)."""
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // heads_q).to(tl.int64)
+    off_h = (pid_bh % heads_q).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows = offs_m[:, None].to(tl.int64)
+    mask = offs_m[:, None] < seqlen_q
+    acc = tl.load(DQAccum + off_b * stride_ab + rows * stride_am + off_h * HEAD_DIM + offs_d[None, :], mask=mask)
+    tl.store(DQ + off_b * stride_qb + off_h * stride_qh + rows * stride_qm + offs_d[None, :],
+             (acc * scale).to(DQ.dtype.element_ty), mask=mask)

@@ -1,0 +1,163 @@
+"""Host side of the Hopper Gluon backward (kernels/gluon_bwd.py): support check, descriptors, launches.
+
+launch._flash_attn_backward uses it for the dense plain / causal backward when configs.gluon_bwd_wanted() and
+gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is supported, =0 never. Importing this
+module never fails: without Gluon's Hopper API, or under the interpreter, gluon_bwd_supported() is False.
+"""
+import math
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from .gluon_launch import LOG2E, _supported_device
+
+try:
+    from triton.experimental.gluon import language as _gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
+
+    from .kernels.gluon_bwd import WG_N, _attn_bwd_dkdv_hopper
+    BLOCK_N = 2 * WG_N.value
+    GLUON_BWD_IMPORT_ERROR = None
+except Exception as exc:  # noqa: BLE001  (any failure means: no Gluon backward on this triton)
+    _attn_bwd_dkdv_hopper = None
+    BLOCK_N = 128
+    GLUON_BWD_IMPORT_ERROR = exc
+
+_disabled = None  # the exception that made a launch fail in this process (then the portable path serves)
+
+
+def disable(exc):
+    """Stop using the Gluon backward in this process after a launch failed to build, with one warning."""
+    global _disabled
+    if _disabled is None:
+        warnings.warn(f"flashtile: the Hopper Gluon backward failed ({type(exc).__name__}: {exc}); using the portable "
+                      f"Triton kernels from now on (FLASHTILE_GLUON_BWD=0 silences this)", RuntimeWarning,
+                      stacklevel=3)
+    _disabled = exc
+
+
+@dataclass(frozen=True)
+class GluonBwdConfig:
+    """One schedule: query rows per tile (BLOCK_M), ring depth, dQ split (see kernels/gluon_bwd.py). Registers:
+    two consumer warpgroups at consumer_regs and the loader's warpgroup at loader_regs share 64K."""
+    block_m: int = 64
+    stages: int = 2
+    dq_split_d: bool = True
+    consumer_regs: int = 240
+    loader_regs: int = 24
+    maxnreg: int = 168
+
+
+# Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
+# K + V 64 KB, a Q + dO stage 32 KB, dS^T 2 x 16 KB: 160 KB at 2 stages, 192 KB at 3. D64 defaults to the per-key
+# dQ (dq-keys): splitting dQ's 64 columns would slice K's 128-byte swizzle rows in half (dq-split tries it).
+VARIANTS = {
+    "default": {64: GluonBwdConfig(stages=3, dq_split_d=False), 128: GluonBwdConfig(stages=2)},
+    "stages3": {128: GluonBwdConfig(stages=3)},
+    "dq-keys": {128: GluonBwdConfig(stages=2, dq_split_d=False)},
+    "dq-split": {64: GluonBwdConfig(stages=3)},
+}
+HEAD_DIMS = (64, 128)
+
+
+def _tma_3d_ok(t):
+    """t (B, S, H, D) as a 3-D (B, S, H * D) TMA tensor: heads adjacent, 16-byte aligned strides and base."""
+    _, _, heads, head_dim = t.shape
+    return (t.stride(3) == 1 and (t.stride(2) == head_dim or heads == 1)
+            and all(s * t.element_size() % 16 == 0 for s in (t.stride(0), t.stride(1)))
+            and t.data_ptr() % 16 == 0)
+
+
+def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0,
+                        alibi_slopes=None, attn_bias=None, **other_features):
+    """True when the Gluon backward can compute the gradients of flash_attn_func(q, k, v, causal=causal): CUDA
+    sm90, no interpreter, fp16/bf16 dense (B, S, H, D), head_dim 64 or 128, heads_q % heads_kv == 0,
+    TMA-compatible strides of q, k, v, dout; no dropout, window, softcap, ALiBi, bias, varlen or mods."""
+    if (_attn_bwd_dkdv_hopper is None or _disabled is not None
+            or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
+        return False
+    if any(v_ not in (None, False, 0, 0.0) for v_ in other_features.values()):
+        return False
+    if dropout_p or attn_bias is not None or softcap or alibi_slopes is not None:
+        return False
+    if tuple(window_size) != (-1, -1):
+        return False
+    tensors = (q, k, v, out, dout)
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors) or not _supported_device(*tensors):
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in tensors):
+        return False
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    if head_dim not in HEAD_DIMS or k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
+        return False
+    if out.shape != q.shape or dout.shape != q.shape:
+        return False
+    if heads_kv == 0 or heads_q % heads_kv or seqlen_q == 0 or seqlen_k == 0 or batch == 0:
+        return False
+    if max(seqlen_q, seqlen_k) + BLOCK_N >= 2**31 or batch * heads_q * seqlen_q * head_dim >= 2**31:
+        return False  # int32 TMA coordinates and row offsets
+    return all(_tma_3d_ok(t) for t in (q, k, v, dout))
+
+
+def _descriptor(t, block_rows):
+    batch, seqlen, heads, head_dim = t.shape
+    dtype = _gl.float16 if t.dtype == torch.float16 else _gl.bfloat16
+    layout = _gl.NVMMASharedLayout.get_default_for([1, block_rows, head_dim], dtype)
+    return _GluonDescriptor(t, [batch, seqlen, heads * head_dim], [t.stride(0), t.stride(1), 1],
+                            [1, block_rows, head_dim], layout)
+
+
+def _row_descriptor(rows, block_m):
+    """rows (B, Hq, Sq_pad) fp32 as a (B * Hq, Sq_pad) TMA tensor, boxes [1, block_m], unswizzled."""
+    layout = _gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    flat = rows.view(-1, rows.shape[-1])
+    return _GluonDescriptor(flat, list(flat.shape), [flat.stride(0), 1], [1, block_m], layout)
+
+
+def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config):
+    """(grid, args, constexprs, launch options) of the dK/dV kernel; shared with the offline compile check.
+    lse2, delta: (B, Hq, Sq_pad) fp32; dq_accum: (B, Sq_pad, Hq, D) fp32, Sq_pad a multiple of config.block_m."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    args = (_descriptor(q, config.block_m), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N),
+            _descriptor(dout, config.block_m), _row_descriptor(lse2, config.block_m),
+            _row_descriptor(delta, config.block_m), dk, dv, dq_accum,
+            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), dq_accum.stride(1),
+            seqlen_q, seqlen_k, dq_accum.shape[1], heads_q, heads_kv, heads_q // heads_kv,
+            softmax_scale * LOG2E, softmax_scale)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, IS_CAUSAL=bool(causal),
+                      DQ_SPLIT_D=config.dq_split_d, CONSUMER_REGS=config.consumer_regs,
+                      LOADER_REGS=config.loader_regs)
+    grid = (math.ceil(seqlen_k / BLOCK_N), batch * heads_kv)
+    return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
+
+
+def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dlse=None, variant="default"):
+    """dq, dk, dv (the shapes and dtypes of q, k, v) of flash_attn_func(q, k, v, softmax_scale, causal) from its
+    out and lse (B, Hq, Sq) fp32; dlse: the gradient flowing into lse (lse's shape) or None. Requires
+    gluon_bwd_supported(q, k, v, out, dout, causal). Launches: the portable preprocess (delta, lse2), the Gluon
+    dK/dV kernel (dQ by atomics into an fp32 buffer), and the conversion of that buffer to dq."""
+    from . import launch  # the shared preprocess and the NaN-poisoning allocator
+
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    config = VARIANTS[variant][q.shape[-1]]
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_q_pad = math.ceil(seqlen_q / config.block_m) * config.block_m
+    # Rows padded to whole query tiles (TMA boxes, 16-byte row strides); rows past seqlen_q stay unwritten.
+    delta = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32)
+    lse2 = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32)
+    if dlse is not None:
+        dlse = dlse.to(torch.float32).contiguous()
+    launch.preprocess_launch(launch.Geometry.of(q, k), out, dout, lse, dlse, delta, lse2).run()
+    dq_accum = torch.zeros((batch, seqlen_q_pad, heads_q, head_dim), dtype=torch.float32, device=q.device)
+    dk, dv = launch._empty(k.shape, k), launch._empty(v.shape, v)
+    grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
+                                                       float(softmax_scale), causal, config)
+    _attn_bwd_dkdv_hopper[grid](*args, **constexprs, **options)
+    dq = launch._empty(q.shape, q)
+    launch.dq_convert_launch(dq_accum, dq, float(softmax_scale)).run()
+    return dq, dk, dv

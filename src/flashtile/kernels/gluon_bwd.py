@@ -1,0 +1,289 @@
+"""Hopper (sm90) backward in Gluon: dK/dV per key block with dQ by fp32 atomics (FA3's schedule).
+
+One program per (key block of BLOCK_N = 128 keys, batch * key/value head), three partitions:
+  - load (1 warp): K and V of the block once, then the Q and dO tiles of BLOCK_M = 64 query rows of every
+    query head of the group through a STAGES-deep ring (TMA, one mbarrier pair per stage and tensor);
+  - two consumer warpgroups (the default partition and a 4-warp worker), warpgroup w owning keys
+    start_n + 64 w + [0, 64) and their dK / dV rows in registers.
+Per query tile a consumer computes, on transposed tiles so that P^T and dS^T feed the dV / dK wgmmas from
+registers: S^T = K_w Q^T, dP^T = V_w dO^T (both from shared memory), P^T = exp2(S^T * scale * log2e - lse2),
+dS^T = P^T (dP^T - delta), dV += P^T dO, dK += dS^T Q; then dS^T goes to shared memory for dQ = dS K.
+
+dQ: atomics into an fp32 (B, Sq_pad, Hq, D) buffer instead of a second kernel. Per 64 x 128 tile pair at D128
+the five GEMMs are 5 * 2 * 64 * 128 * 128 = 10.5 MFLOP; a separate dQ kernel would recompute S and dP
+(7 GEMMs instead of 5: +40 % FLOPs), the atomics cost 64 * 128 * 4 B = 32 KB of L2 reductions per tile pair
+(3 KB per MFLOP; at 600 TFLOP/s about 2 TB/s over the GPU, within L2's reach). DQ_SPLIT_D (default): the two
+warpgroups exchange their dS^T halves through shared memory (an mbarrier per buffer) and each computes half of
+dQ's columns over all 128 keys, so each element is added once per key block; otherwise (variant dq-keys) each
+warpgroup adds dS_w K_w over its own 64 keys: no exchange, twice the atomics.
+
+Dense (B, S, H, D) tensors as 3-D (B, S, H * D) TMA tensors: a tile past a sequence's end is zero-filled (not
+the next batch's rows), so padded query rows have Q = dO = 0 and lse2 = +inf (P = 0, dS = 0), and padded keys
+K = V = 0 (masked to P = 0 as well; their dK / dV rows are not stored). Causal aligned bottom-right.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+WG_N = gl.constexpr(64)  # keys per consumer warpgroup (the wgmma M of one warpgroup)
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
+                    lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n, kv_col,
+                    off_h0, m_lo, n_tiles, group_size, heads_q,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    # Q with its lse2 row slice on one barrier, dO with its delta slice on another.
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [off_b, start_n, kv_col], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [off_b, start_n, kv_col], kv_bar, v_smem)
+    for it in range(group_size * n_tiles):
+        g = it // n_tiles
+        row = m_lo + (it - g * n_tiles) * BLOCK_M
+        col = (off_h0 + g) * HEAD_DIM
+        row_bh = off_b * heads_q + off_h0 + g  # the (B * Hq, Sq_pad) row of lse2 / delta
+        stage = it % STAGES
+        # Fresh barriers count as having completed phase 1, so the first lap through the ring does not wait.
+        empty_phase = ((it // STAGES) & 1) ^ 1
+        mbarrier.wait(q_empty.index(stage), empty_phase)
+        mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes + lse2_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [off_b, row, col], q_ready.index(stage), q_bufs.index(stage))
+        tma.async_copy_global_to_shared(lse2_desc, [row_bh, row], q_ready.index(stage), lse2_bufs.index(stage))
+        mbarrier.wait(do_empty.index(stage), empty_phase)
+        mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [off_b, row, col], do_ready.index(stage), do_bufs.index(stage))
+        tma.async_copy_global_to_shared(delta_desc, [row_bh, row], do_ready.index(stage), delta_bufs.index(stage))
+
+
+@gluon.jit
+def _row_vector(bufs, stage, valid, other, layout: gl.constexpr):
+    """The [BLOCK_M] lse2 / delta slice of ring slot `stage` in `layout`, `other` where not `valid` (the padded
+    buffer's rows past seqlen_q are never written)."""
+    BLOCK_M: gl.constexpr = bufs.shape[2]
+    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    x = bufs.index(stage)._reinterpret(gl.float32, [BLOCK_M], flat).load(layout)
+    return gl.where(valid, x, other)
+
+
+@gluon.jit
+def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
+              q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset,
+              qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+    """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
+    dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm."""
+    dtype: gl.constexpr = q_bufs.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
+    DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_N, 16])
+    stage = it % STAGES
+    phase = (it // STAGES) & 1
+    q_view = q_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
+    do_view = do_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
+    s_zero = gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout)
+    mbarrier.wait(q_ready.index(stage), phase)
+    s_tok = warpgroup_mma(k_view, q_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(do_ready.index(stage), phase)
+    dp_tok = warpgroup_mma(v_view, do_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
+    in_seq = cols < seqlen_q
+    # wgmma groups retire in order: one outstanding means S^T is done and dP^T may still run.
+    s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
+    # Past seqlen_q: lse2 = +inf makes P = 0 (Q and dO are zero-filled there, so dP = 0 and dS = 0).
+    lse2 = _row_vector(lse2_bufs, stage, in_seq, float("inf"), col_layout)
+    p = gl.exp2(s * qk_scale - lse2[None, :])  # [WG_N, BLOCK_M]
+    if MASKED:
+        keys = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))  # [WG_N]
+        visible = (keys < seqlen_k)[:, None]
+        if IS_CAUSAL:
+            visible = visible & (keys[:, None] <= cols[None, :] + causal_offset)
+        p = gl.where(visible, p, 0.0)
+    p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
+    # dV's wgmma runs while dS is computed.
+    dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
+    dp = warpgroup_mma_wait(1, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
+    delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
+    ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
+    ds_op = gl.convert_layout(ds_lp, op_layout, assert_trivial=True)
+    dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)
+    # dS^T to shared memory (written while the dV / dK wgmmas run), for dQ = dS K.
+    buf = it % 2
+    if DQ_SPLIT_D:
+        ds_buf = ds_bufs.index(buf)
+        ds_buf.slice(WG * WG_N, WG_N, dim=0).store(ds_lp)
+    else:
+        ds_buf = ds_bufs.index(WG)
+        ds_buf.store(ds_lp)
+    fence_async_shared()  # the generic-proxy stores before the async-proxy (wgmma) reads
+    if DQ_SPLIT_D:
+        mbarrier.arrive(ds_ready.index(buf))  # after a warpgroup-wide bar.sync: all 128 threads stored
+    dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
+    mbarrier.arrive(q_empty.index(stage))
+    mbarrier.arrive(do_empty.index(stage))
+    dq_zero = gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout)
+    if DQ_SPLIT_D:
+        # Both halves of dS^T written. Buffer `buf` is rewritten at it + 2, after this warpgroup has waited for
+        # the other one's arrival at it + 1, which comes after the other's dQ wgmma of `it` retired.
+        mbarrier.wait(ds_ready.index(buf), (it // 2) & 1)
+        dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_smem.slice(WG * DQ_N, DQ_N, dim=1), dq_zero,
+                               use_acc=False, is_async=True)
+    else:
+        gl.thread_barrier()  # this warpgroup's dS^T stores, before its own wgmma reads them
+        dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_view, dq_zero, use_acc=False, is_async=True)
+    dq = warpgroup_mma_wait(0, deps=(dq_tok, ))  # [BLOCK_M, DQ_N]
+    rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dcols = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
+    # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
+    gl.atomic_add(dq_ptr + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq, sem="relaxed")
+    return dk, dv
+
+
+@gluon.jit
+def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
+                        do_ready, do_empty, ds_ready, DK, DV, DQAccum, off_b, off_hk, start_n, m_lo, n_masked, n_tiles,
+                        group_size, heads_q, seqlen_q, seqlen_k, seqlen_q_pad, causal_offset, qk_scale, softmax_scale,
+                        stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
+                        WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                        IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+    """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
+    the group (the first n_masked of each need the causal / key-end mask); writes those rows of DK and DV."""
+    dtype: gl.constexpr = q_bufs.dtype
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    key0 = start_n + WG * WG_N
+    k_all = k_smem.reshape([2 * WG_N, HEAD_DIM])
+    k_view = k_all.slice(WG * WG_N, WG_N, dim=0)
+    v_view = v_smem.reshape([2 * WG_N, HEAD_DIM]).slice(WG * WG_N, WG_N, dim=0)
+    dk = gl.zeros([WG_N, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([WG_N, HEAD_DIM], gl.float32, acc_layout)
+    DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
+    dq_col = WG * DQ_N if DQ_SPLIT_D else 0
+    mbarrier.wait(kv_bar, 0)
+    for g in range(group_size):
+        off_h = off_hk * group_size + g
+        dq_ptr = DQAccum + off_b.to(gl.int64) * seqlen_q_pad * stride_dqm + off_h * HEAD_DIM + dq_col
+        it0 = g * n_tiles
+        for t in range(0, n_masked):
+            dk, dv = _bwd_step(it0 + t, m_lo + t * BLOCK_M, dk, dv, k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs,
+                               delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr,
+                               stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                               WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D)
+        for t in range(n_masked, n_tiles):
+            dk, dv = _bwd_step(it0 + t, m_lo + t * BLOCK_M, dk, dv, k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs,
+                               delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr,
+                               stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                               WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D)
+    rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))  # [HEAD_DIM]
+    in_seq = (rows < seqlen_k)[:, None]
+    rows64 = rows.to(gl.int64)[:, None]
+    dk_ptrs = DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh + rows64 * stride_dkn + cols[None, :]
+    gl.store(dk_ptrs, (dk * softmax_scale).to(dtype), mask=in_seq)
+    dv_ptrs = DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh + rows64 * stride_dvn + cols[None, :]
+    gl.store(dv_ptrs, dv.to(dtype), mask=in_seq)
+
+
+@gluon.jit
+def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
+                         q_empty, do_ready, do_empty, ds_ready, DK, DV, DQAccum, off_b, off_hk, start_n, m_lo, n_masked, n_tiles,
+                         group_size, heads_q, seqlen_q, seqlen_k, seqlen_q_pad, causal_offset, qk_scale,
+                         softmax_scale, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                         stride_dqm, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                         IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+    _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
+                        do_ready, do_empty, ds_ready, DK, DV, DQAccum, off_b, off_hk, start_n, m_lo, n_masked, n_tiles,
+                        group_size, heads_q, seqlen_q, seqlen_k, seqlen_q_pad, causal_offset, qk_scale,
+                        softmax_scale, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                        stride_dqm, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D)
+
+
+# Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "seqlen_q_pad", "heads_q", "heads_kv", "group_size"])
+def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, DK, DV, DQAccum,
+                          stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
+                          seqlen_q, seqlen_k, seqlen_q_pad, heads_q, heads_kv, group_size, qk_scale, softmax_scale,
+                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                          IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
+                          CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+    """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
+    [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
+    lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
+    DQAccum: zeroed fp32 (B, seqlen_q_pad, Hq, D), row stride stride_dqm, seqlen_q_pad a multiple of BLOCK_M;
+    receives dS K (unscaled). qk_scale = softmax_scale * log2(e). Launch with num_warps=4 and a grid of
+    (cdiv(Sk, 128), B * Hk)."""
+    BLOCK_N: gl.constexpr = 2 * WG_N
+    start_n = gl.program_id(0) * BLOCK_N
+    pid_bh = gl.program_id(1)
+    off_b = pid_bh // heads_kv
+    off_hk = pid_bh % heads_kv
+
+    # Query tiles [m_lo, m_lo + n_tiles * BLOCK_M) see some key of the block; the first n_masked need a mask
+    # (the causal diagonal, or every tile when the block runs past seqlen_k).
+    n_q = gl.cdiv(seqlen_q, BLOCK_M)
+    if IS_CAUSAL:
+        causal_offset = seqlen_k - seqlen_q  # row r sees keys <= r + causal_offset
+        m_lo = gl.maximum(start_n - causal_offset, 0) // BLOCK_M * BLOCK_M
+        m_full = gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0), BLOCK_M) * BLOCK_M
+        n_tiles = n_q - m_lo // BLOCK_M
+        n_masked = gl.minimum(gl.maximum(m_full - m_lo, 0) // BLOCK_M, n_tiles)
+    else:
+        causal_offset = 0
+        m_lo = 0
+        n_tiles = n_q
+        n_masked = 0
+    if start_n + BLOCK_N > seqlen_k:
+        n_masked = n_tiles
+
+    dtype: gl.constexpr = q_desc.dtype
+    k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
+    lse2_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], lse2_desc.layout)
+    delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], delta_desc.layout)
+    if DQ_SPLIT_D:
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+        ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+    else:
+        # One buffer per warpgroup: each waits for its own dQ wgmma before its next store.
+        ds_layout1: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_N, BLOCK_M], dtype)
+        ds_bufs = gl.allocate_shared_memory(dtype, [2, WG_N, BLOCK_M], ds_layout1)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        # Both consumer warpgroups release every Q and dO buffer.
+        mbarrier.init(q_empty.index(i), count=2)
+        mbarrier.init(do_empty.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=2)
+
+    gl.warp_specialize([
+        (_consumer_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
+                               q_empty, do_ready, do_empty, ds_ready, DK, DV, DQAccum, off_b, off_hk, start_n, m_lo,
+                               n_masked, n_tiles, group_size, heads_q, seqlen_q, seqlen_k, seqlen_q_pad,
+                               causal_offset, qk_scale, softmax_scale, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
+                               stride_dvn, stride_dvh, stride_dqm, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
+                               DQ_SPLIT_D)),
+        (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
+                                q_empty, do_ready, do_empty, ds_ready, DK, DV, DQAccum, off_b, off_hk, start_n, m_lo,
+                                n_masked, n_tiles, group_size, heads_q, seqlen_q, seqlen_k, seqlen_q_pad,
+                                causal_offset, qk_scale, softmax_scale, stride_dkb, stride_dkn, stride_dkh,
+                                stride_dvb, stride_dvn, stride_dvh, stride_dqm, HEAD_DIM, BLOCK_M, STAGES,
+                                IS_CAUSAL, DQ_SPLIT_D)),
+        (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
+                           lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
+                           off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q,
+                           HEAD_DIM, BLOCK_M, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
