@@ -90,6 +90,18 @@ GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 1024, (64, False): 4096, (64
 GLUON_FWD_MIN_WINDOW = 1024
 
 
+# The Hopper Gluon backward (kernels/gluon_bwd.py) serves the plain / causal dense backward from these key counts
+# on: (head dim, causal) -> least seqlen_k. Empty until it is measured on the H200 (benchmarks/gluon_bwd_check.py:
+# to be filled from that measurement); FLASHTILE_GLUON_BWD=1 takes it wherever it is supported.
+GLUON_BWD_MIN_KEYS = {}
+
+
+def gluon_bwd_wanted(head_dim, causal, seqlen_k):
+    """Whether the dense backward should take the Gluon kernel at this shape (where gluon_bwd_supported allows)."""
+    least = GLUON_BWD_MIN_KEYS.get((head_dim, causal))
+    return least is not None and seqlen_k >= least
+
+
 def gluon_fwd_wanted(head_dim, causal, seqlen_k, window_span=None):
     """Whether the dense forward should take the Gluon kernel at this shape (where gluon_supported allows);
     window_span: the keys one row's window covers (left + right + 1), None without a two-sided window."""
