@@ -103,12 +103,11 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         if IS_CAUSAL:
             visible = visible & (keys[:, None] <= cols[None, :] + causal_offset)
         p = gl.where(visible, p, 0.0)
-    p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
-    # dV's wgmma runs while dS is computed.
-    dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
-    dp = warpgroup_mma_wait(1, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
+    dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
     ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
+    p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
+    dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
     ds_op = gl.convert_layout(ds_lp, op_layout, assert_trivial=True)
     dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)
     # dS^T to shared memory (written while the dV / dK wgmmas run), for dQ = dS K.
@@ -145,13 +144,13 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
 
 @gluon.jit
 def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
-                        do_ready, do_empty, ds_ready, DK, DV, DQAccum, off_b, off_hk, start_n, m_lo, n_masked, n_tiles,
-                        group_size, heads_q, seqlen_q, seqlen_k, seqlen_q_pad, causal_offset, qk_scale, softmax_scale,
-                        stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
+                        do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles, group_size,
+                        seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn, stride_dvn, stride_dqm,
                         WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
-    the group (the first n_masked of each need the causal / key-end mask); writes those rows of DK and DV."""
+    the group (the first n_masked of each need the causal / key-end mask); writes those rows of dK and dV.
+    dk_base / dv_base: this (batch, kv head)'s rows of DK / DV; dq_base: the group's first head in DQAccum."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -165,8 +164,7 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     dq_col = WG * DQ_N if DQ_SPLIT_D else 0
     mbarrier.wait(kv_bar, 0)
     for g in range(group_size):
-        off_h = off_hk * group_size + g
-        dq_ptr = DQAccum + off_b.to(gl.int64) * seqlen_q_pad * stride_dqm + off_h * HEAD_DIM + dq_col
+        dq_ptr = dq_base + g * HEAD_DIM + dq_col
         it0 = g * n_tiles
         for t in range(0, n_masked):
             dk, dv = _bwd_step(it0 + t, m_lo + t * BLOCK_M, dk, dv, k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs,
@@ -182,24 +180,20 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))  # [HEAD_DIM]
     in_seq = (rows < seqlen_k)[:, None]
     rows64 = rows.to(gl.int64)[:, None]
-    dk_ptrs = DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh + rows64 * stride_dkn + cols[None, :]
-    gl.store(dk_ptrs, (dk * softmax_scale).to(dtype), mask=in_seq)
-    dv_ptrs = DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh + rows64 * stride_dvn + cols[None, :]
-    gl.store(dv_ptrs, dv.to(dtype), mask=in_seq)
+    gl.store(dk_base + rows64 * stride_dkn + cols[None, :], (dk * softmax_scale).to(dtype), mask=in_seq)
+    gl.store(dv_base + rows64 * stride_dvn + cols[None, :], dv.to(dtype), mask=in_seq)
 
 
 @gluon.jit
 def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
-                         q_empty, do_ready, do_empty, ds_ready, DK, DV, DQAccum, off_b, off_hk, start_n, m_lo, n_masked, n_tiles,
-                         group_size, heads_q, seqlen_q, seqlen_k, seqlen_q_pad, causal_offset, qk_scale,
-                         softmax_scale, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
-                         stride_dqm, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                         q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
+                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
+                         stride_dvn, stride_dqm, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                          IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
-                        do_ready, do_empty, ds_ready, DK, DV, DQAccum, off_b, off_hk, start_n, m_lo, n_masked, n_tiles,
-                        group_size, heads_q, seqlen_q, seqlen_k, seqlen_q_pad, causal_offset, qk_scale,
-                        softmax_scale, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
-                        stride_dqm, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D)
+                        do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
+                        group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
+                        stride_dvn, stride_dqm, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D)
 
 
 # Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
@@ -269,18 +263,19 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
 
+    dk_base = DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh
+    dv_base = DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh
+    dq_base = DQAccum + off_b.to(gl.int64) * seqlen_q_pad * stride_dqm + off_hk * group_size * HEAD_DIM
     gl.warp_specialize([
         (_consumer_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
-                               q_empty, do_ready, do_empty, ds_ready, DK, DV, DQAccum, off_b, off_hk, start_n, m_lo,
-                               n_masked, n_tiles, group_size, heads_q, seqlen_q, seqlen_k, seqlen_q_pad,
-                               causal_offset, qk_scale, softmax_scale, stride_dkb, stride_dkn, stride_dkh, stride_dvb,
-                               stride_dvn, stride_dvh, stride_dqm, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
+                               q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
+                               n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                               softmax_scale, stride_dkn, stride_dvn, stride_dqm, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
                                DQ_SPLIT_D)),
         (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
-                                q_empty, do_ready, do_empty, ds_ready, DK, DV, DQAccum, off_b, off_hk, start_n, m_lo,
-                                n_masked, n_tiles, group_size, heads_q, seqlen_q, seqlen_k, seqlen_q_pad,
-                                causal_offset, qk_scale, softmax_scale, stride_dkb, stride_dkn, stride_dkh,
-                                stride_dvb, stride_dvn, stride_dvh, stride_dqm, HEAD_DIM, BLOCK_M, STAGES,
+                                q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
+                                n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                                softmax_scale, stride_dkn, stride_dvn, stride_dqm, HEAD_DIM, BLOCK_M, STAGES,
                                 IS_CAUSAL, DQ_SPLIT_D)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                            lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
