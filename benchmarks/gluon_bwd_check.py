@@ -116,8 +116,8 @@ def check_case(case, head_dim, causal, variant, compare_portable=None):
         good = not n_nan and not n_inf and err <= bound
         ok &= good
         tail = f" NaN {n_nan} Inf {n_inf}" if n_nan or n_inf else ""
-        parts.append(f"{gname} {err:.2e}/{bound:.2e} (portable {max_err(pt, r64) if pt is not None else float('nan'):.2e})"
-                     f"{tail}")
+        err_pt = max_err(pt, r64) if pt is not None else float("nan")
+        parts.append(f"{gname} {err:.2e}/{bound:.2e} (portable {err_pt:.2e}){tail}")
         if not good and not where:
             # Which rows: tells a tail / mask / ring-phase bug apart.
             diff = (got.double() - r64.double()).abs().nan_to_num(nan=1e9).amax(dim=(0, 2, 3))  # [S]
