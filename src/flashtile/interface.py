@@ -27,7 +27,8 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     # The Philox seed comes from torch's generator of q's device (torch.manual_seed reproduces a run) as a
     # device tensor: no host sync, and CUDA graphs and torch.compile see an ordinary random op.
     rng = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device=q.device) if dropout_p > 0 else None
-    # deterministic needs nothing: the backward uses no atomics, so it is always deterministic.
+    # deterministic needs nothing: the portable backward uses no atomics. (The opt-in Gluon backward,
+    # FLASHTILE_GLUON_BWD=1, adds dQ with fp32 atomics and is not bitwise deterministic.)
     out, lse = autograd.forward(q, k, v, scale, window_left, window_right, softcap, alibi_slopes,
                                 checks.sink_logits(sink, q, heads), *varlen, attn_bias, dropout_p, rng)
     if not return_attn_probs:
