@@ -165,7 +165,8 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     _, _, _, right = mask_mode(causal, window_size)
     if not varlen and right >= 0 and seqlen_q - seqlen_k > right:  # rows without keys: the portable kernel's
         return False
-    if not varlen and max(batch * seqlen_q, batch * seqlen_k) > RAGGED_ROWS:  # int32 TMA coordinates
+    # int32 TMA coordinates; a ragged descriptor (batch > 1, possibly) addresses at most 2**30 rows.
+    if not varlen and max(batch * seqlen_q, batch * seqlen_k) >= (2**31 if batch == 1 else RAGGED_ROWS):
         return False
     # Batch > 1 with Sk % BLOCK_N != 0 and varlen read through ragged descriptors (ragged_descriptor): a key
     # block past a sequence's end is zero-filled instead of reading the next sequence's keys and values.
