@@ -169,6 +169,8 @@ FEATURE_CASES = {
         (C1000, 256, False, dict(softcap=30.0), False),
         (C2K, 256, False, dict(window=(256, 0)), False),
         (C1000, 256, True, dict(sink=True, alibi="h"), False),
+        (("b2-tail-q300-k1000", 2, 300, 1000, 8, 2, BF16, False), 128, False,
+         dict(window=(200, 100), softcap=30.0, alibi="bh", sink=True), False),  # ragged descriptors + features
     ],
 }
 BACKWARD_FEATURES = dict(window=(256, 0), softcap=30.0, alibi="h", sink=True)
@@ -306,14 +308,16 @@ VARLEN_CASES = [
 ]
 
 
-def check_varlen_case(case, head_dim, causal, poison=None):
+def check_varlen_case(case, head_dim, causal, poison=None, spec=None):
     """One varlen case against each sequence run alone (float64 reference); poison: None, "next" (inf in the
     values of every sequence after the first: sequence 0 must stay exact) or "tail" (inf in key / value rows
-    past the last sequence, which a ragged box must not read)."""
+    past the last sequence, which a ragged box must not read); spec: score features (feature_args)."""
     name, lens_q, lens_k, heads_q, heads_kv = case
     dtype = torch.bfloat16
+    spec = spec or {}
+    feats = feature_args(spec, len(lens_q), heads_q)
     label = (f"d{head_dim} {'causal' if causal else 'full  '} varlen-{name:<14} B{len(lens_q)} maxq{max(lens_q)} "
-             f"maxk{max(lens_k)} H{heads_q}/{heads_kv}{' poison-' + poison if poison else ''}")
+             f"maxk{max(lens_k)} H{heads_q}/{heads_kv}{' poison-' + poison if poison else ''} {describe(spec)}")
     q, k, v = packed_inputs(lens_q, lens_k, heads_q, heads_kv, head_dim, dtype, pad_k=64 if poison == "tail" else 0)
     cu_q, cu_k = cu_of(lens_q), cu_of(lens_k)
     if poison == "tail":
@@ -321,10 +325,10 @@ def check_varlen_case(case, head_dim, causal, poison=None):
     if poison == "next":
         v[lens_k[0]:] = float("inf")
     varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
-    if not gluon_launch.gluon_supported(q, k, v, causal=causal, **varlen):
+    if not gluon_launch.gluon_supported(q, k, v, causal=causal, **varlen, **feats):
         say(f"FAIL {label}: gluon_supported() is False")
         return False
-    out, lse = gluon_launch.gluon_forward(q, k, v, head_dim ** -0.5, causal, **varlen)
+    out, lse = gluon_launch.gluon_forward(q, k, v, head_dim ** -0.5, causal, **varlen, **feats)
     torch.cuda.synchronize()
     problems, worst = [], 0.0
     if lse.shape != (heads_q, q.shape[0]):
@@ -337,13 +341,17 @@ def check_varlen_case(case, head_dim, causal, poison=None):
         if torch.isnan(o).any() or torch.isinf(o).any() or torch.isnan(lz).any():
             problems.append(f"seq {b} (q{sq} k{sk}): non-finite out / NaN lse (NaN = unwritten)")
             continue
+        seq_feats = dict(feats)
+        if feats.get("alibi_slopes") is not None and feats["alibi_slopes"].dim() == 2:
+            seq_feats["alibi_slopes"] = feats["alibi_slopes"][b]
         if sk == 0:
-            if not (torch.all(o == 0) and torch.all(lz == float("-inf"))):
-                problems.append(f"seq {b} (k0): expected out 0 / lse -inf")
+            empty_lse = feats["sink"][:, None] if feats.get("sink") is not None else float("-inf")
+            if not (torch.all(o == 0) and torch.all(lz == empty_lse)):
+                problems.append(f"seq {b} (k0): expected out 0 / lse -inf (the sink with one)")
             continue
         seq = [x[s][None] for x, s in ((q, qs), (k, ks), (v, ks))]
-        ref, ref_lse = attention_ref(*seq, causal=causal, return_lse=True)
-        low = attention_ref(*seq, causal=causal, upcast=False)
+        ref, ref_lse = attention_ref(*seq, causal=causal, return_lse=True, **seq_feats)
+        low = attention_ref(*seq, causal=causal, upcast=False, **seq_feats)
         # Rows without keys (causal, Sq > Sk): the reference's NaN rows are 0 / -inf in the kernels.
         ref, low = ref.nan_to_num(0.0), low.nan_to_num(0.0)
         ref_lse = torch.where(torch.isnan(ref_lse), float("-inf"), ref_lse)
@@ -393,6 +401,12 @@ def phase_varlen():
     passed = failed = 0
     jobs = [(check_varlen_case, (case, d, c)) for d in (64, 128, 256) for c in (False, True) for case in VARLEN_CASES]
     jobs += [(check_varlen_case, (VARLEN_CASES[0], 128, c, p)) for c in (False, True) for p in ("next", "tail")]
+    # Score features in varlen: windows leave rows without keys per sequence; ALiBi (B, H) slopes per sequence.
+    jobs += [(check_varlen_case, (case, d, False, None, spec)) for case, d, spec in (
+        (VARLEN_CASES[0], 128, dict(window=(64, 0), softcap=30.0, alibi="bh", sink=True)),
+        (VARLEN_CASES[2], 128, dict(window=(100, 20), alibi="h")),
+        (VARLEN_CASES[0], 64, dict(softcap=30.0, sink=True)))]
+    jobs += [(check_varlen_case, (VARLEN_CASES[2], 256, True, None, dict(alibi="bh", sink=True)))]
     jobs += [(check_varlen_backward, (d, c)) for d, c in ((128, False), (128, True), (64, True))]
     for fn, job in jobs:
         ok = guarded(fn, *job, what=f"varlen {fn.__name__} {job[1:]}")

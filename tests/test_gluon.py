@@ -109,7 +109,8 @@ FEATURES = [
     ("window-softcap-alibi-sink", False, (200, 100), 30.0, "bh", True),
 ]
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv): tails, q != k, GQA, and a batch with block-aligned keys
-FEATURE_SHAPES = [(1, 1000, 1000, 4, 2), (1, 130, 257, 2, 2), (1, 777, 999, 8, 2), (2, 512, 1024, 4, 1)]
+FEATURE_SHAPES = [(1, 1000, 1000, 4, 2), (1, 130, 257, 2, 2), (1, 777, 999, 8, 2), (2, 512, 1024, 4, 1),
+                  (2, 300, 1000, 4, 2)]  # the last: key blocks span sequences (ragged descriptors)
 
 
 @pytest.mark.gpu
@@ -244,6 +245,7 @@ def test_varlen_support_rule(as_if_hopper):
     assert not gluon_launch.gluon_supported(q, k, v, **dict(varlen, cu_seqlens_q=cu_q.long()))
     assert not gluon_launch.gluon_supported(q, k, v, **dict(varlen, cu_seqlens_k=_cu(lens_k[:3])))
     assert not gluon_launch.gluon_supported(q, k, v, **dict(varlen, max_seqlen_q=0))
+    assert not gluon_launch.gluon_supported(q, k[:0], v[:0], **dict(varlen, cu_seqlens_k=_cu([0] * 4), max_seqlen_k=0))
     q96, k96, v96 = _packed(lens_q, lens_k, 4, 2, 96)
     assert not gluon_launch.gluon_supported(q96, k96, v96, **varlen)
     assert not gluon_launch.gluon_supported(q[None], k[None], v[None], **varlen)  # dense tensors with cu_seqlens

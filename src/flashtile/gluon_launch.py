@@ -98,8 +98,9 @@ def _varlen_ok(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
         return False
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         return False
-    # Ragged descriptors address at most 2**30 rows; max_seqlen_q == 0 is an empty launch (the portable path).
-    return max(q.shape[0], k.shape[0]) <= RAGGED_ROWS and max_seqlen_q > 0 and max_seqlen_k >= 0
+    # Ragged descriptors address at most 2**30 rows; empty q or k (a TMA descriptor needs a base address) and
+    # max_seqlen_q == 0 (an empty grid) are left to the portable path.
+    return 0 < q.shape[0] <= RAGGED_ROWS and 0 < k.shape[0] <= RAGGED_ROWS and max_seqlen_q > 0
 
 
 def mask_mode(causal, window_size):
