@@ -3,8 +3,9 @@
 launch.py uses it for the dense and varlen forward without dropout, bias, mods or paged keys (plain, causal,
 sliding window, softcap, ALiBi, sinks) when configs.gluon_fwd_wanted() and gluon_supported() agree;
 FLASHTILE_GLUON=1 takes it wherever it is supported, =0 never. Batch > 1 with Sk % BLOCK_N != 0 and varlen read
-through ragged TMA descriptors (ragged_descriptor), so no key block reads another sequence's rows. Importing this module never fails: on a triton
-without Gluon's Hopper API, or under the interpreter, gluon_supported() is False.
+through ragged TMA descriptors (ragged_descriptor), so no key block reads another sequence's rows. Importing
+this module never fails: on a triton without Gluon's Hopper API, or under the interpreter, gluon_supported() is
+False.
 """
 import math
 import os
