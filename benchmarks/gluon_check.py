@@ -430,7 +430,7 @@ def phase_bench_varlen():
         for causal in (False, True):
             scale = head_dim ** -0.5
             for lens in ([2048] * 8, [8192] * 2, mixed):
-                total, name = sum(lens), (f"{len(lens)}x{lens[0]}" if len(set(lens)) == 1 else "mixed16K")
+                name = f"{len(lens)}x{lens[0]}" if len(set(lens)) == 1 else "mixed16K"
                 q, k, v = packed_inputs(lens, lens, heads, heads, head_dim)
                 cu = cu_of(lens)
                 varlen = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
