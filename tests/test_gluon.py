@@ -281,6 +281,25 @@ def test_varlen_launch_args():
         assert len(args[0].shape) == (4 if ragged else 2)
 
 
+@pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
+def test_ragged_descriptor_addresses_one_sequence():
+    """What the TMA unit computes for a ragged box (kernels/gluon_fwd._tma_load's coordinates): the element offset
+    sum(coord * stride) modulo 2**64 lands on row end - n + r of the packed tensor, and rows r >= n are out of
+    bounds (zero-filled), whatever lies after the sequence."""
+    t = torch.empty(1000, 3, 4, 64, dtype=torch.bfloat16)[:, 1]  # a packed-qkv view: row stride 3 * 4 * 64
+    rows, row_stride = t.shape[0], t.stride(0)
+    desc = gluon_launch.ragged_descriptor(t, rows, row_stride, 4 * 64, 128, 64, gluon_launch._gl.bfloat16)
+    billion = gluon_launch.RAGGED_ROWS
+    for start, n in ((0, 1), (17, 300), (999, 1), (500, 500)):
+        for r in (0, n - 1, n, n + 127):
+            coords = (billion, start + n, billion - n + r, 64)  # outermost first, as the kernel passes them
+            in_bounds = all(0 <= c < dim for c, dim in zip(coords, desc.shape))
+            offset = sum(c * s for c, s in zip(coords, desc.strides)) % 2**64
+            assert in_bounds == (r < n)
+            if in_bounds:
+                assert offset == (start + r) * row_stride + 64
+
+
 def test_varlen_dispatch(monkeypatch, as_if_hopper):
     """launch._gluon_forward hands cu_seqlens / max_seqlen to the Gluon forward and asks configs.py with
     max_seqlen_k as the key count (D64 non-causal: from 4096 keys)."""
