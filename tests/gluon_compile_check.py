@@ -2,7 +2,8 @@
 
 Run with the device's triton first on the path (TRITON_INTERPRET unset):
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_compile_check.py [--variant default]
-        [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo | all] [--dump DIR]
+        [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo | all]
+        [--layouts dense,tail,varlen | all] [--dump DIR]
 Per case: registers / spills from ptxas -v, shared memory, and counts of the PTX instructions the schedule
 relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg). Exits 1 if a case fails to compile.
 """
@@ -55,13 +56,27 @@ FEATURES = {
 }
 
 
-def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2,
-                 features=None):
+# Batch layouts (--layouts): "dense" B 2 with Sk = 1024 (a multiple of every key block: the 2-D descriptors, the
+# kernel as it was), "tail" B 2 with Sk = 1000 (ragged descriptors), "varlen" packed sequences at cu_seqlens.
+LAYOUTS = ("dense", "tail", "varlen")
+
+
+def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1024, heads_q=4, heads_kv=2,
+                 features=None, layout="dense"):
     from triton.experimental.gluon._runtime import GluonASTSource
+    if layout == "tail":
+        seqlen_k = 1000
     q = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16)
     k = torch.empty(batch, seqlen_k, heads_kv, head_dim, dtype=torch.bfloat16)
-    out = torch.empty_like(q)
     lse = torch.empty(batch, heads_q, seqlen_q)
+    varlen = {}
+    if layout == "varlen":
+        q, k = q.flatten(0, 1), k.flatten(0, 1)
+        lse = torch.empty(heads_q, q.shape[0])
+        cu_q = torch.tensor([0, 600, batch * seqlen_q], dtype=torch.int32)
+        cu_k = torch.tensor([0, 700, batch * seqlen_k], dtype=torch.int32)
+        varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1400, max_seqlen_k=1348)
+    out = torch.empty_like(q)
     kernel = gluon_launch._attn_fwd_hopper
     features = dict(features or {})
     if features.get("alibi_slopes"):
@@ -69,7 +84,8 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000
     if features.get("sink"):
         features["sink"] = torch.empty(heads_q)
     _, args, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.1, causal, config,
-                                                                  **features)
+                                                                  **features, **varlen)
+    assert constexprs["RAGGED"] == (layout != "dense") and constexprs["VARLEN"] == (layout == "varlen")
     sig, consts, attrs = kernel_signature(kernel, args, constexprs)
     src = GluonASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
@@ -80,22 +96,26 @@ def main():
     parser.add_argument("--variant", default="default", choices=sorted(gluon_launch.VARIANTS))
     parser.add_argument("--head-dims", default="64,128,256", help="head dims the variant covers are compiled")
     parser.add_argument("--features", default="plain", help=f"comma list of {list(FEATURES)} or 'all'")
+    parser.add_argument("--layouts", default="dense", help=f"comma list of {list(LAYOUTS)} or 'all'")
     parser.add_argument("--dump", default="", help="write each case's ttgir / ptx / ptxas report here")
     args = parser.parse_args()
     print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
     failed = 0
     features = list(FEATURES) if args.features == "all" else args.features.split(",")
+    layouts = list(LAYOUTS) if args.layouts == "all" else args.layouts.split(",")
     for head_dim in map(int, args.head_dims.split(",")):
         if head_dim not in gluon_launch.VARIANTS[args.variant]:
             continue
-        for feature, causal in [(f, c) for f in features for c in (False, True)
-                                if not (c and "window_size" in FEATURES[f])]:
+        for layout, feature, causal in [(lay, f, c) for lay in layouts for f in features for c in (False, True)
+                                        if not (c and "window_size" in FEATURES[f])]:
             config = gluon_launch.VARIANTS[args.variant][head_dim]
             name = f"d{head_dim}-{'causal' if causal else 'full'}-{args.variant}"
             if feature != "plain":
                 name = f"d{head_dim}-{feature}{'-causal' if causal else ''}-{args.variant}"
+            if layout != "dense":
+                name = f"{layout}-{name}"
             try:
-                compiled = compile_case(head_dim, causal, config, features=FEATURES[feature])
+                compiled = compile_case(head_dim, causal, config, features=FEATURES[feature], layout=layout)
             except Exception as exc:  # noqa: BLE001
                 failed += 1
                 print(f"{name}: FAILED to compile: {type(exc).__name__}: {exc}")

@@ -11,12 +11,17 @@ warpgroup's softmax overlaps the other's GEMMs.
 Dense (B, S, H, D) q/k/v viewed as 2D (B * S, H * D) TMA tensors, head_dim 64/128/256, fp16/bf16; causal
 and sliding windows aligned bottom-right, the host guaranteeing that every real row sees at least one key.
 Rows of a tile past seqlen_q read the next batch's queries (or TMA's zero fill) and are never stored; keys
-past seqlen_k are masked to -inf in the last block.
+past seqlen_k are masked to -inf in the last block. RAGGED (batch > 1 with Sk % BLOCK_N != 0, and varlen): the
+same 2D tensors through ragged 4-D descriptors (gluon_launch.ragged_descriptor), so boxes past a sequence's end
+are zero-filled, never the next sequence's rows (whose values, even masked, could be non-finite: 0 * inf = NaN).
+VARLEN: packed (total, H, D) q/k/v at int32 cu_seqlens, the grid over max_seqlen_q; each program reads its
+sequence's bounds, leaves at once past its rows, and handles rows that see no key (output 0, lse -inf).
 Score features, each a constexpr (off, the plain kernel compiles as it did without them), in the order of
 kernels/common._scores: SOFTCAP (softcap * tanh(score / softcap), common._tanh's tanh.approx.f32), HAS_ALIBI
 (-slope * |i + Sk - Sq - j|), then the masks (causal, IS_LOCAL window, sequence end); HAS_SINK starts the
 online softmax from one logit per head (m = sink, l = 1), so lse includes the sink as kernels/fwd.py's does.
-Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log, as kernels/fwd.py does.
+Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32 (varlen: Out like q, Lse (Hq, total_q)), natural log, as
+kernels/fwd.py does.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -26,28 +31,40 @@ from .common import _tanh
 
 LN2 = gl.constexpr(0.6931471805599453)
 WG_M = gl.constexpr(64)  # query rows per consumer warpgroup (the wgmma M of one warpgroup)
+RAGGED_BILLION = gl.constexpr(0x40000000)  # 2**30: the ragged descriptors' row extent (gluon_launch)
+
+
+@gluon.jit
+def _tma_load(desc, row, seq_end, col, bar, buf, RAGGED: gl.constexpr):
+    """TMA box at (row, col) of desc into buf. RAGGED: desc is gluon_launch's 4-D ragged descriptor over the packed
+    2-D tensor, row = BILLION - seqlen + the row in the sequence and seq_end = the sequence's end row, so the
+    hardware zero-fills every row past the sequence's end (triton.tools.ragged_tma's coordinates); buf is viewed
+    with the descriptor's (leading unit dims, same bytes) layout."""
+    if RAGGED:
+        box = buf._reinterpret(buf.dtype, [1, 1, buf.shape[0], buf.shape[1]], desc.layout)
+        tma.async_copy_global_to_shared(desc, [RAGGED_BILLION, seq_end, row, col], bar, box)
+    else:
+        tma.async_copy_global_to_shared(desc, [row, col], bar, buf)
 
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                    q_row, q_col, kv_row, kv_col, n_blocks,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                    q_row, q_col, kv_row, kv_col, n_blocks, q_end, kv_end,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RAGGED: gl.constexpr = False):
     # Both Q halves on one barrier; a box past the tensor's end is zero-filled and still counts its bytes.
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + WG_M, q_col], q_bar, q_smem.index(1))
+    _tma_load(q_desc, q_row, q_end, q_col, q_bar, q_smem.index(0), RAGGED)
+    _tma_load(q_desc, q_row + WG_M, q_end, q_col, q_bar, q_smem.index(1), RAGGED)
     for j in range(n_blocks):
         stage = j % STAGES
         # Fresh barriers count as having completed phase 1, so the first lap through the ring does not wait.
         empty_phase = ((j // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(stage), empty_phase)
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, kv_col], k_ready.index(stage),
-                                        k_bufs.index(stage))
+        _tma_load(k_desc, kv_row + j * BLOCK_N, kv_end, kv_col, k_ready.index(stage), k_bufs.index(stage), RAGGED)
         mbarrier.wait(v_empty.index(stage), empty_phase)
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, kv_col], v_ready.index(stage),
-                                        v_bufs.index(stage))
+        _tma_load(v_desc, kv_row + j * BLOCK_N, kv_end, kv_col, v_ready.index(stage), v_bufs.index(stage), RAGGED)
 
 
 @gluon.jit
@@ -161,10 +178,12 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                         WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr,
-                        SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr):
+                        SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr,
+                        VARLEN: gl.constexpr = False):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
-    of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit."""
+    of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
+    VARLEN: rows that saw no key (bottom-right causal or a window in a sequence with Sq > Sk) get 0 and lse -inf."""
     dtype: gl.constexpr = q_smem.dtype
     SCORES: gl.constexpr = SOFTCAP or HAS_ALIBI or IS_LOCAL  # scores pass through _feature_scores
     # One warpgroup, 64 rows: S is [64, BLOCK_N] and O [64, HEAD_DIM] in wgmma accumulator layouts; P feeds
@@ -258,9 +277,17 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     rows = row0 + gl.arange(0, WG_M, layout=o_row)  # [WG_M]
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
     in_seq = rows < seqlen_q
+    m_o = gl.convert_layout(m_i, o_row)  # [WG_M]
+    if VARLEN:
+        # The host cannot see per-sequence lengths: a row without keys kept m = -inf (its O and l are NaN / 0,
+        # row-local); write what the portable kernel writes.
+        seen = m_o > float("-inf")  # [WG_M]
+        out = gl.where(seen[:, None], out, 0.0)
     o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
     gl.store(o_ptrs, out.to(dtype), mask=in_seq[:, None])
-    lse = (gl.convert_layout(m_i, o_row) + gl.log2(l_o)) * LN2  # [WG_M], natural log
+    lse = (m_o + gl.log2(l_o)) * LN2  # [WG_M], natural log
+    if VARLEN:
+        lse = gl.where(seen, lse, float("-inf"))
     gl.store(lse_ptr + rows, lse, mask=in_seq)
 
 
@@ -270,11 +297,31 @@ def _consumer1_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_read
                          qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                          HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                          IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr,
-                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr):
+                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr,
+                         VARLEN: gl.constexpr = False):
     _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                         out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                         qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
-                        1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_SINK)
+                        1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_SINK,
+                        VARLEN)
+
+
+@gluon.jit
+def _store_rows_without_keys(out_ptr, lse_ptr, stride_om, seqlen_q, start_m, sink_ptr, HEAD_DIM: gl.constexpr,
+                             BLOCK_M: gl.constexpr, HAS_SINK: gl.constexpr):
+    """Rows start_m + [0, BLOCK_M) (those < seqlen_q) of a tile that sees no key: output 0, lse -inf (the sink's
+    logit with a sink, the only term of the row's softmax), as the portable kernel writes them."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    lse_fill = float("-inf")
+    if HAS_SINK:
+        lse_fill = gl.load(sink_ptr)
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))  # [HEAD_DIM]
+    zeros = gl.zeros([WG_M, HEAD_DIM], out_ptr.dtype.element_ty, layout)
+    for half in gl.static_range(BLOCK_M // WG_M):
+        rows = start_m + half * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, layout))  # [WG_M]
+        in_seq = rows < seqlen_q
+        gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], zeros, mask=in_seq[:, None])
+        gl.store(lse_ptr + rows, gl.full([WG_M], lse_fill, gl.float32, gl.SliceLayout(1, layout)), mask=in_seq)
 
 
 # Shape-like ints are not specialized (divisibility, == 1): one compiled kernel per (config, head dim, causal,
@@ -284,12 +331,17 @@ def _consumer1_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_read
 def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h, stride_alibi_b,
                      seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
+                     CuSeqlensQ, CuSeqlensK,
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      IS_LOCAL: gl.constexpr = False, SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
-                     HAS_SINK: gl.constexpr = False):
+                     HAS_SINK: gl.constexpr = False, VARLEN: gl.constexpr = False, RAGGED: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
+    RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
+    sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
+    (total, H, D) at int32 CuSeqlensQ / CuSeqlensK (B + 1,), seqlen_q / seqlen_k the maxima (the grid), Out
+    packed like q (stride_ob 0) and Lse (Hq, total_q) (stride_lse_b 0); a sequence's rows may see no key.
     qk_scale = softmax_scale * log2(e) (softmax_scale / softcap under SOFTCAP, softcap_log2 = softcap * log2(e)).
     Alibi: fp32 slopes read at off_b * stride_alibi_b + off_h; Sink: fp32 (Hq,) logits. IS_LOCAL: a window
     (window_left, window_right, Sq + Sk for an unbounded side, as launch.ScoreArgs passes them); causal alone is
@@ -303,6 +355,17 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     off_h = pid_bh % heads_q
     off_hk = off_h // group_size
     start_m = pid_m * BLOCK_M
+    if VARLEN:
+        # Sequence off_b: rows [q_start, q_start + seqlen_q) of the packed q, keys likewise.
+        q_start = gl.load(CuSeqlensQ + off_b)
+        seqlen_q = gl.load(CuSeqlensQ + off_b + 1) - q_start
+        k_start = gl.load(CuSeqlensK + off_b)
+        seqlen_k = gl.load(CuSeqlensK + off_b + 1) - k_start
+        if start_m >= seqlen_q:  # a tile of the max_seqlen_q grid past this sequence's rows
+            return
+    else:
+        q_start = off_b * seqlen_q
+        k_start = off_b * seqlen_k
 
     # Key blocks [0, n_blocks) from key key_lo are visited; [n_lead, n_full) need no mask (fully visible to
     # every real row of the tile).
@@ -337,10 +400,30 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
         key_lo = 0
         n_lead = 0
 
+    out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+    lse_ptr = Lse + off_b.to(gl.int64) * stride_lse_b + off_h.to(gl.int64) * stride_lse_h
+    if VARLEN:
+        out_ptr += q_start.to(gl.int64) * stride_om
+        lse_ptr += q_start
+        if n_blocks <= 0:  # no row of this tile sees a key (Sk = 0, or Sq > Sk under a causal / window mask)
+            _store_rows_without_keys(out_ptr, lse_ptr, stride_om, seqlen_q, start_m, Sink + off_h, HEAD_DIM,
+                                     BLOCK_M, HAS_SINK)
+            return
+    if RAGGED:
+        # Ragged coordinates (_tma_load): rows counted from 2**30 - seqlen, plus each sequence's end row.
+        q_row = RAGGED_BILLION - seqlen_q + start_m
+        kv_row = RAGGED_BILLION - seqlen_k + key_lo
+    else:
+        q_row = q_start + start_m
+        kv_row = k_start + key_lo
+
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM], q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    # The descriptors' own layouts, as rank 2 (a ragged descriptor's is rank 4 with the same swizzle).
+    q_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM],
+                                       gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], dtype))
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -357,8 +440,6 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     for i in gl.static_range(2):
         mbarrier.init(turn_bars.index(i), count=1)
 
-    out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
-    lse_ptr = Lse + off_b.to(gl.int64) * stride_lse_b + off_h.to(gl.int64) * stride_lse_h
     alibi_ptr = Alibi
     if HAS_ALIBI:
         alibi_ptr = Alibi + off_b * stride_alibi_b + off_h
@@ -370,13 +451,13 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                                qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                                0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                               HAS_SINK)),
+                               HAS_SINK, VARLEN)),
         (_consumer1_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars, out_ptr,
                                 lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                                 qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
                                 window_right, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
-                                HAS_ALIBI, HAS_SINK)),
+                                HAS_ALIBI, HAS_SINK, VARLEN)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
-                           v_empty, off_b * seqlen_q + start_m, off_h * HEAD_DIM, off_b * seqlen_k + key_lo,
-                           off_hk * HEAD_DIM, n_blocks, BLOCK_N, STAGES)),
+                           v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
+                           q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
