@@ -2,9 +2,11 @@
 
 Run with the device's triton first on the path (TRITON_INTERPRET unset):
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_compile_check.py [--variant default]
-        [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo | all] [--dump DIR]
+        [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo | all] [--dump DIR] [--sass]
 Per case: registers / spills from ptxas -v, shared memory, and counts of the PTX instructions the schedule
-relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg). Exits 1 if a case fails to compile.
+relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg) and of the softmax's special-function (ex2,
+tanh) and FMA-pipe ones. --sass: the key loops' SASS (nvdisasm), per loop: instructions, MUFU and FMA-pipe ops,
+and those per score of a consumer thread. Exits 1 if a case fails to compile.
 """
 import argparse
 import os
@@ -31,7 +33,58 @@ PTX_PATTERNS = {
     "st.shared": r"st\.shared",
     "ld.shared": r"ld\.shared",
     "bar.sync": r"bar\.sync|barrier\.sync",
+    "ex2": r"ex2\.approx",
+    "tanh": r"tanh\.approx",
+    "rcp": r"rcp\.approx",
+    "fma.f32": r"\bfma\.rn(\.ftz)?\.f32",
+    "add.rm": r"add\.rm",
 }
+# SASS opcodes by the pipe that runs them on sm90 (MUFU 16 results / clock / SM; the FMA pipe 128; every
+# instruction takes an issue slot: one warp instruction / clock / SM sub-partition).
+SASS_FMA = ("FFMA", "FADD", "FMUL", "IMAD")
+SASS_SHOW = ("MUFU.EX2", "MUFU.TANH", "MUFU.RCP", "FFMA", "FADD", "FMUL", "FMNMX", "FSEL", "IMAD", "LEA", "SHF",
+             "LOP3", "F2FP", "PRMT", "SHFL")
+
+
+def sass_loops(cubin, scores_per_thread):
+    """Per key loop of the cubin (a backward branch whose body has wgmmas and 4-48 instructions per score, and no
+    key loop nested in it): its opcode counts, as 'loop N: instr X (Y / score) MUFU a FMA b ...'."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    text = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    labels, ops = {}, []
+    for line in text.splitlines():
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(ops)
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?);", line)
+        if m:
+            txt = re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip())
+            op = txt.split()[0]
+            ops.append((".".join(op.split(".")[:2]) if op.startswith("MUFU") else op.split(".")[0], txt))
+    loops = []
+    for i, (op, txt) in enumerate(ops):
+        target = re.search(r"(\.L_x_\d+)", txt) if op == "BRA" else None
+        if target and labels.get(target.group(1), i + 1) <= i:
+            loops.append((labels[target.group(1)], i))
+    out = []
+    for a, b in loops:
+        body = [op for op, _ in ops[a:b + 1]]
+        counts = {k: body.count(k) for k in set(body)}
+        if not counts.get("HGMMA") or not 4 * scores_per_thread <= len(body) <= 48 * scores_per_thread:
+            continue
+        if any(a < a2 and b2 < b for a2, b2 in loops if (a2, b2) != (a, b) and b2 - a2 > 64):
+            continue  # an outer loop around a key loop (the barrier retries are the short inner ones)
+        mufu = sum(v for k, v in counts.items() if k.startswith("MUFU"))
+        fma = sum(counts.get(k, 0) for k in SASS_FMA)
+        per = scores_per_thread
+        out.append(f"loop {len(out)}: instr {len(body)} ({len(body) / per:.2f} / score)  MUFU {mufu} "
+                   f"({mufu / per:.2f})  FMA-pipe {fma} ({fma / per:.2f})  | "
+                   + " ".join(f"{k} {counts[k]}" for k in SASS_SHOW if counts.get(k)))
+    return out
 
 
 def ptxas_report(ptx):
@@ -81,6 +134,7 @@ def main():
     parser.add_argument("--head-dims", default="64,128,256", help="head dims the variant covers are compiled")
     parser.add_argument("--features", default="plain", help=f"comma list of {list(FEATURES)} or 'all'")
     parser.add_argument("--dump", default="", help="write each case's ttgir / ptx / ptxas report here")
+    parser.add_argument("--sass", action="store_true", help="count the key loops' SASS opcodes (nvdisasm)")
     args = parser.parse_args()
     print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
     failed = 0
@@ -111,6 +165,10 @@ def main():
                   f"{','.join(spills)} B  | {counts}")
             for line in warnings:
                 print(f"    ptxas: {line.strip()}")
+            if args.sass:
+                # One consumer thread holds 64 x BLOCK_N / 128 scores of a key block.
+                for line in sass_loops(compiled.asm["cubin"], 64 * config.block_n // 128):
+                    print(f"    sass {line}")
             if args.dump:
                 os.makedirs(args.dump, exist_ok=True)
                 for ext in ("ttgir", "llir", "ptx"):
