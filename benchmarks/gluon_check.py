@@ -22,7 +22,9 @@ killing the child frees the GPU and the run goes on to report it):
            flashtile Triton forward and SDPA cuDNN, and the ratios.
   bench-features (--bench-features)  D128 8K B2 H16: plain / causal / softcap / ALiBi / sink / windows
            (256, 1024, 4096 left, 0 right) / a combination, Gluon against the portable kernel, as ratios to
-           the plain Gluon time, per unit of work for windows; cuDNN plain and causal for scale.
+           the plain Gluon time, per unit of work for windows; cuDNN plain and causal for scale. Then plain,
+           causal, softcap and causal softcap with each other variant of --variants that has a D128 config, as
+           ratios to the default's plain time.
 Every line starts with PASS / FAIL / SKIP / ERROR / TIME / INFO so the log greps well.
 """
 import argparse
@@ -308,6 +310,18 @@ def phase_correct(variants, head_dim, causal):
             what = f"d{head_dim} causal={causal} {case[0]} [{variant}]"
             ok = guarded(check_case, case, head_dim, causal, variant, what=what)
             passed, failed = passed + bool(ok), failed + (not ok)
+        config = gluon_launch.VARIANTS[variant][head_dim]
+        specs = []
+        if config.poly_exp2 or config.softcap_raw_max:
+            # The polynomial exp2 also runs on the softcap path; softcap_raw_max changes only that path.
+            specs.append((C1000, dict(softcap=30.0)))
+        if config.softcap_raw_max:
+            specs.append((C2K, dict(window=(256, 0), softcap=30.0, sink=True)))  # masked blocks, m from a sink
+            specs.append((C1000, dict(window=(100, 50), softcap=5.0)))  # rows without a visible key in a block
+        for case, spec in specs:
+            what = f"d{head_dim} causal={causal} {case[0]} {describe(spec)} [{variant}]"
+            ok = guarded(check_case, case, head_dim, causal, variant, spec, False, what=what)
+            passed, failed = passed + bool(ok), failed + (not ok)
     ok = guarded(check_backward, head_dim, causal, what=f"backward d{head_dim} causal={causal}")
     passed, failed = passed + bool(ok), failed + (not ok)
     say(f"INFO correctness d{head_dim} {'causal' if causal else 'full'}: {passed} passed, {failed} failed")
@@ -380,7 +394,7 @@ def _ms(fn):
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def phase_bench_features():
+def phase_bench_features(variants=("default", )):
     """D128, 8K, B 2, H 16, bf16: each score feature's forward time, Gluon (default variant) against the portable
     kernel, as a ratio to the plain Gluon time (issue 6: each feature <= 1.10x plain) and, for windows, per unit of
     work (time ratio / the fraction of the score matrix the window keeps); cuDNN plain / causal for scale."""
@@ -427,6 +441,22 @@ def phase_bench_features():
         say(f"TIME feat d128 S{seqlen} B{batch} H{heads} {name:<18} gluon {g:8.3f} ms  triton {t:8.3f} ms  "
             f"gluon/triton {g / t:.2f}  gluon/plain-gluon {rel:.2f}x  work {work:.3f}  per-work {rel / work:.2f}x"
             f"{'  OVER 1.10' if rel / work > 1.10 else ''}")
+    # The other variants (e.g. the polynomial exp2 ones) on the plain / softcap rows, against the default's plain.
+    causal_ms = None
+    for variant in ["default"] + [v for v in variants if v != "default" and head_dim in gluon_launch.VARIANTS[v]]:
+        for name, causal, spec in (("plain", False, {}), ("causal", True, {}), ("softcap30", False, dict(softcap=30.0)),
+                                   ("causal+softcap30", True, dict(softcap=30.0))):
+            feats = feature_args(spec, batch, heads)
+            try:
+                ms = _ms(lambda: gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant, **feats))
+            except Exception as exc:  # noqa: BLE001
+                say(f"ERROR time feat {name} [{variant}]: {type(exc).__name__}: {exc}")
+                continue
+            if variant == "default" and name == "causal":
+                causal_ms = ms
+            base = causal_ms if causal else plain_ms
+            say(f"TIME feat-variant d128 S{seqlen} B{batch} H{heads} {name:<17} [{variant:<12}] {ms:8.3f} ms  "
+                f"/ default {'causal' if causal else 'plain '} {ms / base if base else float('nan'):.3f}x")
 
 
 def run_children(phase, args, timeout, groups=(None, )):
@@ -488,7 +518,7 @@ def main():
         phase_bench(variants, seqlens, [int(d) for d in args.bench_dims.split(",")])
         return
     if args.phase == "bench-features":
-        phase_bench_features()
+        phase_bench_features(variants)
         return
     say(f"INFO torch {torch.__version__} triton {triton.__version__} "
         f"gpu {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'} "

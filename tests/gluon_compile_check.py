@@ -47,8 +47,8 @@ SASS_SHOW = ("MUFU.EX2", "MUFU.TANH", "MUFU.RCP", "FFMA", "FADD", "FMUL", "FMNMX
 
 
 def sass_loops(cubin, scores_per_thread):
-    """Per key loop of the cubin (a backward branch whose body has wgmmas and 4-48 instructions per score, and no
-    key loop nested in it): its opcode counts, as 'loop N: instr X (Y / score) MUFU a FMA b ...'."""
+    """Per key loop of the cubin (a backward branch whose body has wgmmas, ex2 and 4-48 instructions per score,
+    without the epilogue's rcp): its opcode counts, as 'loop N: instr X (Y / score) MUFU a FMA b ...'."""
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(cubin)
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
@@ -76,8 +76,8 @@ def sass_loops(cubin, scores_per_thread):
         counts = {k: body.count(k) for k in set(body)}
         if not counts.get("HGMMA") or not 4 * scores_per_thread <= len(body) <= 48 * scores_per_thread:
             continue
-        if any(a < a2 and b2 < b for a2, b2 in loops if (a2, b2) != (a, b) and b2 - a2 > 64):
-            continue  # an outer loop around a key loop (the barrier retries are the short inner ones)
+        if counts.get("MUFU.RCP") or not counts.get("MUFU.EX2"):
+            continue  # a branch back over the epilogue (its 1 / l) or one without the softmax: not a key loop
         mufu = sum(v for k, v in counts.items() if k.startswith("MUFU"))
         fma = sum(counts.get(k, 0) for k in SASS_FMA)
         per = scores_per_thread
