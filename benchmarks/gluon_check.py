@@ -1,7 +1,7 @@
 """Check and time the Hopper Gluon forward on the GPU, in one self-diagnosing run (target < 120 s).
 
     PYTHONPATH=src python3 benchmarks/gluon_check.py [--variants ...] [--bench-dims 64,128,256]
-        [--seqlens 4096,16384] [--skip-bench] [--skip-features] [--bench-features]
+        [--seqlens 4096,16384] [--skip-bench] [--skip-features] [--bench-features [--feature-variants ...]]
 
 Phases, each in a child process with a time limit (a kernel that deadlocks on an mbarrier hangs forever;
 killing the child frees the GPU and the run goes on to report it):
@@ -22,9 +22,10 @@ killing the child frees the GPU and the run goes on to report it):
            flashtile Triton forward and SDPA cuDNN, and the ratios.
   bench-features (--bench-features)  D128 8K B2 H16: plain / causal / softcap / ALiBi / sink / windows
            (256, 1024, 4096 left, 0 right) / a combination, Gluon against the portable kernel, as ratios to
-           the plain Gluon time, per unit of work for windows; cuDNN plain and causal for scale. Then plain,
-           causal, softcap and causal softcap with each other variant of --variants that has a D128 config, as
-           ratios to the default's plain time.
+           the plain Gluon time, per unit of work for windows; cuDNN plain and causal for scale. With
+           --feature-variants V1,V2 instead: plain, causal, softcap and causal softcap with the default and each
+           of them, as ratios to the default's plain / causal time, at D128 and at D64 (8K, H 32) (the correct
+           phase checks them too).
 Every line starts with PASS / FAIL / SKIP / ERROR / TIME / INFO so the log greps well.
 """
 import argparse
@@ -394,15 +395,22 @@ def _ms(fn):
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def phase_bench_features(variants=("default", )):
+def phase_bench_features(feature_variants=()):
     """D128, 8K, B 2, H 16, bf16: each score feature's forward time, Gluon (default variant) against the portable
     kernel, as a ratio to the plain Gluon time (issue 6: each feature <= 1.10x plain) and, for windows, per unit of
-    work (time ratio / the fraction of the score matrix the window keeps); cuDNN plain / causal for scale."""
+    work (time ratio / the fraction of the score matrix the window keeps); cuDNN plain / causal for scale.
+    feature_variants: instead, plain / causal / softcap / causal softcap of the default and these variants."""
     os.environ.pop("FLASHTILE_POISON_OUTPUTS", None)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     batch, seqlen, heads, head_dim = 2, 8192, 16, 128
     q, k, v = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16)
     scale = head_dim ** -0.5
+    if feature_variants:
+        variant_feature_times(q, k, v, scale, feature_variants)
+        # D64 too (the same 8K tokens, H 32): half the matmul work per score, so MUFU weighs twice as much.
+        variant_feature_times(*make_inputs(batch, seqlen, seqlen, 2 * heads, 2 * heads, 64, torch.bfloat16)[:3],
+                              64 ** -0.5, feature_variants)
+        return
     full = seqlen * seqlen
 
     def window_work(left):  # visible (row, key) pairs of a bottom-right window (left, 0) over a square matrix
@@ -441,9 +449,15 @@ def phase_bench_features(variants=("default", )):
         say(f"TIME feat d128 S{seqlen} B{batch} H{heads} {name:<18} gluon {g:8.3f} ms  triton {t:8.3f} ms  "
             f"gluon/triton {g / t:.2f}  gluon/plain-gluon {rel:.2f}x  work {work:.3f}  per-work {rel / work:.2f}x"
             f"{'  OVER 1.10' if rel / work > 1.10 else ''}")
-    # The other variants (e.g. the polynomial exp2 ones) on the plain / softcap rows, against the default's plain.
-    causal_ms = None
-    for variant in ["default"] + [v for v in variants if v != "default" and head_dim in gluon_launch.VARIANTS[v]]:
+
+
+def variant_feature_times(q, k, v, scale, feature_variants):
+    """Plain / causal / softcap 30 / causal softcap 30 with the default and each variant (those with a config at
+    q's head dim), as ratios to the default's plain or causal time: what a variant does to the softcap cost."""
+    batch, _, heads, head_dim = q.shape
+    base = {}
+    names = ["default"] + [v_ for v_ in feature_variants if v_ != "default" and head_dim in gluon_launch.VARIANTS[v_]]
+    for variant in names:
         for name, causal, spec in (("plain", False, {}), ("causal", True, {}), ("softcap30", False, dict(softcap=30.0)),
                                    ("causal+softcap30", True, dict(softcap=30.0))):
             feats = feature_args(spec, batch, heads)
@@ -452,11 +466,12 @@ def phase_bench_features(variants=("default", )):
             except Exception as exc:  # noqa: BLE001
                 say(f"ERROR time feat {name} [{variant}]: {type(exc).__name__}: {exc}")
                 continue
-            if variant == "default" and name == "causal":
-                causal_ms = ms
-            base = causal_ms if causal else plain_ms
-            say(f"TIME feat-variant d128 S{seqlen} B{batch} H{heads} {name:<17} [{variant:<12}] {ms:8.3f} ms  "
-                f"/ default {'causal' if causal else 'plain '} {ms / base if base else float('nan'):.3f}x")
+            if variant == "default" and not spec:
+                base[causal] = ms
+            ref = base.get(causal)
+            say(f"TIME feat-variant d{head_dim} S{q.shape[1]} B{batch} H{heads} {name:<17} [{variant:<20}] "
+                f"{ms:8.3f} ms  / default {'causal' if causal else 'plain '} "
+                f"{ms / ref if ref else float('nan'):.3f}x")
 
 
 def run_children(phase, args, timeout, groups=(None, )):
@@ -467,7 +482,7 @@ def run_children(phase, args, timeout, groups=(None, )):
     children = []
     for group in groups:
         cmd = [sys.executable, __file__, "--phase", phase, "--variants", args.variants, "--seqlens", args.seqlens,
-               "--bench-dims", args.bench_dims]
+               "--bench-dims", args.bench_dims, "--feature-variants", args.feature_variants]
         if group is not None:
             if group.startswith("feat:"):
                 cmd[cmd.index("--phase") + 1] = "features"
@@ -504,21 +519,25 @@ def main():
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--skip-features", action="store_true", help="no feature correctness cases")
     parser.add_argument("--bench-features", action="store_true", help="also time each score feature (D128 8K)")
+    parser.add_argument("--feature-variants", default="", help="with --bench-features: time plain / causal / softcap "
+                        "of the default and these variants instead of every feature (also checked in the correct phase)")
     args = parser.parse_args()
     variants = args.variants.split(",")
+    feature_variants = [v for v in args.feature_variants.split(",") if v]
     seqlens = [int(s) for s in args.seqlens.split(",")]
     if args.phase == "smoke":
         sys.exit(0 if phase_smoke(variants) else 1)
     if args.phase == "correct":
         head_dim, causal = args.group.split(":")
-        sys.exit(0 if phase_correct(variants, int(head_dim), causal == "1") else 1)
+        checked = variants + [v for v in feature_variants if v not in variants]
+        sys.exit(0 if phase_correct(checked, int(head_dim), causal == "1") else 1)
     if args.phase == "features":
         sys.exit(0 if phase_features(args.group) else 1)
     if args.phase == "bench":
         phase_bench(variants, seqlens, [int(d) for d in args.bench_dims.split(",")])
         return
     if args.phase == "bench-features":
-        phase_bench_features(variants)
+        phase_bench_features(feature_variants)
         return
     say(f"INFO torch {torch.__version__} triton {triton.__version__} "
         f"gpu {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'} "

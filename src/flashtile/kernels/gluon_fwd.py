@@ -81,19 +81,20 @@ def _exp2_constraints():
 
 
 @gluon.jit
-def _to_p(p_f32, dtype: gl.constexpr, P_CVT_ASM: gl.constexpr):
-    """P for the PV wgmma: p_f32 rounded to fp16/bf16. P_CVT_ASM: one cvt.rn.{b}f16x2.f32 per pair of a thread's
+def _to_p(p_f32, p_prev, P_CVT_ASM: gl.constexpr):
+    """P for the PV wgmma: p_f32 rounded to p_prev's dtype (fp16/bf16). P_CVT_ASM: one cvt.rn.{b}f16x2.f32 per pair of a thread's
     scores (the operand's register pairs), which sm90's ptxas turns into one F2FP; the per-element cvts come out
     as F2FP plus a PRMT that swaps the halves (0.5 instructions per score, counted in the key loop's SASS)."""
     if P_CVT_ASM:
-        if dtype == gl.float16:
-            return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [p_f32], dtype=dtype,
+        # cvt.rn.{b}f16x2.f32 d, a, b puts a in d's upper half: the pair's second score.
+        if p_prev.dtype == gl.float16:
+            return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [p_f32], dtype=p_prev.dtype,
                                              is_pure=True, pack=2)
         else:
-            return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [p_f32], dtype=dtype,
+            return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [p_f32], dtype=p_prev.dtype,
                                              is_pure=True, pack=2)
     else:
-        return p_f32.to(dtype)
+        return p_f32.to(p_prev.dtype)
 
 
 @gluon.jit
@@ -242,7 +243,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         alpha = gl.exp2(m_i - m_new)  # [WG_M]
         p_f32 = _exp2(s * qk_scale - m_new[:, None], POLY16)  # [WG_M, BLOCK_N]
     l_i = l_i * alpha + gl.sum(p_f32, axis=1)
-    p_next = gl.convert_layout(_to_p(p_f32, p.dtype, P_CVT_ASM), p.type.layout, assert_trivial=True)
+    p_next = gl.convert_layout(_to_p(p_f32, p, P_CVT_ASM), p.type.layout, assert_trivial=True)
     # P_{j-1} (registers) is read by the PV wgmma until it retires: keep it alive through the wait.
     o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
     mbarrier.arrive(v_empty.index(prev))
