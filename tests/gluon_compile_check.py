@@ -6,7 +6,7 @@ Run with the device's triton first on the path (TRITON_INTERPRET unset):
 Per case: registers / spills from ptxas -v, shared memory, and counts of the PTX instructions the schedule
 relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg) and of the softmax's special-function (ex2,
 tanh) and FMA-pipe ones. --sass: the key loops' SASS (nvdisasm), per loop: instructions, MUFU and FMA-pipe ops,
-and those per score of a consumer thread. Exits 1 if a case fails to compile.
+and those per score of a consumer thread, and the longest dependent FMNMX chain (the row max's latency). Exits 1 if a case fails to compile.
 """
 import argparse
 import os
@@ -54,7 +54,7 @@ def sass_loops(cubin, scores_per_thread):
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     text = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True).stdout
     os.unlink(f.name)
-    labels, ops = {}, []
+    labels, ops = {}, []  # ops: (opcode, instruction text)
     for line in text.splitlines():
         m = re.match(r"\s*(\.L_x_\d+):", line)
         if m:
@@ -78,12 +78,21 @@ def sass_loops(cubin, scores_per_thread):
             continue
         if counts.get("MUFU.RCP") or not counts.get("MUFU.EX2"):
             continue  # a branch back over the epilogue (its 1 / l) or one without the softmax: not a key loop
+        # The longest dependent FMNMX chain (the row max: each link waits for the previous one's result).
+        depth, chain = {}, 0
+        for op, txt in ops[a:b + 1]:
+            regs = re.findall(r"\bR\d+\b", txt)
+            if op == "FMNMX" and len(regs) >= 3:
+                depth[regs[0]] = 1 + max(depth.get(r, 0) for r in regs[1:3])
+                chain = max(chain, depth[regs[0]])
+            elif regs:
+                depth[regs[0]] = 0
         mufu = sum(v for k, v in counts.items() if k.startswith("MUFU"))
         fma = sum(counts.get(k, 0) for k in SASS_FMA)
         per = scores_per_thread
         out.append(f"loop {len(out)}: instr {len(body)} ({len(body) / per:.2f} / score)  MUFU {mufu} "
                    f"({mufu / per:.2f})  FMA-pipe {fma} ({fma / per:.2f})  | "
-                   + " ".join(f"{k} {counts[k]}" for k in SASS_SHOW if counts.get(k)))
+                   + " ".join(f"{k} {counts[k]}" for k in SASS_SHOW if counts.get(k)) + f"  | FMNMX chain {chain}")
     return out
 
 
