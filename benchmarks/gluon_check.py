@@ -520,7 +520,7 @@ def main():
     parser.add_argument("--skip-features", action="store_true", help="no feature correctness cases")
     parser.add_argument("--bench-features", action="store_true", help="also time each score feature (D128 8K)")
     parser.add_argument("--feature-variants", default="", help="with --bench-features: time plain / causal / softcap "
-                        "of the default and these variants instead of every feature (also checked in the correct phase)")
+                        "of the default and these variants instead of every feature (the correct phase checks them)")
     args = parser.parse_args()
     variants = args.variants.split(",")
     feature_variants = [v for v in args.feature_variants.split(",") if v]

@@ -6,7 +6,8 @@ Run with the device's triton first on the path (TRITON_INTERPRET unset):
 Per case: registers / spills from ptxas -v, shared memory, and counts of the PTX instructions the schedule
 relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg) and of the softmax's special-function (ex2,
 tanh) and FMA-pipe ones. --sass: the key loops' SASS (nvdisasm), per loop: instructions, MUFU and FMA-pipe ops,
-and those per score of a consumer thread, and the longest dependent FMNMX chain (the row max's latency). Exits 1 if a case fails to compile.
+and those per score of a consumer thread, and the longest dependent FMNMX chain (the row max's latency).
+Exits 1 if a case fails to compile.
 """
 import argparse
 import os

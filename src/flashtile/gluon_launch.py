@@ -53,8 +53,9 @@ class GluonConfig:
     instead of MUFU's ex2 (FA4's partial exp2 emulation), in sixteenths: of every 16 scores a consumer thread holds,
     the last round(16 * poly_exp2) (a fixed set of registers, so no select per score). softcap_raw_max: with
     softcap (and no ALiBi), the key loop's unmasked blocks take the row max of the raw scores and cap it once per
-    row (tanh is increasing), so the max reduction does not wait for the tanhs and cap * tanh - m is one FFMA. p_cvt_asm: the key
-    loop rounds P to 16 bits by pairs (one F2FP per pair, without the PRMT that swaps halves per pair otherwise).
+    row (tanh is increasing), so the max reduction does not wait for the tanhs and cap * tanh - m is one FFMA.
+    p_cvt_asm: the key loop rounds P to 16 bits by pairs (one F2FP per pair, without the PRMT that swaps halves per
+    pair otherwise).
     tree_max: the key loop's row maxima as trees instead of one dependent FMNMX chain per row."""
     block_n: int
     stages: int
