@@ -1,7 +1,8 @@
 """Check and time the Hopper Gluon forward on the GPU, in one self-diagnosing run (target < 120 s).
 
     PYTHONPATH=src python3 benchmarks/gluon_check.py [--variants ...] [--bench-dims 64,128,256]
-        [--seqlens 4096,16384] [--skip-bench] [--skip-features] [--skip-varlen] [--bench-features] [--bench-varlen]
+        [--seqlens 4096,16384] [--skip-bench] [--skip-features] [--skip-varlen] [--bench-features
+        [--feature-variants ...]] [--bench-varlen]
 
 Phases, each in a child process with a time limit (a kernel that deadlocks on an mbarrier hangs forever;
 killing the child frees the GPU and the run goes on to report it):
@@ -32,7 +33,10 @@ killing the child frees the GPU and the run goes on to report it):
            kernel: TFLOP/s and ratios (issue 5: varlen >= 0.90x dense).
   bench-features (--bench-features)  D128 8K B2 H16: plain / causal / softcap / ALiBi / sink / windows
            (256, 1024, 4096 left, 0 right) / a combination, Gluon against the portable kernel, as ratios to
-           the plain Gluon time, per unit of work for windows; cuDNN plain and causal for scale.
+           the plain Gluon time, per unit of work for windows; cuDNN plain and causal for scale. With
+           --feature-variants V1,V2 instead: plain, causal, softcap and causal softcap with the default and each
+           of them, as ratios to the default's plain / causal time, at D128 and at D64 (8K, H 32) (the correct
+           phase checks them too).
 Every line starts with PASS / FAIL / SKIP / ERROR / TIME / INFO so the log greps well.
 """
 import argparse
@@ -490,6 +494,18 @@ def phase_correct(variants, head_dim, causal):
             what = f"d{head_dim} causal={causal} {case[0]} [{variant}]"
             ok = guarded(check_case, case, head_dim, causal, variant, what=what)
             passed, failed = passed + bool(ok), failed + (not ok)
+        config = gluon_launch.VARIANTS[variant][head_dim]
+        specs = []
+        if config.poly_exp2 or config.softcap_raw_max:
+            # The polynomial exp2 also runs on the softcap path; softcap_raw_max changes only that path.
+            specs.append((C1000, dict(softcap=30.0)))
+        if config.softcap_raw_max:
+            specs.append((C2K, dict(window=(256, 0), softcap=30.0, sink=True)))  # masked blocks, m from a sink
+            specs.append((C1000, dict(window=(100, 50), softcap=5.0)))  # rows without a visible key in a block
+        for case, spec in specs:
+            what = f"d{head_dim} causal={causal} {case[0]} {describe(spec)} [{variant}]"
+            ok = guarded(check_case, case, head_dim, causal, variant, spec, False, what=what)
+            passed, failed = passed + bool(ok), failed + (not ok)
     ok = guarded(check_backward, head_dim, causal, what=f"backward d{head_dim} causal={causal}")
     passed, failed = passed + bool(ok), failed + (not ok)
     say(f"INFO correctness d{head_dim} {'causal' if causal else 'full'}: {passed} passed, {failed} failed")
@@ -562,15 +578,22 @@ def _ms(fn):
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def phase_bench_features():
+def phase_bench_features(feature_variants=()):
     """D128, 8K, B 2, H 16, bf16: each score feature's forward time, Gluon (default variant) against the portable
     kernel, as a ratio to the plain Gluon time (issue 6: each feature <= 1.10x plain) and, for windows, per unit of
-    work (time ratio / the fraction of the score matrix the window keeps); cuDNN plain / causal for scale."""
+    work (time ratio / the fraction of the score matrix the window keeps); cuDNN plain / causal for scale.
+    feature_variants: instead, plain / causal / softcap / causal softcap of the default and these variants."""
     os.environ.pop("FLASHTILE_POISON_OUTPUTS", None)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     batch, seqlen, heads, head_dim = 2, 8192, 16, 128
     q, k, v = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16)
     scale = head_dim ** -0.5
+    if feature_variants:
+        variant_feature_times(q, k, v, scale, feature_variants)
+        # D64 too (the same 8K tokens, H 32): half the matmul work per score, so MUFU weighs twice as much.
+        variant_feature_times(*make_inputs(batch, seqlen, seqlen, 2 * heads, 2 * heads, 64, torch.bfloat16)[:3],
+                              64 ** -0.5, feature_variants)
+        return
     full = seqlen * seqlen
 
     def window_work(left):  # visible (row, key) pairs of a bottom-right window (left, 0) over a square matrix
@@ -611,6 +634,29 @@ def phase_bench_features():
             f"{'  OVER 1.10' if rel / work > 1.10 else ''}")
 
 
+def variant_feature_times(q, k, v, scale, feature_variants):
+    """Plain / causal / softcap 30 / causal softcap 30 with the default and each variant (those with a config at
+    q's head dim), as ratios to the default's plain or causal time: what a variant does to the softcap cost."""
+    batch, _, heads, head_dim = q.shape
+    base = {}
+    names = ["default"] + [v_ for v_ in feature_variants if v_ != "default" and head_dim in gluon_launch.VARIANTS[v_]]
+    for variant in names:
+        for name, causal, spec in (("plain", False, {}), ("causal", True, {}), ("softcap30", False, dict(softcap=30.0)),
+                                   ("causal+softcap30", True, dict(softcap=30.0))):
+            feats = feature_args(spec, batch, heads)
+            try:
+                ms = _ms(lambda: gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant, **feats))
+            except Exception as exc:  # noqa: BLE001
+                say(f"ERROR time feat {name} [{variant}]: {type(exc).__name__}: {exc}")
+                continue
+            if variant == "default" and not spec:
+                base[causal] = ms
+            ref = base.get(causal)
+            say(f"TIME feat-variant d{head_dim} S{q.shape[1]} B{batch} H{heads} {name:<17} [{variant:<20}] "
+                f"{ms:8.3f} ms  / default {'causal' if causal else 'plain '} "
+                f"{ms / ref if ref else float('nan'):.3f}x")
+
+
 def run_children(phase, args, timeout, groups=(None, )):
     """Runs the phase in one child per group, concurrently (compiles dominate and run in parallel), killing
     whatever is still running after timeout seconds. True if every child exited 0."""
@@ -619,7 +665,7 @@ def run_children(phase, args, timeout, groups=(None, )):
     children = []
     for group in groups:
         cmd = [sys.executable, __file__, "--phase", phase, "--variants", args.variants, "--seqlens", args.seqlens,
-               "--bench-dims", args.bench_dims]
+               "--bench-dims", args.bench_dims, "--feature-variants", args.feature_variants]
         if group is not None:
             if group.startswith("feat:"):
                 cmd[cmd.index("--phase") + 1] = "features"
@@ -661,21 +707,25 @@ def main():
     parser.add_argument("--bench-features", action="store_true", help="also time each score feature (D128 8K)")
     parser.add_argument("--skip-varlen", action="store_true", help="no varlen correctness child")
     parser.add_argument("--bench-varlen", action="store_true", help="also time varlen against dense (16K tokens)")
+    parser.add_argument("--feature-variants", default="", help="with --bench-features: time plain / causal / softcap "
+                        "of the default and these variants instead of every feature (the correct phase checks them)")
     args = parser.parse_args()
     variants = args.variants.split(",")
+    feature_variants = [v for v in args.feature_variants.split(",") if v]
     seqlens = [int(s) for s in args.seqlens.split(",")]
     if args.phase == "smoke":
         sys.exit(0 if phase_smoke(variants) else 1)
     if args.phase == "correct":
         head_dim, causal = args.group.split(":")
-        sys.exit(0 if phase_correct(variants, int(head_dim), causal == "1") else 1)
+        checked = variants + [v for v in feature_variants if v not in variants]
+        sys.exit(0 if phase_correct(checked, int(head_dim), causal == "1") else 1)
     if args.phase == "features":
         sys.exit(0 if phase_features(args.group) else 1)
     if args.phase == "bench":
         phase_bench(variants, seqlens, [int(d) for d in args.bench_dims.split(",")])
         return
     if args.phase == "bench-features":
-        phase_bench_features()
+        phase_bench_features(feature_variants)
         return
     if args.phase == "varlen":
         sys.exit(0 if phase_varlen() else 1)

@@ -3,9 +3,12 @@
 Run with the device's triton first on the path (TRITON_INTERPRET unset):
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_compile_check.py [--variant default]
         [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo | all]
-        [--layouts dense,tail,varlen | all] [--dump DIR]
+        [--layouts dense,tail,varlen | all] [--dump DIR] [--sass]
 Per case: registers / spills from ptxas -v, shared memory, and counts of the PTX instructions the schedule
-relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg). Exits 1 if a case fails to compile.
+relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg) and of the softmax's special-function (ex2,
+tanh) and FMA-pipe ones. --sass: the key loops' SASS (nvdisasm), per loop: instructions, MUFU and FMA-pipe ops,
+and those per score of a consumer thread, and the longest dependent FMNMX chain (the row max's latency).
+Exits 1 if a case fails to compile.
 """
 import argparse
 import os
@@ -32,7 +35,67 @@ PTX_PATTERNS = {
     "st.shared": r"st\.shared",
     "ld.shared": r"ld\.shared",
     "bar.sync": r"bar\.sync|barrier\.sync",
+    "ex2": r"ex2\.approx",
+    "tanh": r"tanh\.approx",
+    "rcp": r"rcp\.approx",
+    "fma.f32": r"\bfma\.rn(\.ftz)?\.f32",
+    "add.rm": r"add\.rm",
 }
+# SASS opcodes by the pipe that runs them on sm90 (MUFU 16 results / clock / SM; the FMA pipe 128; every
+# instruction takes an issue slot: one warp instruction / clock / SM sub-partition).
+SASS_FMA = ("FFMA", "FADD", "FMUL", "IMAD")
+SASS_SHOW = ("MUFU.EX2", "MUFU.TANH", "MUFU.RCP", "FFMA", "FADD", "FMUL", "FMNMX", "FSEL", "IMAD", "LEA", "SHF",
+             "LOP3", "F2FP", "PRMT", "SHFL")
+
+
+def sass_loops(cubin, scores_per_thread):
+    """Per key loop of the cubin (a backward branch whose body has wgmmas, ex2 and 4-48 instructions per score,
+    without the epilogue's rcp): its opcode counts, as 'loop N: instr X (Y / score) MUFU a FMA b ...'."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    text = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    labels, ops = {}, []  # ops: (opcode, instruction text)
+    for line in text.splitlines():
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(ops)
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?);", line)
+        if m:
+            txt = re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip())
+            op = txt.split()[0]
+            ops.append((".".join(op.split(".")[:2]) if op.startswith("MUFU") else op.split(".")[0], txt))
+    loops = []
+    for i, (op, txt) in enumerate(ops):
+        target = re.search(r"(\.L_x_\d+)", txt) if op == "BRA" else None
+        if target and labels.get(target.group(1), i + 1) <= i:
+            loops.append((labels[target.group(1)], i))
+    out = []
+    for a, b in loops:
+        body = [op for op, _ in ops[a:b + 1]]
+        counts = {k: body.count(k) for k in set(body)}
+        if not counts.get("HGMMA") or not 4 * scores_per_thread <= len(body) <= 48 * scores_per_thread:
+            continue
+        if counts.get("MUFU.RCP") or not counts.get("MUFU.EX2"):
+            continue  # a branch back over the epilogue (its 1 / l) or one without the softmax: not a key loop
+        # The longest dependent FMNMX chain (the row max: each link waits for the previous one's result).
+        depth, chain = {}, 0
+        for op, txt in ops[a:b + 1]:
+            regs = re.findall(r"\bR\d+\b", txt)
+            if op == "FMNMX" and len(regs) >= 3:
+                depth[regs[0]] = 1 + max(depth.get(r, 0) for r in regs[1:3])
+                chain = max(chain, depth[regs[0]])
+            elif regs:
+                depth[regs[0]] = 0
+        mufu = sum(v for k, v in counts.items() if k.startswith("MUFU"))
+        fma = sum(counts.get(k, 0) for k in SASS_FMA)
+        per = scores_per_thread
+        out.append(f"loop {len(out)}: instr {len(body)} ({len(body) / per:.2f} / score)  MUFU {mufu} "
+                   f"({mufu / per:.2f})  FMA-pipe {fma} ({fma / per:.2f})  | "
+                   + " ".join(f"{k} {counts[k]}" for k in SASS_SHOW if counts.get(k)) + f"  | FMNMX chain {chain}")
+    return out
 
 
 def ptxas_report(ptx):
@@ -98,6 +161,7 @@ def main():
     parser.add_argument("--features", default="plain", help=f"comma list of {list(FEATURES)} or 'all'")
     parser.add_argument("--layouts", default="dense", help=f"comma list of {list(LAYOUTS)} or 'all'")
     parser.add_argument("--dump", default="", help="write each case's ttgir / ptx / ptxas report here")
+    parser.add_argument("--sass", action="store_true", help="count the key loops' SASS opcodes (nvdisasm)")
     args = parser.parse_args()
     print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
     failed = 0
@@ -131,6 +195,10 @@ def main():
                   f"{','.join(spills)} B  | {counts}")
             for line in warnings:
                 print(f"    ptxas: {line.strip()}")
+            if args.sass:
+                # One consumer thread holds 64 x BLOCK_N / 128 scores of a key block.
+                for line in sass_loops(compiled.asm["cubin"], 64 * config.block_n // 128):
+                    print(f"    sass {line}")
             if args.dump:
                 os.makedirs(args.dump, exist_ok=True)
                 for ext in ("ttgir", "llir", "ptx"):

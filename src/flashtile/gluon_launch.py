@@ -50,13 +50,31 @@ def disable(exc):
 @dataclass(frozen=True)
 class GluonConfig:
     """One schedule of the kernel. Registers: 12 warps share 64K registers; the loader warpgroup gives
-    most of its share to the two consumer warpgroups (maxnreg is the launch's per-thread budget)."""
+    most of its share to the two consumer warpgroups (maxnreg is the launch's per-thread budget).
+    poly_exp2: the share of the key loop's score exponentials computed by a degree-3 polynomial on the FMA pipe
+    instead of MUFU's ex2 (FA4's partial exp2 emulation), in sixteenths: of every 16 scores a consumer thread holds,
+    the last round(16 * poly_exp2) (a fixed set of registers, so no select per score). softcap_raw_max: with
+    softcap (and no ALiBi), the key loop's unmasked blocks take the row max of the raw scores and cap it once per
+    row (tanh is increasing), so the max reduction does not wait for the tanhs and cap * tanh - m is one FFMA.
+    p_cvt_asm: the key loop rounds P to 16 bits by pairs (one F2FP per pair, without the PRMT that swaps halves per
+    pair otherwise).
+    tree_max: the key loop's row maxima as trees instead of one dependent FMNMX chain per row."""
     block_n: int
     stages: int
     pingpong: bool = True
     consumer_regs: int = 240
     loader_regs: int = 24
     maxnreg: int = 168
+    poly_exp2: float = 0.0
+    softcap_raw_max: bool = False
+    p_cvt_asm: bool = False
+    tree_max: bool = False
+
+    def poly16(self):
+        n = round(16 * self.poly_exp2)
+        if not (0 <= n <= 16 and abs(n - 16 * self.poly_exp2) < 1e-9):
+            raise ValueError(f"poly_exp2 must be a multiple of 1/16 in [0, 1], got {self.poly_exp2}")
+        return n
 
 
 # Variants the check script can compare on the GPU; "default" is what gluon_forward uses. A variant may cover
@@ -72,6 +90,33 @@ VARIANTS = {
     "d256-bn64s1": {256: GluonConfig(64, 1)},
     "d256-bn32s4": {256: GluonConfig(32, 4)},
 }
+# The polynomial exp2 for a share of the scores (D64 / D128 at the default tiles; with softcap too, where MUFU
+# also computes the tanh).
+for _num, _den in ((1, 16), (1, 8), (1, 4), (1, 2)):
+    VARIANTS[f"poly-{_num}of{_den}"] = {64: GluonConfig(128, 3, poly_exp2=_num / _den),
+                                        128: GluonConfig(128, 2, poly_exp2=_num / _den)}
+# P packed by pairs, alone and with the polynomial exp2 (the instructions it saves pay for some of the polynomial's).
+for _num, _den in ((0, 1), (1, 8), (1, 4)):
+    VARIANTS["cvt" + (f"-poly-{_num}of{_den}" if _num else "")] = {
+        64: GluonConfig(128, 3, poly_exp2=_num / _den, p_cvt_asm=True),
+        128: GluonConfig(128, 2, poly_exp2=_num / _den, p_cvt_asm=True)}
+# Softcap: the row max from the raw scores, alone and with the polynomial exp2 paying for the tanh's MUFU op.
+for _num, _den in ((0, 1), (1, 4), (1, 2)):
+    VARIANTS["capmax" + (f"-poly-{_num}of{_den}" if _num else "")] = {
+        64: GluonConfig(128, 3, poly_exp2=_num / _den, softcap_raw_max=True),
+        128: GluonConfig(128, 2, poly_exp2=_num / _den, softcap_raw_max=True)}
+VARIANTS["capmax-cvt-poly-1of2"] = {64: GluonConfig(128, 3, poly_exp2=0.5, softcap_raw_max=True, p_cvt_asm=True),
+                                    128: GluonConfig(128, 2, poly_exp2=0.5, softcap_raw_max=True, p_cvt_asm=True)}
+# The row max as a tree: alone, with P by pairs and the polynomial exp2, and on the softcap path.
+_ALL = dict(p_cvt_asm=True, tree_max=True)
+VARIANTS["tree"] = {64: GluonConfig(128, 3, tree_max=True), 128: GluonConfig(128, 2, tree_max=True)}
+VARIANTS["tree-cvt"] = {64: GluonConfig(128, 3, **_ALL), 128: GluonConfig(128, 2, **_ALL)}
+VARIANTS["tree-cvt-poly-1of8"] = {64: GluonConfig(128, 3, poly_exp2=1 / 8, **_ALL),
+                                  128: GluonConfig(128, 2, poly_exp2=1 / 8, **_ALL)}
+VARIANTS["tree-cvt-poly-1of16"] = {64: GluonConfig(128, 3, poly_exp2=1 / 16, **_ALL),
+                                   128: GluonConfig(128, 2, poly_exp2=1 / 16, **_ALL)}
+VARIANTS["capmax-tree-cvt-poly-1of2"] = {64: GluonConfig(128, 3, poly_exp2=0.5, softcap_raw_max=True, **_ALL),
+                                         128: GluonConfig(128, 2, poly_exp2=0.5, softcap_raw_max=True, **_ALL)}
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -238,7 +283,8 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
                       IS_LOCAL=is_local, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
-                      HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged)
+                      HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged, POLY16=config.poly16(),
+                      CAP_RAW_MAX=config.softcap_raw_max, P_CVT_ASM=config.p_cvt_asm, TREE_MAX=config.tree_max)
     grid = (math.ceil(seqlen_q / BLOCK_M), batch * heads_q)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
