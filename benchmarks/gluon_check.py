@@ -1,7 +1,8 @@
 """Check and time the Hopper Gluon forward on the GPU, in one self-diagnosing run (target < 120 s).
 
     PYTHONPATH=src python3 benchmarks/gluon_check.py [--variants ...] [--bench-dims 64,128,256]
-        [--seqlens 4096,16384] [--skip-bench] [--skip-features] [--bench-features]
+        [--seqlens 4096,16384] [--skip-bench] [--skip-features] [--skip-varlen] [--bench-features
+        [--feature-variants ...]] [--bench-varlen]
 
 Phases, each in a child process with a time limit (a kernel that deadlocks on an mbarrier hangs forever;
 killing the child frees the GPU and the run goes on to report it):
@@ -20,9 +21,22 @@ killing the child frees the GPU and the run goes on to report it):
   bench    16K tokens, hidden 2048 (B = 16384 / S, H = 2048 / D), S in --seqlens, D in --bench-dims, causal
            both: TFLOP/s (4 B H S^2 D, halved when causal; median of do_bench) of each Gluon variant, the
            flashtile Triton forward and SDPA cuDNN, and the ratios.
+  varlen   (a child of the correct batch; --skip-varlen drops it) flash_attn_varlen_func's layout through the
+           Gluon forward (ragged descriptors): mixed lengths incl. 0 and 1 and lengths off the key block, Sq > Sk
+           (causal rows without keys), GQA / MQA, D64/128/256, causal both, NaN-poisoned outputs, each sequence
+           against the float64 reference run alone (DESIGN.md's rule), lse in (Hq, total_q); inf values in the
+           next sequence and in rows past the last one must not reach a sequence's output; the varlen backward on
+           the Gluon forward (flash_attn_varlen_func, FLASHTILE_GLUON=1); dense batch > 1 with Sk % 128 != 0 is
+           in the correct groups' CASES (batch-tail-2x1000).
+  bench-varlen (--bench-varlen)  16K tokens, hidden 2048: varlen Gluon against dense Gluon on the same tokens
+           (equal lengths 2K and 8K), D64/D128, causal both, plus a mixed-length batch, and the portable varlen
+           kernel: TFLOP/s and ratios (issue 5: varlen >= 0.90x dense).
   bench-features (--bench-features)  D128 8K B2 H16: plain / causal / softcap / ALiBi / sink / windows
            (256, 1024, 4096 left, 0 right) / a combination, Gluon against the portable kernel, as ratios to
-           the plain Gluon time, per unit of work for windows; cuDNN plain and causal for scale.
+           the plain Gluon time, per unit of work for windows; cuDNN plain and causal for scale. With
+           --feature-variants V1,V2 instead: plain, causal, softcap and causal softcap with the default and each
+           of them, as ratios to the default's plain / causal time, at D128 and at D64 (8K, H 32) (the correct
+           phase checks them too).
 Every line starts with PASS / FAIL / SKIP / ERROR / TIME / INFO so the log greps well.
 """
 import argparse
@@ -113,7 +127,8 @@ CASES = [
     ("q257-k130", 1, 257, 130, 2, 2, torch.bfloat16, False),  # causal: unsupported (rows without keys)
     ("packed-qkv-1000", 1, 1000, 1000, 4, 4, torch.bfloat16, True),
     ("packed-qkv-2x1024", 2, 1024, 1024, 4, 4, torch.bfloat16, True),
-    ("batch-tail-2x1000", 2, 1000, 1000, 4, 4, torch.bfloat16, False),  # unsupported: a key block spans two sequences
+    ("batch-tail-2x1000", 2, 1000, 1000, 4, 4, torch.bfloat16, False),  # ragged descriptors: blocks span sequences
+    ("batch-tail-3x130-257", 3, 130, 257, 4, 2, torch.bfloat16, False),
     ("fp16-gqa-1000", 1, 1000, 1000, 4, 2, torch.float16, False),
 ]
 SHORT_CASES = ("odd-1000", "gqa-q777-k999", "4K")
@@ -158,6 +173,8 @@ FEATURE_CASES = {
         (C1000, 256, False, dict(softcap=30.0), False),
         (C2K, 256, False, dict(window=(256, 0)), False),
         (C1000, 256, True, dict(sink=True, alibi="h"), False),
+        (("b2-tail-q300-k1000", 2, 300, 1000, 8, 2, BF16, False), 128, False,
+         dict(window=(200, 100), softcap=30.0, alibi="bh", sink=True), False),  # ragged descriptors + features
     ],
 }
 BACKWARD_FEATURES = dict(window=(256, 0), softcap=30.0, alibi="h", sink=True)
@@ -174,8 +191,7 @@ def check_case(case, head_dim, causal, variant, spec=None, compare_triton=None):
     feats = feature_args(spec, batch, heads_q)
     # Every row must see a key: causal needs Sq <= Sk, a window's right side Sq - Sk <= right.
     right = 0 if causal else feats["window_size"][1]
-    block_n = 64 if head_dim == 256 else 128  # the largest key block of any variant at this head dim
-    expect_supported = not (right >= 0 and seqlen_q - seqlen_k > right) and (batch == 1 or seqlen_k % block_n == 0)
+    expect_supported = not (right >= 0 and seqlen_q - seqlen_k > right)
     supported = gluon_launch.gluon_supported(q, k, v, causal=causal, **feats)
     if not supported:
         tag = "SKIP" if not expect_supported else "FAIL"
@@ -276,6 +292,176 @@ def check_backward(head_dim, causal, spec=None):
     return ok
 
 
+def cu_of(seqlens):
+    return torch.tensor([0] + torch.tensor(seqlens).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+
+
+def packed_inputs(seqlens_q, seqlens_k, heads_q, heads_kv, head_dim, dtype=torch.bfloat16, seed=0, pad_k=0):
+    """Packed (total, H, D) q / k / v; pad_k extra key rows past the last sequence (filled by the caller)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    make = lambda rows, heads: torch.randn(rows, heads, head_dim, generator=gen, device=DEVICE).to(dtype)  # noqa
+    return make(sum(seqlens_q), heads_q), make(sum(seqlens_k) + pad_k, heads_kv), make(sum(seqlens_k) + pad_k,
+                                                                                        heads_kv)
+
+
+# (name, seqlens_q, seqlens_k, heads_q, heads_kv): 0 and 1, lengths off the key block, Sq > Sk, GQA / MQA.
+VARLEN_CASES = [
+    ("mixed", [1, 17, 0, 300, 129, 64, 1000], [5, 1, 9, 300, 200, 0, 1000], 4, 2),
+    ("equal-1000x3", [1000] * 3, [1000] * 3, 8, 8),
+    ("q-gt-k-mqa", [257, 130, 1, 128], [130, 257, 1, 127], 8, 1),
+]
+
+
+def check_varlen_case(case, head_dim, causal, poison=None, spec=None):
+    """One varlen case against each sequence run alone (float64 reference); poison: None, "next" (inf in the
+    values of every sequence after the first: sequence 0 must stay exact) or "tail" (inf in key / value rows
+    past the last sequence, which a ragged box must not read); spec: score features (feature_args)."""
+    name, lens_q, lens_k, heads_q, heads_kv = case
+    dtype = torch.bfloat16
+    spec = spec or {}
+    feats = feature_args(spec, len(lens_q), heads_q)
+    label = (f"d{head_dim} {'causal' if causal else 'full  '} varlen-{name:<14} B{len(lens_q)} maxq{max(lens_q)} "
+             f"maxk{max(lens_k)} H{heads_q}/{heads_kv}{' poison-' + poison if poison else ''} {describe(spec)}")
+    q, k, v = packed_inputs(lens_q, lens_k, heads_q, heads_kv, head_dim, dtype, pad_k=64 if poison == "tail" else 0)
+    cu_q, cu_k = cu_of(lens_q), cu_of(lens_k)
+    if poison == "tail":
+        k[sum(lens_k):], v[sum(lens_k):] = float("inf"), float("inf")
+    if poison == "next":
+        v[lens_k[0]:] = float("inf")
+    varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    if not gluon_launch.gluon_supported(q, k, v, causal=causal, **varlen, **feats):
+        say(f"FAIL {label}: gluon_supported() is False")
+        return False
+    out, lse = gluon_launch.gluon_forward(q, k, v, head_dim ** -0.5, causal, **varlen, **feats)
+    torch.cuda.synchronize()
+    problems, worst = [], 0.0
+    if lse.shape != (heads_q, q.shape[0]):
+        problems.append(f"lse shape {tuple(lse.shape)}")
+    for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
+        if sq == 0 or (poison == "next" and b > 0):
+            continue
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        o, lz = out[qs], lse[:, qs]
+        if torch.isnan(o).any() or torch.isinf(o).any() or torch.isnan(lz).any():
+            problems.append(f"seq {b} (q{sq} k{sk}): non-finite out / NaN lse (NaN = unwritten)")
+            continue
+        seq_feats = dict(feats)
+        if feats.get("alibi_slopes") is not None and feats["alibi_slopes"].dim() == 2:
+            seq_feats["alibi_slopes"] = feats["alibi_slopes"][b]
+        if sk == 0:
+            empty_lse = feats["sink"][:, None] if feats.get("sink") is not None else float("-inf")
+            if not (torch.all(o == 0) and torch.all(lz == empty_lse)):
+                problems.append(f"seq {b} (k0): expected out 0 / lse -inf (the sink with one)")
+            continue
+        seq = [x[s][None] for x, s in ((q, qs), (k, ks), (v, ks))]
+        ref, ref_lse = attention_ref(*seq, causal=causal, return_lse=True, **seq_feats)
+        low = attention_ref(*seq, causal=causal, upcast=False, **seq_feats)
+        # Rows without keys (causal, Sq > Sk): the reference's NaN rows are 0 / -inf in the kernels.
+        ref, low = ref.nan_to_num(0.0), low.nan_to_num(0.0)
+        ref_lse = torch.where(torch.isnan(ref_lse), float("-inf"), ref_lse)
+        err, bound = max_err(o[None], ref), 2 * max_err(low, ref) + max_err(ref.to(dtype), ref) + ABS_FLOOR[dtype]
+        worst = max(worst, err / bound)
+        if not err <= bound:
+            problems.append(f"seq {b} (q{sq} k{sk}): out err {err:.3g} > {bound:.3g}")
+        finite = torch.isfinite(ref_lse[0])
+        if not torch.equal(torch.isfinite(lz), finite):
+            problems.append(f"seq {b}: lse -inf rows differ")
+        elif finite.any():
+            lse_err = max_err(lz[finite], ref_lse[0][finite])
+            if not lse_err <= LSE_ATOL + LSE_RTOL * ref_lse[0][finite].abs().max().item():
+                problems.append(f"seq {b}: lse err {lse_err:.3g}")
+    say(f"{'FAIL' if problems else 'PASS'} {label}: {'; '.join(problems) or f'worst err / bound {worst:.2f}'}")
+    return not problems
+
+
+def check_varlen_backward(head_dim, causal):
+    """flash_attn_varlen_func with FLASHTILE_GLUON=1 against FLASHTILE_GLUON=0 (the portable forward): the varlen
+    backward on the Gluon forward's out / lse (Hq, total_q)."""
+    import flashtile
+    lens = [1000, 1, 0, 517, 128]
+    q, k, v = [t.requires_grad_() for t in packed_inputs(lens, lens, 4, 2, head_dim)]
+    cu = cu_of(lens)
+    dout = torch.randn_like(q)
+    results = []
+    for choice in ("1", "0"):
+        os.environ["FLASHTILE_GLUON"] = choice
+        try:
+            out = flashtile.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
+            results.append((out, *torch.autograd.grad(out, (q, k, v), dout)))
+        finally:
+            os.environ["FLASHTILE_GLUON"] = "0"
+    parts, ok = [], True
+    for name, got, port in zip(("out", "dq", "dk", "dv"), *results):
+        err = max_err(got, port)
+        ok &= bool(torch.isfinite(got).all().item()) and err <= (2e-2 if name == "out" else 5e-2)
+        parts.append(f"{name} {err:.2e}")
+    say(f"{'PASS' if ok else 'FAIL'} d{head_dim} {'causal' if causal else 'full  '} varlen backward-on-gluon-fwd "
+        f"vs portable: max diff {', '.join(parts)}")
+    return ok
+
+
+def phase_varlen():
+    os.environ["FLASHTILE_POISON_OUTPUTS"] = "1"
+    passed = failed = 0
+    jobs = [(check_varlen_case, (case, d, c)) for d in (64, 128, 256) for c in (False, True) for case in VARLEN_CASES]
+    jobs += [(check_varlen_case, (VARLEN_CASES[0], 128, c, p)) for c in (False, True) for p in ("next", "tail")]
+    # Score features in varlen: windows leave rows without keys per sequence; ALiBi (B, H) slopes per sequence.
+    jobs += [(check_varlen_case, (case, d, False, None, spec)) for case, d, spec in (
+        (VARLEN_CASES[0], 128, dict(window=(64, 0), softcap=30.0, alibi="bh", sink=True)),
+        (VARLEN_CASES[2], 128, dict(window=(100, 20), alibi="h")),
+        (VARLEN_CASES[0], 64, dict(softcap=30.0, sink=True)))]
+    jobs += [(check_varlen_case, (VARLEN_CASES[2], 256, True, None, dict(alibi="bh", sink=True)))]
+    jobs += [(check_varlen_backward, (128, c)) for c in (False, True)]
+    for fn, job in jobs:
+        ok = guarded(fn, *job, what=f"varlen {fn.__name__} {job[1:]}")
+        passed, failed = passed + bool(ok), failed + (not ok)
+    say(f"INFO correctness varlen: {passed} passed, {failed} failed")
+    return failed == 0
+
+
+def _varlen_flops(lens, heads, head_dim, causal):
+    return sum(4 * heads * s * s * head_dim / (2 if causal else 1) for s in lens)
+
+
+def phase_bench_varlen():
+    """Issue 5: varlen prefill within 10 % of the dense kernel's TFLOP/s on the same tokens. 16K tokens, hidden
+    2048, bf16: equal lengths S (B = 16K / S) as varlen Gluon, dense Gluon (B, S) and the portable varlen
+    kernel; then a mixed batch (dense Gluon on its longest sequence alone for scale)."""
+    os.environ.pop("FLASHTILE_POISON_OUTPUTS", None)
+    mixed = [8192, 3000, 2048, 1500, 1024, 513, 100, 17, 1, 91]  # 16384 tokens
+    for head_dim in (64, 128):
+        heads = 2048 // head_dim
+        for causal in (False, True):
+            scale = head_dim ** -0.5
+            for lens in ([2048] * 8, [8192] * 2, mixed):
+                name = f"{len(lens)}x{lens[0]}" if len(set(lens)) == 1 else "mixed16K"
+                q, k, v = packed_inputs(lens, lens, heads, heads, head_dim)
+                cu = cu_of(lens)
+                varlen = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+                flops = _varlen_flops(lens, heads, head_dim, causal)
+                providers = {
+                    "gluon-varlen": lambda: gluon_launch.gluon_forward(q, k, v, scale, causal, **varlen),
+                    "triton-varlen": lambda: launch._flash_attn_forward(q, k, v, scale, -1, 0 if causal else -1, 0.0,
+                                                                        None, None, cu, cu, max(lens), max(lens)),
+                }
+                if len(set(lens)) == 1:
+                    qd, kd, vd = (t.view(len(lens), lens[0], heads, head_dim) for t in (q, k, v))
+                    providers["gluon-dense"] = lambda: gluon_launch.gluon_forward(qd, kd, vd, scale, causal)
+                results = {}
+                for provider, fn in providers.items():
+                    try:
+                        results[provider] = flops / (_ms(fn) * 1e-3) / 1e12
+                        say(f"TIME varlen d{head_dim} {'causal' if causal else 'full  '} {name:<9} {provider:<14} "
+                            f"{results[provider]:6.1f} TFLOP/s")
+                    except Exception as exc:  # noqa: BLE001
+                        say(f"ERROR time varlen d{head_dim} causal={causal} {name} {provider}: "
+                            f"{type(exc).__name__}: {exc}")
+                g, d, t = (results.get(p, float("nan")) for p in ("gluon-varlen", "gluon-dense", "triton-varlen"))
+                flag = "  BELOW 0.90" if g / d < 0.90 else ""
+                say(f"INFO ratio varlen d{head_dim} {'causal' if causal else 'full  '} {name:<9} gluon-varlen / "
+                    f"gluon-dense {g / d:.2f}x{flag}  gluon-varlen / triton-varlen {g / t:.2f}x")
+
+
 def guarded(fn, *args, what=""):
     try:
         return fn(*args)
@@ -307,6 +493,18 @@ def phase_correct(variants, head_dim, causal):
                 continue
             what = f"d{head_dim} causal={causal} {case[0]} [{variant}]"
             ok = guarded(check_case, case, head_dim, causal, variant, what=what)
+            passed, failed = passed + bool(ok), failed + (not ok)
+        config = gluon_launch.VARIANTS[variant][head_dim]
+        specs = []
+        if config.poly_exp2 or config.softcap_raw_max:
+            # The polynomial exp2 also runs on the softcap path; softcap_raw_max changes only that path.
+            specs.append((C1000, dict(softcap=30.0)))
+        if config.softcap_raw_max:
+            specs.append((C2K, dict(window=(256, 0), softcap=30.0, sink=True)))  # masked blocks, m from a sink
+            specs.append((C1000, dict(window=(100, 50), softcap=5.0)))  # rows without a visible key in a block
+        for case, spec in specs:
+            what = f"d{head_dim} causal={causal} {case[0]} {describe(spec)} [{variant}]"
+            ok = guarded(check_case, case, head_dim, causal, variant, spec, False, what=what)
             passed, failed = passed + bool(ok), failed + (not ok)
     ok = guarded(check_backward, head_dim, causal, what=f"backward d{head_dim} causal={causal}")
     passed, failed = passed + bool(ok), failed + (not ok)
@@ -380,15 +578,22 @@ def _ms(fn):
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def phase_bench_features():
+def phase_bench_features(feature_variants=()):
     """D128, 8K, B 2, H 16, bf16: each score feature's forward time, Gluon (default variant) against the portable
     kernel, as a ratio to the plain Gluon time (issue 6: each feature <= 1.10x plain) and, for windows, per unit of
-    work (time ratio / the fraction of the score matrix the window keeps); cuDNN plain / causal for scale."""
+    work (time ratio / the fraction of the score matrix the window keeps); cuDNN plain / causal for scale.
+    feature_variants: instead, plain / causal / softcap / causal softcap of the default and these variants."""
     os.environ.pop("FLASHTILE_POISON_OUTPUTS", None)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     batch, seqlen, heads, head_dim = 2, 8192, 16, 128
     q, k, v = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16)
     scale = head_dim ** -0.5
+    if feature_variants:
+        variant_feature_times(q, k, v, scale, feature_variants)
+        # D64 too (the same 8K tokens, H 32): half the matmul work per score, so MUFU weighs twice as much.
+        variant_feature_times(*make_inputs(batch, seqlen, seqlen, 2 * heads, 2 * heads, 64, torch.bfloat16)[:3],
+                              64 ** -0.5, feature_variants)
+        return
     full = seqlen * seqlen
 
     def window_work(left):  # visible (row, key) pairs of a bottom-right window (left, 0) over a square matrix
@@ -429,6 +634,29 @@ def phase_bench_features():
             f"{'  OVER 1.10' if rel / work > 1.10 else ''}")
 
 
+def variant_feature_times(q, k, v, scale, feature_variants):
+    """Plain / causal / softcap 30 / causal softcap 30 with the default and each variant (those with a config at
+    q's head dim), as ratios to the default's plain or causal time: what a variant does to the softcap cost."""
+    batch, _, heads, head_dim = q.shape
+    base = {}
+    names = ["default"] + [v_ for v_ in feature_variants if v_ != "default" and head_dim in gluon_launch.VARIANTS[v_]]
+    for variant in names:
+        for name, causal, spec in (("plain", False, {}), ("causal", True, {}), ("softcap30", False, dict(softcap=30.0)),
+                                   ("causal+softcap30", True, dict(softcap=30.0))):
+            feats = feature_args(spec, batch, heads)
+            try:
+                ms = _ms(lambda: gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant, **feats))
+            except Exception as exc:  # noqa: BLE001
+                say(f"ERROR time feat {name} [{variant}]: {type(exc).__name__}: {exc}")
+                continue
+            if variant == "default" and not spec:
+                base[causal] = ms
+            ref = base.get(causal)
+            say(f"TIME feat-variant d{head_dim} S{q.shape[1]} B{batch} H{heads} {name:<17} [{variant:<20}] "
+                f"{ms:8.3f} ms  / default {'causal' if causal else 'plain '} "
+                f"{ms / ref if ref else float('nan'):.3f}x")
+
+
 def run_children(phase, args, timeout, groups=(None, )):
     """Runs the phase in one child per group, concurrently (compiles dominate and run in parallel), killing
     whatever is still running after timeout seconds. True if every child exited 0."""
@@ -437,10 +665,12 @@ def run_children(phase, args, timeout, groups=(None, )):
     children = []
     for group in groups:
         cmd = [sys.executable, __file__, "--phase", phase, "--variants", args.variants, "--seqlens", args.seqlens,
-               "--bench-dims", args.bench_dims]
+               "--bench-dims", args.bench_dims, "--feature-variants", args.feature_variants]
         if group is not None:
             if group.startswith("feat:"):
                 cmd[cmd.index("--phase") + 1] = "features"
+            if group == "varlen":
+                cmd[cmd.index("--phase") + 1] = "varlen"
             cmd += ["--group", group]
         children.append((group, subprocess.Popen(cmd)))
     ok = True
@@ -468,27 +698,39 @@ def main():
     parser.add_argument("--seqlens", default="4096,16384", help="bench sequence lengths")
     parser.add_argument("--bench-dims", default="64,128,256", help="bench head dims")
     parser.add_argument("--phase", default="all",
-                        choices=["all", "smoke", "correct", "features", "bench", "bench-features"])
+                        choices=["all", "smoke", "correct", "features", "varlen", "bench", "bench-features",
+                                 "bench-varlen"])
     parser.add_argument("--group", default="", help="correct phase: HEAD_DIM:CAUSAL, e.g. 128:1; features: a "
                         f"FEATURE_CASES key {list(FEATURE_CASES)}")
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--skip-features", action="store_true", help="no feature correctness cases")
     parser.add_argument("--bench-features", action="store_true", help="also time each score feature (D128 8K)")
+    parser.add_argument("--skip-varlen", action="store_true", help="no varlen correctness child")
+    parser.add_argument("--bench-varlen", action="store_true", help="also time varlen against dense (16K tokens)")
+    parser.add_argument("--feature-variants", default="", help="with --bench-features: time plain / causal / softcap "
+                        "of the default and these variants instead of every feature (the correct phase checks them)")
     args = parser.parse_args()
     variants = args.variants.split(",")
+    feature_variants = [v for v in args.feature_variants.split(",") if v]
     seqlens = [int(s) for s in args.seqlens.split(",")]
     if args.phase == "smoke":
         sys.exit(0 if phase_smoke(variants) else 1)
     if args.phase == "correct":
         head_dim, causal = args.group.split(":")
-        sys.exit(0 if phase_correct(variants, int(head_dim), causal == "1") else 1)
+        checked = variants + [v for v in feature_variants if v not in variants]
+        sys.exit(0 if phase_correct(checked, int(head_dim), causal == "1") else 1)
     if args.phase == "features":
         sys.exit(0 if phase_features(args.group) else 1)
     if args.phase == "bench":
         phase_bench(variants, seqlens, [int(d) for d in args.bench_dims.split(",")])
         return
     if args.phase == "bench-features":
-        phase_bench_features()
+        phase_bench_features(feature_variants)
+        return
+    if args.phase == "varlen":
+        sys.exit(0 if phase_varlen() else 1)
+    if args.phase == "bench-varlen":
+        phase_bench_varlen()
         return
     say(f"INFO torch {torch.__version__} triton {triton.__version__} "
         f"gpu {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'} "
@@ -500,12 +742,16 @@ def main():
     groups = ["64:0", "64:1", "128:0", "128:1", "256:0", "256:1"]
     if not args.skip_features:
         groups += list(FEATURE_CASES)
+    if not args.skip_varlen:
+        groups.append("varlen")
     # Plain groups run the correct phase, feature groups the features phase: both in one concurrent batch.
     run_children("correct", args, 240, groups=groups)
     if not args.skip_bench:
         run_children("bench", args, 240)
     if args.bench_features:
         run_children("bench-features", args, 180)
+    if args.bench_varlen:
+        run_children("bench-varlen", args, 150)
     say(f"INFO total {time.time() - start:.1f} s")
 
 

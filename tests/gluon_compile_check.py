@@ -2,9 +2,13 @@
 
 Run with the device's triton first on the path (TRITON_INTERPRET unset):
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_compile_check.py [--variant default]
-        [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo | all] [--dump DIR]
+        [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo | all]
+        [--layouts dense,tail,varlen | all] [--dump DIR] [--sass]
 Per case: registers / spills from ptxas -v, shared memory, and counts of the PTX instructions the schedule
-relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg). Exits 1 if a case fails to compile.
+relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg) and of the softmax's special-function (ex2,
+tanh) and FMA-pipe ones. --sass: the key loops' SASS (nvdisasm), per loop: instructions, MUFU and FMA-pipe ops,
+and those per score of a consumer thread, and the longest dependent FMNMX chain (the row max's latency).
+Exits 1 if a case fails to compile.
 """
 import argparse
 import os
@@ -31,7 +35,67 @@ PTX_PATTERNS = {
     "st.shared": r"st\.shared",
     "ld.shared": r"ld\.shared",
     "bar.sync": r"bar\.sync|barrier\.sync",
+    "ex2": r"ex2\.approx",
+    "tanh": r"tanh\.approx",
+    "rcp": r"rcp\.approx",
+    "fma.f32": r"\bfma\.rn(\.ftz)?\.f32",
+    "add.rm": r"add\.rm",
 }
+# SASS opcodes by the pipe that runs them on sm90 (MUFU 16 results / clock / SM; the FMA pipe 128; every
+# instruction takes an issue slot: one warp instruction / clock / SM sub-partition).
+SASS_FMA = ("FFMA", "FADD", "FMUL", "IMAD")
+SASS_SHOW = ("MUFU.EX2", "MUFU.TANH", "MUFU.RCP", "FFMA", "FADD", "FMUL", "FMNMX", "FSEL", "IMAD", "LEA", "SHF",
+             "LOP3", "F2FP", "PRMT", "SHFL")
+
+
+def sass_loops(cubin, scores_per_thread):
+    """Per key loop of the cubin (a backward branch whose body has wgmmas, ex2 and 4-48 instructions per score,
+    without the epilogue's rcp): its opcode counts, as 'loop N: instr X (Y / score) MUFU a FMA b ...'."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    text = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    labels, ops = {}, []  # ops: (opcode, instruction text)
+    for line in text.splitlines():
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(ops)
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?);", line)
+        if m:
+            txt = re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip())
+            op = txt.split()[0]
+            ops.append((".".join(op.split(".")[:2]) if op.startswith("MUFU") else op.split(".")[0], txt))
+    loops = []
+    for i, (op, txt) in enumerate(ops):
+        target = re.search(r"(\.L_x_\d+)", txt) if op == "BRA" else None
+        if target and labels.get(target.group(1), i + 1) <= i:
+            loops.append((labels[target.group(1)], i))
+    out = []
+    for a, b in loops:
+        body = [op for op, _ in ops[a:b + 1]]
+        counts = {k: body.count(k) for k in set(body)}
+        if not counts.get("HGMMA") or not 4 * scores_per_thread <= len(body) <= 48 * scores_per_thread:
+            continue
+        if counts.get("MUFU.RCP") or not counts.get("MUFU.EX2"):
+            continue  # a branch back over the epilogue (its 1 / l) or one without the softmax: not a key loop
+        # The longest dependent FMNMX chain (the row max: each link waits for the previous one's result).
+        depth, chain = {}, 0
+        for op, txt in ops[a:b + 1]:
+            regs = re.findall(r"\bR\d+\b", txt)
+            if op == "FMNMX" and len(regs) >= 3:
+                depth[regs[0]] = 1 + max(depth.get(r, 0) for r in regs[1:3])
+                chain = max(chain, depth[regs[0]])
+            elif regs:
+                depth[regs[0]] = 0
+        mufu = sum(v for k, v in counts.items() if k.startswith("MUFU"))
+        fma = sum(counts.get(k, 0) for k in SASS_FMA)
+        per = scores_per_thread
+        out.append(f"loop {len(out)}: instr {len(body)} ({len(body) / per:.2f} / score)  MUFU {mufu} "
+                   f"({mufu / per:.2f})  FMA-pipe {fma} ({fma / per:.2f})  | "
+                   + " ".join(f"{k} {counts[k]}" for k in SASS_SHOW if counts.get(k)) + f"  | FMNMX chain {chain}")
+    return out
 
 
 def ptxas_report(ptx):
@@ -55,13 +119,27 @@ FEATURES = {
 }
 
 
-def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2,
-                 features=None):
+# Batch layouts (--layouts): "dense" B 2 with Sk = 1024 (a multiple of every key block: the 2-D descriptors, the
+# kernel as it was), "tail" B 2 with Sk = 1000 (ragged descriptors), "varlen" packed sequences at cu_seqlens.
+LAYOUTS = ("dense", "tail", "varlen")
+
+
+def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1024, heads_q=4, heads_kv=2,
+                 features=None, layout="dense"):
     from triton.experimental.gluon._runtime import GluonASTSource
+    if layout == "tail":
+        seqlen_k = 1000
     q = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16)
     k = torch.empty(batch, seqlen_k, heads_kv, head_dim, dtype=torch.bfloat16)
-    out = torch.empty_like(q)
     lse = torch.empty(batch, heads_q, seqlen_q)
+    varlen = {}
+    if layout == "varlen":
+        q, k = q.flatten(0, 1), k.flatten(0, 1)
+        lse = torch.empty(heads_q, q.shape[0])
+        cu_q = torch.tensor([0, 600, batch * seqlen_q], dtype=torch.int32)
+        cu_k = torch.tensor([0, 700, batch * seqlen_k], dtype=torch.int32)
+        varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1400, max_seqlen_k=1348)
+    out = torch.empty_like(q)
     kernel = gluon_launch._attn_fwd_hopper
     features = dict(features or {})
     if features.get("alibi_slopes"):
@@ -69,7 +147,8 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000
     if features.get("sink"):
         features["sink"] = torch.empty(heads_q)
     _, args, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.1, causal, config,
-                                                                  **features)
+                                                                  **features, **varlen)
+    assert constexprs["RAGGED"] == (layout != "dense") and constexprs["VARLEN"] == (layout == "varlen")
     sig, consts, attrs = kernel_signature(kernel, args, constexprs)
     src = GluonASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
@@ -80,22 +159,27 @@ def main():
     parser.add_argument("--variant", default="default", choices=sorted(gluon_launch.VARIANTS))
     parser.add_argument("--head-dims", default="64,128,256", help="head dims the variant covers are compiled")
     parser.add_argument("--features", default="plain", help=f"comma list of {list(FEATURES)} or 'all'")
+    parser.add_argument("--layouts", default="dense", help=f"comma list of {list(LAYOUTS)} or 'all'")
     parser.add_argument("--dump", default="", help="write each case's ttgir / ptx / ptxas report here")
+    parser.add_argument("--sass", action="store_true", help="count the key loops' SASS opcodes (nvdisasm)")
     args = parser.parse_args()
     print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
     failed = 0
     features = list(FEATURES) if args.features == "all" else args.features.split(",")
+    layouts = list(LAYOUTS) if args.layouts == "all" else args.layouts.split(",")
     for head_dim in map(int, args.head_dims.split(",")):
         if head_dim not in gluon_launch.VARIANTS[args.variant]:
             continue
-        for feature, causal in [(f, c) for f in features for c in (False, True)
-                                if not (c and "window_size" in FEATURES[f])]:
+        for layout, feature, causal in [(lay, f, c) for lay in layouts for f in features for c in (False, True)
+                                        if not (c and "window_size" in FEATURES[f])]:
             config = gluon_launch.VARIANTS[args.variant][head_dim]
             name = f"d{head_dim}-{'causal' if causal else 'full'}-{args.variant}"
             if feature != "plain":
                 name = f"d{head_dim}-{feature}{'-causal' if causal else ''}-{args.variant}"
+            if layout != "dense":
+                name = f"{layout}-{name}"
             try:
-                compiled = compile_case(head_dim, causal, config, features=FEATURES[feature])
+                compiled = compile_case(head_dim, causal, config, features=FEATURES[feature], layout=layout)
             except Exception as exc:  # noqa: BLE001
                 failed += 1
                 print(f"{name}: FAILED to compile: {type(exc).__name__}: {exc}")
@@ -111,6 +195,10 @@ def main():
                   f"{','.join(spills)} B  | {counts}")
             for line in warnings:
                 print(f"    ptxas: {line.strip()}")
+            if args.sass:
+                # One consumer thread holds 64 x BLOCK_N / 128 scores of a key block.
+                for line in sass_loops(compiled.asm["cubin"], 64 * config.block_n // 128):
+                    print(f"    sass {line}")
             if args.dump:
                 os.makedirs(args.dump, exist_ok=True)
                 for ext in ("ttgir", "llir", "ptx"):

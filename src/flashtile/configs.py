@@ -103,8 +103,12 @@ def gluon_bwd_wanted(head_dim, causal, seqlen_k):
 
 
 def gluon_fwd_wanted(head_dim, causal, seqlen_k, window_span=None):
-    """Whether the dense forward should take the Gluon kernel at this shape (where gluon_supported allows);
-    window_span: the keys one row's window covers (left + right + 1), None without a two-sided window."""
+    """Whether the forward should take the Gluon kernel at this shape (where gluon_supported allows);
+    window_span: the keys one row's window covers (left + right + 1), None without a two-sided window.
+    Varlen calls pass max_seqlen_k as seqlen_k and get the dense thresholds unchanged. That is a prediction, not a
+    measurement: the varlen kernel is the dense one plus four cu_seqlens loads per program and ragged (4-D)
+    TMA boxes, and its short sequences of a mixed batch are below the thresholds the maximum is compared with
+    (benchmarks/gluon_check.py --bench-varlen measures it)."""
     least = GLUON_FWD_MIN_KEYS.get((head_dim, causal))
     if window_span is not None and window_span < GLUON_FWD_MIN_WINDOW:
         return False

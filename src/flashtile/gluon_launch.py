@@ -1,9 +1,11 @@
 """Host side of the Hopper Gluon forward (kernels/gluon_fwd.py): support check, descriptors, launch.
 
-launch.py uses it for the dense forward without dropout, bias or mods (plain, causal, sliding window, softcap,
-ALiBi, sinks) when configs.gluon_fwd_wanted() and gluon_supported() agree; FLASHTILE_GLUON=1 takes it wherever
-it is supported, =0 never. Importing this module never fails: on a triton
-without Gluon's Hopper API, or under the interpreter, gluon_supported() is False.
+launch.py uses it for the dense and varlen forward without dropout, bias, mods or paged keys (plain, causal,
+sliding window, softcap, ALiBi, sinks) when configs.gluon_fwd_wanted() and gluon_supported() agree;
+FLASHTILE_GLUON=1 takes it wherever it is supported, =0 never. Batch > 1 with Sk % BLOCK_N != 0 and varlen read
+through ragged TMA descriptors (ragged_descriptor), so no key block reads another sequence's rows. Importing
+this module never fails: on a triton without Gluon's Hopper API, or under the interpreter, gluon_supported() is
+False.
 """
 import math
 import os
@@ -48,13 +50,31 @@ def disable(exc):
 @dataclass(frozen=True)
 class GluonConfig:
     """One schedule of the kernel. Registers: 12 warps share 64K registers; the loader warpgroup gives
-    most of its share to the two consumer warpgroups (maxnreg is the launch's per-thread budget)."""
+    most of its share to the two consumer warpgroups (maxnreg is the launch's per-thread budget).
+    poly_exp2: the share of the key loop's score exponentials computed by a degree-3 polynomial on the FMA pipe
+    instead of MUFU's ex2 (FA4's partial exp2 emulation), in sixteenths: of every 16 scores a consumer thread holds,
+    the last round(16 * poly_exp2) (a fixed set of registers, so no select per score). softcap_raw_max: with
+    softcap (and no ALiBi), the key loop's unmasked blocks take the row max of the raw scores and cap it once per
+    row (tanh is increasing), so the max reduction does not wait for the tanhs and cap * tanh - m is one FFMA.
+    p_cvt_asm: the key loop rounds P to 16 bits by pairs (one F2FP per pair, without the PRMT that swaps halves per
+    pair otherwise).
+    tree_max: the key loop's row maxima as trees instead of one dependent FMNMX chain per row."""
     block_n: int
     stages: int
     pingpong: bool = True
     consumer_regs: int = 240
     loader_regs: int = 24
     maxnreg: int = 168
+    poly_exp2: float = 0.0
+    softcap_raw_max: bool = False
+    p_cvt_asm: bool = False
+    tree_max: bool = False
+
+    def poly16(self):
+        n = round(16 * self.poly_exp2)
+        if not (0 <= n <= 16 and abs(n - 16 * self.poly_exp2) < 1e-9):
+            raise ValueError(f"poly_exp2 must be a multiple of 1/16 in [0, 1], got {self.poly_exp2}")
+        return n
 
 
 # Variants the check script can compare on the GPU; "default" is what gluon_forward uses. A variant may cover
@@ -70,20 +90,63 @@ VARIANTS = {
     "d256-bn64s1": {256: GluonConfig(64, 1)},
     "d256-bn32s4": {256: GluonConfig(32, 4)},
 }
+# The polynomial exp2 for a share of the scores (D64 / D128 at the default tiles; with softcap too, where MUFU
+# also computes the tanh).
+for _num, _den in ((1, 16), (1, 8), (1, 4), (1, 2)):
+    VARIANTS[f"poly-{_num}of{_den}"] = {64: GluonConfig(128, 3, poly_exp2=_num / _den),
+                                        128: GluonConfig(128, 2, poly_exp2=_num / _den)}
+# P packed by pairs, alone and with the polynomial exp2 (the instructions it saves pay for some of the polynomial's).
+for _num, _den in ((0, 1), (1, 8), (1, 4)):
+    VARIANTS["cvt" + (f"-poly-{_num}of{_den}" if _num else "")] = {
+        64: GluonConfig(128, 3, poly_exp2=_num / _den, p_cvt_asm=True),
+        128: GluonConfig(128, 2, poly_exp2=_num / _den, p_cvt_asm=True)}
+# Softcap: the row max from the raw scores, alone and with the polynomial exp2 paying for the tanh's MUFU op.
+for _num, _den in ((0, 1), (1, 4), (1, 2)):
+    VARIANTS["capmax" + (f"-poly-{_num}of{_den}" if _num else "")] = {
+        64: GluonConfig(128, 3, poly_exp2=_num / _den, softcap_raw_max=True),
+        128: GluonConfig(128, 2, poly_exp2=_num / _den, softcap_raw_max=True)}
+VARIANTS["capmax-cvt-poly-1of2"] = {64: GluonConfig(128, 3, poly_exp2=0.5, softcap_raw_max=True, p_cvt_asm=True),
+                                    128: GluonConfig(128, 2, poly_exp2=0.5, softcap_raw_max=True, p_cvt_asm=True)}
+# The row max as a tree: alone, with P by pairs and the polynomial exp2, and on the softcap path.
+_ALL = dict(p_cvt_asm=True, tree_max=True)
+VARIANTS["tree"] = {64: GluonConfig(128, 3, tree_max=True), 128: GluonConfig(128, 2, tree_max=True)}
+VARIANTS["tree-cvt"] = {64: GluonConfig(128, 3, **_ALL), 128: GluonConfig(128, 2, **_ALL)}
+VARIANTS["tree-cvt-poly-1of8"] = {64: GluonConfig(128, 3, poly_exp2=1 / 8, **_ALL),
+                                  128: GluonConfig(128, 2, poly_exp2=1 / 8, **_ALL)}
+VARIANTS["tree-cvt-poly-1of16"] = {64: GluonConfig(128, 3, poly_exp2=1 / 16, **_ALL),
+                                   128: GluonConfig(128, 2, poly_exp2=1 / 16, **_ALL)}
+VARIANTS["capmax-tree-cvt-poly-1of2"] = {64: GluonConfig(128, 3, poly_exp2=0.5, softcap_raw_max=True, **_ALL),
+                                         128: GluonConfig(128, 2, poly_exp2=0.5, softcap_raw_max=True, **_ALL)}
 HEAD_DIMS = (64, 128, 256)
 
 
-def max_block_n(head_dim):
-    """The largest key block any variant uses at this head dim (the batch > 1 tail rule must hold for all)."""
-    return max(configs[head_dim].block_n for configs in VARIANTS.values() if head_dim in configs)
-
-
 def _tma_2d_ok(t):
-    """t (B, S, H, D) viewed as a 2D (B * S, H * D) TMA tensor: rows of a head contiguous, 16-byte aligned."""
+    """t (B, S, H, D), or packed varlen (total, H, D), viewed as a 2D (B * S, H * D) TMA tensor: rows of a head
+    contiguous, 16-byte aligned."""
+    if t.dim() == 3:
+        total, heads, head_dim = t.shape
+        return (t.stride(2) == 1 and (t.stride(1) == head_dim or heads == 1)
+                and t.stride(0) * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0)
     batch, seqlen, heads, head_dim = t.shape
     return (t.stride(3) == 1 and (t.stride(2) == head_dim or heads == 1)
             and (t.stride(0) == seqlen * t.stride(1) or batch == 1)
             and t.stride(1) * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0)
+
+
+def _varlen_ok(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """Packed (total, H, D) q / k / v at int32 cu_seqlens (B + 1,) on q's device (launch.Geometry's varlen form;
+    interface.py has validated the values). Rows of one sequence are found from cu_seqlens on the device, so
+    nothing here depends on the lengths but the grid (max_seqlen_q) and the int32 / 2**30 row limits."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in (q, k, v)):
+        return False
+    if not all(isinstance(c, torch.Tensor) and c.dtype == torch.int32 and c.dim() == 1 and c.device == q.device
+               and c.numel() >= 2 and c.stride(0) == 1 for c in (cu_seqlens_q, cu_seqlens_k)):
+        return False
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        return False
+    # Ragged descriptors address at most 2**30 rows; empty q or k (a TMA descriptor needs a base address) and
+    # max_seqlen_q == 0 (an empty grid) are left to the portable path.
+    return 0 < q.shape[0] <= RAGGED_ROWS and 0 < k.shape[0] <= RAGGED_ROWS and max_seqlen_q > 0
 
 
 def mask_mode(causal, window_size):
@@ -102,25 +165,40 @@ def _supported_device(*tensors):
 
 
 def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    attn_bias=None, sink=None, **other_features):
+                    attn_bias=None, sink=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
+                    **other_features):
     """True when the Gluon forward can compute flash_attn_func(q, k, v, causal=causal, window_size=window_size,
-    softcap=softcap, alibi_slopes=alibi_slopes, sink=sink): CUDA sm90, no interpreter, fp16/bf16 dense
-    (B, S, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0, TMA-compatible strides, every query row
-    seeing at least one key (causal: seqlen_q <= seqlen_k; a window's right side: seqlen_q - seqlen_k <= right),
-    ALiBi slopes fp32 (Hq,) or (B, Hq), sink (Hq,); no dropout, bias, varlen or mods."""
+    softcap=softcap, alibi_slopes=alibi_slopes, sink=sink), or flash_attn_varlen_func with cu_seqlens_q / _k
+    and max_seqlen_q / _k: CUDA sm90, no interpreter, fp16/bf16 dense (B, S, H, D) or packed varlen (total, H, D)
+    with int32 cu_seqlens, head_dim 64, 128 or 256, heads_q % heads_kv == 0, TMA-compatible strides, (dense)
+    every query row seeing at least one key (causal: seqlen_q <= seqlen_k; a window's right side:
+    seqlen_q - seqlen_k <= right; varlen rows without keys are handled in the kernel), ALiBi slopes fp32 (Hq,)
+    or (B, Hq), sink (Hq,); no dropout, bias, paged keys (block_table) or mods."""
     if _attn_fwd_hopper is None or _disabled is not None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
-    if any(v_ not in (None, False, 0, 0.0) for v_ in other_features.values()):
+    if any(v_ is not None and (isinstance(v_, torch.Tensor) or v_) for v_ in other_features.values()):
         return False
     if dropout_p or attn_bias is not None or softcap < 0:
         return False
-    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)) or not _supported_device(q, k, v):
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen:
+        if not _varlen_ok(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+            return False
+    elif not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+        return False
+    if not _supported_device(q, k, v):
         return False
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return False
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    if head_dim not in HEAD_DIMS or k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
+    if varlen:  # (total, H, D): sizes as a batch of cu_seqlens.numel() - 1 sequences of the maximal lengths
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max(max_seqlen_k, 1)
+        (heads_q, head_dim), (heads_kv, head_dim_k) = q.shape[1:], k.shape[1:]
+    else:
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        seqlen_k, heads_kv, head_dim_k = k.shape[1], k.shape[2], k.shape[3]
+        if k.shape[0] != batch:
+            return False
+    if head_dim not in HEAD_DIMS or k.shape != v.shape or head_dim_k != head_dim:
         return False
     if heads_kv == 0 or heads_q % heads_kv or seqlen_q == 0 or seqlen_k == 0 or batch == 0:
         return False
@@ -132,62 +210,104 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
                                  and tuple(sink.shape) == (heads_q, )):
         return False
     _, _, _, right = mask_mode(causal, window_size)
-    if right >= 0 and seqlen_q - seqlen_k > right:  # rows that see no key: left to the portable kernel
+    if not varlen and right >= 0 and seqlen_q - seqlen_k > right:  # rows without keys: the portable kernel's
         return False
-    if max(batch * seqlen_q, batch * seqlen_k) >= 2**31:  # TMA coordinates are int32
+    # int32 TMA coordinates; a ragged descriptor (batch > 1, possibly) addresses at most 2**30 rows.
+    if not varlen and max(batch * seqlen_q, batch * seqlen_k) >= (2**31 if batch == 1 else RAGGED_ROWS):
         return False
-    # K and V are read as one (B * Sk, Hk * D) tensor: a key block past a sequence's end reads the next
-    # sequence's keys. Their scores are masked, but P = 0 times a non-finite V would still poison the row, so
-    # only the last sequence may end inside a block (TMA zero-fills past the tensor's end).
-    if batch > 1 and seqlen_k % max_block_n(head_dim):
-        return False
+    # Batch > 1 with Sk % BLOCK_N != 0 and varlen read through ragged descriptors (ragged_descriptor): a key
+    # block past a sequence's end is zero-filled instead of reading the next sequence's keys and values.
     return all(_tma_2d_ok(t) for t in (q, k, v))
 
 
-def _descriptor(t, block_rows):
-    batch, seqlen, heads, head_dim = t.shape
-    layout = _gl.NVMMASharedLayout.get_default_for([block_rows, head_dim], _gl.float16 if t.dtype == torch.float16
-                                                   else _gl.bfloat16)
-    return _GluonDescriptor(t, [batch * seqlen, heads * head_dim], [t.stride(1), 1], [block_rows, head_dim], layout)
+def _descriptor(t, block_rows, ragged=False):
+    """t (B, S, H, D) or packed (total, H, D) as a 2D (rows, H * D) TMA tensor with boxes [block_rows, D], or
+    with ragged, the ragged 4-D view of it (ragged_descriptor)."""
+    head_dim, heads = t.shape[-1], t.shape[-2]
+    rows, row_stride = (t.shape[0], t.stride(0)) if t.dim() == 3 else (t.shape[0] * t.shape[1], t.stride(1))
+    gl_dtype = _gl.float16 if t.dtype == torch.float16 else _gl.bfloat16
+    if ragged:
+        return ragged_descriptor(t, rows, row_stride, heads * head_dim, block_rows, head_dim, gl_dtype)
+    layout = _gl.NVMMASharedLayout.get_default_for([block_rows, head_dim], gl_dtype)
+    return _GluonDescriptor(t, [rows, heads * head_dim], [row_stride, 1], [block_rows, head_dim], layout)
+
+
+RAGGED_ROWS = 2**30
+
+
+def ragged_descriptor(t, rows, row_stride, width, block_rows, block_cols, gl_dtype):
+    """The rows x width matrix at t (row stride row_stride) as triton.tools.ragged_tma's 4-D "ragged" descriptor:
+    shape (2**31 - 2**16, 2**31 - 2**16, 2**30, width), strides (2**34 - row_stride, row_stride, row_stride, 1),
+    boxes [1, 1, block_rows, block_cols]. The box at (2**30, end, 2**30 - n + r, c) holds rows r... of the n rows
+    that end at row `end` (the address wraps modulo 2**64 back to row end - n + r), and the hardware zero-fills
+    (loads) or drops (stores) every row at or past `end`: per-sequence bounds from one host descriptor, no
+    per-sequence state and nothing recompiled per length (kernels/gluon_fwd._tma_load)."""
+    assert rows <= RAGGED_ROWS
+    max_int = 0x7FFF0000
+    layout = _gl.NVMMASharedLayout.get_default_for([1, 1, block_rows, block_cols], gl_dtype)
+    return _GluonDescriptor(t, [max_int, max_int, RAGGED_ROWS, width], [2**34 - row_stride, row_stride, row_stride, 1],
+                            [1, 1, block_rows, block_cols], layout)
 
 
 def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_size=(-1, -1), softcap=0.0,
-                      alibi_slopes=None, sink=None):
+                      alibi_slopes=None, sink=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+                      max_seqlen_k=0):
     """(grid, args, constexprs, launch options) of one launch; shared by gluon_forward and the offline
-    compile check so both compile the same kernel. Features off leave the constexprs at the plain kernel's."""
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    compile check so both compile the same kernel. Features off leave the constexprs at the plain kernel's.
+    Varlen (cu_seqlens_q given): q / k / v / out packed (total, H, D), lse (Hq, total_q); the grid covers
+    max_seqlen_q rows of every sequence and the kernel reads each one's lengths from cu_seqlens."""
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
+        heads_q, head_dim, heads_kv = q.shape[1], q.shape[2], k.shape[1]
+        # (total, H, D) out and (Hq, total_q) lse: no batch stride; the kernel adds each sequence's first row.
+        out_strides, lse_strides = (0, out.stride(0), out.stride(1)), (0, lse.stride(0))
+    else:
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        seqlen_k, heads_kv = k.shape[1], k.shape[2]
+        out_strides, lse_strides = (out.stride(0), out.stride(1), out.stride(2)), (lse.stride(0), lse.stride(1))
+    # Zero-filled key blocks past each sequence's end, where a block could reach into the next sequence.
+    ragged = varlen or (batch > 1 and seqlen_k % config.block_n != 0)
     is_causal, is_local, left, right = mask_mode(causal, window_size)
     unbounded = seqlen_q + seqlen_k  # as launch.ScoreArgs: no position difference reaches it
     alibi = alibi_slopes.float().contiguous() if alibi_slopes is not None else lse  # lse: an unread placeholder
     sink_t = sink.float().contiguous() if sink is not None else lse
-    args = (_descriptor(q, WG_M.value), _descriptor(k, config.block_n), _descriptor(v, config.block_n), out, lse,
-            alibi, sink_t, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+    args = (_descriptor(q, WG_M.value, ragged), _descriptor(k, config.block_n, ragged),
+            _descriptor(v, config.block_n, ragged), out, lse,
+            alibi, sink_t, *out_strides, *lse_strides,
             alibi.stride(0) if alibi_slopes is not None and alibi.dim() == 2 else 0,
             seqlen_q, seqlen_k, heads_q, heads_q // heads_kv,
             softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E, float(softcap) * LOG2E,
-            left if left >= 0 else unbounded, right if right >= 0 else unbounded)
+            left if left >= 0 else unbounded, right if right >= 0 else unbounded,
+            cu_seqlens_q if varlen else lse, cu_seqlens_k if varlen else lse)
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
                       IS_LOCAL=is_local, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
-                      HAS_SINK=sink is not None)
+                      HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged, POLY16=config.poly16(),
+                      CAP_RAW_MAX=config.softcap_raw_max, P_CVT_ASM=config.p_cvt_asm, TREE_MAX=config.tree_max)
     grid = (math.ceil(seqlen_q / BLOCK_M), batch * heads_q)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
 def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", window_size=(-1, -1), softcap=0.0,
-                  alibi_slopes=None, sink=None):
-    """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), natural log (as the portable forward writes it,
-    including the sink when there is one, so the existing backward runs on them). Requires
-    gluon_supported(q, k, v, causal, window_size=..., softcap=..., alibi_slopes=..., sink=...) and
-    softmax_scale > 0 (without score features the running max is taken before scaling)."""
+                  alibi_slopes=None, sink=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+                  max_seqlen_k=0):
+    """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), or (Hq, total_q) for packed varlen q / k / v with
+    cu_seqlens_q / _k, natural log (as the portable forward writes it, including the sink when there is one, so
+    the existing backward runs on them). Requires gluon_supported(q, k, v, causal, window_size=..., softcap=...,
+    alibi_slopes=..., sink=..., cu_seqlens_q=..., ...) and softmax_scale > 0 (without score features the running
+    max is taken before scaling)."""
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     from .launch import _empty  # NaN-poisoned under FLASHTILE_POISON_OUTPUTS=1, as the other launchers
     out = _empty(q.shape, q)
-    lse = _empty((q.shape[0], q.shape[2], q.shape[1]), q, torch.float32)
+    if cu_seqlens_q is not None:
+        lse = _empty((q.shape[1], q.shape[0]), q, torch.float32)
+    else:
+        lse = _empty((q.shape[0], q.shape[2], q.shape[1]), q, torch.float32)
     config = VARIANTS[variant][q.shape[-1]]
     grid, args, constexprs, options = gluon_launch_args(q, k, v, out, lse, float(softmax_scale), causal, config,
-                                                        window_size, float(softcap), alibi_slopes, sink)
+                                                        window_size, float(softcap), alibi_slopes, sink,
+                                                        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _attn_fwd_hopper[grid](*args, **constexprs, **options)
     return out, lse

@@ -532,19 +532,26 @@ def probs_launches(geo, q, k, lse, probs, sa, arch, interpreter):
     )]
 
 
-def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
-    """(out, lse) from the Hopper Gluon forward (gluon_launch.py; plain, causal, windows, softcap, ALiBi, sinks)
-    where configs.py says it is faster (keyed by head dim and causal: a window other than (-1, 0) counts as not
-    causal) on a tested triton, else None. FLASHTILE_GLUON=1 takes it wherever it is supported, =0 never. A
-    launch that fails to build disables it for the process (one warning) and returns None."""
+def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
+                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+    """(out, lse) from the Hopper Gluon forward (gluon_launch.py; plain, causal, windows, softcap, ALiBi, sinks;
+    dense or varlen) where configs.py says it is faster (keyed by head dim and causal: a window other than
+    (-1, 0) counts as not causal; varlen by max_seqlen_k) on a tested triton, else None. FLASHTILE_GLUON=1 takes
+    it wherever it is supported, =0 never. A launch that fails to build disables it for the process (one
+    warning) and returns None."""
     from . import gluon_launch
 
     causal, choice = window_left < 0 and window_right == 0, os.environ.get("FLASHTILE_GLUON")
     span = window_left + window_right + 1 if window_left >= 0 and window_right >= 0 else None
-    wanted = gluon_launch.tested_triton() and configs.gluon_fwd_wanted(q.shape[-1], causal, k.shape[1], span)
+    varlen = cu_seqlens_q is not None
+    wanted = gluon_launch.tested_triton() and configs.gluon_fwd_wanted(
+        q.shape[-1], causal, max_seqlen_k if varlen else k.shape[1], span)
     if choice == "0" or not (choice == "1" or wanted):
         return None
     features = dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes, sink=sink)
+    if varlen:
+        features.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                        max_seqlen_k=max_seqlen_k)
     if not gluon_launch.gluon_supported(q, k, v, **features):
         return None
     try:
@@ -564,9 +571,12 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
     dropout_p > 0: rng is the int64 (1,) Philox seed on q's device; the backward gets the same one.
     mods: ModArgs (programmable attention) or None.
     """
-    dense = (cu_seqlens_q is None and softmax_scale > 0 and attn_bias is None and not dropout_p and mods is None)
-    if dense and q.is_cuda:
-        result = _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
+    # The Gluon forward serves dense and varlen calls without bias, dropout or mods (paged varlen has its own
+    # launcher, _flash_attn_forward_varlen_paged, which never comes here).
+    plain = softmax_scale > 0 and attn_bias is None and not dropout_p and mods is None
+    if plain and q.is_cuda:
+        result = _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
+                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         if result is not None:
             return result
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)

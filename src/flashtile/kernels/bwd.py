@@ -8,7 +8,7 @@ import triton.language as tl
 
 from .common import (LOG2E, _block_list, _dropout_base, _dropout_keep, _key_range, _load_tile, _query_block,
                      _query_range, _row_base, _scores, _segment, _seq_offset, _seq_range, _store_tile,
-                     _tile_start)
+                     _sparse_tile_start)
 
 
 
@@ -69,7 +69,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                          BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128,
                          q_desc=None, do_desc=None, desc_row=0, desc_col=0, Q_DESC: tl.constexpr = False):
     """Accumulate dK, dV of one key block over query blocks [lo, hi), working on transposed tiles.
-    BLOCK_SPARSE: [lo, hi) are offsets into the query blocks listed at idx_ptr (see _tile_start).
+    BLOCK_SPARSE: [lo, hi) are offsets into the query blocks listed at idx_ptr (see _sparse_tile_start).
 
     dK is accumulated with respect to the raw products q.k (softcap's chain rule applied here); the
     caller multiplies by softmax_scale once at the end. HAS_DROPOUT: with Z the forward's keep mask
@@ -83,8 +83,14 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
     memory, so no [BLOCK_M, HEAD_DIM_PAD] pointer tensors occupy registers. Rows past the sequence are the next
     sequence's (or zero past the buffer) and are discarded as in ROWS_PADDED: lse2 = +inf there, so P = 0.
     """
+    if BLOCK_SPARSE:
+        next_start = _sparse_tile_start(lo, hi, idx_ptr, SPARSE_M)
     for virt_m in range(lo, hi, BLOCK_M):
-        start_m = _tile_start(virt_m, idx_ptr, BLOCK_SPARSE, SPARSE_M)
+        if BLOCK_SPARSE:
+            start_m = next_start
+            next_start = _sparse_tile_start(virt_m + BLOCK_M, hi, idx_ptr, SPARSE_M)
+        else:
+            start_m = virt_m
         offs_qm = start_m + offs_m
         if Q_DESC:
             q = q_desc.load([desc_row + start_m, desc_col])  # [BLOCK_M, HEAD_DIM_PAD]
@@ -271,10 +277,16 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
 
     STORE_DBIAS: dS (the gradient of the score after softcap and ALiBi, i.e. of the additive bias) is
     also written to this (batch, head)'s slice of a full (max_q, max_k) fp32 buffer; each element once.
-    BLOCK_SPARSE: [lo, hi) are offsets into the key blocks listed at idx_ptr (see _tile_start).
+    BLOCK_SPARSE: [lo, hi) are offsets into the key blocks listed at idx_ptr (see _sparse_tile_start).
     """
+    if BLOCK_SPARSE:
+        next_start = _sparse_tile_start(lo, hi, idx_ptr, SPARSE_N)
     for virt_n in range(lo, hi, BLOCK_N):
-        start_n = _tile_start(virt_n, idx_ptr, BLOCK_SPARSE, SPARSE_N)
+        if BLOCK_SPARSE:
+            start_n = next_start
+            next_start = _sparse_tile_start(virt_n + BLOCK_N, hi, idx_ptr, SPARSE_N)
+        else:
+            start_n = virt_n
         offs_kn = start_n + offs_n
         k = _load_tile(k_ptrs + start_n * stride_kn, offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD,
                        MASKED)  # [BLOCK_N, HEAD_DIM_PAD]

@@ -291,14 +291,16 @@ def _query_range(start_n, seqlen_q, seqlen_k, window_left, window_right,
 
 
 @triton.jit
-def _tile_start(virt, idx_ptr, BLOCK_SPARSE: tl.constexpr, SPARSE_BLOCK: tl.constexpr):
-    """Where the tile at loop offset virt starts: virt itself, or under BLOCK_SPARSE inside the listed block
-    idx_ptr[virt // SPARSE_BLOCK] (the loop runs over count * SPARSE_BLOCK offsets: one flat loop over every
-    tile of every listed block, which the compiler can pipeline like the dense one; a loop per block would
-    restart the pipeline at every block)."""
-    if BLOCK_SPARSE:
-        return tl.load(idx_ptr + virt // SPARSE_BLOCK) * SPARSE_BLOCK + virt % SPARSE_BLOCK
-    return virt
+def _sparse_tile_start(virt, hi, idx_ptr, SPARSE_BLOCK: tl.constexpr):
+    """Where the block-sparse loop's tile at offset virt starts: inside the listed block idx_ptr[virt //
+    SPARSE_BLOCK]. The loops run over count * SPARSE_BLOCK offsets [lo, hi): one flat loop over every tile of
+    every listed block, which the compiler pipelines like the dense one (a loop per block would restart the
+    pipeline at every block). They look one tile ahead and carry the start into the next iteration, so a
+    tile's K/V (or Q/dO) addresses do not hang on a load of the same iteration: with the index load in the
+    iteration, the pipeliner counted one level of indirection and gave each load half the stages (as for
+    pages: see PAGE_PREFETCH in fwd._attn_fwd_inner). 0 once virt reaches hi: the last look-ahead reads
+    nothing past the list."""
+    return tl.load(idx_ptr + virt // SPARSE_BLOCK, mask=virt < hi, other=0) * SPARSE_BLOCK + virt % SPARSE_BLOCK
 
 
 @triton.jit

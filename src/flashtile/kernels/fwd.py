@@ -3,7 +3,7 @@ import triton
 import triton.language as tl
 
 from .common import (LOG2E, _block_list, _dropout_keep, _key_range, _key_start, _kv_tile_ptrs, _load_tile,
-                     _query_block, _scores, _segment, _seq_offset, _store_tile, _tile_pages, _tile_start)
+                     _query_block, _scores, _segment, _seq_offset, _store_tile, _tile_pages, _sparse_tile_start)
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -23,7 +23,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
                     BLOCK_SPARSE: tl.constexpr = False, SPARSE_N: tl.constexpr = 128,
                     PAGE_SHIFT: tl.constexpr = -1, PAGE_PREFETCH: tl.constexpr = False):
     """Online softmax over key blocks [lo, hi); MASKED blocks evaluate the masks, the others skip them.
-    BLOCK_SPARSE: [lo, hi) are offsets into the key blocks listed at idx_ptr (see _tile_start).
+    BLOCK_SPARSE: [lo, hi) are offsets into the key blocks listed at idx_ptr (see _sparse_tile_start).
     PAGED: see common._kv_tile_ptrs. PAGE_PREFETCH: the block-table entries of the next tile are read while this
     one is processed and carried through the loop. The K/V addresses then do not depend on a load of the same
     iteration, and the software pipeliner multi-buffers K and V as for a contiguous cache (with the lookup in
@@ -36,8 +36,14 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
     tl.static_assert(not (BLOCK_SPARSE and PAGED and PAGE_PREFETCH), "the block-sparse loop reads no pages ahead")
     if PAGED and PAGE_PREFETCH:
         next_pages = _tile_pages(block_table, lo, offs_n, seqlen_k, key_start, page_size, PAGED, PAGE_SHIFT)
+    if BLOCK_SPARSE:
+        next_start = _sparse_tile_start(lo, hi, idx_ptr, SPARSE_N)
     for virt_n in range(lo, hi, BLOCK_N):
-        start_n = _tile_start(virt_n, idx_ptr, BLOCK_SPARSE, SPARSE_N)
+        if BLOCK_SPARSE:
+            start_n = next_start
+            next_start = _sparse_tile_start(virt_n + BLOCK_N, hi, idx_ptr, SPARSE_N)
+        else:
+            start_n = virt_n
         offs_kn = start_n + offs_n
         pages = 0
         if PAGED and PAGE_PREFETCH:

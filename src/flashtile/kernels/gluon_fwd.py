@@ -11,43 +11,144 @@ warpgroup's softmax overlaps the other's GEMMs.
 Dense (B, S, H, D) q/k/v viewed as 2D (B * S, H * D) TMA tensors, head_dim 64/128/256, fp16/bf16; causal
 and sliding windows aligned bottom-right, the host guaranteeing that every real row sees at least one key.
 Rows of a tile past seqlen_q read the next batch's queries (or TMA's zero fill) and are never stored; keys
-past seqlen_k are masked to -inf in the last block.
+past seqlen_k are masked to -inf in the last block. RAGGED (batch > 1 with Sk % BLOCK_N != 0, and varlen): the
+same 2D tensors through ragged 4-D descriptors (gluon_launch.ragged_descriptor), so boxes past a sequence's end
+are zero-filled, never the next sequence's rows (whose values, even masked, could be non-finite: 0 * inf = NaN).
+VARLEN: packed (total, H, D) q/k/v at int32 cu_seqlens, the grid over max_seqlen_q; each program reads its
+sequence's bounds, leaves at once past its rows, and handles rows that see no key (output 0, lse -inf).
 Score features, each a constexpr (off, the plain kernel compiles as it did without them), in the order of
 kernels/common._scores: SOFTCAP (softcap * tanh(score / softcap), common._tanh's tanh.approx.f32), HAS_ALIBI
 (-slope * |i + Sk - Sq - j|), then the masks (causal, IS_LOCAL window, sequence end); HAS_SINK starts the
 online softmax from one logit per head (m = sink, l = 1), so lse includes the sink as kernels/fwd.py's does.
-Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log, as kernels/fwd.py does.
+Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32 (varlen: Out like q, Lse (Hq, total_q)), natural log, as
+kernels/fwd.py does.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+import struct
+
 from .common import _tanh
 
 LN2 = gl.constexpr(0.6931471805599453)
 WG_M = gl.constexpr(64)  # query rows per consumer warpgroup (the wgmma M of one warpgroup)
+RAGGED_BILLION = gl.constexpr(0x40000000)  # 2**30: the ragged descriptors' row extent (gluon_launch)
+
+
+@gluon.jit
+def _tma_load(desc, row, seq_end, col, bar, buf, RAGGED: gl.constexpr):
+    """TMA box at (row, col) of desc into buf. RAGGED: desc is gluon_launch's 4-D ragged descriptor over the packed
+    2-D tensor, row = BILLION - seqlen + the row in the sequence and seq_end = the sequence's end row, so the
+    hardware zero-fills every row past the sequence's end (triton.tools.ragged_tma's coordinates); buf is viewed
+    with the descriptor's (leading unit dims, same bytes) layout."""
+    if RAGGED:
+        box = buf._reinterpret(buf.dtype, [1, 1, buf.shape[0], buf.shape[1]], desc.layout)
+        tma.async_copy_global_to_shared(desc, [RAGGED_BILLION, seq_end, row, col], bar, box)
+    else:
+        tma.async_copy_global_to_shared(desc, [row, col], bar, buf)
+
+
+# 2^f on [0, 1) for the FMA-pipe exp2: 1 + f (c1 + f (c2 + f c3)), c0 = 1 pinned so that a clamped -inf gives
+# exactly +0.0. Coefficients fitted here for the least maximum relative error (Lawson's iteration on a 2e4-point
+# grid, rounded to fp32): 8.6e-5, a twentieth of bf16's half ulp (2^-9) and a sixth of fp16's (2^-11); degree 2
+# would give 2.1e-3, as large as the rounding of P itself. tests/test_poly_exp2.py checks the whole emulation.
+POLY_EXP2_COEFFS = (1.0, 0.6951168179512024, 0.22764484584331512, 0.07706717401742935)
+POLY_EXP2_PACK = gl.constexpr(16)  # the emulated share is counted in sixteenths of each thread's scores
+
+
+def _f32_hex(x):
+    """PTX's exact hexadecimal spelling of an fp32 constant (0fXXXXXXXX)."""
+    return "0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+# The constants as PTX spells them: (c0, c1, c2, c3, 1.5 * 2^23, -127); x + 1.5 * 2^23 rounded down holds floor(x)
+# in its low mantissa bits.
+_POLY_EXP2_PTX = gl.constexpr(tuple(_f32_hex(c) for c in POLY_EXP2_COEFFS + (1.5 * 2**23, -127.0)))
+
+
+@gluon.constexpr_function
+def _exp2_asm(n_poly):
+    """PTX for inline_asm_elementwise(pack=POLY_EXP2_PACK): $0..$15 = 2^($16..$31), the last n_poly of each 16
+    of a thread's scores through the polynomial (FMA/ALU pipes), the others through MUFU's ex2.approx."""
+    pack = POLY_EXP2_PACK.value
+    c0, c1, c2, c3, magic, lo = _POLY_EXP2_PTX.value
+    lines = []
+    for i in range(pack):
+        out, x = f"${i}", f"${pack + i}"
+        if i < pack - n_poly:
+            lines.append(f"ex2.approx.ftz.f32 {out}, {x};")
+            continue
+        # Cody-Waite: 2^x = 2^floor(x) * 2^frac(x); the clamp maps -inf (a masked score) to 2^-127 * p(0) = +0.0
+        # and keeps 2^floor(x)'s exponent field >= 0. floor(x) is added into p's exponent bits with integers.
+        lines.append("{ .reg .f32 xc, r, rb, f, p; .reg .b32 ri, pi, e;\n"
+                     f"max.ftz.f32 xc, {x}, {lo};\n"
+                     f"add.rm.ftz.f32 r, xc, {magic};\n"
+                     f"sub.ftz.f32 rb, r, {magic};\n"
+                     "sub.ftz.f32 f, xc, rb;\n"
+                     f"fma.rn.ftz.f32 p, f, {c3}, {c2};\n"
+                     f"fma.rn.ftz.f32 p, p, f, {c1};\n"
+                     f"fma.rn.ftz.f32 p, p, f, {c0};\n"
+                     "mov.b32 ri, r;\nmov.b32 pi, p;\n"
+                     "shl.b32 e, ri, 23;\n"
+                     "add.s32 e, e, pi;\n"
+                     f"mov.b32 {out}, e; }}")
+    return "\n".join(lines)
+
+
+@gluon.constexpr_function
+def _exp2_constraints():
+    return ",".join(["=f"] * POLY_EXP2_PACK.value + ["f"] * POLY_EXP2_PACK.value)
+
+
+@gluon.jit
+def _to_p(p_f32, p_prev, P_CVT_ASM: gl.constexpr):
+    """P for the PV wgmma: p_f32 rounded to p_prev's dtype (fp16/bf16). P_CVT_ASM: one cvt.rn.{b}f16x2.f32 per
+    pair of a thread's scores (the operand's register pairs), which sm90's ptxas turns into one F2FP; the
+    per-element cvts come out as F2FP plus a PRMT that swaps the halves (0.5 instructions per score, counted in
+    the key loop's SASS)."""
+    if P_CVT_ASM:
+        # cvt.rn.{b}f16x2.f32 d, a, b puts a in d's upper half: the pair's second score.
+        if p_prev.dtype == gl.float16:
+            return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [p_f32], dtype=p_prev.dtype,
+                                             is_pure=True, pack=2)
+        else:
+            return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [p_f32], dtype=p_prev.dtype,
+                                             is_pure=True, pack=2)
+    else:
+        return p_f32.to(p_prev.dtype)
+
+
+@gluon.jit
+def _exp2(x, POLY16: gl.constexpr):
+    """2^x of a score tile (x <= 127, -inf allowed) with POLY16 of every 16 scores of a thread on the FMA pipe
+    (FA4's partial exp2 emulation: MUFU does 16 ex2 per clock per SM, so taking some off it balances the
+    pipes); POLY16 = 0 is gl.exp2 (MUFU only)."""
+    if POLY16 == 0:
+        return gl.exp2(x)
+    else:
+        return gl.inline_asm_elementwise(_exp2_asm(POLY16), _exp2_constraints(), [x], dtype=gl.float32,
+                                         is_pure=True, pack=POLY_EXP2_PACK)
 
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
-                    q_row, q_col, kv_row, kv_col, n_blocks,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                    q_row, q_col, kv_row, kv_col, n_blocks, q_end, kv_end,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RAGGED: gl.constexpr = False):
     # Both Q halves on one barrier; a box past the tensor's end is zero-filled and still counts its bytes.
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + WG_M, q_col], q_bar, q_smem.index(1))
+    _tma_load(q_desc, q_row, q_end, q_col, q_bar, q_smem.index(0), RAGGED)
+    _tma_load(q_desc, q_row + WG_M, q_end, q_col, q_bar, q_smem.index(1), RAGGED)
     for j in range(n_blocks):
         stage = j % STAGES
         # Fresh barriers count as having completed phase 1, so the first lap through the ring does not wait.
         empty_phase = ((j // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(stage), empty_phase)
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, kv_col], k_ready.index(stage),
-                                        k_bufs.index(stage))
+        _tma_load(k_desc, kv_row + j * BLOCK_N, kv_end, kv_col, k_ready.index(stage), k_bufs.index(stage), RAGGED)
         mbarrier.wait(v_empty.index(stage), empty_phase)
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, kv_col], v_ready.index(stage),
-                                        v_bufs.index(stage))
+        _tma_load(v_desc, kv_row + j * BLOCK_N, kv_end, kv_col, v_ready.index(stage), v_bufs.index(stage), RAGGED)
 
 
 @gluon.jit
@@ -106,14 +207,35 @@ def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi
 
 
 @gluon.jit
+def _row_max(s, TREE_MAX: gl.constexpr):
+    """Row max of a [WG_M, N] score tile. Triton reduces a thread's N / 4 scores of a row as one dependent chain
+    of FMNMX (32 at N = 128, ~4 clocks each, before the shuffles and every exp2 of the row can start); TREE_MAX
+    first halves the columns with elementwise maxima (reshape / permute / split: register renaming, no data
+    movement) down to 8, so the same number of FMNMX forms a tree of depth ~5 + 1."""
+    if TREE_MAX:
+        x = s
+        n: gl.constexpr = s.shape[1]
+        for level in gl.static_range(4):
+            if n >> level > 8:
+                a, b = x.reshape([WG_M, 2, n >> (level + 1)]).permute(0, 2, 1).split()
+                x = gl.maximum(a, b)
+        return gl.convert_layout(gl.max(x, axis=1), gl.SliceLayout(1, s.type.layout))
+    else:
+        return gl.max(s, axis=1)
+
+
+@gluon.jit
 def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn_bars,
              row0, seqlen_k, causal_offset, qk_scale, key_lo, softcap_log2, alibi_log2, window_left, window_right,
              WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
              MASKED: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-             HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr):
+             HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr, POLY16: gl.constexpr = 0,
+             CAP_RAW_MAX: gl.constexpr = False, P_CVT_ASM: gl.constexpr = False,
+             TREE_MAX: gl.constexpr = False):
     """Key block j >= 1 (keys key_lo + j * BLOCK_N + [0, BLOCK_N)): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1},
     softmax S_j while the PV runs, then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i,
-    p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it."""
+    p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it. POLY16: see _exp2. CAP_RAW_MAX (softcap
+    without ALiBi, unmasked blocks): the row max from the raw scores. P_CVT_ASM: see _to_p. TREE_MAX: see _row_max."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
     stage = j % STAGES
@@ -128,26 +250,34 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     # wgmma groups retire in order: one outstanding means S_j is done and the PV may still run.
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_M, BLOCK_N]
     mbarrier.arrive(k_empty.index(stage))
-    if SOFTCAP or HAS_ALIBI or IS_LOCAL:
+    if SOFTCAP and CAP_RAW_MAX and not HAS_ALIBI and not MASKED:
+        # softcap * tanh is increasing: the row max of the capped scores is the cap of the raw row max, so the max
+        # reduction does not wait for the tanhs, and cap * tanh - m is one FFMA per score. Full blocks only: in
+        # masked ones the -inf of a hidden key would need a second select after the tanh (+3 instructions / score).
+        y = s * qk_scale  # [WG_M, BLOCK_N] scores / softcap
+        m_new = gl.maximum(m_i, _tanh(_row_max(y, TREE_MAX), True) * softcap_log2)  # [WG_M]
+        alpha = gl.exp2(m_i - m_new)  # [WG_M]
+        p_f32 = _exp2(_tanh(y, True) * softcap_log2 - m_new[:, None], POLY16)  # [WG_M, BLOCK_N]
+    elif SOFTCAP or HAS_ALIBI or IS_LOCAL:
         s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                             MASKED)
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))  # [WG_M]
+        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX))  # [WG_M]
         if IS_LOCAL and MASKED and not HAS_SINK:
             # A window can leave a row without a visible key so far: m stays -inf; subtract 0 so exp2 gives 0.
             m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_sub = m_new
         alpha = gl.exp2(m_i - m_sub)  # [WG_M]
-        p_f32 = gl.exp2(s - m_sub[:, None])  # [WG_M, BLOCK_N]
+        p_f32 = _exp2(s - m_sub[:, None], POLY16)  # [WG_M, BLOCK_N]
     else:
         if MASKED:
             s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # [WG_M], log2 units of the scaled scores
+        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)  # [WG_M], log2 units of the scaled scores
         alpha = gl.exp2(m_i - m_new)  # [WG_M]
-        p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
+        p_f32 = _exp2(s * qk_scale - m_new[:, None], POLY16)  # [WG_M, BLOCK_N]
     l_i = l_i * alpha + gl.sum(p_f32, axis=1)
-    p_next = gl.convert_layout(p_f32.to(p.dtype), p.type.layout, assert_trivial=True)
+    p_next = gl.convert_layout(_to_p(p_f32, p, P_CVT_ASM), p.type.layout, assert_trivial=True)
     # P_{j-1} (registers) is read by the PV wgmma until it retires: keep it alive through the wait.
     o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
     mbarrier.arrive(v_empty.index(prev))
@@ -161,10 +291,14 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                         WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                         IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr,
-                        SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr):
+                        SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr,
+                        VARLEN: gl.constexpr = False,
+                        POLY16: gl.constexpr = 0, CAP_RAW_MAX: gl.constexpr = False,
+                        P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
-    of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit."""
+    of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
+    VARLEN: rows that saw no key (bottom-right causal or a window in a sequence with Sq > Sk) get 0 and lse -inf."""
     dtype: gl.constexpr = q_smem.dtype
     SCORES: gl.constexpr = SOFTCAP or HAS_ALIBI or IS_LOCAL  # scores pass through _feature_scores
     # One warpgroup, 64 rows: S is [64, BLOCK_N] and O [64, HEAD_DIM] in wgmma accumulator layouts; P feeds
@@ -228,7 +362,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
                                           softcap_log2, alibi_log2, window_left, window_right,
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, IS_LOCAL, SOFTCAP,
-                                          HAS_ALIBI, HAS_SINK)
+                                          HAS_ALIBI, HAS_SINK, POLY16, CAP_RAW_MAX, P_CVT_ASM, TREE_MAX)
         full_start = gl.maximum(n_lead, 1)
     else:
         full_start = 1
@@ -237,13 +371,13 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                       v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
                                       softcap_log2, alibi_log2, window_left, window_right,
                                       WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
-                                      HAS_ALIBI, HAS_SINK)
+                                      HAS_ALIBI, HAS_SINK, POLY16, CAP_RAW_MAX, P_CVT_ASM, TREE_MAX)
     for j in range(gl.maximum(n_full, 1), n_blocks):
         o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                       v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
                                       softcap_log2, alibi_log2, window_left, window_right,
                                       WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, IS_LOCAL, SOFTCAP,
-                                      HAS_ALIBI, HAS_SINK)
+                                      HAS_ALIBI, HAS_SINK, POLY16, CAP_RAW_MAX, P_CVT_ASM, TREE_MAX)
 
     # The last block's PV.
     last = (n_blocks - 1) % STAGES
@@ -258,9 +392,17 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     rows = row0 + gl.arange(0, WG_M, layout=o_row)  # [WG_M]
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
     in_seq = rows < seqlen_q
+    m_o = gl.convert_layout(m_i, o_row)  # [WG_M]
+    if VARLEN:
+        # The host cannot see per-sequence lengths: a row without keys kept m = -inf (its O and l are NaN / 0,
+        # row-local); write what the portable kernel writes.
+        seen = m_o > float("-inf")  # [WG_M]
+        out = gl.where(seen[:, None], out, 0.0)
     o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
     gl.store(o_ptrs, out.to(dtype), mask=in_seq[:, None])
-    lse = (gl.convert_layout(m_i, o_row) + gl.log2(l_o)) * LN2  # [WG_M], natural log
+    lse = (m_o + gl.log2(l_o)) * LN2  # [WG_M], natural log
+    if VARLEN:
+        lse = gl.where(seen, lse, float("-inf"))
     gl.store(lse_ptr + rows, lse, mask=in_seq)
 
 
@@ -270,11 +412,33 @@ def _consumer1_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_read
                          qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                          HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                          IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr,
-                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr):
+                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr,
+                         VARLEN: gl.constexpr = False,
+                         POLY16: gl.constexpr = 0, CAP_RAW_MAX: gl.constexpr = False,
+                         P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False):
     _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                         out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                         qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
-                        1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_SINK)
+                        1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_SINK,
+                        VARLEN, POLY16, CAP_RAW_MAX, P_CVT_ASM, TREE_MAX)
+
+
+@gluon.jit
+def _store_rows_without_keys(out_ptr, lse_ptr, stride_om, seqlen_q, start_m, sink_ptr, HEAD_DIM: gl.constexpr,
+                             BLOCK_M: gl.constexpr, HAS_SINK: gl.constexpr):
+    """Rows start_m + [0, BLOCK_M) (those < seqlen_q) of a tile that sees no key: output 0, lse -inf (the sink's
+    logit with a sink, the only term of the row's softmax), as the portable kernel writes them."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    lse_fill = float("-inf")
+    if HAS_SINK:
+        lse_fill = gl.load(sink_ptr)
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))  # [HEAD_DIM]
+    zeros = gl.zeros([WG_M, HEAD_DIM], out_ptr.dtype.element_ty, layout)
+    for half in gl.static_range(BLOCK_M // WG_M):
+        rows = start_m + half * WG_M + gl.arange(0, WG_M, layout=gl.SliceLayout(1, layout))  # [WG_M]
+        in_seq = rows < seqlen_q
+        gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], zeros, mask=in_seq[:, None])
+        gl.store(lse_ptr + rows, gl.full([WG_M], lse_fill, gl.float32, gl.SliceLayout(1, layout)), mask=in_seq)
 
 
 # Shape-like ints are not specialized (divisibility, == 1): one compiled kernel per (config, head dim, causal,
@@ -284,16 +448,26 @@ def _consumer1_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_read
 def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h, stride_alibi_b,
                      seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
+                     CuSeqlensQ, CuSeqlensK,
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      IS_LOCAL: gl.constexpr = False, SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
-                     HAS_SINK: gl.constexpr = False):
+                     HAS_SINK: gl.constexpr = False, VARLEN: gl.constexpr = False, RAGGED: gl.constexpr = False,
+                     POLY16: gl.constexpr = 0, CAP_RAW_MAX: gl.constexpr = False,
+                     P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
+    RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
+    sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
+    (total, H, D) at int32 CuSeqlensQ / CuSeqlensK (B + 1,), seqlen_q / seqlen_k the maxima (the grid), Out
+    packed like q (stride_ob 0) and Lse (Hq, total_q) (stride_lse_b 0); a sequence's rows may see no key.
     qk_scale = softmax_scale * log2(e) (softmax_scale / softcap under SOFTCAP, softcap_log2 = softcap * log2(e)).
     Alibi: fp32 slopes read at off_b * stride_alibi_b + off_h; Sink: fp32 (Hq,) logits. IS_LOCAL: a window
     (window_left, window_right, Sq + Sk for an unbounded side, as launch.ScoreArgs passes them); causal alone is
-    IS_CAUSAL. Launch with num_warps=4 (consumer warpgroup 0) and a grid of (cdiv(Sq, 128), B * Hq)."""
+    IS_CAUSAL. Launch with num_warps=4 (consumer warpgroup 0) and a grid of (cdiv(Sq, 128), B * Hq).
+    POLY16: of every 16 scores of a consumer thread, how many take the FMA-pipe exp2 (_exp2) in the key loop;
+    CAP_RAW_MAX: under SOFTCAP without ALiBi, the unmasked key blocks take the row max from the raw scores (_kv_step);
+    P_CVT_ASM: the key loop's P packed by pairs (_to_p); TREE_MAX: its row maxima as trees (_row_max)."""
     BLOCK_M: gl.constexpr = 2 * WG_M
     pid_m = gl.program_id(0)
     if IS_CAUSAL or IS_LOCAL:
@@ -303,6 +477,17 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     off_h = pid_bh % heads_q
     off_hk = off_h // group_size
     start_m = pid_m * BLOCK_M
+    if VARLEN:
+        # Sequence off_b: rows [q_start, q_start + seqlen_q) of the packed q, keys likewise.
+        q_start = gl.load(CuSeqlensQ + off_b)
+        seqlen_q = gl.load(CuSeqlensQ + off_b + 1) - q_start
+        k_start = gl.load(CuSeqlensK + off_b)
+        seqlen_k = gl.load(CuSeqlensK + off_b + 1) - k_start
+        if start_m >= seqlen_q:  # a tile of the max_seqlen_q grid past this sequence's rows
+            return
+    else:
+        q_start = off_b * seqlen_q
+        k_start = off_b * seqlen_k
 
     # Key blocks [0, n_blocks) from key key_lo are visited; [n_lead, n_full) need no mask (fully visible to
     # every real row of the tile).
@@ -337,10 +522,30 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
         key_lo = 0
         n_lead = 0
 
+    out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+    lse_ptr = Lse + off_b.to(gl.int64) * stride_lse_b + off_h.to(gl.int64) * stride_lse_h
+    if VARLEN:
+        out_ptr += q_start.to(gl.int64) * stride_om
+        lse_ptr += q_start
+        if n_blocks <= 0:  # no row of this tile sees a key (Sk = 0, or Sq > Sk under a causal / window mask)
+            _store_rows_without_keys(out_ptr, lse_ptr, stride_om, seqlen_q, start_m, Sink + off_h, HEAD_DIM,
+                                     BLOCK_M, HAS_SINK)
+            return
+    if RAGGED:
+        # Ragged coordinates (_tma_load): rows counted from 2**30 - seqlen, plus each sequence's end row.
+        q_row = RAGGED_BILLION - seqlen_q + start_m
+        kv_row = RAGGED_BILLION - seqlen_k + key_lo
+    else:
+        q_row = q_start + start_m
+        kv_row = k_start + key_lo
+
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM], q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    # The descriptors' own layouts, as rank 2 (a ragged descriptor's is rank 4 with the same swizzle).
+    q_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM],
+                                       gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], dtype))
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -357,8 +562,6 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     for i in gl.static_range(2):
         mbarrier.init(turn_bars.index(i), count=1)
 
-    out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
-    lse_ptr = Lse + off_b.to(gl.int64) * stride_lse_b + off_h.to(gl.int64) * stride_lse_h
     alibi_ptr = Alibi
     if HAS_ALIBI:
         alibi_ptr = Alibi + off_b * stride_alibi_b + off_h
@@ -370,13 +573,13 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                                qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                                0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                               HAS_SINK)),
+                               HAS_SINK, VARLEN, POLY16, CAP_RAW_MAX, P_CVT_ASM, TREE_MAX)),
         (_consumer1_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars, out_ptr,
                                 lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                                 qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
                                 window_right, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
-                                HAS_ALIBI, HAS_SINK)),
+                                HAS_ALIBI, HAS_SINK, VARLEN, POLY16, CAP_RAW_MAX, P_CVT_ASM, TREE_MAX)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
-                           v_empty, off_b * seqlen_q + start_m, off_h * HEAD_DIM, off_b * seqlen_k + key_lo,
-                           off_hk * HEAD_DIM, n_blocks, BLOCK_N, STAGES)),
+                           v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
+                           q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
