@@ -59,9 +59,12 @@ def test_refuses_what_it_cannot_do():
     assert not gluon_bwd_launch.gluon_bwd_supported(q, k, v, q, qt)  # dout too
 
 
-def test_policy_is_off_until_measured(monkeypatch):
-    """configs.GLUON_BWD_MIN_KEYS is empty: without FLASHTILE_GLUON_BWD=1 the portable backward serves."""
-    assert not any(configs.gluon_bwd_wanted(d, c, 16384) for d in (64, 128) for c in (False, True))
+def test_policy_follows_the_measurement(monkeypatch):
+    """configs.GLUON_BWD_MIN_KEYS: D128 from 1K keys (measured faster than the portable backward there), never D64
+    (measured slower); FLASHTILE_GLUON_BWD=1 asks wherever supported, =0 never."""
+    assert all(configs.gluon_bwd_wanted(128, c, s) for c in (False, True) for s in (1024, 16384))
+    assert not any(configs.gluon_bwd_wanted(128, c, 512) for c in (False, True))
+    assert not any(configs.gluon_bwd_wanted(64, c, 16384) for c in (False, True))
     q = torch.randn(1, 256, 2, 128)
     seen = []
     monkeypatch.setattr(gluon_bwd_launch, "gluon_bwd_supported", lambda *a, **kw: seen.append(1) or False)
@@ -117,6 +120,25 @@ def test_backward_dispatch_only_for_plain_and_causal(monkeypatch):
     out, lse = launch._flash_attn_forward(q, k, v, 0.125, -1, -1, 0.0, None, None)
     launch._flash_attn_backward(torch.ones_like(out), q, k, v, out, lse, None, 0.125, -1, -1, 0.0, None)
     assert seen == []  # CPU tensors
+
+
+def test_deterministic_reaches_the_backward(monkeypatch):
+    """flash_attn_func(deterministic=True) hands the flag to the backward launcher (which then never takes the Gluon
+    backward, whose dQ adds with atomics); the default hands False."""
+    seen = []
+    real = launch._flash_attn_backward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("deterministic"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "_flash_attn_backward", spy)
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 64, torch.float32, "cpu")
+    for flag in (True, False):
+        flashtile.flash_attn_func(q, k, v, causal=True, deterministic=flag).sum().backward()
+    assert seen == [True, False]
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        flashtile.flash_attn_func(q, k, v, deterministic="yes")
 
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype): tails, q != k (both ways), GQA / MQA, batches with tails

@@ -69,6 +69,18 @@ def test_deterministic_backward():
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
+def test_deterministic_plain_backward():
+    """deterministic=True on a shape the Gluon backward would serve (D128 bf16, plain): the portable kernels run
+    instead (the Gluon dQ adds with atomics), so 100 backward passes are bitwise identical."""
+    q, k, v = make_qkv(2, 1024, 1024, 4, 4, 128, torch.bfloat16, "cuda")
+    out = flashtile.flash_attn_func(q, k, v, deterministic=True)
+    dout = torch.randn_like(out)
+    first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    for _ in range(100):
+        again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
 def _dropout_check(q, k, v, dtype, causal, p, **features):
     """out, dq, dk, dv against the float64 reference with the mask recovered from S_dmask's sign bits."""
     torch.manual_seed(0)

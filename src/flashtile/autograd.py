@@ -13,12 +13,13 @@ from . import ops
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, dropout_p, rng) = inputs
+     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, dropout_p, rng, deterministic) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k, attn_bias, rng)
     ctx.scalars = (softmax_scale, window_left, window_right, softcap)
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
     ctx.dropout_p = dropout_p
+    ctx.deterministic = deterministic
 
 
 def _sink_grad(dout, out, lse, dlse, sink):
@@ -45,10 +46,10 @@ def _backward(ctx, dout, dlse):
     bias_grad = attn_bias is not None and ctx.needs_input_grad[13]
     dq, dk, dv, dscores = ops.call(ops.bwd, dout, q, k, v, out, lse, dlse, *ctx.scalars, alibi_slopes,
                                    cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, attn_bias, bias_grad, ctx.dropout_p,
-                                   rng)
+                                   rng, ctx.deterministic)
     dsink = _sink_grad(dout, out, lse, dlse, sink) if sink is not None and ctx.needs_input_grad[8] else None
     dbias = _bias_grad(dscores, attn_bias) if bias_grad else None
-    return dq, dk, dv, None, None, None, None, None, dsink, None, None, None, None, dbias, None, None
+    return dq, dk, dv, None, None, None, None, None, dsink, None, None, None, None, dbias, None, None, None
 
 
 torch.library.register_autograd("flashtile::fwd", _backward, setup_context=_setup_context)

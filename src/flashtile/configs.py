@@ -91,9 +91,11 @@ GLUON_FWD_MIN_WINDOW = 1024
 
 
 # The Hopper Gluon backward (kernels/gluon_bwd.py) serves the plain / causal dense backward from these key counts
-# on: (head dim, causal) -> least seqlen_k. Empty until it is measured on the H200 (benchmarks/gluon_bwd_check.py:
-# to be filled from that measurement); FLASHTILE_GLUON_BWD=1 takes it wherever it is supported.
-GLUON_BWD_MIN_KEYS = {}
+# on: (head dim, causal) -> least seqlen_k; FLASHTILE_GLUON_BWD=1 takes it wherever it is supported. Session 6
+# (benchmarks/results/gluon-bwd-h200-2026-11-29-s6, 16K tokens, 1K / 4K / 16K): D128 1.14 / 1.14 / 1.20x the
+# portable backward, causal 1.10 / 1.18 / 1.21x (0.78-0.82x cuDNN); D64 0.80-0.90x the portable one, so not
+# used. Below 1K keys unmeasured.
+GLUON_BWD_MIN_KEYS = {(128, False): 1024, (128, True): 1024}
 
 
 def gluon_bwd_wanted(head_dim, causal, seqlen_k):
@@ -105,10 +107,11 @@ def gluon_bwd_wanted(head_dim, causal, seqlen_k):
 def gluon_fwd_wanted(head_dim, causal, seqlen_k, window_span=None):
     """Whether the forward should take the Gluon kernel at this shape (where gluon_supported allows);
     window_span: the keys one row's window covers (left + right + 1), None without a two-sided window.
-    Varlen calls pass max_seqlen_k as seqlen_k and get the dense thresholds unchanged. That is a prediction, not a
-    measurement: the varlen kernel is the dense one plus four cu_seqlens loads per program and ragged (4-D)
-    TMA boxes, and its short sequences of a mixed batch are below the thresholds the maximum is compared with
-    (benchmarks/gluon_check.py --bench-varlen measures it)."""
+    Varlen calls pass max_seqlen_k as seqlen_k and get the dense thresholds unchanged: the varlen kernel is the
+    dense one plus four cu_seqlens loads per program and ragged (4-D) TMA boxes. Session 6 (gluon_check.py
+    --bench-varlen): 0.97-1.01x the dense Gluon forward on the same tokens (8 x 2K, 2 x 8K), 1.16-1.28x the
+    portable varlen kernel at D128; a mixed D64 batch (one long sequence among short ones) ran 0.89-0.91x the
+    portable varlen kernel, since the short sequences sit below the thresholds the maximum is compared with."""
     least = GLUON_FWD_MIN_KEYS.get((head_dim, causal))
     if window_span is not None and window_span < GLUON_FWD_MIN_WINDOW:
         return False

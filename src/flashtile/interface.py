@@ -27,10 +27,12 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     # The Philox seed comes from torch's generator of q's device (torch.manual_seed reproduces a run) as a
     # device tensor: no host sync, and CUDA graphs and torch.compile see an ordinary random op.
     rng = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device=q.device) if dropout_p > 0 else None
-    # deterministic needs nothing: the portable backward uses no atomics. (The opt-in Gluon backward,
-    # FLASHTILE_GLUON_BWD=1, adds dQ with fp32 atomics and is not bitwise deterministic.)
+    # deterministic=True keeps the backward off the Hopper Gluon kernel, whose dQ is a sum of fp32 atomics; the
+    # portable kernels use none, so they are bitwise reproducible.
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     out, lse = autograd.forward(q, k, v, scale, window_left, window_right, softcap, alibi_slopes,
-                                checks.sink_logits(sink, q, heads), *varlen, attn_bias, dropout_p, rng)
+                                checks.sink_logits(sink, q, heads), *varlen, attn_bias, dropout_p, rng, deterministic)
     if not return_attn_probs:
         return out
     # As flash-attn: the attention matrix only with dropout (S_dmask), else None.

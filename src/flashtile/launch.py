@@ -674,18 +674,19 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal):
 
 def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
                          alibi_slopes, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                         attn_bias=None, bias_grad=False, dropout_p=0.0, rng=None, mods=None):
+                         attn_bias=None, bias_grad=False, dropout_p=0.0, rng=None, mods=None, deterministic=False):
     """dq, dk, dv with the shapes and dtypes of q, k, v, recomputing P from q, k and lse (and the dropout
     mask from rng), and dbias: the full (B, Hq, max_q, max_k) fp32 gradient of the scores when bias_grad,
     else an empty tensor.
 
     dlse (lse's shape) or None is the gradient flowing into lse: since d lse_i / d s_ij = P_ij it
     folds into delta (dS = P * (dP - (delta - dlse))), in the preprocess kernel. mods: as in the forward.
+    deterministic: only the portable kernels (no atomics), never the Gluon backward.
     """
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    plain = (cu_seqlens_q is None and attn_bias is None and not bias_grad and not dropout_p and mods is None
-             and not softcap and alibi_slopes is None and window_left < 0 and window_right <= 0)
+    plain = (not deterministic and cu_seqlens_q is None and attn_bias is None and not bias_grad and not dropout_p
+             and mods is None and not softcap and alibi_slopes is None and window_left < 0 and window_right <= 0)
     if plain and q.is_cuda:
         grads = _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_right == 0)
         if grads is not None:

@@ -63,7 +63,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int,
         softcap: float, alibi_slopes: Optional[Tensor], sink: Optional[Tensor],
         cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
         max_seqlen_k: int, attn_bias: Optional[Tensor], dropout_p: float = 0.0,
-        rng: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        rng: Optional[Tensor] = None, deterministic: bool = False) -> Tuple[Tensor, Tensor]:
     """out (q's shape), lse fp32: (B, Hq, Sq) dense, (Hq, total_q) varlen (cu_seqlens given, q (total_q, Hq, D)).
 
     window_left/right: -1 = unbounded (causal: right = 0). sink: fp32 (Hq,) attention-sink logits or None;
@@ -72,6 +72,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int,
     broadcastable to (B, Hq, max_q, max_k), added to the scores (varlen: positions within each sequence).
     dropout_p in [0, 1); when > 0, rng is the int64 (1,) Philox seed on q's device, drawn by the caller so
     the op itself is a pure function of its inputs and the backward regenerates the same mask.
+    deterministic: not used here; saved for the backward (autograd.py), which then avoids atomics.
     """
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -84,7 +85,8 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int,
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, dropout_p=0.0, rng=None):
+              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, dropout_p=0.0, rng=None,
+              deterministic=False):
     if cu_seqlens_q is not None:
         lse_shape = (q.shape[1], q.shape[0])
     else:
@@ -98,14 +100,15 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         alibi_slopes: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
         max_seqlen_q: int, max_seqlen_k: int, attn_bias: Optional[Tensor],
         bias_grad: bool, dropout_p: float = 0.0,
-        rng: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        rng: Optional[Tensor] = None, deterministic: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv (shapes and dtypes of q, k, v) and dscores: fp32 (B, Hq, max_q, max_k) when bias_grad, else
-    empty. dropout_p and rng: the forward's."""
+    empty. dropout_p and rng: the forward's. deterministic: no kernel that adds with atomics (the Gluon
+    backward's dQ); the portable kernels are bitwise reproducible."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
         return _launch()._flash_attn_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad,
-                                              dropout_p, rng)
+                                              dropout_p, rng, deterministic=deterministic)
     if cu_seqlens_q is not None:
         return cpu.varlen_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad, dropout_p,
                                    rng)
@@ -122,7 +125,8 @@ def _scores_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
-              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, bias_grad, dropout_p=0.0, rng=None):
+              cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, bias_grad, dropout_p=0.0, rng=None,
+              deterministic=False):
     dscores = (q.new_empty(_scores_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k), dtype=torch.float32)
                if bias_grad else q.new_empty(0, dtype=torch.float32))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dscores
