@@ -18,10 +18,8 @@ Every line starts with PASS / FAIL / SKIP / ERROR / TIME / INFO so the log greps
 """
 import argparse
 import os
-import subprocess
 import sys
 import time
-import traceback
 
 os.environ["FLASHTILE_GLUON_BWD"] = "0"  # the portable backward, except where a check routes to Gluon
 
@@ -30,8 +28,8 @@ import triton  # noqa: E402
 
 from flashtile import gluon_bwd_launch, launch  # noqa: E402
 from flashtile.reference import attention_ref  # noqa: E402
+from gpu_check import ABS_FLOOR, guarded, max_err, run_children, say  # noqa: E402  (this folder)
 
-ABS_FLOOR = {torch.float16: 1e-5, torch.bfloat16: 1e-4}
 DEVICE = "cuda"
 BF16, FP16 = torch.bfloat16, torch.float16
 
@@ -52,14 +50,6 @@ CASES = [
 ]
 SHORT_CASES = ("odd-1000", "gqa-q777-k999", "batch-tails-3x1000", "4K")
 SMOKE = ("smoke-128", 1, 128, 128, 1, 1, BF16)
-
-
-def say(*parts):
-    print(*parts, flush=True)
-
-
-def max_err(x, ref):
-    return (x.double() - ref.double()).abs().max().item()
 
 
 def make_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, seed=0):
@@ -153,16 +143,6 @@ def check_dispatch(head_dim, causal):
     return ok
 
 
-def guarded(fn, *args, what=""):
-    try:
-        return fn(*args)
-    except Exception as exc:  # noqa: BLE001  (report and go on with the other cases)
-        say(f"ERROR {what}: {type(exc).__name__}: {exc}")
-        traceback.print_exc(limit=6, file=sys.stdout)
-        sys.stdout.flush()
-        return False
-
-
 def phase_smoke(variants):
     ok = True
     for head_dim in (128, 64):
@@ -232,33 +212,9 @@ def phase_bench(variants, seqlens, head_dims):
                             f"vs triton {tf / tri if tri else float('nan'):.2f}x")
 
 
-def run_children(phase, args, timeout, groups=(None, )):
-    """The phase in one child per group, concurrently, killing whatever still runs after timeout seconds."""
-    say(f"INFO phase {phase} (limit {timeout} s)")
-    start = time.time()
-    children = []
-    for group in groups:
-        cmd = [sys.executable, __file__, "--phase", phase, "--variants", args.variants, "--seqlens", args.seqlens,
-               "--bench-dims", args.bench_dims]
-        if group is not None:
-            cmd += ["--group", group]
-        children.append((group, subprocess.Popen(cmd)))
-    ok = True
-    for group, child in children:
-        try:
-            rc = child.wait(timeout=max(1.0, start + timeout - time.time()))
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-            say(f"FAIL phase {phase} {group or ''}: TIMEOUT after {timeout} s (likely a hang / deadlock in the "
-                "last case this group announced; the child was killed)")
-            ok = False
-            continue
-        ok &= rc == 0
-        if rc != 0:
-            say(f"INFO phase {phase} {group or ''}: exit {rc}")
-    say(f"INFO phase {phase} done in {time.time() - start:.1f} s")
-    return ok
+def _children(phase, args, timeout, groups=(None, )):
+    argv = ["--variants", args.variants, "--seqlens", args.seqlens, "--bench-dims", args.bench_dims]
+    return run_children(__file__, phase, argv, timeout, groups)
 
 
 def main():
@@ -284,12 +240,12 @@ def main():
         f"gpu {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'} "
         f"gluon import error: {gluon_bwd_launch.GLUON_BWD_IMPORT_ERROR}")
     start = time.time()
-    if not run_children("smoke", args, 90):
+    if not _children("smoke", args, 90):
         say("FAIL smoke failed: skipping the remaining phases")
         return
-    run_children("correct", args, 150, groups=["128:0", "128:1", "64:0", "64:1"])
+    _children("correct", args, 150, groups=["128:0", "128:1", "64:0", "64:1"])
     if not args.skip_bench:
-        run_children("bench", args, 200)
+        _children("bench", args, 200)
     say(f"INFO total {time.time() - start:.1f} s")
 
 

@@ -41,10 +41,8 @@ Every line starts with PASS / FAIL / SKIP / ERROR / TIME / INFO so the log greps
 """
 import argparse
 import os
-import subprocess
 import sys
 import time
-import traceback
 
 os.environ["FLASHTILE_GLUON"] = "0"  # the portable path, except where a check routes to Gluon
 
@@ -53,18 +51,10 @@ import triton  # noqa: E402
 
 from flashtile import gluon_launch, launch  # noqa: E402
 from flashtile.reference import attention_ref  # noqa: E402
+from gpu_check import ABS_FLOOR, guarded, max_err, run_children, say  # noqa: E402  (this folder)
 
-ABS_FLOOR = {torch.float16: 1e-5, torch.bfloat16: 1e-4}
 LSE_ATOL, LSE_RTOL = 2e-3, 1e-4
 DEVICE = "cuda"
-
-
-def say(*parts):
-    print(*parts, flush=True)
-
-
-def max_err(x, ref):
-    return (x.double() - ref.double()).abs().max().item()
 
 
 def make_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, packed=False, seed=0):
@@ -462,16 +452,6 @@ def phase_bench_varlen():
                     f"gluon-dense {g / d:.2f}x{flag}  gluon-varlen / triton-varlen {g / t:.2f}x")
 
 
-def guarded(fn, *args, what=""):
-    try:
-        return fn(*args)
-    except Exception as exc:  # noqa: BLE001  (report and go on with the other cases)
-        say(f"ERROR {what}: {type(exc).__name__}: {exc}")
-        traceback.print_exc(limit=6, file=sys.stdout)
-        sys.stdout.flush()
-        return False
-
-
 def phase_smoke(variants):
     ok = True
     for variant in variants[:1]:
@@ -657,38 +637,17 @@ def variant_feature_times(q, k, v, scale, feature_variants):
                 f"{ms / ref if ref else float('nan'):.3f}x")
 
 
-def run_children(phase, args, timeout, groups=(None, )):
-    """Runs the phase in one child per group, concurrently (compiles dominate and run in parallel), killing
-    whatever is still running after timeout seconds. True if every child exited 0."""
-    say(f"INFO phase {phase} (limit {timeout} s)")
-    start = time.time()
-    children = []
-    for group in groups:
-        cmd = [sys.executable, __file__, "--phase", phase, "--variants", args.variants, "--seqlens", args.seqlens,
-               "--bench-dims", args.bench_dims, "--feature-variants", args.feature_variants]
-        if group is not None:
-            if group.startswith("feat:"):
-                cmd[cmd.index("--phase") + 1] = "features"
-            if group == "varlen":
-                cmd[cmd.index("--phase") + 1] = "varlen"
-            cmd += ["--group", group]
-        children.append((group, subprocess.Popen(cmd)))
-    ok = True
-    for group, child in children:
-        try:
-            rc = child.wait(timeout=max(1.0, start + timeout - time.time()))
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-            say(f"FAIL phase {phase} {group or ''}: TIMEOUT after {timeout} s (likely a hang / deadlock in the "
-                "last case this group announced; the child was killed)")
-            ok = False
-            continue
-        ok &= rc == 0
-        if rc != 0:
-            say(f"INFO phase {phase} {group or ''}: exit {rc}")
-    say(f"INFO phase {phase} done in {time.time() - start:.1f} s")
-    return ok
+def _phase_of(group, phase):
+    """Correct-phase groups that are features ("feat:...") or varlen run their own phase."""
+    if group is not None and group.startswith("feat:"):
+        return "features"
+    return "varlen" if group == "varlen" else phase
+
+
+def _children(phase, args, timeout, groups=(None, )):
+    argv = ["--variants", args.variants, "--seqlens", args.seqlens, "--bench-dims", args.bench_dims,
+            "--feature-variants", args.feature_variants]
+    return run_children(__file__, phase, argv, timeout, groups, _phase_of)
 
 
 def main():
@@ -736,7 +695,7 @@ def main():
         f"gpu {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'} "
         f"gluon import error: {gluon_launch.GLUON_IMPORT_ERROR}")
     start = time.time()
-    if not run_children("smoke", args, 120):
+    if not _children("smoke", args, 120):
         say("FAIL smoke failed: skipping the remaining Gluon phases")
         return
     groups = ["64:0", "64:1", "128:0", "128:1", "256:0", "256:1"]
@@ -745,13 +704,13 @@ def main():
     if not args.skip_varlen:
         groups.append("varlen")
     # Plain groups run the correct phase, feature groups the features phase: both in one concurrent batch.
-    run_children("correct", args, 240, groups=groups)
+    _children("correct", args, 240, groups=groups)
     if not args.skip_bench:
-        run_children("bench", args, 240)
+        _children("bench", args, 240)
     if args.bench_features:
-        run_children("bench-features", args, 180)
+        _children("bench-features", args, 180)
     if args.bench_varlen:
-        run_children("bench-varlen", args, 150)
+        _children("bench-varlen", args, 150)
     say(f"INFO total {time.time() - start:.1f} s")
 
 

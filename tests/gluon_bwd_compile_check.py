@@ -7,7 +7,6 @@ Per case (head dim x causal x variant): registers / spills from ptxas -v, shared
 case fails to compile, spills or serializes its wgmmas.
 """
 import argparse
-import os
 import re
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from compile_check import kernel_signature  # this folder: the JIT-faithful signature
-from gluon_compile_check import PTX_PATTERNS, ptxas_report
+from gluon_compile_check import PTX_PATTERNS, dump, ptxas_report
 from flashtile import gluon_bwd_launch
 
 PATTERNS = {**PTX_PATTERNS, "atom.add": r"(?:atom|red)\.global[\w.]*\.add"}
@@ -73,10 +72,7 @@ def main():
                     print(f"    ptxas: {line}")
                 bad += any(spills) or any("C7515" in w or "serializ" in w for w in warns)
                 if args.dump:
-                    os.makedirs(args.dump, exist_ok=True)
-                    for ext in ("ttgir", "llir", "ptx"):
-                        Path(args.dump, f"{name}.{ext}").write_text(compiled.asm[ext])
-                    Path(args.dump, f"{name}.ptxas.txt").write_text(report)
+                    dump(args.dump, name, compiled, report)
     sys.exit(1 if bad else 0)
 
 

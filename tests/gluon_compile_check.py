@@ -108,6 +108,14 @@ def ptxas_report(ptx):
     return res.stderr
 
 
+def dump(folder, name, compiled, report):
+    """A case's ttgir / llir / ptx and ptxas report, as NAME.EXT files in folder."""
+    os.makedirs(folder, exist_ok=True)
+    for ext in ("ttgir", "llir", "ptx"):
+        Path(folder, f"{name}.{ext}").write_text(compiled.asm[ext])
+    Path(folder, f"{name}.ptxas.txt").write_text(report)
+
+
 # Score features to compile (gluon_launch_args keywords); window cases replace the causal mask.
 FEATURES = {
     "plain": {},
@@ -200,10 +208,7 @@ def main():
                 for line in sass_loops(compiled.asm["cubin"], 64 * config.block_n // 128):
                     print(f"    sass {line}")
             if args.dump:
-                os.makedirs(args.dump, exist_ok=True)
-                for ext in ("ttgir", "llir", "ptx"):
-                    Path(args.dump, f"{name}.{ext}").write_text(compiled.asm[ext])
-                Path(args.dump, f"{name}.ptxas.txt").write_text(report)
+                dump(args.dump, name, compiled, report)
     sys.exit(1 if failed else 0)
 
 
