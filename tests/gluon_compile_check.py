@@ -39,7 +39,6 @@ PTX_PATTERNS = {
     "tanh": r"tanh\.approx",
     "rcp": r"rcp\.approx",
     "fma.f32": r"\bfma\.rn(\.ftz)?\.f32",
-    "add.rm": r"add\.rm",
 }
 # SASS opcodes by the pipe that runs them on sm90 (MUFU 16 results / clock / SM; the FMA pipe 128; every
 # instruction takes an issue slot: one warp instruction / clock / SM sub-partition).

@@ -51,11 +51,6 @@ def disable(exc):
 class GluonConfig:
     """One schedule of the kernel. Registers: 12 warps share 64K registers; the loader warpgroup gives
     most of its share to the two consumer warpgroups (maxnreg is the launch's per-thread budget).
-    poly_exp2: the share of the key loop's score exponentials computed by a degree-3 polynomial on the FMA pipe
-    instead of MUFU's ex2 (FA4's partial exp2 emulation), in sixteenths: of every 16 scores a consumer thread holds,
-    the last round(16 * poly_exp2) (a fixed set of registers, so no select per score). softcap_raw_max: with
-    softcap (and no ALiBi), the key loop's unmasked blocks take the row max of the raw scores and cap it once per
-    row (tanh is increasing), so the max reduction does not wait for the tanhs and cap * tanh - m is one FFMA.
     p_cvt_asm: the key loop rounds P to 16 bits by pairs (one F2FP per pair, without the PRMT that swaps halves per
     pair otherwise).
     tree_max: the key loop's row maxima as trees instead of one dependent FMNMX chain per row."""
@@ -65,16 +60,8 @@ class GluonConfig:
     consumer_regs: int = 240
     loader_regs: int = 24
     maxnreg: int = 168
-    poly_exp2: float = 0.0
-    softcap_raw_max: bool = False
     p_cvt_asm: bool = False
     tree_max: bool = False
-
-    def poly16(self):
-        n = round(16 * self.poly_exp2)
-        if not (0 <= n <= 16 and abs(n - 16 * self.poly_exp2) < 1e-9):
-            raise ValueError(f"poly_exp2 must be a multiple of 1/16 in [0, 1], got {self.poly_exp2}")
-        return n
 
 
 # Variants the check script can compare on the GPU; "default" is what gluon_forward uses. A variant may cover
@@ -83,9 +70,9 @@ class GluonConfig:
 # accumulator alone is 64 x 256 fp32 = 128 registers per consumer thread.
 # D64 / D128 take the tree row max and P by pairs since session 6 (gluon-h200-2026-11-29-s6, ratio to cuDNN
 # old -> new: D64 4K 0.89 -> 0.89, causal 0.83 -> 0.88; 16K 0.93 -> 0.94, causal 0.90 -> 0.95; D128 4K 0.96 ->
-# 0.99, causal 0.98 -> 1.01; 16K 1.01 -> 1.03, causal 1.07 -> 1.10). The polynomial exp2 (FA4's partial
-# emulation) measured no gain at 1/8 of the scores and the softcap variants did not bring softcap under 1.10x
-# the plain kernel (same run); they stay as variants to compare.
+# 0.99, causal 0.98 -> 1.01; 16K 1.01 -> 1.03, causal 1.07 -> 1.10). Measured in the same run and removed:
+# FA4's partial polynomial exp2 (no gain at 1/8 of the scores) and softcap's row max from the raw scores (softcap
+# stayed above 1.19x plain); code in 26fceee, numbers in docs/perf-log.md.
 _TREE_CVT = dict(p_cvt_asm=True, tree_max=True)
 VARIANTS = {
     "default": {64: GluonConfig(128, 3, **_TREE_CVT), 128: GluonConfig(128, 2, **_TREE_CVT), 256: GluonConfig(64, 2)},
@@ -96,11 +83,6 @@ VARIANTS = {
     "stages3": {64: GluonConfig(128, 4), 128: GluonConfig(128, 3)},
     "d256-bn64s1": {256: GluonConfig(64, 1)},
     "d256-bn32s4": {256: GluonConfig(32, 4)},
-    "poly-1of8": {64: GluonConfig(128, 3, poly_exp2=1 / 8, **_TREE_CVT),
-                  128: GluonConfig(128, 2, poly_exp2=1 / 8, **_TREE_CVT)},
-    # Softcap: the row max of the raw scores, with the polynomial exp2 paying for the tanh's MUFU op.
-    "capmax-poly-1of2": {64: GluonConfig(128, 3, poly_exp2=0.5, softcap_raw_max=True, **_TREE_CVT),
-                         128: GluonConfig(128, 2, poly_exp2=0.5, softcap_raw_max=True, **_TREE_CVT)},
 }
 HEAD_DIMS = (64, 128, 256)
 
@@ -268,8 +250,8 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
                       IS_LOCAL=is_local, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
-                      HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged, POLY16=config.poly16(),
-                      CAP_RAW_MAX=config.softcap_raw_max, P_CVT_ASM=config.p_cvt_asm, TREE_MAX=config.tree_max)
+                      HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm,
+                      TREE_MAX=config.tree_max)
     grid = (math.ceil(seqlen_q / BLOCK_M), batch * heads_q)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 

@@ -27,8 +27,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-import struct
-
 from .common import _tanh
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -49,58 +47,6 @@ def _tma_load(desc, row, seq_end, col, bar, buf, RAGGED: gl.constexpr):
         tma.async_copy_global_to_shared(desc, [row, col], bar, buf)
 
 
-# 2^f on [0, 1) for the FMA-pipe exp2: 1 + f (c1 + f (c2 + f c3)), c0 = 1 pinned so that a clamped -inf gives
-# exactly +0.0. Coefficients fitted here for the least maximum relative error (Lawson's iteration on a 2e4-point
-# grid, rounded to fp32): 8.6e-5, a twentieth of bf16's half ulp (2^-9) and a sixth of fp16's (2^-11); degree 2
-# would give 2.1e-3, as large as the rounding of P itself. tests/test_poly_exp2.py checks the whole emulation.
-POLY_EXP2_COEFFS = (1.0, 0.6951168179512024, 0.22764484584331512, 0.07706717401742935)
-POLY_EXP2_PACK = gl.constexpr(16)  # the emulated share is counted in sixteenths of each thread's scores
-
-
-def _f32_hex(x):
-    """PTX's exact hexadecimal spelling of an fp32 constant (0fXXXXXXXX)."""
-    return "0f%08X" % struct.unpack("<I", struct.pack("<f", x))[0]
-
-
-# The constants as PTX spells them: (c0, c1, c2, c3, 1.5 * 2^23, -127); x + 1.5 * 2^23 rounded down holds floor(x)
-# in its low mantissa bits.
-_POLY_EXP2_PTX = gl.constexpr(tuple(_f32_hex(c) for c in POLY_EXP2_COEFFS + (1.5 * 2**23, -127.0)))
-
-
-@gluon.constexpr_function
-def _exp2_asm(n_poly):
-    """PTX for inline_asm_elementwise(pack=POLY_EXP2_PACK): $0..$15 = 2^($16..$31), the last n_poly of each 16
-    of a thread's scores through the polynomial (FMA/ALU pipes), the others through MUFU's ex2.approx."""
-    pack = POLY_EXP2_PACK.value
-    c0, c1, c2, c3, magic, lo = _POLY_EXP2_PTX.value
-    lines = []
-    for i in range(pack):
-        out, x = f"${i}", f"${pack + i}"
-        if i < pack - n_poly:
-            lines.append(f"ex2.approx.ftz.f32 {out}, {x};")
-            continue
-        # Cody-Waite: 2^x = 2^floor(x) * 2^frac(x); the clamp maps -inf (a masked score) to 2^-127 * p(0) = +0.0
-        # and keeps 2^floor(x)'s exponent field >= 0. floor(x) is added into p's exponent bits with integers.
-        lines.append("{ .reg .f32 xc, r, rb, f, p; .reg .b32 ri, pi, e;\n"
-                     f"max.ftz.f32 xc, {x}, {lo};\n"
-                     f"add.rm.ftz.f32 r, xc, {magic};\n"
-                     f"sub.ftz.f32 rb, r, {magic};\n"
-                     "sub.ftz.f32 f, xc, rb;\n"
-                     f"fma.rn.ftz.f32 p, f, {c3}, {c2};\n"
-                     f"fma.rn.ftz.f32 p, p, f, {c1};\n"
-                     f"fma.rn.ftz.f32 p, p, f, {c0};\n"
-                     "mov.b32 ri, r;\nmov.b32 pi, p;\n"
-                     "shl.b32 e, ri, 23;\n"
-                     "add.s32 e, e, pi;\n"
-                     f"mov.b32 {out}, e; }}")
-    return "\n".join(lines)
-
-
-@gluon.constexpr_function
-def _exp2_constraints():
-    return ",".join(["=f"] * POLY_EXP2_PACK.value + ["f"] * POLY_EXP2_PACK.value)
-
-
 @gluon.jit
 def _to_p(p_f32, p_prev, P_CVT_ASM: gl.constexpr):
     """P for the PV wgmma: p_f32 rounded to p_prev's dtype (fp16/bf16). P_CVT_ASM: one cvt.rn.{b}f16x2.f32 per
@@ -117,18 +63,6 @@ def _to_p(p_f32, p_prev, P_CVT_ASM: gl.constexpr):
                                              is_pure=True, pack=2)
     else:
         return p_f32.to(p_prev.dtype)
-
-
-@gluon.jit
-def _exp2(x, POLY16: gl.constexpr):
-    """2^x of a score tile (x <= 127, -inf allowed) with POLY16 of every 16 scores of a thread on the FMA pipe
-    (FA4's partial exp2 emulation: MUFU does 16 ex2 per clock per SM, so taking some off it balances the
-    pipes); POLY16 = 0 is gl.exp2 (MUFU only)."""
-    if POLY16 == 0:
-        return gl.exp2(x)
-    else:
-        return gl.inline_asm_elementwise(_exp2_asm(POLY16), _exp2_constraints(), [x], dtype=gl.float32,
-                                         is_pure=True, pack=POLY_EXP2_PACK)
 
 
 @gluon.jit
@@ -229,13 +163,12 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
              row0, seqlen_k, causal_offset, qk_scale, key_lo, softcap_log2, alibi_log2, window_left, window_right,
              WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
              MASKED: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-             HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr, POLY16: gl.constexpr = 0,
-             CAP_RAW_MAX: gl.constexpr = False, P_CVT_ASM: gl.constexpr = False,
+             HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr, P_CVT_ASM: gl.constexpr = False,
              TREE_MAX: gl.constexpr = False):
     """Key block j >= 1 (keys key_lo + j * BLOCK_N + [0, BLOCK_N)): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1},
     softmax S_j while the PV runs, then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i,
-    p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it. POLY16: see _exp2. CAP_RAW_MAX (softcap
-    without ALiBi, unmasked blocks): the row max from the raw scores. P_CVT_ASM: see _to_p. TREE_MAX: see _row_max."""
+    p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it. P_CVT_ASM: see _to_p. TREE_MAX: see
+    _row_max."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
     stage = j % STAGES
@@ -250,15 +183,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     # wgmma groups retire in order: one outstanding means S_j is done and the PV may still run.
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_M, BLOCK_N]
     mbarrier.arrive(k_empty.index(stage))
-    if SOFTCAP and CAP_RAW_MAX and not HAS_ALIBI and not MASKED:
-        # softcap * tanh is increasing: the row max of the capped scores is the cap of the raw row max, so the max
-        # reduction does not wait for the tanhs, and cap * tanh - m is one FFMA per score. Full blocks only: in
-        # masked ones the -inf of a hidden key would need a second select after the tanh (+3 instructions / score).
-        y = s * qk_scale  # [WG_M, BLOCK_N] scores / softcap
-        m_new = gl.maximum(m_i, _tanh(_row_max(y, TREE_MAX), True) * softcap_log2)  # [WG_M]
-        alpha = gl.exp2(m_i - m_new)  # [WG_M]
-        p_f32 = _exp2(_tanh(y, True) * softcap_log2 - m_new[:, None], POLY16)  # [WG_M, BLOCK_N]
-    elif SOFTCAP or HAS_ALIBI or IS_LOCAL:
+    if SOFTCAP or HAS_ALIBI or IS_LOCAL:
         s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                             MASKED)
@@ -269,13 +194,13 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         else:
             m_sub = m_new
         alpha = gl.exp2(m_i - m_sub)  # [WG_M]
-        p_f32 = _exp2(s - m_sub[:, None], POLY16)  # [WG_M, BLOCK_N]
+        p_f32 = gl.exp2(s - m_sub[:, None])  # [WG_M, BLOCK_N]
     else:
         if MASKED:
             s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
         m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)  # [WG_M], log2 units of the scaled scores
         alpha = gl.exp2(m_i - m_new)  # [WG_M]
-        p_f32 = _exp2(s * qk_scale - m_new[:, None], POLY16)  # [WG_M, BLOCK_N]
+        p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
     l_i = l_i * alpha + gl.sum(p_f32, axis=1)
     p_next = gl.convert_layout(_to_p(p_f32, p, P_CVT_ASM), p.type.layout, assert_trivial=True)
     # P_{j-1} (registers) is read by the PV wgmma until it retires: keep it alive through the wait.
@@ -293,7 +218,6 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr,
                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr,
                         VARLEN: gl.constexpr = False,
-                        POLY16: gl.constexpr = 0, CAP_RAW_MAX: gl.constexpr = False,
                         P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
@@ -362,7 +286,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
                                           softcap_log2, alibi_log2, window_left, window_right,
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, IS_LOCAL, SOFTCAP,
-                                          HAS_ALIBI, HAS_SINK, POLY16, CAP_RAW_MAX, P_CVT_ASM, TREE_MAX)
+                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX)
         full_start = gl.maximum(n_lead, 1)
     else:
         full_start = 1
@@ -371,13 +295,13 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                       v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
                                       softcap_log2, alibi_log2, window_left, window_right,
                                       WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
-                                      HAS_ALIBI, HAS_SINK, POLY16, CAP_RAW_MAX, P_CVT_ASM, TREE_MAX)
+                                      HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX)
     for j in range(gl.maximum(n_full, 1), n_blocks):
         o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                       v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
                                       softcap_log2, alibi_log2, window_left, window_right,
                                       WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, IS_LOCAL, SOFTCAP,
-                                      HAS_ALIBI, HAS_SINK, POLY16, CAP_RAW_MAX, P_CVT_ASM, TREE_MAX)
+                                      HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX)
 
     # The last block's PV.
     last = (n_blocks - 1) % STAGES
@@ -414,13 +338,12 @@ def _consumer1_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_read
                          IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr,
                          SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr,
                          VARLEN: gl.constexpr = False,
-                         POLY16: gl.constexpr = 0, CAP_RAW_MAX: gl.constexpr = False,
                          P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False):
     _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                         out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                         qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                         1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_SINK,
-                        VARLEN, POLY16, CAP_RAW_MAX, P_CVT_ASM, TREE_MAX)
+                        VARLEN, P_CVT_ASM, TREE_MAX)
 
 
 @gluon.jit
@@ -454,7 +377,6 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      IS_LOCAL: gl.constexpr = False, SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
                      HAS_SINK: gl.constexpr = False, VARLEN: gl.constexpr = False, RAGGED: gl.constexpr = False,
-                     POLY16: gl.constexpr = 0, CAP_RAW_MAX: gl.constexpr = False,
                      P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
@@ -465,8 +387,6 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     Alibi: fp32 slopes read at off_b * stride_alibi_b + off_h; Sink: fp32 (Hq,) logits. IS_LOCAL: a window
     (window_left, window_right, Sq + Sk for an unbounded side, as launch.ScoreArgs passes them); causal alone is
     IS_CAUSAL. Launch with num_warps=4 (consumer warpgroup 0) and a grid of (cdiv(Sq, 128), B * Hq).
-    POLY16: of every 16 scores of a consumer thread, how many take the FMA-pipe exp2 (_exp2) in the key loop;
-    CAP_RAW_MAX: under SOFTCAP without ALiBi, the unmasked key blocks take the row max from the raw scores (_kv_step);
     P_CVT_ASM: the key loop's P packed by pairs (_to_p); TREE_MAX: its row maxima as trees (_row_max)."""
     BLOCK_M: gl.constexpr = 2 * WG_M
     pid_m = gl.program_id(0)
@@ -573,12 +493,12 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                                qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                                0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                               HAS_SINK, VARLEN, POLY16, CAP_RAW_MAX, P_CVT_ASM, TREE_MAX)),
+                               HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX)),
         (_consumer1_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars, out_ptr,
                                 lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                                 qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
                                 window_right, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
-                                HAS_ALIBI, HAS_SINK, VARLEN, POLY16, CAP_RAW_MAX, P_CVT_ASM, TREE_MAX)),
+                                HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                            v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
                            q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED)),

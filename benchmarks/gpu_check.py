@@ -1,0 +1,60 @@
+"""Shared by the self-diagnosing GPU check scripts (gluon_check.py, gluon_bwd_check.py): PASS / FAIL / ERROR /
+INFO lines, errors measured in float64, and phases run in child processes with a time limit (a kernel that
+deadlocks on an mbarrier hangs forever; killing the child frees the GPU and the run goes on to report it)."""
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+ABS_FLOOR = {torch.float16: 1e-5, torch.bfloat16: 1e-4}  # DESIGN.md's rounding floor per dtype
+
+
+def say(*parts):
+    print(*parts, flush=True)
+
+
+def max_err(x, ref):
+    return (x.double() - ref.double()).abs().max().item()
+
+
+def guarded(fn, *args, what=""):
+    """fn(*args), or False after reporting the exception (the other cases go on)."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001  (report and go on with the other cases)
+        say(f"ERROR {what}: {type(exc).__name__}: {exc}")
+        traceback.print_exc(limit=6, file=sys.stdout)
+        sys.stdout.flush()
+        return False
+
+
+def run_children(script, phase, argv, timeout, groups=(None, ), phase_of=lambda group, phase: phase):
+    """Runs `script --phase P [argv] --group G` for each group concurrently (compiles dominate and run in
+    parallel), P = phase_of(group, phase), killing whatever still runs after timeout seconds. True if every
+    child exited 0."""
+    say(f"INFO phase {phase} (limit {timeout} s)")
+    start = time.time()
+    children = []
+    for group in groups:
+        cmd = [sys.executable, script, "--phase", phase_of(group, phase), *argv]
+        if group is not None:
+            cmd += ["--group", group]
+        children.append((group, subprocess.Popen(cmd)))
+    ok = True
+    for group, child in children:
+        try:
+            rc = child.wait(timeout=max(1.0, start + timeout - time.time()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            say(f"FAIL phase {phase} {group or ''}: TIMEOUT after {timeout} s (likely a hang / deadlock in the "
+                "last case this group announced; the child was killed)")
+            ok = False
+            continue
+        ok &= rc == 0
+        if rc != 0:
+            say(f"INFO phase {phase} {group or ''}: exit {rc}")
+    say(f"INFO phase {phase} done in {time.time() - start:.1f} s")
+    return ok
