@@ -4,6 +4,7 @@ launch._flash_attn_backward uses it for the dense plain / causal backward when c
 gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is supported, =0 never. Importing this
 module never fails: without Gluon's Hopper API, or under the interpreter, gluon_bwd_supported() is False.
 """
+import functools
 import math
 import os
 import warnings
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .gluon_launch import LOG2E, _supported_device
+from .gluon_launch import LOG2E, _supported_device, shared_layout
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -105,16 +106,19 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
 def _descriptor(t, block_rows):
     batch, seqlen, heads, head_dim = t.shape
     dtype = _gl.float16 if t.dtype == torch.float16 else _gl.bfloat16
-    layout = _gl.NVMMASharedLayout.get_default_for([1, block_rows, head_dim], dtype)
     return _GluonDescriptor(t, [batch, seqlen, heads * head_dim], [t.stride(0), t.stride(1), 1],
-                            [1, block_rows, head_dim], layout)
+                            [1, block_rows, head_dim], shared_layout((1, block_rows, head_dim), dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _row_layout():
+    return _gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
 def _row_descriptor(rows, block_m):
     """rows (B, Hq, Sq_pad) fp32 as a (B * Hq, Sq_pad) TMA tensor, boxes [1, block_m], unswizzled."""
-    layout = _gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
     flat = rows.view(-1, rows.shape[-1])
-    return _GluonDescriptor(flat, list(flat.shape), [flat.stride(0), 1], [1, block_m], layout)
+    return _GluonDescriptor(flat, list(flat.shape), [flat.stride(0), 1], [1, block_m], _row_layout())
 
 
 def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config):

@@ -7,6 +7,7 @@ through ragged TMA descriptors (ragged_descriptor), so no key block reads anothe
 this module never fails: on a triton without Gluon's Hopper API, or under the interpreter, gluon_supported() is
 False.
 """
+import functools
 import math
 import os
 import warnings
@@ -187,6 +188,12 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     return all(_tma_2d_ok(t) for t in (q, k, v))
 
 
+@functools.lru_cache(maxsize=None)  # layouts are immutable; building one costs ~10 us of host time per descriptor
+def shared_layout(block_shape, gl_dtype):
+    """The NVMMA shared-memory layout (128-byte swizzle where the rows allow) of a TMA box of block_shape."""
+    return _gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
+
+
 def _descriptor(t, block_rows, ragged=False):
     """t (B, S, H, D) or packed (total, H, D) as a 2D (rows, H * D) TMA tensor with boxes [block_rows, D], or
     with ragged, the ragged 4-D view of it (ragged_descriptor)."""
@@ -195,8 +202,8 @@ def _descriptor(t, block_rows, ragged=False):
     gl_dtype = _gl.float16 if t.dtype == torch.float16 else _gl.bfloat16
     if ragged:
         return ragged_descriptor(t, rows, row_stride, heads * head_dim, block_rows, head_dim, gl_dtype)
-    layout = _gl.NVMMASharedLayout.get_default_for([block_rows, head_dim], gl_dtype)
-    return _GluonDescriptor(t, [rows, heads * head_dim], [row_stride, 1], [block_rows, head_dim], layout)
+    return _GluonDescriptor(t, [rows, heads * head_dim], [row_stride, 1], [block_rows, head_dim],
+                            shared_layout((block_rows, head_dim), gl_dtype))
 
 
 RAGGED_ROWS = 2**30
@@ -211,9 +218,8 @@ def ragged_descriptor(t, rows, row_stride, width, block_rows, block_cols, gl_dty
     per-sequence state and nothing recompiled per length (kernels/gluon_fwd._tma_load)."""
     assert rows <= RAGGED_ROWS
     max_int = 0x7FFF0000
-    layout = _gl.NVMMASharedLayout.get_default_for([1, 1, block_rows, block_cols], gl_dtype)
     return _GluonDescriptor(t, [max_int, max_int, RAGGED_ROWS, width], [2**34 - row_stride, row_stride, row_stride, 1],
-                            [1, 1, block_rows, block_cols], layout)
+                            [1, 1, block_rows, block_cols], shared_layout((1, 1, block_rows, block_cols), gl_dtype))
 
 
 def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_size=(-1, -1), softcap=0.0,
