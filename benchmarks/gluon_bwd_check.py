@@ -28,7 +28,7 @@ import triton  # noqa: E402
 
 from flashtile import gluon_bwd_launch, launch  # noqa: E402
 from flashtile.reference import attention_ref  # noqa: E402
-from gpu_check import ABS_FLOOR, guarded, max_err, run_children, say  # noqa: E402  (this folder)
+from gpu_check import ABS_FLOOR, guarded, max_err, run_children, say, time_providers  # noqa: E402  (this folder)
 
 DEVICE = "cuda"
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -169,9 +169,9 @@ def phase_correct(variants, head_dim, causal):
     return failed == 0
 
 
-def _tflops(ms, batch, heads, seqlen, head_dim, causal):
-    flops = 2.5 * 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
-    return flops / (ms * 1e-3) / 1e12
+def _tflop(batch, heads, seqlen, head_dim, causal):
+    """A forward's work in TFLOP (4 B H S^2 D, halved when causal); the backward does 2.5 times as much."""
+    return 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1) / 1e12
 
 
 def phase_bench(variants, seqlens, head_dims):
@@ -195,21 +195,8 @@ def phase_bench(variants, seqlens, head_dims):
                     ot = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
                 dot = dout.transpose(1, 2).contiguous()
                 providers["sdpa-cudnn"] = lambda: torch.autograd.grad(ot, (qt, kt, vt), dot, retain_graph=True)
-                results = {}
-                for name, fn in providers.items():
-                    try:
-                        ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-                        results[name] = _tflops(ms, batch, heads, seqlen, head_dim, causal)
-                        say(f"TIME d{head_dim} {'causal' if causal else 'full  '} S{seqlen:<5} B{batch} H{heads} "
-                            f"{name:<22} {ms:8.3f} ms {results[name]:6.1f} TFLOP/s")
-                    except Exception as exc:  # noqa: BLE001
-                        say(f"ERROR time d{head_dim} causal={causal} S{seqlen} {name}: {type(exc).__name__}: {exc}")
-                ref, tri = results.get("sdpa-cudnn"), results.get("flashtile-triton")
-                for name, tf in results.items():
-                    if name.startswith("gluon"):
-                        say(f"INFO ratio d{head_dim} {'causal' if causal else 'full  '} S{seqlen:<5} {name:<22} "
-                            f"vs cuDNN {tf / ref if ref else float('nan'):.2f}x  "
-                            f"vs triton {tf / tri if tri else float('nan'):.2f}x")
+                label = f"d{head_dim} {'causal' if causal else 'full  '} S{seqlen:<5} B{batch} H{heads}"
+                time_providers(providers, 2.5 * _tflop(batch, heads, seqlen, head_dim, causal), label, no_grad=False)
 
 
 def _children(phase, args, timeout, groups=(None, )):

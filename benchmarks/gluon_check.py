@@ -51,7 +51,7 @@ import triton  # noqa: E402
 
 from flashtile import gluon_launch, launch  # noqa: E402
 from flashtile.reference import attention_ref  # noqa: E402
-from gpu_check import ABS_FLOOR, guarded, max_err, run_children, say  # noqa: E402  (this folder)
+from gpu_check import ABS_FLOOR, guarded, max_err, run_children, say, time_providers  # noqa: E402  (this folder)
 
 LSE_ATOL, LSE_RTOL = 2e-3, 1e-4
 DEVICE = "cuda"
@@ -496,9 +496,9 @@ def phase_features(group):
     return failed == 0
 
 
-def _tflops(ms, batch, heads, seqlen, head_dim, causal):
-    flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
-    return flops / (ms * 1e-3) / 1e12
+def _tflop(batch, heads, seqlen, head_dim, causal):
+    """A forward's work in TFLOP: 4 B H S^2 D, halved when causal."""
+    return 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1) / 1e12
 
 
 def phase_bench(variants, seqlens, head_dims):
@@ -522,23 +522,8 @@ def phase_bench(variants, seqlens, head_dims):
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                         return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
                 providers["sdpa-cudnn"] = cudnn
-                results = {}
-                for name, fn in providers.items():
-                    try:
-                        with torch.no_grad():
-                            ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-                        results[name] = _tflops(ms, batch, heads, seqlen, head_dim, causal)
-                        say(f"TIME d{head_dim} {'causal' if causal else 'full  '} S{seqlen:<5} B{batch} H{heads} "
-                            f"{name:<22} {ms:8.3f} ms {results[name]:6.1f} TFLOP/s")
-                    except Exception as exc:  # noqa: BLE001
-                        say(f"ERROR time d{head_dim} causal={causal} S{seqlen} {name}: {type(exc).__name__}: {exc}")
-                ref = results.get("sdpa-cudnn")
-                tri = results.get("flashtile-triton")
-                for name, tf in results.items():
-                    if name.startswith("gluon"):
-                        say(f"INFO ratio d{head_dim} {'causal' if causal else 'full  '} S{seqlen:<5} {name:<22} "
-                            f"vs cuDNN {tf / ref if ref else float('nan'):.2f}x  "
-                            f"vs triton {tf / tri if tri else float('nan'):.2f}x")
+                label = f"d{head_dim} {'causal' if causal else 'full  '} S{seqlen:<5} B{batch} H{heads}"
+                time_providers(providers, _tflop(batch, heads, seqlen, head_dim, causal), label)
 
 
 def _ms(fn):

@@ -7,6 +7,7 @@ import time
 import traceback
 
 import torch
+import triton
 
 ABS_FLOOR = {torch.float16: 1e-5, torch.bfloat16: 1e-4}  # DESIGN.md's rounding floor per dtype
 
@@ -58,3 +59,24 @@ def run_children(script, phase, argv, timeout, groups=(None, ), phase_of=lambda 
             say(f"INFO phase {phase} {group or ''}: exit {rc}")
     say(f"INFO phase {phase} done in {time.time() - start:.1f} s")
     return ok
+
+
+def time_providers(providers, tflop, label, no_grad=True):
+    """Times each provider (name -> zero-argument function; do_bench median, grad disabled unless no_grad is
+    False) and prints a TIME line each, then, for every "gluon[...]" provider, its speed against "sdpa-cudnn"
+    and "flashtile-triton". tflop: the work of one call in TFLOP; label: the shape, e.g. "d128 causal S4096"."""
+    results = {}
+    for name, fn in providers.items():
+        try:
+            with torch.set_grad_enabled(not no_grad):
+                ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+            results[name] = tflop / (ms * 1e-3)
+            say(f"TIME {label} {name:<22} {ms:8.3f} ms {results[name]:6.1f} TFLOP/s")
+        except Exception as exc:  # noqa: BLE001
+            say(f"ERROR time {label} {name}: {type(exc).__name__}: {exc}")
+    ref, tri = results.get("sdpa-cudnn"), results.get("flashtile-triton")
+    for name, tf in results.items():
+        if name.startswith("gluon"):
+            say(f"INFO ratio {label} {name:<22} vs cuDNN {tf / ref if ref else float('nan'):.2f}x  "
+                f"vs triton {tf / tri if tri else float('nan'):.2f}x")
+    return results
