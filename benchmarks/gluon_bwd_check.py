@@ -28,7 +28,8 @@ import triton  # noqa: E402
 
 from flashtile import gluon_bwd_launch, launch  # noqa: E402
 from flashtile.reference import attention_ref  # noqa: E402
-from gpu_check import ABS_FLOOR, guarded, max_err, run_children, say, time_providers  # noqa: E402  (this folder)
+from gpu_check import (ABS_FLOOR, bench_shapes, guarded, max_err, run_children, say, shape_label,  # noqa: E402  (this folder)
+                       time_providers)
 
 DEVICE = "cuda"
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -169,34 +170,26 @@ def phase_correct(variants, head_dim, causal):
     return failed == 0
 
 
-def _tflop(batch, heads, seqlen, head_dim, causal):
-    """A forward's work in TFLOP (4 B H S^2 D, halved when causal); the backward does 2.5 times as much."""
-    return 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1) / 1e12
-
-
 def phase_bench(variants, seqlens, head_dims):
     os.environ.pop("FLASHTILE_POISON_OUTPUTS", None)
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    for head_dim in head_dims:
-        for causal in (False, True):
-            for seqlen in seqlens:
-                batch, heads = 16384 // seqlen, 2048 // head_dim
-                q, k, v, dout = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, BF16)
-                scale = head_dim ** -0.5
-                out, lse = forward(q, k, v, scale, causal)
-                providers = {}
-                for variant in [v for v in variants if head_dim in gluon_bwd_launch.VARIANTS[v]]:
-                    providers[f"gluon[{variant}]"] = (
-                        lambda variant=variant: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, scale,
-                                                                                causal, variant=variant))
-                providers["flashtile-triton"] = lambda: portable_backward(dout, q, k, v, out, lse, scale, causal)
-                qt, kt, vt = (t.transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    ot = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                dot = dout.transpose(1, 2).contiguous()
-                providers["sdpa-cudnn"] = lambda: torch.autograd.grad(ot, (qt, kt, vt), dot, retain_graph=True)
-                label = f"d{head_dim} {'causal' if causal else 'full  '} S{seqlen:<5} B{batch} H{heads}"
-                time_providers(providers, 2.5 * _tflop(batch, heads, seqlen, head_dim, causal), label, no_grad=False)
+    for head_dim, causal, seqlen, batch, heads, tflop in bench_shapes(head_dims, seqlens):
+        q, k, v, dout = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, BF16)
+        scale = head_dim ** -0.5
+        out, lse = forward(q, k, v, scale, causal)
+        providers = {}
+        for variant in [v for v in variants if head_dim in gluon_bwd_launch.VARIANTS[v]]:
+            providers[f"gluon[{variant}]"] = (
+                lambda variant=variant: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, scale, causal,
+                                                                        variant=variant))
+        providers["flashtile-triton"] = lambda: portable_backward(dout, q, k, v, out, lse, scale, causal)
+        qt, kt, vt = (t.transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            ot = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        dot = dout.transpose(1, 2).contiguous()
+        providers["sdpa-cudnn"] = lambda: torch.autograd.grad(ot, (qt, kt, vt), dot, retain_graph=True)
+        # The backward does 2.5 times a forward's work.
+        time_providers(providers, 2.5 * tflop, shape_label(head_dim, causal, seqlen, batch, heads), no_grad=False)
 
 
 def _children(phase, args, timeout, groups=(None, )):

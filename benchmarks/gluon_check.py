@@ -51,7 +51,8 @@ import triton  # noqa: E402
 
 from flashtile import gluon_launch, launch  # noqa: E402
 from flashtile.reference import attention_ref  # noqa: E402
-from gpu_check import ABS_FLOOR, guarded, max_err, run_children, say, time_providers  # noqa: E402  (this folder)
+from gpu_check import (ABS_FLOOR, bench_shapes, guarded, max_err, run_children, say, shape_label,  # noqa: E402  (this folder)
+                       time_providers)
 
 LSE_ATOL, LSE_RTOL = 2e-3, 1e-4
 DEVICE = "cuda"
@@ -496,34 +497,25 @@ def phase_features(group):
     return failed == 0
 
 
-def _tflop(batch, heads, seqlen, head_dim, causal):
-    """A forward's work in TFLOP: 4 B H S^2 D, halved when causal."""
-    return 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1) / 1e12
-
-
 def phase_bench(variants, seqlens, head_dims):
     os.environ.pop("FLASHTILE_POISON_OUTPUTS", None)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import flashtile
-    for head_dim in head_dims:
-        for causal in (False, True):
-            for seqlen in seqlens:
-                batch, heads = 16384 // seqlen, 2048 // head_dim
-                q, k, v = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16)
-                scale = head_dim ** -0.5
-                providers = {}
-                for variant in [v for v in variants if head_dim in gluon_launch.VARIANTS[v]]:
-                    providers[f"gluon[{variant}]"] = (
-                        lambda variant=variant: gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant))
-                providers["flashtile-triton"] = lambda: flashtile.flash_attn_func(q, k, v, causal=causal)
-                qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # as flashtile.bench does
+    for head_dim, causal, seqlen, batch, heads, tflop in bench_shapes(head_dims, seqlens):
+        q, k, v = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16)
+        scale = head_dim ** -0.5
+        providers = {}
+        for variant in [v for v in variants if head_dim in gluon_launch.VARIANTS[v]]:
+            providers[f"gluon[{variant}]"] = (
+                lambda variant=variant: gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant))
+        providers["flashtile-triton"] = lambda: flashtile.flash_attn_func(q, k, v, causal=causal)
+        qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # as flashtile.bench does
 
-                def cudnn():
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                providers["sdpa-cudnn"] = cudnn
-                label = f"d{head_dim} {'causal' if causal else 'full  '} S{seqlen:<5} B{batch} H{heads}"
-                time_providers(providers, _tflop(batch, heads, seqlen, head_dim, causal), label)
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        providers["sdpa-cudnn"] = cudnn
+        time_providers(providers, tflop, shape_label(head_dim, causal, seqlen, batch, heads))
 
 
 def _ms(fn):

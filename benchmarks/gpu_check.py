@@ -80,3 +80,18 @@ def time_providers(providers, tflop, label, no_grad=True):
             say(f"INFO ratio {label} {name:<22} vs cuDNN {tf / ref if ref else float('nan'):.2f}x  "
                 f"vs triton {tf / tri if tri else float('nan'):.2f}x")
     return results
+
+
+def bench_shapes(head_dims, seqlens):
+    """(head_dim, causal, seqlen, batch, heads, tflop) of the papers' setup: 16K tokens (batch = 16384 / seqlen),
+    hidden 2048 (heads = 2048 / head_dim); tflop = one forward's work, 4 B H S^2 D, halved when causal."""
+    for head_dim in head_dims:
+        for causal in (False, True):
+            for seqlen in seqlens:
+                batch, heads = 16384 // seqlen, 2048 // head_dim
+                tflop = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1) / 1e12
+                yield head_dim, causal, seqlen, batch, heads, tflop
+
+
+def shape_label(head_dim, causal, seqlen, batch, heads):
+    return f"d{head_dim} {'causal' if causal else 'full  '} S{seqlen:<5} B{batch} H{heads}"
