@@ -532,6 +532,23 @@ def probs_launches(geo, q, k, lse, probs, sa, arch, interpreter):
     )]
 
 
+def _try_gluon(env_var, wanted, supported, run, disable):
+    """The Hopper Gluon kernels' dispatch policy, shared by the forward and the backward: run() where the
+    environment variable env_var is "1" or, unset, where wanted() (configs.py's measured thresholds on a tested
+    triton), and only if supported(); "0" never. A launch that fails to build calls disable(exc) (one warning; the
+    path stays off for the process). None where the portable kernels must answer."""
+    choice = os.environ.get(env_var)
+    if choice == "0" or not (choice == "1" or wanted()) or not supported():
+        return None
+    try:
+        return run()
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (compile or host-API errors; the portable kernels still serve)
+        disable(exc)
+        return None
+
+
 def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
     """(out, lse) from the Hopper Gluon forward (gluon_launch.py; plain, causal, windows, softcap, ALiBi, sinks;
@@ -541,26 +558,20 @@ def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, a
     warning) and returns None."""
     from . import gluon_launch
 
-    causal, choice = window_left < 0 and window_right == 0, os.environ.get("FLASHTILE_GLUON")
+    causal = window_left < 0 and window_right == 0
     span = window_left + window_right + 1 if window_left >= 0 and window_right >= 0 else None
     varlen = cu_seqlens_q is not None
-    wanted = gluon_launch.tested_triton() and configs.gluon_fwd_wanted(
-        q.shape[-1], causal, max_seqlen_k if varlen else k.shape[1], span)
-    if choice == "0" or not (choice == "1" or wanted):
-        return None
     features = dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes, sink=sink)
     if varlen:
         features.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                         max_seqlen_k=max_seqlen_k)
-    if not gluon_launch.gluon_supported(q, k, v, **features):
-        return None
-    try:
-        return gluon_launch.gluon_forward(q, k, v, softmax_scale, **features)
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as exc:  # noqa: BLE001  (compile or host-API errors; the portable kernels still serve)
-        gluon_launch.disable(exc)
-        return None
+    return _try_gluon(
+        "FLASHTILE_GLUON",
+        lambda: gluon_launch.tested_triton() and configs.gluon_fwd_wanted(
+            q.shape[-1], causal, max_seqlen_k if varlen else k.shape[1], span),
+        lambda: gluon_launch.gluon_supported(q, k, v, **features),
+        lambda: gluon_launch.gluon_forward(q, k, v, softmax_scale, **features),
+        gluon_launch.disable)
 
 
 def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
@@ -657,19 +668,12 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal):
     launch that fails to build disables it for the process (one warning) and returns None."""
     from . import gluon_bwd_launch, gluon_launch
 
-    choice = os.environ.get("FLASHTILE_GLUON_BWD")
-    wanted = gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, k.shape[1])
-    if choice == "0" or not (choice == "1" or wanted):
-        return None
-    if not gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal=causal):
-        return None
-    try:
-        return gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, softmax_scale, causal, dlse)
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as exc:  # noqa: BLE001  (compile or host-API errors; the portable kernels still serve)
-        gluon_bwd_launch.disable(exc)
-        return None
+    return _try_gluon(
+        "FLASHTILE_GLUON_BWD",
+        lambda: gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, k.shape[1]),
+        lambda: gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal=causal),
+        lambda: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, softmax_scale, causal, dlse),
+        gluon_bwd_launch.disable)
 
 
 def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
