@@ -20,13 +20,22 @@ warpgroup adds dS_w K_w over its own 64 keys: no exchange, twice the atomics.
 Dense (B, S, H, D) tensors as 3-D (B, S, H * D) TMA tensors: a tile past a sequence's end is zero-filled (not
 the next batch's rows), so padded query rows have Q = dO = 0 and lse2 = +inf (P = 0, dS = 0), and padded keys
 K = V = 0 (masked to P = 0 as well; their dK / dV rows are not stored). Causal aligned bottom-right.
+Score features, each a constexpr (off, the plain / causal kernel compiles as it did without them; their runtime
+arguments are None then, so the launch signature is unchanged too), in the order of kernels/common._scores and
+kernels/gluon_fwd._feature_scores, so P is the one the forward's lse belongs to: SOFTCAP (softcap * tanh(score /
+softcap) with tanh.approx.f32, the Gluon forward's; dS gets the chain rule's 1 - t^2), HAS_ALIBI (-slope *
+|i + Sk - Sq - j|, no gradient to the slopes), IS_LOCAL (a window, bottom-right aligned, causal + left window
+included): each key block visits only the query tiles of common._query_range (masked, full, masked segments).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from .common import _tanh
+
 WG_N = gl.constexpr(64)  # keys per consumer warpgroup (the wgmma M of one warpgroup)
+LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
@@ -69,10 +78,14 @@ def _row_vector(bufs, stage, valid, other, layout: gl.constexpr):
 @gluon.jit
 def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset,
-              qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+              qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+              WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
+              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
-    dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm."""
+    dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm.
+    causal_offset is Sk - Sq under IS_CAUSAL, IS_LOCAL or HAS_ALIBI (else 0); the feature scalars are the
+    forward's (gluon_fwd._feature_scores), None when their feature is off."""
     dtype: gl.constexpr = q_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -96,16 +109,37 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
     # Past seqlen_q: lse2 = +inf makes P = 0 (Q and dO are zero-filled there, so dP = 0 and dS = 0).
     lse2 = _row_vector(lse2_bufs, stage, in_seq, float("inf"), col_layout)
-    p = gl.exp2(s * qk_scale - lse2[None, :])  # [WG_N, BLOCK_M]
+    if SOFTCAP or HAS_ALIBI:
+        if SOFTCAP:
+            t = _tanh(s * qk_scale, True)  # [WG_N, BLOCK_M]; qk_scale = softmax_scale / softcap here
+            s = t * softcap_log2
+        else:
+            s = s * qk_scale
+        if HAS_ALIBI:
+            keys_f = (key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))).to(gl.float32)  # [WG_N]
+            rows_f = (cols + causal_offset).to(gl.float32)  # [BLOCK_M] query positions + Sk - Sq
+            s = s - alibi_log2 * gl.abs(rows_f[None, :] - keys_f[:, None])
+        p = gl.exp2(s - lse2[None, :])  # [WG_N, BLOCK_M]
+    else:
+        p = gl.exp2(s * qk_scale - lse2[None, :])  # [WG_N, BLOCK_M]
     if MASKED:
         keys = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))  # [WG_N]
         visible = (keys < seqlen_k)[:, None]
         if IS_CAUSAL:
             visible = visible & (keys[:, None] <= cols[None, :] + causal_offset)
+        if IS_LOCAL:
+            # Query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right.
+            shifted = cols + causal_offset  # [BLOCK_M]
+            visible = visible & (keys[:, None] <= shifted[None, :] + window_right) & (
+                keys[:, None] >= shifted[None, :] - window_left)
         p = gl.where(visible, p, 0.0)
     dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
-    ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
+    if SOFTCAP:
+        # d(softcap * tanh(x / softcap)) / dx = 1 - t^2 (softmax_scale is applied to dK / dQ at the end).
+        ds_lp = (p * (dp - delta[None, :]) * (1.0 - t * t)).to(dtype)  # [WG_N, BLOCK_M] = dS^T
+    else:
+        ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
     p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
     dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
     ds_op = gl.convert_layout(ds_lp, op_layout, assert_trivial=True)
@@ -146,12 +180,14 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
 def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked,
                         n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
-                        stride_dkn, stride_dvn, stride_dqm,
-                        WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                        IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+                        stride_dkn, stride_dvn, stride_dqm, n_full, alibi_ptr, softcap_log2, window_left,
+                        window_right, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
+                        IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
-    the group (the first n_masked of each need the causal / key-end mask); writes those rows of dK and dV.
-    dk_base / dv_base: this (batch, kv head)'s rows of DK / DV; dq_base: the group's first head in DQAccum."""
+    the group (the first n_masked of each need the causal / window / key-end mask, and under IS_LOCAL those
+    from n_full on too); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
+    DK / DV; dq_base: the group's first head in DQAccum; alibi_ptr: the group's first head's slope."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -163,20 +199,36 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     dv = gl.zeros([WG_N, HEAD_DIM], gl.float32, acc_layout)
     DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
     dq_col = WG * DQ_N if DQ_SPLIT_D else 0
+    if IS_LOCAL:
+        full_end = n_full  # [n_masked, n_full) full tiles, [n_full, n_tiles) masked again
+    else:
+        full_end = n_tiles
     mbarrier.wait(kv_bar, 0)
     for g in range(group_size):
         dq_ptr = dq_base + g * HEAD_DIM + dq_col
         it0 = g * n_tiles
+        alibi_log2 = 0.0
+        if HAS_ALIBI:
+            alibi_log2 = gl.load(alibi_ptr + g) * LOG2E  # query head off_hk * group_size + g
         for t in range(0, n_masked):
             dk, dv = _bwd_step(it0 + t, m_lo + t * BLOCK_M, dk, dv, k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs,
                                delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr,
-                               stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                               WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D)
-        for t in range(n_masked, n_tiles):
+                               stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                               alibi_log2, window_left, window_right, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True,
+                               DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+        for t in range(n_masked, full_end):
             dk, dv = _bwd_step(it0 + t, m_lo + t * BLOCK_M, dk, dv, k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs,
                                delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr,
-                               stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                               WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D)
+                               stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                               alibi_log2, window_left, window_right, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False,
+                               DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+        if IS_LOCAL:
+            for t in range(full_end, n_tiles):
+                dk, dv = _bwd_step(it0 + t, m_lo + t * BLOCK_M, dk, dv, k_view, v_view, k_all, q_bufs, do_bufs,
+                                   lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty, ds_ready,
+                                   dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                                   softcap_log2, alibi_log2, window_left, window_right, WG, HEAD_DIM, BLOCK_M, STAGES,
+                                   IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))  # [HEAD_DIM]
     in_seq = (rows < seqlen_k)[:, None]
@@ -189,28 +241,37 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
 def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                          q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                          n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
-                         stride_dkn, stride_dvn, stride_dqm, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                         STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+                         stride_dkn, stride_dvn, stride_dqm, n_full, alibi_ptr, softcap_log2, window_left,
+                         window_right, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                         IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
+                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
-                        stride_dvn, stride_dqm, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D)
+                        stride_dvn, stride_dqm, n_full, alibi_ptr, softcap_log2, window_left, window_right, 1,
+                        HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
 
 
 # Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
-@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "seqlen_q_pad", "heads_q", "heads_kv", "group_size"])
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "seqlen_q_pad", "heads_q", "heads_kv", "group_size",
+                               "stride_alibi_b", "window_left", "window_right"])
 def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, DK, DV, DQAccum,
                           stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
                           seqlen_q, seqlen_k, seqlen_q_pad, heads_q, heads_kv, group_size, qk_scale, softmax_scale,
+                          Alibi, stride_alibi_b, softcap_log2, window_left, window_right,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                           IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
-                          CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                          CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
+                          SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
     DQAccum: zeroed fp32 (B, seqlen_q_pad, Hq, D), row stride stride_dqm, seqlen_q_pad a multiple of BLOCK_M;
-    receives dS K (unscaled). qk_scale = softmax_scale * log2(e). Launch with num_warps=4 and a grid of
-    (cdiv(Sk, 128), B * Hk)."""
+    receives dS K (unscaled). qk_scale = softmax_scale * log2(e) (softmax_scale / softcap under SOFTCAP,
+    softcap_log2 = softcap * log2(e)). Alibi: fp32 slopes read at off_b * stride_alibi_b + query head. IS_LOCAL:
+    window_left / window_right, Sq + Sk for an unbounded side (gluon_launch.mask_mode: causal with a left window
+    is IS_LOCAL with right 0, causal alone IS_CAUSAL). Feature arguments are None when their feature is off.
+    Launch with num_warps=4 and a grid of (cdiv(Sk, 128), B * Hk)."""
     BLOCK_N: gl.constexpr = 2 * WG_N
     start_n = gl.program_id(0) * BLOCK_N
     pid_bh = gl.program_id(1)
@@ -220,19 +281,45 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     # Query tiles [m_lo, m_lo + n_tiles * BLOCK_M) see some key of the block; the first n_masked need a mask
     # (the causal diagonal, or every tile when the block runs past seqlen_k).
     n_q = gl.cdiv(seqlen_q, BLOCK_M)
-    if IS_CAUSAL:
+    n_full = 0  # constexpr placeholders (as are the feature arguments below when off): nothing is captured
+    if IS_LOCAL:
+        # common._query_range: key j is seen by rows j - diag - right <= i <= j - diag + left. Tiles [m_lo,
+        # m_lo + n_masked * BLOCK_M) and [m_lo + n_full * BLOCK_M, hi) need the mask, those between do not.
+        causal_offset = seqlen_k - seqlen_q
+        first_key = start_n - causal_offset
+        last_key = gl.minimum(start_n + BLOCK_N, seqlen_k) - 1 - causal_offset
+        rows_end = n_q * BLOCK_M
+        lo = gl.minimum(gl.maximum(first_key - window_right, 0) // BLOCK_M * BLOCK_M, rows_end)
+        hi = gl.cdiv(gl.maximum(gl.minimum(last_key + window_left + 1, seqlen_q), 0), BLOCK_M) * BLOCK_M
+        hi = gl.maximum(hi, lo)
+        full_lo = gl.cdiv(gl.maximum(last_key - window_right, 0), BLOCK_M) * BLOCK_M
+        full_lo = gl.minimum(gl.maximum(full_lo, lo), hi)
+        full_hi = gl.maximum(gl.minimum(first_key + window_left + 1, seqlen_q), 0) // BLOCK_M * BLOCK_M
+        full_hi = gl.minimum(gl.maximum(full_hi, full_lo), hi)
+        m_lo = lo
+        n_tiles = (hi - lo) // BLOCK_M
+        n_masked = (full_lo - lo) // BLOCK_M
+        n_full = (full_hi - lo) // BLOCK_M
+        if start_n + BLOCK_N > seqlen_k:
+            n_masked = n_tiles
+            n_full = n_tiles
+    elif IS_CAUSAL:
         causal_offset = seqlen_k - seqlen_q  # row r sees keys <= r + causal_offset
         m_lo = gl.maximum(start_n - causal_offset, 0) // BLOCK_M * BLOCK_M
         m_full = gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0), BLOCK_M) * BLOCK_M
         n_tiles = n_q - m_lo // BLOCK_M
         n_masked = gl.minimum(gl.maximum(m_full - m_lo, 0) // BLOCK_M, n_tiles)
     else:
-        causal_offset = 0
+        if HAS_ALIBI:
+            causal_offset = seqlen_k - seqlen_q  # ALiBi's distances are bottom-right aligned too
+        else:
+            causal_offset = 0
         m_lo = 0
         n_tiles = n_q
         n_masked = 0
-    if start_n + BLOCK_N > seqlen_k:
-        n_masked = n_tiles
+    if not IS_LOCAL:
+        if start_n + BLOCK_N > seqlen_k:
+            n_masked = n_tiles
 
     dtype: gl.constexpr = q_desc.dtype
     k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -267,17 +354,28 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     dk_base = DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh
     dv_base = DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh
     dq_base = DQAccum + off_b.to(gl.int64) * seqlen_q_pad * stride_dqm + off_hk * group_size * HEAD_DIM
+    # Features that are off pass constexpr 0 to the partitions (their None arguments cannot be captured).
+    alibi_ptr = 0
+    if HAS_ALIBI:
+        alibi_ptr = Alibi + off_b * stride_alibi_b + off_hk * group_size
+    if not SOFTCAP:
+        softcap_log2 = 0.0
+    if not IS_LOCAL:
+        window_left = 0
+        window_right = 0
     gl.warp_specialize([
         (_consumer_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                               softmax_scale, stride_dkn, stride_dvn, stride_dqm, 0, HEAD_DIM, BLOCK_M, STAGES,
-                               IS_CAUSAL, DQ_SPLIT_D)),
+                               softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_full, alibi_ptr, softcap_log2,
+                               window_left, window_right, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D,
+                               IS_LOCAL, SOFTCAP, HAS_ALIBI)),
         (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                 q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                 n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                                softmax_scale, stride_dkn, stride_dvn, stride_dqm, HEAD_DIM, BLOCK_M, STAGES,
-                                IS_CAUSAL, DQ_SPLIT_D)),
+                                softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_full, alibi_ptr, softcap_log2,
+                                window_left, window_right, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D,
+                                IS_LOCAL, SOFTCAP, HAS_ALIBI)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                            lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
                            off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q,
