@@ -58,14 +58,19 @@ def sass_loop_spills(cubin):
         if m:
             txt = re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip())
             ops.append((txt.split()[0], txt))
-    out = []
+    loops = []
     for i, (op, txt) in enumerate(ops):
         target = re.search(r"(\.L_x_\d+)", txt) if op.startswith("BRA") else None
         if target and labels.get(target.group(1), i + 1) <= i:
             body = [o for o, _ in ops[labels[target.group(1)]:i + 1]]
+            # Out-of-line mbarrier retry stubs after the EXIT branch back into a loop: their span has the EXIT.
+            if "EXIT" in body:
+                continue
             if any(o.startswith("HGMMA") for o in body) and any(o.startswith("MUFU.EX2") for o in body):
-                out.append((len(body), sum(o.startswith(("LDL", "STL")) for o in body)))
-    return out
+                loops.append((labels[target.group(1)], i))
+    # The per-tile loops: the innermost of those (the per-head loops around them contain one).
+    inner = [(a, b) for a, b in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
+    return [(b - a + 1, sum(o.startswith(("LDL", "STL")) for o, _ in ops[a:b + 1])) for a, b in inner]
 
 
 def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2,

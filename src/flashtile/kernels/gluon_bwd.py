@@ -105,8 +105,15 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     dp_tok = warpgroup_mma(v_view, do_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
     in_seq = cols < seqlen_q
-    # wgmma groups retire in order: one outstanding means S^T is done and dP^T may still run.
-    s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
+    if SOFTCAP:
+        # Both first: softcap's 1 - t^2 waits for dP^T in no register of its own (dS^T is made element by element
+        # from S^T and dP^T). Keeping it from S^T's wait to dP^T's, 32 more fp32 (16 packed fp16) registers per
+        # thread spilled inside the D128 tile loop; this warpgroup's tanh and exp2 no longer overlap its dP^T
+        # wgmma (the other warpgroup's GEMMs still run meanwhile).
+        s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))  # [WG_N, BLOCK_M] = S^T, dP^T
+    else:
+        # wgmma groups retire in order: one outstanding means S^T is done and dP^T may still run.
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
     # Past seqlen_q: lse2 = +inf makes P = 0 (Q and dO are zero-filled there, so dP = 0 and dS = 0).
     lse2 = _row_vector(lse2_bufs, stage, in_seq, float("inf"), col_layout)
     if SOFTCAP or HAS_ALIBI:
@@ -133,7 +140,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             visible = visible & (keys[:, None] <= shifted[None, :] + window_right) & (
                 keys[:, None] >= shifted[None, :] - window_left)
         p = gl.where(visible, p, 0.0)
-    dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
+    if not SOFTCAP:
+        dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
     if SOFTCAP:
         # d(softcap * tanh(x / softcap)) / dx = 1 - t^2 (softmax_scale is applied to dK / dQ at the end).
