@@ -37,6 +37,9 @@ FEATURES = {
     "softcap-causal": (True, dict(softcap=30.0)),
     "alibi": (False, dict(alibi_slopes="alibi")),
     "alibi-causal": (True, dict(alibi_slopes="alibi")),
+    "window-softcap": (True, dict(window_size=(256, -1), softcap=30.0)),
+    "window-alibi": (True, dict(window_size=(256, -1), alibi_slopes="alibi")),
+    "softcap-alibi": (False, dict(softcap=30.0, alibi_slopes="alibi")),
     "combo": (True, dict(window_size=(256, -1), softcap=30.0, alibi_slopes="alibi")),
 }
 

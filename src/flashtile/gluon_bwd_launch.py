@@ -1,8 +1,9 @@
 """Host side of the Hopper Gluon backward (kernels/gluon_bwd.py): support check, descriptors, launches.
 
 launch._flash_attn_backward uses it for the dense backward (plain, causal, sliding window, softcap, ALiBi) when
-configs.gluon_bwd_wanted() and gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is supported, =0 never. Importing this
-module never fails: without Gluon's Hopper API, or under the interpreter, gluon_bwd_supported() is False.
+configs.gluon_bwd_wanted() and gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is
+supported, =0 never. Importing this module never fails: without Gluon's Hopper API, or under the interpreter,
+gluon_bwd_supported() is False.
 """
 import functools
 import math
@@ -159,8 +160,9 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     window_size, softcap, alibi_slopes) from its out and lse (B, Hq, Sq) fp32; dlse: the gradient flowing into
     lse (lse's shape) or None. Requires gluon_bwd_supported(q, k, v, out, dout, causal, window_size=...,
     softcap=..., alibi_slopes=...). Softcap's tanh is tanh.approx.f32, as in the Gluon forward and the portable
-    one for fp16/bf16 inputs, so P is recomputed as the forward's lse saw it. Launches: the portable preprocess (delta, lse2), the Gluon
-    dK/dV kernel (dQ by atomics into an fp32 buffer), and the conversion of that buffer to dq."""
+    one for fp16/bf16 inputs, so P is recomputed as the forward's lse saw it. Launches: the portable preprocess
+    (delta, lse2), the Gluon dK/dV kernel (dQ by atomics into an fp32 buffer), and the conversion of that buffer
+    to dq."""
     from . import launch  # the shared preprocess and the NaN-poisoning allocator
 
     if softmax_scale is None:

@@ -41,15 +41,19 @@ LOG2E = gl.constexpr(1.4426950408889634)
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                     lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n, kv_col,
-                    off_h0, m_lo, n_tiles, group_size, heads_q,
-                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    # Q with its lse2 row slice on one barrier, dO with its delta slice on another.
+                    off_h0, m_lo, n_tiles, group_size, heads_q, n_lead, n_masked, n_skip,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_LOCAL: gl.constexpr):
+    # Q with its lse2 row slice on one barrier, dO with its delta slice on another. IS_LOCAL: the consumers take
+    # the masked tiles first (_tile_row), and so does this ring.
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [off_b, start_n, kv_col], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [off_b, start_n, kv_col], kv_bar, v_smem)
     for it in range(group_size * n_tiles):
         g = it // n_tiles
-        row = m_lo + (it - g * n_tiles) * BLOCK_M
+        if IS_LOCAL:
+            row = m_lo + _tile_row(it - g * n_tiles, n_lead, n_masked, n_skip, 2) * BLOCK_M
+        else:
+            row = m_lo + (it - g * n_tiles) * BLOCK_M
         col = (off_h0 + g) * HEAD_DIM
         row_bh = off_b * heads_q + off_h0 + g  # the (B * Hq, Sq_pad) row of lse2 / delta
         stage = it % STAGES
@@ -63,6 +67,29 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_sm
         mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(do_desc, [off_b, row, col], do_ready.index(stage), do_bufs.index(stage))
         tma.async_copy_global_to_shared(delta_desc, [row_bh, row], do_ready.index(stage), delta_bufs.index(stage))
+
+
+@gluon.jit
+def _tile_row(t, n_lead, n_masked, n_skip, SEGMENT: gl.constexpr):
+    """IS_LOCAL: the query tile (from m_lo) of ring position t. The n_masked masked tiles come first (the n_lead
+    before the full ones, then the trailing ones, n_skip full tiles further on), then the full ones: two consumer
+    loops as for causal (a third loop for the trailing tiles spilled inside the D128 tile loops with softcap).
+    SEGMENT: 0 the consumers' masked loop (t < n_masked), 1 their full loop (t >= n_masked), 2 any t (loader)."""
+    if SEGMENT == 1:
+        return t - n_masked + n_lead
+    row = gl.where(t >= n_lead, t + n_skip, t)
+    if SEGMENT == 2:
+        row = gl.where(t >= n_masked, t - n_masked + n_lead, row)
+    return row
+
+
+@gluon.jit
+def _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M: gl.constexpr, IS_LOCAL: gl.constexpr,
+            SEGMENT: gl.constexpr):
+    """First query row of ring position t: m_lo + t * BLOCK_M, or under IS_LOCAL that of _tile_row(t)."""
+    if IS_LOCAL:
+        return m_lo + _tile_row(t, n_lead, n_masked, n_skip, SEGMENT) * BLOCK_M
+    return m_lo + t * BLOCK_M
 
 
 @gluon.jit
@@ -188,13 +215,13 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
 def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked,
                         n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
-                        stride_dkn, stride_dvn, stride_dqm, n_full, alibi_ptr, softcap_log2, window_left,
-                        window_right, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                        stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2,
+                        window_left, window_right, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                         STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
                         IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
-    the group (the first n_masked of each need the causal / window / key-end mask, and under IS_LOCAL those
-    from n_full on too); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
+    the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
+    _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
     DK / DV; dq_base: the group's first head in DQAccum; alibi_ptr: the group's first head's slope."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -207,10 +234,6 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     dv = gl.zeros([WG_N, HEAD_DIM], gl.float32, acc_layout)
     DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
     dq_col = WG * DQ_N if DQ_SPLIT_D else 0
-    if IS_LOCAL:
-        full_end = n_full  # [n_masked, n_full) full tiles, [n_full, n_tiles) masked again
-    else:
-        full_end = n_tiles
     mbarrier.wait(kv_bar, 0)
     for g in range(group_size):
         dq_ptr = dq_base + g * HEAD_DIM + dq_col
@@ -219,24 +242,17 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
         if HAS_ALIBI:
             alibi_log2 = gl.load(alibi_ptr + g) * LOG2E  # query head off_hk * group_size + g
         for t in range(0, n_masked):
-            dk, dv = _bwd_step(it0 + t, m_lo + t * BLOCK_M, dk, dv, k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs,
-                               delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr,
-                               stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
-                               alibi_log2, window_left, window_right, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True,
-                               DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
-        for t in range(n_masked, full_end):
-            dk, dv = _bwd_step(it0 + t, m_lo + t * BLOCK_M, dk, dv, k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs,
-                               delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr,
-                               stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
-                               alibi_log2, window_left, window_right, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False,
-                               DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
-        if IS_LOCAL:
-            for t in range(full_end, n_tiles):
-                dk, dv = _bwd_step(it0 + t, m_lo + t * BLOCK_M, dk, dv, k_view, v_view, k_all, q_bufs, do_bufs,
-                                   lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty, ds_ready,
-                                   dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                                   softcap_log2, alibi_log2, window_left, window_right, WG, HEAD_DIM, BLOCK_M, STAGES,
-                                   IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+            dk, dv = _bwd_step(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv,
+                               k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
+                               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
+                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right, WG,
+                               HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+        for t in range(n_masked, n_tiles):
+            dk, dv = _bwd_step(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv,
+                               k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
+                               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
+                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right, WG,
+                               HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))  # [HEAD_DIM]
     in_seq = (rows < seqlen_k)[:, None]
@@ -249,14 +265,14 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
 def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                          q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                          n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
-                         stride_dkn, stride_dvn, stride_dqm, n_full, alibi_ptr, softcap_log2, window_left,
-                         window_right, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                         stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2,
+                         window_left, window_right, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                          IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
                          SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
-                        stride_dvn, stride_dqm, n_full, alibi_ptr, softcap_log2, window_left, window_right, 1,
+                        stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2, window_left, window_right, 1,
                         HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
 
 
@@ -289,10 +305,13 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     # Query tiles [m_lo, m_lo + n_tiles * BLOCK_M) see some key of the block; the first n_masked need a mask
     # (the causal diagonal, or every tile when the block runs past seqlen_k).
     n_q = gl.cdiv(seqlen_q, BLOCK_M)
-    n_full = 0  # constexpr placeholders (as are the feature arguments below when off): nothing is captured
+    # constexpr placeholders (as are the feature arguments below when off): the plain kernel captures nothing new
+    n_lead = 0
+    n_skip = 0
     if IS_LOCAL:
         # common._query_range: key j is seen by rows j - diag - right <= i <= j - diag + left. Tiles [m_lo,
-        # m_lo + n_masked * BLOCK_M) and [m_lo + n_full * BLOCK_M, hi) need the mask, those between do not.
+        # m_lo + n_lead * BLOCK_M) and [full_hi, hi) need the mask, those between do not; the
+        # n_masked masked ones go first (_tile_row).
         causal_offset = seqlen_k - seqlen_q
         first_key = start_n - causal_offset
         last_key = gl.minimum(start_n + BLOCK_N, seqlen_k) - 1 - causal_offset
@@ -306,11 +325,12 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
         full_hi = gl.minimum(gl.maximum(full_hi, full_lo), hi)
         m_lo = lo
         n_tiles = (hi - lo) // BLOCK_M
-        n_masked = (full_lo - lo) // BLOCK_M
-        n_full = (full_hi - lo) // BLOCK_M
+        n_lead = (full_lo - lo) // BLOCK_M
+        n_skip = (full_hi - full_lo) // BLOCK_M  # the full tiles
         if start_n + BLOCK_N > seqlen_k:
-            n_masked = n_tiles
-            n_full = n_tiles
+            n_lead = n_tiles
+            n_skip = 0
+        n_masked = n_tiles - n_skip
     elif IS_CAUSAL:
         causal_offset = seqlen_k - seqlen_q  # row r sees keys <= r + causal_offset
         m_lo = gl.maximum(start_n - causal_offset, 0) // BLOCK_M * BLOCK_M
@@ -375,17 +395,17 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
         (_consumer_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                               softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_full, alibi_ptr, softcap_log2,
-                               window_left, window_right, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D,
-                               IS_LOCAL, SOFTCAP, HAS_ALIBI)),
+                               softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
+                               softcap_log2, window_left, window_right, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
+                               DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)),
         (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                 q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                 n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                                softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_full, alibi_ptr, softcap_log2,
-                                window_left, window_right, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D,
-                                IS_LOCAL, SOFTCAP, HAS_ALIBI)),
+                                softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
+                                softcap_log2, window_left, window_right, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
+                                DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                            lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
-                           off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q,
-                           HEAD_DIM, BLOCK_M, STAGES)),
+                           off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q, n_lead,
+                           n_masked if IS_LOCAL else 0, n_skip, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
