@@ -11,7 +11,7 @@ the child frees the GPU and the run goes on to report it):
            reference with DESIGN.md's rule (<= 2 x the plain low-precision PyTorch error + rounding floor), the
            portable backward's error alongside; then flash_attn_func with FLASHTILE_GLUON_BWD=1 (the dispatch).
            Variants after the first get a shorter list; a variant runs only at the head dims it covers.
-  features (unless --skip-features; concurrently with correct, one child per head dim) score features in the
+  features (unless --skip-features; concurrently with correct, three children per head dim) score features in the
            default variant: windows (256, 0), (100, 50), (-1, 64), causal + left window, softcap 30 and 5, ALiBi
            (H,) and (B, H), combos, with GQA / MQA, odd lengths, Sq != Sk both ways, batch tails and fp16; the
            forward is flashtile's own with the same features (so lse is the one P is recomputed against),
@@ -247,22 +247,28 @@ def check_feature_dispatch(head_dim):
     return ok
 
 
-def phase_features(head_dim, half):
-    """Half "w" (the window cases) or "s" (softcap, ALiBi, combos and the dispatch) of FEATURE_CASES at head_dim:
-    four children in all, so the compiles of ~20 feature kernels run in parallel."""
+def feature_part(name):
+    """Which child checks a FEATURE_CASES entry: "w" windows, "c" softcap, "a" ALiBi and the combos."""
+    if name.startswith(("alibi", "combo")):
+        return "a"
+    return "c" if name.startswith("softcap") else "w"
+
+
+def phase_features(head_dim, part):
+    """The FEATURE_CASES of one feature_part at head_dim (part "a" also runs the dispatch check): six children in
+    all, so the compiles of the feature kernels (Gluon, portable forward and backward) run in parallel."""
     os.environ["FLASHTILE_POISON_OUTPUTS"] = "1"
     passed = failed = 0
     for case in FEATURE_CASES:
-        window_case = ("win" in case[0] or "left" in case[0]) and not case[0].startswith("combo")
-        if (half == "w") != window_case:
+        if feature_part(case[0]) != part:
             continue
         say(f"INFO d{head_dim} {case[0]} [features] launching")
         ok = guarded(check_feature_case, case, head_dim, what=f"d{head_dim} {case[0]}")
         passed, failed = passed + bool(ok), failed + (not ok)
-    if half == "s":
+    if part == "a":
         ok = guarded(check_feature_dispatch, head_dim, what=f"feature dispatch d{head_dim}")
         passed, failed = passed + bool(ok), failed + (not ok)
-    say(f"INFO features d{head_dim} [{half}]: {passed} passed, {failed} failed")
+    say(f"INFO features d{head_dim} [{part}]: {passed} passed, {failed} failed")
     return failed == 0
 
 
@@ -411,8 +417,8 @@ def main():
         head_dim, causal = args.group.split(":")
         sys.exit(0 if phase_correct(variants, int(head_dim), causal == "1") else 1)
     if args.phase == "features":
-        head_dim, half = args.group.lstrip("f").split(":")
-        sys.exit(0 if phase_features(int(head_dim), half) else 1)
+        head_dim, part = args.group.lstrip("f").split(":")
+        sys.exit(0 if phase_features(int(head_dim), part) else 1)
     if args.phase == "bench-features":
         phase_bench_features()
         return
@@ -428,8 +434,8 @@ def main():
         return
     groups = ["128:0", "128:1", "64:0", "64:1"]
     if not args.skip_features:
-        groups += ["f128:w", "f128:s", "f64:w", "f64:s"]
-    # Plain groups run the correct phase, feature groups (f<head dim>:<half>) the features phase, concurrently.
+        groups += [f"f{d}:{part}" for d in (128, 64) for part in "wca"]
+    # Plain groups run the correct phase, feature groups (f<head dim>:<part>) the features phase, concurrently.
     run_children(__file__, "correct", _argv(args), 180, groups,
                  phase_of=lambda group, phase: "features" if group.startswith("f") else phase)
     if not args.skip_bench:
