@@ -202,9 +202,9 @@ def test_a_failing_gluon_backward_falls_back_once(monkeypatch):
 
 
 @pytest.mark.skipif(not launch.interpreter_active(), reason="calls the launcher on CPU tensors: interpreter only")
-def test_backward_dispatch_only_for_plain_and_causal(monkeypatch):
-    """_flash_attn_backward asks the Gluon path only for dense plain / causal calls on CUDA tensors (CPU here:
-    never), and passes causal = (window_right == 0)."""
+def test_backward_dispatch_only_for_cuda(monkeypatch):
+    """_flash_attn_backward asks the Gluon path only for CUDA tensors (CPU here: never); which dense calls it asks
+    for is test_backward_asks_gluon_for_features_not_for_the_rest's."""
     seen = []
     monkeypatch.setattr(launch, "_gluon_backward", lambda *a, **kw: seen.append(a[-1]) or None)
     q, k, v = make_qkv(1, 16, 16, 2, 2, 64, torch.float32, "cpu", requires_grad=False)
