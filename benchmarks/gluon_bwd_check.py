@@ -1,7 +1,7 @@
 """Check and time the Hopper Gluon backward on the GPU, in one self-diagnosing run (target < 150 s).
 
     PYTHONPATH=src python3 benchmarks/gluon_bwd_check.py [--variants default,stages3,dq-keys,dq-split]
-        [--bench-dims 128,64] [--seqlens 1024,4096,16384] [--skip-bench]
+        [--bench-dims 128,64] [--seqlens 1024,4096,16384] [--skip-bench] [--skip-features] [--bench-features]
 
 Phases, each in child processes with a time limit (a kernel that deadlocks on an mbarrier hangs forever; killing
 the child frees the GPU and the run goes on to report it):
@@ -11,6 +11,14 @@ the child frees the GPU and the run goes on to report it):
            reference with DESIGN.md's rule (<= 2 x the plain low-precision PyTorch error + rounding floor), the
            portable backward's error alongside; then flash_attn_func with FLASHTILE_GLUON_BWD=1 (the dispatch).
            Variants after the first get a shorter list; a variant runs only at the head dims it covers.
+  features (unless --skip-features; concurrently with correct, three children per head dim) score features in the
+           default variant: windows (256, 0), (100, 50), (-1, 64), causal + left window, softcap 30 and 5, ALiBi
+           (H,) and (B, H), combos, with GQA / MQA, odd lengths, Sq != Sk both ways, batch tails and fp16; the
+           forward is flashtile's own with the same features (so lse is the one P is recomputed against),
+           dq / dk / dv NaN-poisoned against the float64 reference with the same features.
+  bench-features (--bench-features) D128 8K B2 H16 bf16: backward time of each feature, Gluon and portable, as
+           ratios to the plain Gluon backward (issue 6: <= 1.10x) and Gluon / portable with the same feature;
+           windows also per unit of work (the fraction of the score matrix the window keeps).
   bench    16K tokens, hidden 2048 (B = 16384 / S, H = 2048 / D), causal both: backward TFLOP/s (2.5 x 4 B H S^2 D,
            halved when causal; median of do_bench) of each Gluon variant (preprocess + dK/dV + dQ conversion, from
            a saved out / lse), the portable backward and SDPA cuDNN's backward, and the ratios.
@@ -69,14 +77,75 @@ def portable_backward(dout, q, k, v, out, lse, scale, causal):
     return launch._flash_attn_backward(dout, q, k, v, out, lse, None, scale, -1, 0 if causal else -1, 0.0, None)[:3]
 
 
-def references(q, k, v, dout, scale, causal):
-    """(dq, dk, dv) in float64 and in plain low-precision PyTorch."""
+def references(q, k, v, dout, scale, causal, **features):
+    """(dq, dk, dv) in float64 and in plain low-precision PyTorch; features: window_size, softcap, alibi_slopes."""
     results = []
     for upcast in (True, False):
         leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-        o = attention_ref(*leaves, causal=causal, softmax_scale=scale, upcast=upcast)
+        o = attention_ref(*leaves, causal=causal, softmax_scale=scale, upcast=upcast, **features)
         results.append(torch.autograd.grad(o, leaves, dout.to(o.dtype)))
     return results
+
+
+def alibi_slopes(heads, batch=None):
+    """The ALiBi paper's geometric slopes 2^(-8 h / H), (H,) or per batch (B, H) (rows slightly perturbed)."""
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=DEVICE)
+    if batch is None:
+        return slopes
+    return torch.stack([slopes * (1.0 + 0.1 * b) for b in range(batch)])
+
+
+def feature_args(spec, batch, heads_q):
+    """flash_attn_func / gluon_backward / attention_ref keywords of a spec: window (left, right), softcap, alibi
+    ('h' for (H,) slopes, 'bh' for (B, H))."""
+    args = dict(window_size=spec.get("window", (-1, -1)), softcap=spec.get("softcap", 0.0))
+    if spec.get("alibi"):
+        args["alibi_slopes"] = alibi_slopes(heads_q, batch if spec["alibi"] == "bh" else None)
+    return args
+
+
+def launcher_window(causal, window_size):
+    """(window_left, window_right) as launch.py takes them: -1 unbounded, causal is right = 0."""
+    left, right = window_size
+    return left, 0 if causal else right
+
+
+def feature_forward(q, k, v, scale, causal, feats):
+    return launch._flash_attn_forward(q, k, v, scale, *launcher_window(causal, feats["window_size"]),
+                                      feats["softcap"], feats.get("alibi_slopes"), None)
+
+
+def feature_portable_backward(dout, q, k, v, out, lse, scale, causal, feats):
+    return launch._flash_attn_backward(dout, q, k, v, out, lse, None, scale,
+                                       *launcher_window(causal, feats["window_size"]), feats["softcap"],
+                                       feats.get("alibi_slopes"))[:3]
+
+
+# (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype, causal, spec)
+FEATURE_CASES = [
+    ("win256,0", 2, 1000, 1000, 4, 2, BF16, False, dict(window=(256, 0))),
+    ("win100,50", 1, 1000, 1000, 4, 4, BF16, False, dict(window=(100, 50))),
+    ("win100,50-gqa-q777-k999", 1, 777, 999, 8, 2, BF16, False, dict(window=(100, 50))),
+    # Sq > Sk: the first 172 rows see no key (lse -inf; the portable forward serves them).
+    ("win100,50-q999-k777", 1, 999, 777, 4, 4, BF16, False, dict(window=(100, 50))),
+    ("win-1,64", 1, 1000, 1000, 4, 4, BF16, False, dict(window=(-1, 64))),
+    ("win16,0-mqa", 1, 1000, 1000, 4, 1, BF16, False, dict(window=(16, 0))),
+    ("causal+left256", 1, 1000, 1000, 4, 2, BF16, True, dict(window=(256, -1))),
+    ("causal+left256-3x1000", 3, 1000, 1000, 4, 2, BF16, True, dict(window=(256, -1))),
+    ("causal+left100-q130-k257", 2, 130, 257, 2, 2, BF16, True, dict(window=(100, -1))),
+    ("softcap30", 2, 1024, 1024, 4, 4, BF16, False, dict(softcap=30.0)),
+    ("softcap5-gqa-1000", 1, 1000, 1000, 4, 2, BF16, False, dict(softcap=5.0)),
+    ("softcap5-causal-q777-k999", 1, 777, 999, 8, 2, BF16, True, dict(softcap=5.0)),
+    ("softcap30-fp16-causal", 1, 1000, 1000, 4, 2, FP16, True, dict(softcap=30.0)),
+    ("alibi-h-gqa-1000", 1, 1000, 1000, 4, 2, BF16, False, dict(alibi="h")),
+    ("alibi-bh-3x1000", 3, 1000, 1000, 4, 2, BF16, False, dict(alibi="bh")),
+    ("alibi-bh-causal-q257-k130", 2, 257, 130, 2, 2, BF16, True, dict(alibi="bh")),
+    ("alibi-h-causal-q777-k999", 1, 777, 999, 8, 2, BF16, True, dict(alibi="h")),
+    ("combo-causal+left300-cap20-alibi-bh", 2, 777, 999, 8, 2, BF16, True,
+     dict(window=(300, -1), softcap=20.0, alibi="bh")),
+    ("combo-win128,64-cap30-alibi-h-fp16", 1, 1000, 1000, 4, 4, FP16, False,
+     dict(window=(128, 64), softcap=30.0, alibi="h")),
+]
 
 
 def check_case(case, head_dim, causal, variant, compare_portable=None):
@@ -116,6 +185,134 @@ def check_case(case, head_dim, causal, variant, compare_portable=None):
             where = f" | {gname} bad rows {len(bad)} of {diff.numel()}, first {bad[:8]}"
     say(f"{'PASS' if ok else 'FAIL'} {label}: err/bound {', '.join(parts)}{where}")
     return ok
+
+
+def check_feature_case(case, head_dim):
+    """One FEATURE_CASES entry in the default variant against the float64 reference with the same features."""
+    name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype, causal, spec = case
+    label = (f"d{head_dim} {'causal' if causal else 'full  '} {name:<36} B{batch} Sq{seqlen_q} Sk{seqlen_k} "
+             f"H{heads_q}/{heads_kv} {str(dtype)[6:]} [features]")
+    q, k, v, dout = make_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype)
+    scale = head_dim ** -0.5
+    feats = feature_args(spec, batch, heads_q)
+    out, lse = feature_forward(q, k, v, scale, causal, feats)
+    if not gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal=causal, **feats):
+        say(f"FAIL {label}: gluon_bwd_supported() is False (UNEXPECTED)")
+        return False
+    grads = gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, scale, causal, **feats)
+    torch.cuda.synchronize()
+    ref64, reflow = references(q, k, v, dout, scale, causal, **feats)
+    port = feature_portable_backward(dout, q, k, v, out, lse, scale, causal, feats)
+    ok, parts, where = True, [], ""
+    for gname, got, r64, rlow, pt in zip(("dq", "dk", "dv"), grads, ref64, reflow, port):
+        n_bad = (~torch.isfinite(got)).sum().item()
+        err, err_low = max_err(got, r64), max_err(rlow, r64)
+        bound = 2 * err_low + max_err(r64.to(dtype), r64) + ABS_FLOOR[dtype]
+        good = not n_bad and err <= bound
+        ok &= good
+        parts.append(f"{gname} {err:.2e}/{bound:.2e} (portable {max_err(pt, r64):.2e})"
+                     f"{f' non-finite {n_bad}' if n_bad else ''}")
+        if not good and not where:
+            diff = (got.double() - r64.double()).abs().nan_to_num(nan=1e9).amax(dim=(0, 2, 3))  # [S]
+            bad = torch.nonzero(diff > bound).flatten().tolist()
+            where = f" | {gname} bad rows {len(bad)} of {diff.numel()}, first {bad[:8]}"
+    say(f"{'PASS' if ok else 'FAIL'} {label}: err/bound {', '.join(parts)}{where}")
+    return ok
+
+
+def check_feature_dispatch(head_dim):
+    """flash_attn_func(window_size=(256, -1), causal=True, softcap=30, alibi) with FLASHTILE_GLUON_BWD=1 routes
+    the backward to the Gluon kernel and matches."""
+    import flashtile
+    q, k, v, dout = make_inputs(2, 1000, 1000, 4, 2, head_dim, BF16)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    feats = feature_args(dict(window=(256, -1), softcap=30.0, alibi="bh"), 2, 4)
+    calls = []
+    original = gluon_bwd_launch.gluon_backward
+    gluon_bwd_launch.gluon_backward = lambda *a, **kw: calls.append(1) or original(*a, **kw)
+    os.environ["FLASHTILE_GLUON_BWD"] = "1"
+    try:
+        grads = torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=True, **feats), (q, k, v), dout)
+    finally:
+        os.environ["FLASHTILE_GLUON_BWD"] = "0"
+        gluon_bwd_launch.gluon_backward = original
+    ref64, reflow = references(q, k, v, dout, head_dim ** -0.5, True, **feats)
+    ok, parts = bool(calls), []
+    for gname, got, r64, rlow in zip(("dq", "dk", "dv"), grads, ref64, reflow):
+        err, bound = max_err(got, r64), 2 * max_err(rlow, r64) + max_err(r64.to(BF16), r64) + ABS_FLOOR[BF16]
+        ok &= bool(torch.isfinite(got).all().item()) and err <= bound
+        parts.append(f"{gname} {err:.2e}/{bound:.2e}")
+    say(f"{'PASS' if ok else 'FAIL'} d{head_dim} causal flash_attn_func dispatch, window + softcap + ALiBi "
+        f"(FLASHTILE_GLUON_BWD=1, gluon called: {bool(calls)}): {', '.join(parts)}")
+    return ok
+
+
+def feature_part(name):
+    """Which child checks a FEATURE_CASES entry: "w" windows, "c" softcap, "a" ALiBi and the combos."""
+    if name.startswith(("alibi", "combo")):
+        return "a"
+    return "c" if name.startswith("softcap") else "w"
+
+
+def phase_features(head_dim, part):
+    """The FEATURE_CASES of one feature_part at head_dim (part "a" also runs the dispatch check): six children in
+    all, so the compiles of the feature kernels (Gluon, portable forward and backward) run in parallel."""
+    os.environ["FLASHTILE_POISON_OUTPUTS"] = "1"
+    passed = failed = 0
+    for case in FEATURE_CASES:
+        if feature_part(case[0]) != part:
+            continue
+        say(f"INFO d{head_dim} {case[0]} [features] launching")
+        ok = guarded(check_feature_case, case, head_dim, what=f"d{head_dim} {case[0]}")
+        passed, failed = passed + bool(ok), failed + (not ok)
+    if part == "a":
+        ok = guarded(check_feature_dispatch, head_dim, what=f"feature dispatch d{head_dim}")
+        passed, failed = passed + bool(ok), failed + (not ok)
+    say(f"INFO features d{head_dim} [{part}]: {passed} passed, {failed} failed")
+    return failed == 0
+
+
+def phase_bench_features():
+    """D128, 8K, B 2, H 16, bf16: each feature's backward (preprocess + kernels, from a saved out / lse of the
+    same features), Gluon and portable, as ratios to the plain Gluon backward (issue 6: <= 1.10x plain) and
+    Gluon / portable; windows per unit of work too (time ratio / the fraction of the score matrix kept)."""
+    os.environ.pop("FLASHTILE_POISON_OUTPUTS", None)
+    batch, seqlen, heads, head_dim = 2, 8192, 16, 128
+    q, k, v, dout = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, BF16)
+    scale = head_dim ** -0.5
+    full = seqlen * seqlen
+
+    def window_work(left):  # visible (row, key) pairs of a bottom-right window (left, 0) over a square matrix
+        return sum(min(i, left) + 1 for i in range(seqlen)) / full
+
+    rows = [("plain", False, {}, 1.0), ("causal", True, {}, window_work(seqlen)),
+            ("softcap30", False, dict(softcap=30.0), 1.0),
+            ("causal+softcap30", True, dict(softcap=30.0), window_work(seqlen)),
+            ("alibi", False, dict(alibi="h"), 1.0), ("causal+alibi", True, dict(alibi="h"), window_work(seqlen))]
+    rows += [(f"win{w},0", False, dict(window=(w, 0)), window_work(w)) for w in (256, 1024, 4096)]
+    rows += [("win1024+cap+alibi", False, dict(window=(1024, 0), softcap=30.0, alibi="h"), window_work(1024))]
+    base = {}
+    for name, causal, spec, work in rows:
+        feats = feature_args(spec, batch, heads)
+        out, lse = feature_forward(q, k, v, scale, causal, feats)
+        times = {}
+        for provider, fn in (
+                ("gluon", lambda: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, scale, causal, **feats)),
+                ("triton", lambda: feature_portable_backward(dout, q, k, v, out, lse, scale, causal, feats))):
+            try:
+                times[provider] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+            except Exception as exc:  # noqa: BLE001
+                say(f"ERROR time bwd-feat {name} {provider}: {type(exc).__name__}: {exc}")
+        g, t = times.get("gluon", float("nan")), times.get("triton", float("nan"))
+        if not spec:
+            base[causal] = g
+        plain = base.get(False, float("nan"))
+        same_mask = base.get(causal, float("nan")) if "window" not in spec else plain
+        rel = g / plain
+        say(f"TIME bwd-feat d128 S{seqlen} B{batch} H{heads} {name:<18} gluon {g:8.3f} ms  triton {t:8.3f} ms  "
+            f"gluon/triton {g / t:.2f}  gluon/plain-gluon {rel:.2f}x  triton/plain-gluon {t / plain:.2f}x  "
+            f"gluon/same-mask-gluon {g / same_mask:.2f}x  work {work:.3f}  per-work {rel / work:.2f}x"
+            f"{'  OVER 1.10' if rel / work > 1.10 else ''}")
 
 
 def check_dispatch(head_dim, causal):
@@ -192,9 +389,12 @@ def phase_bench(variants, seqlens, head_dims):
         time_providers(providers, 2.5 * tflop, shape_label(head_dim, causal, seqlen, batch, heads), no_grad=False)
 
 
+def _argv(args):
+    return ["--variants", args.variants, "--seqlens", args.seqlens, "--bench-dims", args.bench_dims]
+
+
 def _children(phase, args, timeout, groups=(None, )):
-    argv = ["--variants", args.variants, "--seqlens", args.seqlens, "--bench-dims", args.bench_dims]
-    return run_children(__file__, phase, argv, timeout, groups)
+    return run_children(__file__, phase, _argv(args), timeout, groups)
 
 
 def main():
@@ -203,9 +403,12 @@ def main():
                         help=f"comma list of {sorted(gluon_bwd_launch.VARIANTS)} (each runs where it has a config)")
     parser.add_argument("--seqlens", default="1024,4096,16384", help="bench sequence lengths")
     parser.add_argument("--bench-dims", default="128,64", help="bench head dims")
-    parser.add_argument("--phase", default="all", choices=["all", "smoke", "correct", "bench"])
+    parser.add_argument("--phase", default="all",
+                        choices=["all", "smoke", "correct", "features", "bench", "bench-features"])
     parser.add_argument("--group", default="", help="correct phase: HEAD_DIM:CAUSAL, e.g. 128:1")
     parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--skip-features", action="store_true", help="no feature correctness phase")
+    parser.add_argument("--bench-features", action="store_true", help="time the features at D128 8K (~30 s)")
     args = parser.parse_args()
     variants = args.variants.split(",")
     if args.phase == "smoke":
@@ -213,6 +416,12 @@ def main():
     if args.phase == "correct":
         head_dim, causal = args.group.split(":")
         sys.exit(0 if phase_correct(variants, int(head_dim), causal == "1") else 1)
+    if args.phase == "features":
+        head_dim, part = args.group.lstrip("f").split(":")
+        sys.exit(0 if phase_features(int(head_dim), part) else 1)
+    if args.phase == "bench-features":
+        phase_bench_features()
+        return
     if args.phase == "bench":
         phase_bench(variants, [int(s) for s in args.seqlens.split(",")], [int(d) for d in args.bench_dims.split(",")])
         return
@@ -223,9 +432,16 @@ def main():
     if not _children("smoke", args, 90):
         say("FAIL smoke failed: skipping the remaining phases")
         return
-    _children("correct", args, 150, groups=["128:0", "128:1", "64:0", "64:1"])
+    groups = ["128:0", "128:1", "64:0", "64:1"]
+    if not args.skip_features:
+        groups += [f"f{d}:{part}" for d in (128, 64) for part in "wca"]
+    # Plain groups run the correct phase, feature groups (f<head dim>:<part>) the features phase, concurrently.
+    run_children(__file__, "correct", _argv(args), 180, groups,
+                 phase_of=lambda group, phase: "features" if group.startswith("f") else phase)
     if not args.skip_bench:
         _children("bench", args, 200)
+    if args.bench_features:
+        _children("bench-features", args, 150)
     say(f"INFO total {time.time() - start:.1f} s")
 
 

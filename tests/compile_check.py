@@ -42,7 +42,7 @@ def kernel_signature(kernel, args, constexprs):
     values = dict(zip(names, args), **constexprs)
     for i, name in enumerate(names):
         value = values[name]
-        if name in constexprs:
+        if name in constexprs or value is None:  # the JIT makes a None argument a constexpr None
             sig[name] = "constexpr"
             consts[(i,)] = value
         elif isinstance(value, torch.Tensor):

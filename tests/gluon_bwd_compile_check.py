@@ -1,14 +1,20 @@
 """Compile the Hopper Gluon backward (kernels/gluon_bwd.py) ahead of time for sm90 and report what it became.
 
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_bwd_compile_check.py [--variants all]
-        [--head-dims 64,128] [--dump DIR]
-Per case (head dim x causal x variant): registers / spills from ptxas -v, shared memory, PTX instruction counts
-(wgmma, TMA, mbarriers, atomics) and ptxas warnings (C7515 "wgmma serialized" must not appear). Exits 1 if a
-case fails to compile, spills or serializes its wgmmas.
+        [--head-dims 64,128] [--features all] [--dump DIR]
+Per case (head dim x mask / feature x variant): registers / spills from ptxas -v, shared memory, PTX instruction
+counts (wgmma, TMA, mbarriers, atomics), ptxas warnings (C7515 "wgmma serialized" must not appear) and the
+spill loads / stores (LDL / STL) inside the per-tile loops' SASS (loops with HGMMA and MUFU.EX2). Feature cases
+(--features; window, softcap, ALiBi, combos) compile the default variant only. Exits 1 if a case fails to
+compile, spills inside a per-tile loop or serializes its wgmmas (spills in the per-head prologue / epilogue
+are reported, as the plain kernel has them).
 """
 import argparse
+import os
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -21,58 +27,126 @@ from flashtile import gluon_bwd_launch
 
 PATTERNS = {**PTX_PATTERNS, "atom.add": r"(?:atom|red)\.global[\w.]*\.add"}
 
+# Score features (dkdv_launch_args keywords) with the causal flag they compile with; "alibi" is a placeholder
+# for a (B, Hq) slopes tensor. Window cases replace the causal mask (causal + left window is IS_LOCAL).
+FEATURES = {
+    "window": (False, dict(window_size=(256, 0))),
+    "window2": (False, dict(window_size=(100, 50))),
+    "causal-left": (True, dict(window_size=(256, -1))),
+    "softcap": (False, dict(softcap=30.0)),
+    "softcap-causal": (True, dict(softcap=30.0)),
+    "alibi": (False, dict(alibi_slopes="alibi")),
+    "alibi-causal": (True, dict(alibi_slopes="alibi")),
+    "window-softcap": (True, dict(window_size=(256, -1), softcap=30.0)),
+    "window-alibi": (True, dict(window_size=(256, -1), alibi_slopes="alibi")),
+    "softcap-alibi": (False, dict(softcap=30.0, alibi_slopes="alibi")),
+    "combo": (True, dict(window_size=(256, -1), softcap=30.0, alibi_slopes="alibi")),
+}
 
-def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2):
+
+def sass_loop_spills(cubin):
+    """[(instructions, LDL + STL)] of each per-tile loop (a backward branch over HGMMA and MUFU.EX2) in cubin."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    text = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    labels, ops = {}, []
+    for line in text.splitlines():
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(ops)
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?);", line)
+        if m:
+            txt = re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip())
+            ops.append((txt.split()[0], txt))
+    loops = []
+    for i, (op, txt) in enumerate(ops):
+        target = re.search(r"(\.L_x_\d+)", txt) if op.startswith("BRA") else None
+        if target and labels.get(target.group(1), i + 1) <= i:
+            body = [o for o, _ in ops[labels[target.group(1)]:i + 1]]
+            # Out-of-line mbarrier retry stubs after the EXIT branch back into a loop: their span has the EXIT.
+            if "EXIT" in body:
+                continue
+            if any(o.startswith("HGMMA") for o in body) and any(o.startswith("MUFU.EX2") for o in body):
+                loops.append((labels[target.group(1)], i))
+    # The per-tile loops: the innermost of those (the per-head loops around them contain one).
+    inner = [(a, b) for a, b in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
+    return [(b - a + 1, sum(o.startswith(("LDL", "STL")) for o, _ in ops[a:b + 1])) for a, b in inner]
+
+
+def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2,
+                 **features):
     from triton.experimental.gluon._runtime import GluonASTSource
     q = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16)
     k = torch.empty(batch, seqlen_k, heads_kv, head_dim, dtype=torch.bfloat16)
     seqlen_q_pad = -(-seqlen_q // config.block_m) * config.block_m
     rows = torch.empty(batch, heads_q, seqlen_q_pad)
     dq_accum = torch.empty(batch, seqlen_q_pad, heads_q, head_dim)
+    if features.get("alibi_slopes") is not None:
+        features = dict(features, alibi_slopes=torch.empty(batch, heads_q))
     kernel = gluon_bwd_launch._attn_bwd_dkdv_hopper
     _, args, constexprs, options = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, dq_accum, 0.1,
-                                                                     causal, config)
+                                                                     causal, config, **features)
     sig, consts, attrs = kernel_signature(kernel, args, constexprs)
     src = GluonASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def report_case(name, compiled, dump_dir):
+    """Print one case's line; True when it is bad (spills inside a per-tile loop, or serialized wgmmas)."""
+    ptx = compiled.asm["ptx"]
+    report = ptxas_report(ptx)
+    regs = re.findall(r"Used (\d+) registers", report)
+    spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
+    warns = [line.strip() for line in report.splitlines()
+             if "warning" in line.lower() or "performance loss" in line.lower()]
+    counts = "  ".join(f"{key} {len(re.findall(pat, ptx))}" for key, pat in PATTERNS.items())
+    loops = sass_loop_spills(compiled.asm["cubin"])
+    loop_spills = sum(n for _, n in loops)
+    print(f"{name}: smem {compiled.metadata.shared} B  regs {','.join(regs)}  spill stores "
+          f"{','.join(map(str, spills))} B  tile loops {len(loops)} (SASS {'/'.join(str(n) for n, _ in loops)}, "
+          f"LDL+STL {loop_spills})  | {counts}")
+    for line in warns:
+        print(f"    ptxas: {line}")
+    if dump_dir:
+        dump(dump_dir, name, compiled, report)
+    return loop_spills > 0 or any("C7515" in w or "serializ" in w for w in warns)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default="all", help=f"comma list of {sorted(gluon_bwd_launch.VARIANTS)} or all")
     parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--features", default="all", help=f"comma list of {sorted(FEATURES)}, all or none")
     parser.add_argument("--dump", default="", help="write each case's ttgir / ptx / ptxas report here")
     args = parser.parse_args()
     print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
     variants = list(gluon_bwd_launch.VARIANTS) if args.variants == "all" else args.variants.split(",")
-    bad = 0
+    features = (list(FEATURES) if args.features == "all" else [] if args.features == "none"
+                else args.features.split(","))
+    cases = []
     for variant in variants:
         for head_dim in map(int, args.head_dims.split(",")):
             config = gluon_bwd_launch.VARIANTS[variant].get(head_dim)
-            if config is None:
-                continue
-            for causal in (False, True):
-                name = f"d{head_dim}-{'causal' if causal else 'full'}-{variant}"
-                try:
-                    compiled = compile_case(head_dim, causal, config)
-                except Exception as exc:  # noqa: BLE001
-                    bad += 1
-                    print(f"{name}: FAILED to compile: {type(exc).__name__}: {str(exc)[:2000]}")
-                    continue
-                ptx = compiled.asm["ptx"]
-                report = ptxas_report(ptx)
-                regs = re.findall(r"Used (\d+) registers", report)
-                spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
-                warns = [line.strip() for line in report.splitlines()
-                         if "warning" in line.lower() or "performance loss" in line.lower()]
-                counts = "  ".join(f"{key} {len(re.findall(pat, ptx))}" for key, pat in PATTERNS.items())
-                print(f"{name}: smem {compiled.metadata.shared} B  regs {','.join(regs)}  spill stores "
-                      f"{','.join(map(str, spills))} B  | {counts}")
-                for line in warns:
-                    print(f"    ptxas: {line}")
-                bad += any(spills) or any("C7515" in w or "serializ" in w for w in warns)
-                if args.dump:
-                    dump(args.dump, name, compiled, report)
+            if config is not None:
+                cases += [(f"d{head_dim}-{'causal' if c else 'full'}-{variant}", head_dim, c, config, {})
+                          for c in (False, True)]
+    for feature in features:
+        causal, kwargs = FEATURES[feature]
+        for head_dim in map(int, args.head_dims.split(",")):
+            cases.append((f"d{head_dim}-{feature}-default", head_dim, causal,
+                          gluon_bwd_launch.VARIANTS["default"][head_dim], kwargs))
+    bad = 0
+    for name, head_dim, causal, config, kwargs in cases:
+        try:
+            compiled = compile_case(head_dim, causal, config, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            bad += 1
+            print(f"{name}: FAILED to compile: {type(exc).__name__}: {str(exc)[:2000]}")
+            continue
+        bad += report_case(name, compiled, args.dump)
     sys.exit(1 if bad else 0)
 
 

@@ -38,12 +38,102 @@ def test_supports_plain_causal_gqa_and_tails():
 
 
 @pytest.mark.usefixtures("pretend_hopper")
+def test_supports_windows_softcap_alibi():
+    """Sliding windows (causal + left window too), softcap and ALiBi slopes fp32 (Hq,) or (B, Hq), alone and
+    together, with GQA and tails."""
+    q, k, v = make_qkv(2, 1000, 777, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
+    for kw in (dict(window_size=(256, 0)), dict(window_size=(100, 50)), dict(window_size=(-1, 64)),
+               dict(causal=True, window_size=(256, -1)), dict(softcap=30.0), dict(softcap=5.0, causal=True),
+               dict(alibi_slopes=torch.rand(4)), dict(alibi_slopes=torch.rand(2, 4)),
+               dict(window_size=(256, 0), softcap=30.0, alibi_slopes=torch.rand(2, 4))):
+        assert _supported(q, k, v, **kw), kw
+
+
+@pytest.mark.usefixtures("pretend_hopper")
+def test_refuses_bad_feature_arguments():
+    q, k, v = make_qkv(2, 256, 256, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
+    assert not _supported(q, k, v, softcap=-1.0)
+    assert not _supported(q, k, v, alibi_slopes=torch.ones(4, dtype=torch.float16))  # fp32 only
+    assert not _supported(q, k, v, alibi_slopes=torch.ones(2))  # Hq slopes per batch
+    assert not _supported(q, k, v, alibi_slopes=torch.ones(3, 4))  # batch 2
+    assert not _supported(q, k, v, alibi_slopes=[1.0] * 4)
+
+
+def test_dkdv_launch_args_leave_plain_and_causal_alone():
+    """Features off: their kernel arguments are None (constexpr in the JIT: the plain / causal launch compiles to
+    the kernel it did) and their constexprs False; on: the forward's scalars (gluon_launch.gluon_launch_args)."""
+    if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
+        pytest.skip("no Gluon Hopper API in this triton")
+    q = torch.empty(2, 300, 4, 128, dtype=torch.bfloat16)
+    k = torch.empty(2, 500, 2, 128, dtype=torch.bfloat16)
+    config = gluon_bwd_launch.VARIANTS["default"][128]
+    rows, acc = torch.empty(2, 4, 320), torch.empty(2, 320, 4, 128)
+
+    def launch_args(causal, **kw):
+        _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, causal,
+                                                                   config, **kw)
+        return args[-5:], constexprs
+
+    for causal in (False, True):
+        tail, constexprs = launch_args(causal)
+        assert tail == (None,) * 5 and constexprs["IS_CAUSAL"] == causal
+        assert not (constexprs["IS_LOCAL"] or constexprs["SOFTCAP"] or constexprs["HAS_ALIBI"])
+    tail, constexprs = launch_args(True, window_size=(256, -1))  # causal + left window: the window (256, 0)
+    assert tail[3:] == (256, 0) and constexprs["IS_LOCAL"] and not constexprs["IS_CAUSAL"]
+    tail, constexprs = launch_args(False, window_size=(-1, 64))
+    assert tail[3:] == (800, 64) and constexprs["IS_LOCAL"]  # unbounded side: Sq + Sk
+    tail, constexprs = launch_args(False, window_size=(-1, 0))  # the plain causal kernel
+    assert tail == (None,) * 5 and constexprs["IS_CAUSAL"] and not constexprs["IS_LOCAL"]
+    slopes = torch.rand(2, 4)
+    (alibi, stride_b, softcap_log2, _, _), constexprs = launch_args(False, softcap=30.0, alibi_slopes=slopes)
+    assert torch.equal(alibi, slopes) and stride_b == 4 and constexprs["SOFTCAP"] and constexprs["HAS_ALIBI"]
+    assert softcap_log2 == pytest.approx(30.0 * 1.4426950408889634)
+    _, args, _, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, False, config,
+                                                      softcap=30.0)
+    assert args[-7] == pytest.approx(0.125 / 30.0)  # qk_scale = softmax_scale / softcap, as the forward's
+
+
+def test_backward_asks_gluon_for_features_not_for_the_rest():
+    """_flash_attn_backward's gate: windows, softcap and ALiBi reach _gluon_backward (which may refuse); varlen,
+    bias, dropout, mods and deterministic never do."""
+    ok = launch._gluon_bwd_candidate
+    assert ok(None, None, False, 0.0, None, False)
+    assert not ok(torch.zeros(2, dtype=torch.int32), None, False, 0.0, None, False)
+    assert not ok(None, torch.zeros(1), False, 0.0, None, False)
+    assert not ok(None, None, True, 0.0, None, False)
+    assert not ok(None, None, False, 0.1, None, False)
+    assert not ok(None, None, False, 0.0, object(), False)
+    assert not ok(None, None, False, 0.0, None, True)
+
+
+def test_gluon_backward_forwards_features(monkeypatch):
+    """launch._gluon_backward hands window_size / softcap / alibi_slopes to the support check and the launcher,
+    and a window whose right side is 0 takes the causal key threshold."""
+    q = torch.randn(1, 2048, 2, 128)
+    slopes = torch.rand(2)
+    seen = []
+    monkeypatch.setattr(gluon_bwd_launch, "gluon_bwd_supported", lambda *a, **kw: seen.append(("s", kw)) or True)
+    monkeypatch.setattr(gluon_bwd_launch, "gluon_backward", lambda *a, **kw: seen.append(("g", a[7], kw)) or "grads")
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    got = launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(256, 0), softcap=30.0,
+                                 alibi_slopes=slopes)
+    assert got == "grads"
+    features = dict(window_size=(256, 0), softcap=30.0, alibi_slopes=slopes)
+    assert seen == [("s", dict(causal=True, **features)), ("g", True, features)]
+    from flashtile import gluon_launch
+
+    wanted = []
+    monkeypatch.delenv("FLASHTILE_GLUON_BWD")
+    monkeypatch.setattr(gluon_launch, "tested_triton", lambda: True)
+    monkeypatch.setattr(configs, "gluon_bwd_wanted", lambda d, causal, sk: wanted.append(causal) or False)
+    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(256, 0)) is None
+    assert wanted == [True]
+
+
+@pytest.mark.usefixtures("pretend_hopper")
 def test_refuses_what_it_cannot_do():
     q, k, v = make_qkv(1, 256, 256, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
     assert not _supported(q, k, v, dropout_p=0.1)
-    assert not _supported(q, k, v, window_size=(64, 0))
-    assert not _supported(q, k, v, softcap=30.0)
-    assert not _supported(q, k, v, alibi_slopes=torch.ones(4))
     assert not _supported(q, k, v, attn_bias=torch.zeros(1, 4, 256, 256))
     assert not _supported(q, k, v, score_mod=lambda s: s)
     for head_dim in (96, 256):
@@ -112,11 +202,11 @@ def test_a_failing_gluon_backward_falls_back_once(monkeypatch):
 
 
 @pytest.mark.skipif(not launch.interpreter_active(), reason="calls the launcher on CPU tensors: interpreter only")
-def test_backward_dispatch_only_for_plain_and_causal(monkeypatch):
-    """_flash_attn_backward asks the Gluon path only for dense plain / causal calls on CUDA tensors (CPU here:
-    never), and passes causal = (window_right == 0)."""
+def test_backward_dispatch_only_for_cuda(monkeypatch):
+    """_flash_attn_backward asks the Gluon path only for CUDA tensors (CPU here: never); which dense calls it asks
+    for is test_backward_asks_gluon_for_features_not_for_the_rest's."""
     seen = []
-    monkeypatch.setattr(launch, "_gluon_backward", lambda *a: seen.append(a[-1]) or None)
+    monkeypatch.setattr(launch, "_gluon_backward", lambda *a, **kw: seen.append(a[-1]) or None)
     q, k, v = make_qkv(1, 16, 16, 2, 2, 64, torch.float32, "cpu", requires_grad=False)
     out, lse = launch._flash_attn_forward(q, k, v, 0.125, -1, -1, 0.0, None, None)
     launch._flash_attn_backward(torch.ones_like(out), q, k, v, out, lse, None, 0.125, -1, -1, 0.0, None)
@@ -168,5 +258,49 @@ def test_matches_reference(monkeypatch, shape, head_dim, causal):
     grads = torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
     assert calls
     ref64, reflow = references(q, k, v, dout, causal)
+    for name, got, r64, rlow in zip(("dq", "dk", "dv"), grads, ref64[1:], reflow[1:]):
+        assert_close_rule(name, got, r64, rlow, dtype)
+
+
+# Score features against the float64 reference with the same features: (name, causal, flash_attn_func keywords;
+# "alibi-h" / "alibi-bh" stand for (Hq,) / (B, Hq) slopes).
+FEATURES = [("window-256-0", False, dict(window_size=(256, 0))), ("window-100-50", False, dict(window_size=(100, 50))),
+            ("causal-left-200", True, dict(window_size=(200, -1))), ("softcap-30", False, dict(softcap=30.0)),
+            ("softcap-5-causal", True, dict(softcap=5.0)), ("alibi-h", False, dict(alibi_slopes="h")),
+            ("alibi-bh-causal", True, dict(alibi_slopes="bh")),
+            ("combo", True, dict(window_size=(300, -1), softcap=20.0, alibi_slopes="bh"))]
+FEATURE_SHAPES = [(2, 1000, 1000, 4, 2, torch.bfloat16), (1, 777, 999, 8, 1, torch.bfloat16),
+                  (1, 999, 777, 4, 4, torch.float16)]
+
+
+def _alibi(kind, batch, heads):
+    if kind is None:
+        return None
+    shape = (heads, ) if kind == "h" else (batch, heads)
+    return (torch.rand(shape, generator=torch.Generator().manual_seed(2)) * 0.1).cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("feature", FEATURES, ids=[f[0] for f in FEATURES])
+@pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
+                                                       for b, sq, sk, hq, hk, dt in FEATURE_SHAPES])
+def test_features_match_reference(monkeypatch, shape, feature, head_dim):
+    """FLASHTILE_GLUON_BWD=1: gradients with windows / softcap / ALiBi from the Gluon backward (after flashtile's
+    own forward, so lse is the one the kernel recomputes P against) against the float64 reference."""
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    calls = []
+    original = gluon_bwd_launch.gluon_backward
+    monkeypatch.setattr(gluon_bwd_launch, "gluon_backward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    _, causal, kw = feature
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
+    kw = dict(kw, alibi_slopes=_alibi(kw.get("alibi_slopes"), batch, heads_q))
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device="cuda")
+    grads = torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=causal, **kw), (q, k, v), dout)
+    assert calls
+    ref64, reflow = references(q, k, v, dout, causal, **kw)
     for name, got, r64, rlow in zip(("dq", "dk", "dv"), grads, ref64[1:], reflow[1:]):
         assert_close_rule(name, got, r64, rlow, dtype)

@@ -94,7 +94,8 @@ GLUON_FWD_MIN_WINDOW = 1024
 # on: (head dim, causal) -> least seqlen_k; FLASHTILE_GLUON_BWD=1 takes it wherever it is supported. Session 6
 # (benchmarks/results/gluon-bwd-h200-2026-11-29-s6, 16K tokens, 1K / 4K / 16K): D128 1.14 / 1.14 / 1.20x the
 # portable backward, causal 1.10 / 1.18 / 1.21x (0.78-0.82x cuDNN); D64 0.80-0.90x the portable one, so not
-# used. Below 1K keys unmeasured.
+# used. Below 1K keys unmeasured. Windows, softcap and ALiBi use the same thresholds (launch._gluon_backward:
+# causal = a window whose right side is 0): unmeasured on the GPU yet, see gluon_bwd_check.py --bench-features.
 GLUON_BWD_MIN_KEYS = {(128, False): 1024, (128, True): 1024}
 
 

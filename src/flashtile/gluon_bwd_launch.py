@@ -1,8 +1,9 @@
 """Host side of the Hopper Gluon backward (kernels/gluon_bwd.py): support check, descriptors, launches.
 
-launch._flash_attn_backward uses it for the dense plain / causal backward when configs.gluon_bwd_wanted() and
-gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is supported, =0 never. Importing this
-module never fails: without Gluon's Hopper API, or under the interpreter, gluon_bwd_supported() is False.
+launch._flash_attn_backward uses it for the dense backward (plain, causal, sliding window, softcap, ALiBi) when
+configs.gluon_bwd_wanted() and gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is
+supported, =0 never. Importing this module never fails: without Gluon's Hopper API, or under the interpreter,
+gluon_bwd_supported() is False.
 """
 import functools
 import math
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .gluon_launch import LOG2E, _supported_device, shared_layout
+from .gluon_launch import LOG2E, _supported_device, mask_mode, shared_layout
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -73,17 +74,16 @@ def _tma_3d_ok(t):
 
 def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0,
                         alibi_slopes=None, attn_bias=None, **other_features):
-    """True when the Gluon backward can compute the gradients of flash_attn_func(q, k, v, causal=causal): CUDA
-    sm90, no interpreter, fp16/bf16 dense (B, S, H, D), head_dim 64 or 128, heads_q % heads_kv == 0,
-    TMA-compatible strides of q, k, v, dout; no dropout, window, softcap, ALiBi, bias, varlen or mods."""
+    """True when the Gluon backward can compute the gradients of flash_attn_func(q, k, v, causal=causal,
+    window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes): CUDA sm90, no interpreter, fp16/bf16
+    dense (B, S, H, D), head_dim 64 or 128, heads_q % heads_kv == 0, TMA-compatible strides of q, k, v, dout,
+    ALiBi slopes fp32 (Hq,) or (B, Hq) on q's device; no dropout, bias, varlen or mods."""
     if (_attn_bwd_dkdv_hopper is None or _disabled is not None
             or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
         return False
     if any(v_ not in (None, False, 0, 0.0) for v_ in other_features.values()):
         return False
-    if dropout_p or attn_bias is not None or softcap or alibi_slopes is not None:
-        return False
-    if tuple(window_size) != (-1, -1):
+    if dropout_p or attn_bias is not None or not softcap >= 0:
         return False
     tensors = (q, k, v, out, dout)
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors) or not _supported_device(*tensors):
@@ -97,6 +97,10 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     if out.shape != q.shape or dout.shape != q.shape:
         return False
     if heads_kv == 0 or heads_q % heads_kv or seqlen_q == 0 or seqlen_k == 0 or batch == 0:
+        return False
+    if alibi_slopes is not None and not (
+            isinstance(alibi_slopes, torch.Tensor) and alibi_slopes.device == q.device
+            and alibi_slopes.dtype == torch.float32 and tuple(alibi_slopes.shape) in ((heads_q, ), (batch, heads_q))):
         return False
     if max(seqlen_q, seqlen_k) + BLOCK_N >= 2**31 or batch * heads_q * seqlen_q * head_dim >= 2**31:
         return False  # int32 TMA coordinates and row offsets
@@ -121,29 +125,44 @@ def _row_descriptor(rows, block_m):
     return _GluonDescriptor(flat, list(flat.shape), [flat.stride(0), 1], [1, block_m], _row_layout())
 
 
-def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config):
+def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config,
+                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     """(grid, args, constexprs, launch options) of the dK/dV kernel; shared with the offline compile check.
-    lse2, delta: (B, Hq, Sq_pad) fp32; dq_accum: (B, Sq_pad, Hq, D) fp32, Sq_pad a multiple of config.block_m."""
+    lse2, delta: (B, Hq, Sq_pad) fp32; dq_accum: (B, Sq_pad, Hq, D) fp32, Sq_pad a multiple of config.block_m.
+    Features off pass None for their arguments and leave the constexprs at the plain kernel's (same signature,
+    same compiled kernel); causal with a left window is the window (left, 0) (gluon_launch.mask_mode)."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    is_causal, is_local, left, right = mask_mode(causal, window_size)
+    unbounded = seqlen_q + seqlen_k  # as launch.ScoreArgs: no position difference reaches it
+    alibi = alibi_slopes.float().contiguous() if alibi_slopes is not None else None
     args = (_descriptor(q, config.block_m), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N),
             _descriptor(dout, config.block_m), _row_descriptor(lse2, config.block_m),
             _row_descriptor(delta, config.block_m), dk, dv, dq_accum,
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), dq_accum.stride(1),
             seqlen_q, seqlen_k, dq_accum.shape[1], heads_q, heads_kv, heads_q // heads_kv,
-            softmax_scale * LOG2E, softmax_scale)
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, IS_CAUSAL=bool(causal),
+            softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E, softmax_scale,
+            alibi, (alibi.stride(0) if alibi.dim() == 2 else 0) if alibi is not None else None,
+            float(softcap) * LOG2E if softcap > 0 else None,
+            (left if left >= 0 else unbounded) if is_local else None,
+            (right if right >= 0 else unbounded) if is_local else None)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, IS_CAUSAL=is_causal,
                       DQ_SPLIT_D=config.dq_split_d, CONSUMER_REGS=config.consumer_regs,
-                      LOADER_REGS=config.loader_regs)
+                      LOADER_REGS=config.loader_regs, IS_LOCAL=is_local, SOFTCAP=softcap > 0,
+                      HAS_ALIBI=alibi_slopes is not None)
     grid = (math.ceil(seqlen_k / BLOCK_N), batch * heads_kv)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
-def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dlse=None, variant="default"):
-    """dq, dk, dv (the shapes and dtypes of q, k, v) of flash_attn_func(q, k, v, softmax_scale, causal) from its
-    out and lse (B, Hq, Sq) fp32; dlse: the gradient flowing into lse (lse's shape) or None. Requires
-    gluon_bwd_supported(q, k, v, out, dout, causal). Launches: the portable preprocess (delta, lse2), the Gluon
-    dK/dV kernel (dQ by atomics into an fp32 buffer), and the conversion of that buffer to dq."""
+def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dlse=None, variant="default",
+                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """dq, dk, dv (the shapes and dtypes of q, k, v) of flash_attn_func(q, k, v, softmax_scale, causal,
+    window_size, softcap, alibi_slopes) from its out and lse (B, Hq, Sq) fp32; dlse: the gradient flowing into
+    lse (lse's shape) or None. Requires gluon_bwd_supported(q, k, v, out, dout, causal, window_size=...,
+    softcap=..., alibi_slopes=...). Softcap's tanh is tanh.approx.f32, as in the Gluon forward and the portable
+    one for fp16/bf16 inputs, so P is recomputed as the forward's lse saw it. Launches: the portable preprocess
+    (delta, lse2), the Gluon dK/dV kernel (dQ by atomics into an fp32 buffer), and the conversion of that buffer
+    to dq."""
     from . import launch  # the shared preprocess and the NaN-poisoning allocator
 
     if softmax_scale is None:
@@ -160,7 +179,8 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     dq_accum = torch.zeros((batch, seqlen_q_pad, heads_q, head_dim), dtype=torch.float32, device=q.device)
     dk, dv = launch._empty(k.shape, k), launch._empty(v.shape, v)
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
-                                                       float(softmax_scale), causal, config)
+                                                       float(softmax_scale), causal, config, window_size,
+                                                       float(softcap), alibi_slopes)
     _attn_bwd_dkdv_hopper[grid](*args, **constexprs, **options)
     dq = launch._empty(q.shape, q)
     launch.dq_convert_launch(dq_accum, dq, float(softmax_scale)).run()

@@ -662,18 +662,29 @@ def _flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqle
     return out, lse
 
 
-def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal):
-    """(dq, dk, dv) from the Hopper Gluon backward (gluon_bwd_launch.py; plain and causal) where configs.py says it
-    is faster on a tested triton, else None. FLASHTILE_GLUON_BWD=1 takes it wherever it is supported, =0 never. A
-    launch that fails to build disables it for the process (one warning) and returns None."""
+def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None):
+    """(dq, dk, dv) from the Hopper Gluon backward (gluon_bwd_launch.py; plain, causal, sliding window, softcap,
+    ALiBi) where configs.py says it is faster on a tested triton, else None. causal / window_size as
+    flash_attn_func's (a causal call with a left window is the window (left, 0)); features follow the plain /
+    causal key thresholds (causal: any window whose right side is 0). FLASHTILE_GLUON_BWD=1 takes it wherever it
+    is supported, =0 never. A launch that fails to build disables it for the process (one warning), returns None."""
     from . import gluon_bwd_launch, gluon_launch
 
+    features = dict(window_size=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes)
     return _try_gluon(
         "FLASHTILE_GLUON_BWD",
         lambda: gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, k.shape[1]),
-        lambda: gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal=causal),
-        lambda: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, softmax_scale, causal, dlse),
+        lambda: gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal=causal, **features),
+        lambda: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, softmax_scale, causal, dlse, **features),
         gluon_bwd_launch.disable)
+
+
+def _gluon_bwd_candidate(cu_seqlens_q, attn_bias, bias_grad, dropout_p, mods, deterministic):
+    """Whether _flash_attn_backward asks the Gluon backward at all: dense, no dropout, bias or mods, not
+    deterministic (its dQ adds with atomics). Windows, softcap and ALiBi are its own to refuse or take."""
+    return (not deterministic and cu_seqlens_q is None and attn_bias is None and not bias_grad and not dropout_p
+            and mods is None)
 
 
 def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
@@ -689,10 +700,9 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
     """
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    plain = (not deterministic and cu_seqlens_q is None and attn_bias is None and not bias_grad and not dropout_p
-             and mods is None and not softcap and alibi_slopes is None and window_left < 0 and window_right <= 0)
-    if plain and q.is_cuda:
-        grads = _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_right == 0)
+    if q.is_cuda and _gluon_bwd_candidate(cu_seqlens_q, attn_bias, bias_grad, dropout_p, mods, deterministic):
+        grads = _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_right == 0,
+                                window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes)
         if grads is not None:
             return (*grads, q.new_empty(0, dtype=torch.float32))
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)

@@ -20,27 +20,40 @@ warpgroup adds dS_w K_w over its own 64 keys: no exchange, twice the atomics.
 Dense (B, S, H, D) tensors as 3-D (B, S, H * D) TMA tensors: a tile past a sequence's end is zero-filled (not
 the next batch's rows), so padded query rows have Q = dO = 0 and lse2 = +inf (P = 0, dS = 0), and padded keys
 K = V = 0 (masked to P = 0 as well; their dK / dV rows are not stored). Causal aligned bottom-right.
+Score features, each a constexpr (off, the plain / causal kernel compiles as it did without them; their runtime
+arguments are None then, so the launch signature is unchanged too), in the order of kernels/common._scores and
+kernels/gluon_fwd._feature_scores, so P is the one the forward's lse belongs to: SOFTCAP (softcap * tanh(score /
+softcap) with tanh.approx.f32, the Gluon forward's; dS gets the chain rule's 1 - t^2), HAS_ALIBI (-slope *
+|i + Sk - Sq - j|, no gradient to the slopes), IS_LOCAL (a window, bottom-right aligned, causal + left window
+included): each key block visits only the query tiles of common._query_range (masked, full, masked segments).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from .common import _tanh
+
 WG_N = gl.constexpr(64)  # keys per consumer warpgroup (the wgmma M of one warpgroup)
+LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                     lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n, kv_col,
-                    off_h0, m_lo, n_tiles, group_size, heads_q,
-                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    # Q with its lse2 row slice on one barrier, dO with its delta slice on another.
+                    off_h0, m_lo, n_tiles, group_size, heads_q, n_lead, n_masked, n_skip,
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_LOCAL: gl.constexpr):
+    # Q with its lse2 row slice on one barrier, dO with its delta slice on another. IS_LOCAL: the consumers take
+    # the masked tiles first (_tile_row), and so does this ring.
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [off_b, start_n, kv_col], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [off_b, start_n, kv_col], kv_bar, v_smem)
     for it in range(group_size * n_tiles):
         g = it // n_tiles
-        row = m_lo + (it - g * n_tiles) * BLOCK_M
+        if IS_LOCAL:
+            row = m_lo + _tile_row(it - g * n_tiles, n_lead, n_masked, n_skip, 2) * BLOCK_M
+        else:
+            row = m_lo + (it - g * n_tiles) * BLOCK_M
         col = (off_h0 + g) * HEAD_DIM
         row_bh = off_b * heads_q + off_h0 + g  # the (B * Hq, Sq_pad) row of lse2 / delta
         stage = it % STAGES
@@ -57,6 +70,29 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_sm
 
 
 @gluon.jit
+def _tile_row(t, n_lead, n_masked, n_skip, SEGMENT: gl.constexpr):
+    """IS_LOCAL: the query tile (from m_lo) of ring position t. The n_masked masked tiles come first (the n_lead
+    before the full ones, then the trailing ones, n_skip full tiles further on), then the full ones: two consumer
+    loops as for causal (a third loop for the trailing tiles spilled inside the D128 tile loops with softcap).
+    SEGMENT: 0 the consumers' masked loop (t < n_masked), 1 their full loop (t >= n_masked), 2 any t (loader)."""
+    if SEGMENT == 1:
+        return t - n_masked + n_lead
+    row = gl.where(t >= n_lead, t + n_skip, t)
+    if SEGMENT == 2:
+        row = gl.where(t >= n_masked, t - n_masked + n_lead, row)
+    return row
+
+
+@gluon.jit
+def _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M: gl.constexpr, IS_LOCAL: gl.constexpr,
+            SEGMENT: gl.constexpr):
+    """First query row of ring position t: m_lo + t * BLOCK_M, or under IS_LOCAL that of _tile_row(t)."""
+    if IS_LOCAL:
+        return m_lo + _tile_row(t, n_lead, n_masked, n_skip, SEGMENT) * BLOCK_M
+    return m_lo + t * BLOCK_M
+
+
+@gluon.jit
 def _row_vector(bufs, stage, valid, other, layout: gl.constexpr):
     """The [BLOCK_M] lse2 / delta slice of ring slot `stage` in `layout`, `other` where not `valid` (the padded
     buffer's rows past seqlen_q are never written)."""
@@ -69,10 +105,14 @@ def _row_vector(bufs, stage, valid, other, layout: gl.constexpr):
 @gluon.jit
 def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset,
-              qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+              qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+              WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
+              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
-    dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm."""
+    dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm.
+    causal_offset is Sk - Sq under IS_CAUSAL, IS_LOCAL or HAS_ALIBI (else 0); the feature scalars are the
+    forward's (gluon_fwd._feature_scores), None when their feature is off."""
     dtype: gl.constexpr = q_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -92,20 +132,49 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     dp_tok = warpgroup_mma(v_view, do_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
     in_seq = cols < seqlen_q
-    # wgmma groups retire in order: one outstanding means S^T is done and dP^T may still run.
-    s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
+    if SOFTCAP:
+        # Both first: softcap's 1 - t^2 waits for dP^T in no register of its own (dS^T is made element by element
+        # from S^T and dP^T). Keeping it from S^T's wait to dP^T's, 32 more fp32 (16 packed fp16) registers per
+        # thread spilled inside the D128 tile loop; this warpgroup's tanh and exp2 no longer overlap its dP^T
+        # wgmma (the other warpgroup's GEMMs still run meanwhile).
+        s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))  # [WG_N, BLOCK_M] = S^T, dP^T
+    else:
+        # wgmma groups retire in order: one outstanding means S^T is done and dP^T may still run.
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
     # Past seqlen_q: lse2 = +inf makes P = 0 (Q and dO are zero-filled there, so dP = 0 and dS = 0).
     lse2 = _row_vector(lse2_bufs, stage, in_seq, float("inf"), col_layout)
-    p = gl.exp2(s * qk_scale - lse2[None, :])  # [WG_N, BLOCK_M]
+    if SOFTCAP or HAS_ALIBI:
+        if SOFTCAP:
+            t = _tanh(s * qk_scale, True)  # [WG_N, BLOCK_M]; qk_scale = softmax_scale / softcap here
+            s = t * softcap_log2
+        else:
+            s = s * qk_scale
+        if HAS_ALIBI:
+            keys_f = (key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))).to(gl.float32)  # [WG_N]
+            rows_f = (cols + causal_offset).to(gl.float32)  # [BLOCK_M] query positions + Sk - Sq
+            s = s - alibi_log2 * gl.abs(rows_f[None, :] - keys_f[:, None])
+        p = gl.exp2(s - lse2[None, :])  # [WG_N, BLOCK_M]
+    else:
+        p = gl.exp2(s * qk_scale - lse2[None, :])  # [WG_N, BLOCK_M]
     if MASKED:
         keys = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))  # [WG_N]
         visible = (keys < seqlen_k)[:, None]
         if IS_CAUSAL:
             visible = visible & (keys[:, None] <= cols[None, :] + causal_offset)
+        if IS_LOCAL:
+            # Query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right.
+            shifted = cols + causal_offset  # [BLOCK_M]
+            visible = visible & (keys[:, None] <= shifted[None, :] + window_right) & (
+                keys[:, None] >= shifted[None, :] - window_left)
         p = gl.where(visible, p, 0.0)
-    dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
+    if not SOFTCAP:
+        dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
-    ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
+    if SOFTCAP:
+        # d(softcap * tanh(x / softcap)) / dx = 1 - t^2 (softmax_scale is applied to dK / dQ at the end).
+        ds_lp = (p * (dp - delta[None, :]) * (1.0 - t * t)).to(dtype)  # [WG_N, BLOCK_M] = dS^T
+    else:
+        ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
     p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
     dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
     ds_op = gl.convert_layout(ds_lp, op_layout, assert_trivial=True)
@@ -146,12 +215,14 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
 def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked,
                         n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
-                        stride_dkn, stride_dvn, stride_dqm,
-                        WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                        IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+                        stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2,
+                        window_left, window_right, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
+                        IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
-    the group (the first n_masked of each need the causal / key-end mask); writes those rows of dK and dV.
-    dk_base / dv_base: this (batch, kv head)'s rows of DK / DV; dq_base: the group's first head in DQAccum."""
+    the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
+    _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
+    DK / DV; dq_base: the group's first head in DQAccum; alibi_ptr: the group's first head's slope."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -167,16 +238,21 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     for g in range(group_size):
         dq_ptr = dq_base + g * HEAD_DIM + dq_col
         it0 = g * n_tiles
+        alibi_log2 = 0.0
+        if HAS_ALIBI:
+            alibi_log2 = gl.load(alibi_ptr + g) * LOG2E  # query head off_hk * group_size + g
         for t in range(0, n_masked):
-            dk, dv = _bwd_step(it0 + t, m_lo + t * BLOCK_M, dk, dv, k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs,
-                               delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr,
-                               stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                               WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D)
+            dk, dv = _bwd_step(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv,
+                               k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
+                               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
+                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right, WG,
+                               HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
         for t in range(n_masked, n_tiles):
-            dk, dv = _bwd_step(it0 + t, m_lo + t * BLOCK_M, dk, dv, k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs,
-                               delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr,
-                               stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                               WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D)
+            dk, dv = _bwd_step(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv,
+                               k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
+                               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
+                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right, WG,
+                               HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))  # [HEAD_DIM]
     in_seq = (rows < seqlen_k)[:, None]
@@ -189,28 +265,37 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
 def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                          q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                          n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
-                         stride_dkn, stride_dvn, stride_dqm, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                         STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr):
+                         stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2,
+                         window_left, window_right, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                         IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
+                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
-                        stride_dvn, stride_dqm, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D)
+                        stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2, window_left, window_right, 1,
+                        HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
 
 
 # Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
-@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "seqlen_q_pad", "heads_q", "heads_kv", "group_size"])
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "seqlen_q_pad", "heads_q", "heads_kv", "group_size",
+                               "stride_alibi_b", "window_left", "window_right"])
 def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, DK, DV, DQAccum,
                           stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
                           seqlen_q, seqlen_k, seqlen_q_pad, heads_q, heads_kv, group_size, qk_scale, softmax_scale,
+                          Alibi, stride_alibi_b, softcap_log2, window_left, window_right,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                           IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
-                          CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                          CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
+                          SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
     DQAccum: zeroed fp32 (B, seqlen_q_pad, Hq, D), row stride stride_dqm, seqlen_q_pad a multiple of BLOCK_M;
-    receives dS K (unscaled). qk_scale = softmax_scale * log2(e). Launch with num_warps=4 and a grid of
-    (cdiv(Sk, 128), B * Hk)."""
+    receives dS K (unscaled). qk_scale = softmax_scale * log2(e) (softmax_scale / softcap under SOFTCAP,
+    softcap_log2 = softcap * log2(e)). Alibi: fp32 slopes read at off_b * stride_alibi_b + query head. IS_LOCAL:
+    window_left / window_right, Sq + Sk for an unbounded side (gluon_launch.mask_mode: causal with a left window
+    is IS_LOCAL with right 0, causal alone IS_CAUSAL). Feature arguments are None when their feature is off.
+    Launch with num_warps=4 and a grid of (cdiv(Sk, 128), B * Hk)."""
     BLOCK_N: gl.constexpr = 2 * WG_N
     start_n = gl.program_id(0) * BLOCK_N
     pid_bh = gl.program_id(1)
@@ -220,19 +305,49 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     # Query tiles [m_lo, m_lo + n_tiles * BLOCK_M) see some key of the block; the first n_masked need a mask
     # (the causal diagonal, or every tile when the block runs past seqlen_k).
     n_q = gl.cdiv(seqlen_q, BLOCK_M)
-    if IS_CAUSAL:
+    # constexpr placeholders (as are the feature arguments below when off): the plain kernel captures nothing new
+    n_lead = 0
+    n_skip = 0
+    if IS_LOCAL:
+        # common._query_range: key j is seen by rows j - diag - right <= i <= j - diag + left. Tiles [m_lo,
+        # m_lo + n_lead * BLOCK_M) and [full_hi, hi) need the mask, those between do not; the
+        # n_masked masked ones go first (_tile_row).
+        causal_offset = seqlen_k - seqlen_q
+        first_key = start_n - causal_offset
+        last_key = gl.minimum(start_n + BLOCK_N, seqlen_k) - 1 - causal_offset
+        rows_end = n_q * BLOCK_M
+        lo = gl.minimum(gl.maximum(first_key - window_right, 0) // BLOCK_M * BLOCK_M, rows_end)
+        hi = gl.cdiv(gl.maximum(gl.minimum(last_key + window_left + 1, seqlen_q), 0), BLOCK_M) * BLOCK_M
+        hi = gl.maximum(hi, lo)
+        full_lo = gl.cdiv(gl.maximum(last_key - window_right, 0), BLOCK_M) * BLOCK_M
+        full_lo = gl.minimum(gl.maximum(full_lo, lo), hi)
+        full_hi = gl.maximum(gl.minimum(first_key + window_left + 1, seqlen_q), 0) // BLOCK_M * BLOCK_M
+        full_hi = gl.minimum(gl.maximum(full_hi, full_lo), hi)
+        m_lo = lo
+        n_tiles = (hi - lo) // BLOCK_M
+        n_lead = (full_lo - lo) // BLOCK_M
+        n_skip = (full_hi - full_lo) // BLOCK_M  # the full tiles
+        if start_n + BLOCK_N > seqlen_k:
+            n_lead = n_tiles
+            n_skip = 0
+        n_masked = n_tiles - n_skip
+    elif IS_CAUSAL:
         causal_offset = seqlen_k - seqlen_q  # row r sees keys <= r + causal_offset
         m_lo = gl.maximum(start_n - causal_offset, 0) // BLOCK_M * BLOCK_M
         m_full = gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0), BLOCK_M) * BLOCK_M
         n_tiles = n_q - m_lo // BLOCK_M
         n_masked = gl.minimum(gl.maximum(m_full - m_lo, 0) // BLOCK_M, n_tiles)
     else:
-        causal_offset = 0
+        if HAS_ALIBI:
+            causal_offset = seqlen_k - seqlen_q  # ALiBi's distances are bottom-right aligned too
+        else:
+            causal_offset = 0
         m_lo = 0
         n_tiles = n_q
         n_masked = 0
-    if start_n + BLOCK_N > seqlen_k:
-        n_masked = n_tiles
+    if not IS_LOCAL:
+        if start_n + BLOCK_N > seqlen_k:
+            n_masked = n_tiles
 
     dtype: gl.constexpr = q_desc.dtype
     k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -267,19 +382,30 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     dk_base = DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh
     dv_base = DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh
     dq_base = DQAccum + off_b.to(gl.int64) * seqlen_q_pad * stride_dqm + off_hk * group_size * HEAD_DIM
+    # Features that are off pass constexpr 0 to the partitions (their None arguments cannot be captured).
+    alibi_ptr = 0
+    if HAS_ALIBI:
+        alibi_ptr = Alibi + off_b * stride_alibi_b + off_hk * group_size
+    if not SOFTCAP:
+        softcap_log2 = 0.0
+    if not IS_LOCAL:
+        window_left = 0
+        window_right = 0
     gl.warp_specialize([
         (_consumer_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                               softmax_scale, stride_dkn, stride_dvn, stride_dqm, 0, HEAD_DIM, BLOCK_M, STAGES,
-                               IS_CAUSAL, DQ_SPLIT_D)),
+                               softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
+                               softcap_log2, window_left, window_right, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
+                               DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)),
         (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                 q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                 n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                                softmax_scale, stride_dkn, stride_dvn, stride_dqm, HEAD_DIM, BLOCK_M, STAGES,
-                                IS_CAUSAL, DQ_SPLIT_D)),
+                                softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
+                                softcap_log2, window_left, window_right, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
+                                DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)),
         (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                            lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
-                           off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q,
-                           HEAD_DIM, BLOCK_M, STAGES)),
+                           off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q, n_lead,
+                           n_masked if IS_LOCAL else 0, n_skip, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
