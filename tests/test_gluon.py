@@ -386,3 +386,39 @@ def test_flash_attn_varlen_func_takes_it_by_default(monkeypatch, causal):
     torch.testing.assert_close(out, out_portable, atol=2e-2, rtol=0)
     for g, gp in zip(grads, grads_portable):
         torch.testing.assert_close(g, gp, atol=5e-2, rtol=0)
+
+
+@pytest.mark.skipif(gluon_launch._attn_fwd_hopper_persistent is None, reason="no Gluon in this triton")
+def test_persistent_launch_args():
+    """The persistent variant: grid min(tiles, SMs, max_ctas), the tile counts the kernel walks, and which launches
+    it takes (plain / causal dense; features, varlen and D256 through ragged descriptors run the one-tile kernel)."""
+    config = gluon_launch.VARIANTS["persistent"][128]
+    q = torch.empty(32, 512, 16, 128, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(32, 16, 512)
+    grid, args, constexprs, options = gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, True, config,
+                                                                          sm_count=132)
+    n_m, n_bh, n_tiles = args[-3:]
+    assert (n_m, n_bh, n_tiles) == (4, 32 * 16, 4 * 32 * 16) and grid == (132, )
+    assert constexprs["IS_CAUSAL"] and not constexprs["RAGGED"] and constexprs["STAGES"] == config.stages
+    assert options == dict(num_warps=4, maxnreg=config.maxnreg)
+    small = torch.empty(1, 130, 2, 128, dtype=torch.bfloat16)
+    grid, *_ = gluon_launch.persistent_launch_args(small, small, small, torch.empty_like(small),
+                                                   torch.empty(1, 2, 130), 0.125, False, config, sm_count=132)
+    assert grid == (4, )  # 2 query tiles x 2 heads
+    grid, *_ = gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, False,
+                                                   gluon_launch.VARIANTS["persistent-7cta"][128], sm_count=132)
+    assert grid == (7, )
+    kr = torch.empty(32, 1000, 16, 128, dtype=torch.bfloat16)
+    _, args, constexprs, _ = gluon_launch.persistent_launch_args(q, kr, kr, out, lse, 0.125, False, config,
+                                                                 sm_count=132)
+    assert constexprs["RAGGED"] and len(args[0].shape) == 4
+    assert gluon_launch.takes_persistent(config, q, q) and gluon_launch.takes_persistent(config, q, q, causal=True)
+    assert not gluon_launch.takes_persistent(gluon_launch.VARIANTS["default"][128], q, q)
+    assert not gluon_launch.takes_persistent(config, q, q, window_size=(64, 0))
+    assert not gluon_launch.takes_persistent(config, q, q, softcap=30.0)
+    assert not gluon_launch.takes_persistent(config, q, q, alibi_slopes=torch.zeros(16))
+    assert not gluon_launch.takes_persistent(config, q, q, sink=torch.zeros(16))
+    assert not gluon_launch.takes_persistent(config, q, q, cu_seqlens_q=torch.zeros(2, dtype=torch.int32))
+    d256 = gluon_launch.VARIANTS["persistent"][256]
+    q256, k256 = torch.empty(2, 512, 2, 256), torch.empty(2, 1000, 2, 256)
+    assert gluon_launch.takes_persistent(d256, q256, q256) and not gluon_launch.takes_persistent(d256, q256, k256)
