@@ -400,6 +400,7 @@ def test_persistent_launch_args():
     n_m, n_bh, n_tiles = args[-3:]
     assert (n_m, n_bh, n_tiles) == (4, 32 * 16, 4 * 32 * 16) and grid == (132, )
     assert constexprs["IS_CAUSAL"] and not constexprs["RAGGED"] and constexprs["STAGES"] == config.stages
+    assert not constexprs["O_TMA"] and args[3] is out
     assert options == dict(num_warps=4, maxnreg=config.maxnreg)
     small = torch.empty(1, 130, 2, 128, dtype=torch.bfloat16)
     grid, *_ = gluon_launch.persistent_launch_args(small, small, small, torch.empty_like(small),
@@ -412,6 +413,13 @@ def test_persistent_launch_args():
     _, args, constexprs, _ = gluon_launch.persistent_launch_args(q, kr, kr, out, lse, 0.125, False, config,
                                                                  sm_count=132)
     assert constexprs["RAGGED"] and len(args[0].shape) == 4
+    # O by TMA where no [64, D] box reaches into the next sequence: batch 1 or Sq % 64 == 0.
+    tma_config = gluon_launch.VARIANTS["persistent-tma"][128]
+    for qt, o_tma in ((q, True), (small, True), (torch.empty(2, 130, 2, 128, dtype=torch.bfloat16), False)):
+        _, args, constexprs, _ = gluon_launch.persistent_launch_args(qt, qt, qt, torch.empty_like(qt),
+                                                                     torch.empty(qt.shape[0], qt.shape[2], qt.shape[1]),
+                                                                     0.125, False, tma_config, sm_count=132)
+        assert constexprs["O_TMA"] == o_tma and (args[3].block_shape == [64, 128] if o_tma else args[3] is args[4])
     assert gluon_launch.takes_persistent(config, q, q) and gluon_launch.takes_persistent(config, q, q, causal=True)
     assert not gluon_launch.takes_persistent(gluon_launch.VARIANTS["default"][128], q, q)
     assert not gluon_launch.takes_persistent(config, q, q, window_size=(64, 0))

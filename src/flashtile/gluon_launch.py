@@ -59,7 +59,8 @@ class GluonConfig:
     persistent: plain and causal dense launches run kernels/gluon_fwd_persistent.py (about one CTA per SM looping
     over the tiles; ctas_per_sm CTAs per SM, max_ctas caps the grid, 0 = no cap: a small cap makes every CTA run
     many tiles, for checking the barriers' running phases); the features and varlen still run the one-tile
-    kernel with this config."""
+    kernel with this config. tma_store (persistent): O leaves through shared memory by TMA stores that overlap the
+    next tile's GEMMs (2 x 64 x D x 2 B more shared memory), where batch == 1 or Sq % 64 == 0."""
     block_n: int
     stages: int
     pingpong: bool = True
@@ -71,6 +72,7 @@ class GluonConfig:
     persistent: bool = False
     ctas_per_sm: int = 1
     max_ctas: int = 0
+    tma_store: bool = False
 
 
 # Variants the check script can compare on the GPU; "default" is what gluon_forward uses. A variant may cover
@@ -101,6 +103,11 @@ VARIANTS = {
     "persistent-7cta": {64: GluonConfig(128, 3, persistent=True, max_ctas=7, **_TREE_CVT),
                         128: GluonConfig(128, 2, persistent=True, max_ctas=7, **_TREE_CVT),
                         256: GluonConfig(64, 2, persistent=True, max_ctas=7)},
+    # And with O stored by TMA from shared memory (D256: no room for the 64 KB of O buffers).
+    "persistent-tma": {64: GluonConfig(128, 3, persistent=True, tma_store=True, **_TREE_CVT),
+                       128: GluonConfig(128, 2, persistent=True, tma_store=True, **_TREE_CVT)},
+    "persistent-tma-7cta": {64: GluonConfig(128, 3, persistent=True, tma_store=True, max_ctas=7, **_TREE_CVT),
+                            128: GluonConfig(128, 2, persistent=True, tma_store=True, max_ctas=7, **_TREE_CVT)},
 }
 HEAD_DIMS = (64, 128, 256)
 
@@ -310,13 +317,14 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
     ctas = min(n_tiles, config.ctas_per_sm * sm_count)
     if config.max_ctas:
         ctas = min(ctas, config.max_ctas)
+    o_tma = config.tma_store and (batch == 1 or seqlen_q % WG_M.value == 0) and _tma_2d_ok(out)
     args = (_descriptor(q, WG_M.value, ragged), _descriptor(k, config.block_n, ragged),
-            _descriptor(v, config.block_n, ragged), out, lse,
+            _descriptor(v, config.block_n, ragged), _descriptor(out, WG_M.value) if o_tma else out, out, lse,
             out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
             seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, softmax_scale * LOG2E, n_m, n_bh, n_tiles)
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
-                      RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm, TREE_MAX=config.tree_max)
+                      RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm, TREE_MAX=config.tree_max, O_TMA=o_tma)
     return (ctas, ), args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 

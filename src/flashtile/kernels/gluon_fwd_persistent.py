@@ -22,7 +22,8 @@ one-tile-per-program kernel for them.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 from .gluon_fwd import (LN2, RAGGED_BILLION, WG_M, _mask_scores, _row_max, _tma_load, _to_p, _turn_pass,
                         _turn_wait)
@@ -138,12 +139,14 @@ def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empt
 
 @gluon.jit
 def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                          Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
+                          o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
                           seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
                           WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, P_CVT_ASM: gl.constexpr,
-                          TREE_MAX: gl.constexpr):
-    """Rows WG * 64 + [0, 64) of each of the CTA's tiles (gluon_fwd._consumer_partition's online softmax)."""
+                          TREE_MAX: gl.constexpr, O_TMA: gl.constexpr):
+    """Rows WG * 64 + [0, 64) of each of the CTA's tiles (gluon_fwd._consumer_partition's online softmax).
+    O_TMA: O goes out through o_smem[WG] by a TMA store (o_desc: (B * Sq, Hq * D), boxes [64, D]) that runs on
+    while the next tile's GEMMs do; the next epilogue waits for it before it writes the buffer again."""
     BLOCK_M: gl.constexpr = 2 * WG_M
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -203,45 +206,61 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
         o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
         mbarrier.arrive(v_empty.index(last))
 
-        out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
         lse_ptr = Lse + off_b.to(gl.int64) * stride_lse_b + off_h.to(gl.int64) * stride_lse_h
         l_o = gl.convert_layout(l_i, o_row)
         out = o_acc * (1.0 / l_o)[:, None]  # [WG_M, HEAD_DIM]
         rows = row0 + gl.arange(0, WG_M, layout=o_row)  # [WG_M]
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
         in_seq = rows < seqlen_q
-        o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
-        gl.store(o_ptrs, out.to(dtype), mask=in_seq[:, None])
+        if O_TMA:
+            # The previous tile's store has read o_smem[WG] (one thread issued it: the barrier tells the rest).
+            tma.store_wait(0)
+            gl.thread_barrier()
+            o_view = o_smem.index(WG)
+            o_view.store(out.to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            # Rows past seqlen_q are past the tensor's end (batch 1) or the host made Sq a multiple of 64.
+            tma.async_copy_shared_to_global(o_desc, [off_b * seqlen_q + row0, off_h * HEAD_DIM], o_view)
+        else:
+            out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
+            o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
+            gl.store(o_ptrs, out.to(dtype), mask=in_seq[:, None])
         lse = (gl.convert_layout(m_i, o_row) + gl.log2(l_o)) * LN2  # [WG_M], natural log
         gl.store(lse_ptr + rows, lse, mask=in_seq)
         c += n_blocks
         t += 1
+    if O_TMA:
+        tma.store_wait(0)  # the last store reads o_smem: the CTA's shared memory must outlive it
 
 
 @gluon.jit
 def _consumer1_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                           Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
+                           o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
                            seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
                            HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                            IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, P_CVT_ASM: gl.constexpr,
-                           TREE_MAX: gl.constexpr):
+                           TREE_MAX: gl.constexpr, O_TMA: gl.constexpr):
     _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                          Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
+                          o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
                           seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
-                          1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX)
+                          1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA)
 
 
 @gluon.jit(do_not_specialize=["stride_lse_b", "stride_lse_h", "seqlen_q", "seqlen_k", "heads_q", "group_size",
                               "n_m", "n_bh", "n_tiles"])
-def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, Out, Lse,
+def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                 stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
                                 seqlen_q, seqlen_k, heads_q, group_size, qk_scale, n_m, n_bh, n_tiles,
                                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                 IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, RAGGED: gl.constexpr = False,
-                                P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False):
+                                P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
+                                O_TMA: gl.constexpr = False):
     """_attn_fwd_hopper's plain / causal forward over n_tiles = n_m * n_bh tiles (n_m = cdiv(Sq, 128) query
-    tiles, n_bh = B * Hq), tile i on CTA i % grid. Launch with num_warps=4 and a grid of min(n_tiles, SMs)."""
+    tiles, n_bh = B * Hq), tile i on CTA i % grid. Launch with num_warps=4 and a grid of min(n_tiles, SMs).
+    O_TMA: o_desc is Out as a 2-D (B * Sq, Hq * D) TMA tensor with boxes [64, D] and batch == 1 or Sq % 64 == 0
+    (a box never reaches into the next sequence); else o_desc is unused and O is stored from registers."""
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM],
                                        gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], dtype))
@@ -255,6 +274,10 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, Out, Lse,
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if O_TMA:
+        o_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM], o_desc.layout)
+    else:
+        o_smem = q_smem  # unused
     mbarrier.init(q_bar, count=1)
     mbarrier.init(q_empty, count=2)  # both consumer warpgroups release Q
     for i in gl.static_range(STAGES):
@@ -267,13 +290,13 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, Out, Lse,
 
     gl.warp_specialize([
         (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                 turn_bars, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
+                                 turn_bars, o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
                                  seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
-                                 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX)),
+                                 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA)),
         (_consumer1_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                  turn_bars, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
+                                  turn_bars, o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
                                   seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
-                                  HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX)),
+                                  HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA)),
         (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
                              HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED)),
