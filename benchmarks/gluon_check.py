@@ -14,7 +14,8 @@ killing the child frees the GPU and the run goes on to report it):
            few cases for comparison; lse (natural log, (B, Hq, Sq)) against the float64 one. Then the existing
            backward run on the Gluon forward's out / lse (FLASHTILE_GLUON=1 through flash_attn_func), checked
            the same way. Variants after the first get a shorter list; a variant runs only at the head dims it
-           has a config for.
+           has a config for. Persistent variants (GluonConfig.persistent) also run PERSISTENT_CASES (many tiles
+           per CTA); a variant with max_ctas is checked, not timed.
            Feature groups (FEATURE_CASES, default variant): feat:single (softcap, ALiBi (H,) / (B, H), sinks),
            feat:window (sliding windows incl. a refused one), feat:combo (window + softcap + ALiBi + GQA at
            D64/128/256, D256 features, and the backward on a window + softcap + ALiBi + sink forward, dsink too).
