@@ -40,6 +40,28 @@ def test_matches_reference(shape, head_dim, causal):
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
+# The persistent kernel on 7 CTAs (dozens of tiles each: the barriers' running phases) and the 132-SM grid.
+PERSISTENT_SHAPES = [(4, 512, 512, 16, 16, torch.bfloat16), (3, 300, 700, 8, 2, torch.bfloat16),
+                     (1, 1000, 1000, 4, 2, torch.float16), (2, 640, 640, 8, 8, torch.bfloat16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("variant", ["persistent", "persistent-7cta", "persistent-tma-7cta"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("shape", PERSISTENT_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
+                                                          for b, sq, sk, hq, hk, dt in PERSISTENT_SHAPES])
+def test_persistent_matches_reference(shape, head_dim, causal, variant, monkeypatch):
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda", requires_grad=False)
+    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=variant)
+    ref, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True)
+    assert_close_rule("out", out, ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False), dtype)
+    torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 def test_refuses_rows_without_keys():
