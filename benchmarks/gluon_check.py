@@ -14,7 +14,8 @@ killing the child frees the GPU and the run goes on to report it):
            few cases for comparison; lse (natural log, (B, Hq, Sq)) against the float64 one. Then the existing
            backward run on the Gluon forward's out / lse (FLASHTILE_GLUON=1 through flash_attn_func), checked
            the same way. Variants after the first get a shorter list; a variant runs only at the head dims it
-           has a config for.
+           has a config for. Persistent variants (GluonConfig.persistent) also run PERSISTENT_CASES (many tiles
+           per CTA); a variant with max_ctas is checked, not timed.
            Feature groups (FEATURE_CASES, default variant): feat:single (softcap, ALiBi (H,) / (B, H), sinks),
            feat:window (sliding windows incl. a refused one), feat:combo (window + softcap + ALiBi + GQA at
            D64/128/256, D256 features, and the backward on a window + softcap + ALiBi + sink forward, dsink too).
@@ -123,6 +124,16 @@ CASES = [
     ("fp16-gqa-1000", 1, 1000, 1000, 4, 2, torch.float16, False),
 ]
 SHORT_CASES = ("odd-1000", "gqa-q777-k999", "4K")
+# Persistent variants (GluonConfig.persistent) also run these: hundreds of tiles, so a CTA runs several (and a
+# max_ctas variant dozens), with batches, GQA, causal q < k, and ragged descriptors (Sk % 128 != 0), so the ring,
+# Q and turn barriers' phases run on across tiles of different lengths and heads.
+PERSISTENT_CASES = [
+    ("p-b4-512-h16", 4, 512, 512, 16, 16, torch.bfloat16, False),
+    ("p-b16-640-h8", 16, 640, 640, 8, 8, torch.bfloat16, False),
+    ("p-b3-q300-k700-gqa", 3, 300, 700, 8, 2, torch.bfloat16, False),
+    ("p-b2-1000-h8-gqa", 2, 1000, 1000, 8, 4, torch.bfloat16, False),
+    ("p-b5-q130-k257", 5, 130, 257, 6, 3, torch.float16, False),
+]
 SMOKE = ("smoke-128", 1, 128, 128, 1, 1, torch.bfloat16, False)
 BF16 = torch.bfloat16
 C1000 = ("1000", 1, 1000, 1000, 4, 2, BF16, False)
@@ -469,8 +480,9 @@ def phase_correct(variants, head_dim, causal):
     passed = failed = 0
     variants = [v for v in variants if head_dim in gluon_launch.VARIANTS[v]]
     for variant in variants:
-        for case in CASES:
-            if variant != variants[0] and case[0] not in SHORT_CASES:
+        persistent = gluon_launch.VARIANTS[variant][head_dim].persistent
+        for case in CASES + (PERSISTENT_CASES if persistent else []):
+            if variant != variants[0] and case[0] not in SHORT_CASES and not case[0].startswith("p-"):
                 continue
             what = f"d{head_dim} causal={causal} {case[0]} [{variant}]"
             ok = guarded(check_case, case, head_dim, causal, variant, what=what)
@@ -505,7 +517,9 @@ def phase_bench(variants, seqlens, head_dims):
         q, k, v = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16)
         scale = head_dim ** -0.5
         providers = {}
-        for variant in [v for v in variants if head_dim in gluon_launch.VARIANTS[v]]:
+        # A variant with max_ctas (a grid capped to check the persistent kernel's phases) is not timed.
+        for variant in [v for v in variants if head_dim in gluon_launch.VARIANTS[v]
+                        and not gluon_launch.VARIANTS[v][head_dim].max_ctas]:
             providers[f"gluon[{variant}]"] = (
                 lambda variant=variant: gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant))
         providers["flashtile-triton"] = lambda: flashtile.flash_attn_func(q, k, v, causal=causal)

@@ -136,6 +136,8 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1024
     from triton.experimental.gluon._runtime import GluonASTSource
     if layout == "tail":
         seqlen_k = 1000
+    elif layout == "dense" and config.tma_store:
+        seqlen_q = 1024  # Sq % 64 == 0: O by TMA (the tail layout compiles the register stores)
     q = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16)
     k = torch.empty(batch, seqlen_k, heads_kv, head_dim, dtype=torch.bfloat16)
     lse = torch.empty(batch, heads_q, seqlen_q)
@@ -153,9 +155,17 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1024
         features["alibi_slopes"] = torch.empty(heads_q)
     if features.get("sink"):
         features["sink"] = torch.empty(heads_q)
-    _, args, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.1, causal, config,
-                                                                  **features, **varlen)
-    assert constexprs["RAGGED"] == (layout != "dense") and constexprs["VARLEN"] == (layout == "varlen")
+    if gluon_launch.takes_persistent(config, q, k, causal, **features, cu_seqlens_q=varlen.get("cu_seqlens_q")):
+        # The persistent kernel (132 SMs: an H200's), as gluon_forward launches it.
+        kernel = gluon_launch._attn_fwd_hopper_persistent
+        _, args, constexprs, options = gluon_launch.persistent_launch_args(q, k, k, out, lse, 0.1, causal, config,
+                                                                           sm_count=132)
+        assert constexprs["RAGGED"] == (layout != "dense") and constexprs["O_TMA"] == (config.tma_store
+                                                                                   and seqlen_q % 64 == 0)
+    else:
+        _, args, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.1, causal, config,
+                                                                      **features, **varlen)
+        assert constexprs["RAGGED"] == (layout != "dense") and constexprs["VARLEN"] == (layout == "varlen")
     sig, consts, attrs = kernel_signature(kernel, args, constexprs)
     src = GluonASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)

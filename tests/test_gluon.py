@@ -40,6 +40,28 @@ def test_matches_reference(shape, head_dim, causal):
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
+# The persistent kernel on 7 CTAs (dozens of tiles each: the barriers' running phases) and the 132-SM grid.
+PERSISTENT_SHAPES = [(4, 512, 512, 16, 16, torch.bfloat16), (3, 300, 700, 8, 2, torch.bfloat16),
+                     (1, 1000, 1000, 4, 2, torch.float16), (2, 640, 640, 8, 8, torch.bfloat16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("variant", ["persistent", "persistent-7cta", "persistent-tma-7cta"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("shape", PERSISTENT_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
+                                                          for b, sq, sk, hq, hk, dt in PERSISTENT_SHAPES])
+def test_persistent_matches_reference(shape, head_dim, causal, variant, monkeypatch):
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda", requires_grad=False)
+    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=variant)
+    ref, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True)
+    assert_close_rule("out", out, ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False), dtype)
+    torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 def test_refuses_rows_without_keys():
@@ -386,3 +408,47 @@ def test_flash_attn_varlen_func_takes_it_by_default(monkeypatch, causal):
     torch.testing.assert_close(out, out_portable, atol=2e-2, rtol=0)
     for g, gp in zip(grads, grads_portable):
         torch.testing.assert_close(g, gp, atol=5e-2, rtol=0)
+
+
+@pytest.mark.skipif(gluon_launch._attn_fwd_hopper_persistent is None, reason="no Gluon in this triton")
+def test_persistent_launch_args():
+    """The persistent variant: grid min(tiles, SMs, max_ctas), the tile counts the kernel walks, and which launches
+    it takes (plain / causal dense; features, varlen and D256 through ragged descriptors run the one-tile kernel)."""
+    config = gluon_launch.VARIANTS["persistent"][128]
+    q = torch.empty(32, 512, 16, 128, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(32, 16, 512)
+    grid, args, constexprs, options = gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, True, config,
+                                                                          sm_count=132)
+    n_m, n_bh, n_tiles = args[-3:]
+    assert (n_m, n_bh, n_tiles) == (4, 32 * 16, 4 * 32 * 16) and grid == (132, )
+    assert constexprs["IS_CAUSAL"] and not constexprs["RAGGED"] and constexprs["STAGES"] == config.stages
+    assert not constexprs["O_TMA"] and args[3] is out
+    assert options == dict(num_warps=4, maxnreg=config.maxnreg)
+    small = torch.empty(1, 130, 2, 128, dtype=torch.bfloat16)
+    grid, *_ = gluon_launch.persistent_launch_args(small, small, small, torch.empty_like(small),
+                                                   torch.empty(1, 2, 130), 0.125, False, config, sm_count=132)
+    assert grid == (4, )  # 2 query tiles x 2 heads
+    grid, *_ = gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, False,
+                                                   gluon_launch.VARIANTS["persistent-7cta"][128], sm_count=132)
+    assert grid == (7, )
+    kr = torch.empty(32, 1000, 16, 128, dtype=torch.bfloat16)
+    _, args, constexprs, _ = gluon_launch.persistent_launch_args(q, kr, kr, out, lse, 0.125, False, config,
+                                                                 sm_count=132)
+    assert constexprs["RAGGED"] and len(args[0].shape) == 4
+    # O by TMA where no [64, D] box reaches into the next sequence: batch 1 or Sq % 64 == 0.
+    tma_config = gluon_launch.VARIANTS["persistent-tma"][128]
+    for qt, o_tma in ((q, True), (small, True), (torch.empty(2, 130, 2, 128, dtype=torch.bfloat16), False)):
+        _, args, constexprs, _ = gluon_launch.persistent_launch_args(qt, qt, qt, torch.empty_like(qt),
+                                                                     torch.empty(qt.shape[0], qt.shape[2], qt.shape[1]),
+                                                                     0.125, False, tma_config, sm_count=132)
+        assert constexprs["O_TMA"] == o_tma and (args[3].block_shape == [64, 128] if o_tma else args[3] is args[4])
+    assert gluon_launch.takes_persistent(config, q, q) and gluon_launch.takes_persistent(config, q, q, causal=True)
+    assert not gluon_launch.takes_persistent(gluon_launch.VARIANTS["default"][128], q, q)
+    assert not gluon_launch.takes_persistent(config, q, q, window_size=(64, 0))
+    assert not gluon_launch.takes_persistent(config, q, q, softcap=30.0)
+    assert not gluon_launch.takes_persistent(config, q, q, alibi_slopes=torch.zeros(16))
+    assert not gluon_launch.takes_persistent(config, q, q, sink=torch.zeros(16))
+    assert not gluon_launch.takes_persistent(config, q, q, cu_seqlens_q=torch.zeros(2, dtype=torch.int32))
+    d256 = gluon_launch.VARIANTS["persistent"][256]
+    q256, k256 = torch.empty(2, 512, 2, 256), torch.empty(2, 1000, 2, 256)
+    assert gluon_launch.takes_persistent(d256, q256, q256) and not gluon_launch.takes_persistent(d256, q256, k256)

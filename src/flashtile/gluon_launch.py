@@ -21,9 +21,10 @@ try:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
 
     from .kernels.gluon_fwd import WG_M, _attn_fwd_hopper
+    from .kernels.gluon_fwd_persistent import _attn_fwd_hopper_persistent
     GLUON_IMPORT_ERROR = None
 except Exception as exc:  # noqa: BLE001  (any failure means: no Gluon path on this triton)
-    _attn_fwd_hopper = None
+    _attn_fwd_hopper = _attn_fwd_hopper_persistent = None
     GLUON_IMPORT_ERROR = exc
 
 LOG2E = 1.4426950408889634
@@ -54,7 +55,12 @@ class GluonConfig:
     most of its share to the two consumer warpgroups (maxnreg is the launch's per-thread budget).
     p_cvt_asm: the key loop rounds P to 16 bits by pairs (one F2FP per pair, without the PRMT that swaps halves per
     pair otherwise).
-    tree_max: the key loop's row maxima as trees instead of one dependent FMNMX chain per row."""
+    tree_max: the key loop's row maxima as trees instead of one dependent FMNMX chain per row.
+    persistent: plain and causal dense launches run kernels/gluon_fwd_persistent.py (about one CTA per SM looping
+    over the tiles; ctas_per_sm CTAs per SM, max_ctas caps the grid, 0 = no cap: a small cap makes every CTA run
+    many tiles, for checking the barriers' running phases); the features and varlen still run the one-tile
+    kernel with this config. tma_store (persistent): O leaves through shared memory by TMA stores that overlap the
+    next tile's GEMMs (2 x 64 x D x 2 B more shared memory), where batch == 1 or Sq % 64 == 0."""
     block_n: int
     stages: int
     pingpong: bool = True
@@ -63,6 +69,10 @@ class GluonConfig:
     maxnreg: int = 168
     p_cvt_asm: bool = False
     tree_max: bool = False
+    persistent: bool = False
+    ctas_per_sm: int = 1
+    max_ctas: int = 0
+    tma_store: bool = False
 
 
 # Variants the check script can compare on the GPU; "default" is what gluon_forward uses. A variant may cover
@@ -84,6 +94,20 @@ VARIANTS = {
     "stages3": {64: GluonConfig(128, 4), 128: GluonConfig(128, 3)},
     "d256-bn64s1": {256: GluonConfig(64, 1)},
     "d256-bn32s4": {256: GluonConfig(32, 4)},
+    # Issue 4 at 512-1K tokens: the default's schedule in a persistent grid (kernels/gluon_fwd_persistent.py).
+    "persistent": {64: GluonConfig(128, 3, persistent=True, **_TREE_CVT),
+                   128: GluonConfig(128, 2, persistent=True, **_TREE_CVT),
+                   256: GluonConfig(64, 2, persistent=True)},
+    # The same kernel on at most 7 CTAs: every CTA runs many tiles (a check of the running barrier phases, not a
+    # schedule to time).
+    "persistent-7cta": {64: GluonConfig(128, 3, persistent=True, max_ctas=7, **_TREE_CVT),
+                        128: GluonConfig(128, 2, persistent=True, max_ctas=7, **_TREE_CVT),
+                        256: GluonConfig(64, 2, persistent=True, max_ctas=7)},
+    # And with O stored by TMA from shared memory (D256: no room for the 64 KB of O buffers).
+    "persistent-tma": {64: GluonConfig(128, 3, persistent=True, tma_store=True, **_TREE_CVT),
+                       128: GluonConfig(128, 2, persistent=True, tma_store=True, **_TREE_CVT)},
+    "persistent-tma-7cta": {64: GluonConfig(128, 3, persistent=True, tma_store=True, max_ctas=7, **_TREE_CVT),
+                            128: GluonConfig(128, 2, persistent=True, tma_store=True, max_ctas=7, **_TREE_CVT)},
 }
 HEAD_DIMS = (64, 128, 256)
 
@@ -262,6 +286,48 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
+def takes_persistent(config, q, k, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None,
+                     cu_seqlens_q=None):
+    """True when a launch with config runs the persistent kernel: config.persistent, dense, plain or causal
+    (no window, softcap, ALiBi or sink; those and varlen run _attn_fwd_hopper with the same config), and not D256
+    through ragged descriptors (batch > 1, Sk % BLOCK_N != 0: ptxas spills 12-56 B there)."""
+    _, is_local, _, _ = mask_mode(causal, window_size)
+    if not (config.persistent and _attn_fwd_hopper_persistent is not None and cu_seqlens_q is None and not is_local
+            and not softcap and alibi_slopes is None and sink is None):
+        return False
+    return not (q.shape[-1] == 256 and q.shape[0] > 1 and k.shape[1] % config.block_n != 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index):
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_count=None):
+    """(grid, args, constexprs, launch options) of the persistent kernel (takes_persistent): dense (B, S, H, D)
+    q / k / v, lse (B, Hq, Sq); the grid is min(tiles, ctas_per_sm * SMs (sm_count, or q's device's), max_ctas)."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    ragged = batch > 1 and seqlen_k % config.block_n != 0
+    is_causal, _, _, _ = mask_mode(causal, (-1, -1))
+    n_m, n_bh = math.ceil(seqlen_q / BLOCK_M), batch * heads_q
+    n_tiles = n_m * n_bh
+    if sm_count is None:
+        sm_count = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    ctas = min(n_tiles, config.ctas_per_sm * sm_count)
+    if config.max_ctas:
+        ctas = min(ctas, config.max_ctas)
+    o_tma = config.tma_store and (batch == 1 or seqlen_q % WG_M.value == 0) and _tma_2d_ok(out)
+    args = (_descriptor(q, WG_M.value, ragged), _descriptor(k, config.block_n, ragged),
+            _descriptor(v, config.block_n, ragged), _descriptor(out, WG_M.value) if o_tma else out, out, lse,
+            out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+            seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, softmax_scale * LOG2E, n_m, n_bh, n_tiles)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
+                      PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
+                      RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm, TREE_MAX=config.tree_max, O_TMA=o_tma)
+    return (ctas, ), args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
+
+
 def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", window_size=(-1, -1), softcap=0.0,
                   alibi_slopes=None, sink=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
                   max_seqlen_k=0):
@@ -279,6 +345,11 @@ def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", 
     else:
         lse = _empty((q.shape[0], q.shape[2], q.shape[1]), q, torch.float32)
     config = VARIANTS[variant][q.shape[-1]]
+    if takes_persistent(config, q, k, causal, window_size, softcap, alibi_slopes, sink, cu_seqlens_q):
+        grid, args, constexprs, options = persistent_launch_args(q, k, v, out, lse, float(softmax_scale), causal,
+                                                                 config)
+        _attn_fwd_hopper_persistent[grid](*args, **constexprs, **options)
+        return out, lse
     grid, args, constexprs, options = gluon_launch_args(q, k, v, out, lse, float(softmax_scale), causal, config,
                                                         window_size, float(softcap), alibi_slopes, sink,
                                                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)

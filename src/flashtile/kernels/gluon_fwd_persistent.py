@@ -1,0 +1,303 @@
+"""Hopper (sm90) forward in Gluon, persistent: kernels/gluon_fwd.py's schedule with one CTA per SM looping over tiles.
+
+Short sequences give each program only a few key blocks (512 tokens: 4 blocks of 128), so a one-tile program's
+fixed cost (the Q load, the K/V pipeline's fill, the epilogue's stores) is exposed. Here a grid of about one CTA
+per SM walks the tiles (query tile, batch * head) with a stride of the grid, and the three partitions keep running
+across tile boundaries:
+  - the loader warp waits only until both consumers have finished their last Q K^T of tile t (q_empty), then
+    loads tile t+1's Q and its first K / V blocks into the ring while the consumers do tile t's last P V and
+    epilogue;
+  - the two consumer warpgroups ping-pong their GEMMs across tiles as within one, so one warpgroup's epilogue
+    overlaps the other's next GEMMs.
+Every ring barrier, the Q barrier and the turn barriers are indexed by running counters (key blocks and tiles
+this CTA has processed so far, never reset per tile): stage = c % STAGES, phase = (c // STAGES) & 1, with c the
+CTA's global key-block count; the Q barrier's phase is the CTA's tile count & 1. Each consumer waits its turn once
+per key block, so its turn counter equals the key-block counter.
+Tile order (_tile_coords): non-causal, the query tiles of one head adjacent and the heads of a batch (and KV group)
+next, so the CTAs running at once share K / V in L2; causal, the longest query tiles first across all heads (the
+static stride then balances like longest-processing-time-first).
+Plain and causal (bottom-right), dense (B, S, H, D), head dims 64 / 128 / 256, RAGGED descriptors for batch > 1
+with Sk % BLOCK_N != 0. Softcap, ALiBi, windows, sinks and varlen are not taken: gluon_launch runs the
+one-tile-per-program kernel for them.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .gluon_fwd import (LN2, RAGGED_BILLION, WG_M, _mask_scores, _row_max, _tma_load, _to_p, _turn_pass,
+                        _turn_wait)
+
+
+@gluon.jit
+def _tile_coords(tile, n_m, n_bh, IS_CAUSAL: gl.constexpr):
+    """(pid_m, pid_bh) of the CTA's tile number tile (see the module docstring for the order)."""
+    if IS_CAUSAL:
+        pid_m = n_m - 1 - tile // n_bh
+        pid_bh = tile % n_bh
+    else:
+        pid_m = tile % n_m
+        pid_bh = tile // n_m
+    return pid_m, pid_bh
+
+
+@gluon.jit
+def _tile_blocks(start_m, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 IS_CAUSAL: gl.constexpr):
+    """(n_full, n_blocks) of the tile at start_m: key blocks [0, n_blocks) are visited, [1, n_full) unmasked."""
+    if IS_CAUSAL:
+        causal_offset = seqlen_k - seqlen_q  # >= 0: row r sees keys <= r + causal_offset
+        n_blocks = gl.cdiv(gl.minimum(seqlen_k, start_m + BLOCK_M + causal_offset), BLOCK_N)
+        n_full = gl.minimum(start_m + causal_offset + 1, seqlen_k) // BLOCK_N
+    else:
+        n_blocks = gl.cdiv(seqlen_k, BLOCK_N)
+        n_full = seqlen_k // BLOCK_N
+    return n_full, n_blocks
+
+
+@gluon.jit
+def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
+                      v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
+                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                      IS_CAUSAL: gl.constexpr, RAGGED: gl.constexpr):
+    BLOCK_M: gl.constexpr = 2 * WG_M
+    c = 0  # key blocks loaded by this CTA so far (all tiles): the ring's running counter
+    t = 0  # tiles of this CTA so far
+    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        pid_m, pid_bh = _tile_coords(tile, n_m, n_bh, IS_CAUSAL)
+        off_b = pid_bh // heads_q
+        off_h = pid_bh % heads_q
+        start_m = pid_m * BLOCK_M
+        n_full, n_blocks = _tile_blocks(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        q_start = off_b * seqlen_q
+        k_start = off_b * seqlen_k
+        if RAGGED:
+            q_row = RAGGED_BILLION - seqlen_q + start_m
+            kv_row = RAGGED_BILLION - seqlen_k
+        else:
+            q_row = q_start + start_m
+            kv_row = k_start
+        q_end = q_start + seqlen_q
+        kv_end = k_start + seqlen_k
+        q_col = off_h * HEAD_DIM
+        kv_col = (off_h // group_size) * HEAD_DIM
+        for j in range(n_blocks):
+            stage = c % STAGES
+            empty_phase = ((c // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(stage), empty_phase)
+            mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+            _tma_load(k_desc, kv_row + j * BLOCK_N, kv_end, kv_col, k_ready.index(stage), k_bufs.index(stage),
+                      RAGGED)
+            if j == 0:
+                # Q is single-buffered: tile t-1's consumers release it after their last Q K^T (fresh barrier:
+                # phase 1 counts as complete, so tile 0 does not wait). K_0 goes first: its ring slot is usually
+                # free earlier, and the Q K^T needs both.
+                mbarrier.wait(q_empty, (t & 1) ^ 1)
+                mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+                _tma_load(q_desc, q_row, q_end, q_col, q_bar, q_smem.index(0), RAGGED)
+                _tma_load(q_desc, q_row + WG_M, q_end, q_col, q_bar, q_smem.index(1), RAGGED)
+            mbarrier.wait(v_empty.index(stage), empty_phase)
+            mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+            _tma_load(v_desc, kv_row + j * BLOCK_N, kv_end, kv_col, v_ready.index(stage), v_bufs.index(stage),
+                      RAGGED)
+            c += 1
+        t += 1
+
+
+@gluon.jit
+def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn_bars,
+               row0, seqlen_k, causal_offset, qk_scale, WG: gl.constexpr, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, PINGPONG: gl.constexpr,
+               P_CVT_ASM: gl.constexpr, TREE_MAX: gl.constexpr):
+    """gluon_fwd._kv_step without score features, with the ring / turn position c (the CTA's running key-block
+    count) apart from the tile's key block j >= 1 (the masks' columns)."""
+    o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
+    s_layout: gl.constexpr = m_i.type.layout.parent
+    stage = c % STAGES
+    prev = (c - 1) % STAGES
+    mbarrier.wait(k_ready.index(stage), (c // STAGES) & 1)
+    _turn_wait(turn_bars, c, WG, PINGPONG)
+    s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
+    s_tok = warpgroup_mma(q_view, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
+    o_tok = warpgroup_mma(p, v_bufs.index(prev), o_acc, is_async=True)
+    _turn_pass(turn_bars, WG, PINGPONG)
+    s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_M, BLOCK_N]
+    mbarrier.arrive(k_empty.index(stage))
+    if MASKED:
+        s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
+    m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)  # [WG_M]
+    alpha = gl.exp2(m_i - m_new)  # [WG_M]
+    p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
+    l_i = l_i * alpha + gl.sum(p_f32, axis=1)
+    p_next = gl.convert_layout(_to_p(p_f32, p, P_CVT_ASM), p.type.layout, assert_trivial=True)
+    o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+    mbarrier.arrive(v_empty.index(prev))
+    o_acc = o_acc * gl.convert_layout(alpha, o_row)[:, None]
+    return o_acc, m_new, l_i, p_next
+
+
+@gluon.jit
+def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                          o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
+                          seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
+                          WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                          IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, P_CVT_ASM: gl.constexpr,
+                          TREE_MAX: gl.constexpr, O_TMA: gl.constexpr):
+    """Rows WG * 64 + [0, 64) of each of the CTA's tiles (gluon_fwd._consumer_partition's online softmax).
+    O_TMA: O goes out through o_smem[WG] by a TMA store (o_desc: (B * Sq, Hq * D), boxes [64, D]) that runs on
+    while the next tile's GEMMs do; the next epilogue waits for it before it writes the buffer again."""
+    BLOCK_M: gl.constexpr = 2 * WG_M
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_view = q_smem.index(WG)
+    if IS_CAUSAL:
+        causal_offset = seqlen_k - seqlen_q
+    else:
+        causal_offset = 0
+    c = 0  # key blocks consumed by this CTA so far (all tiles): ring and turn position
+    t = 0  # tiles of this CTA so far: the Q barrier's phase
+    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        pid_m, pid_bh = _tile_coords(tile, n_m, n_bh, IS_CAUSAL)
+        off_b = pid_bh // heads_q
+        off_h = pid_bh % heads_q
+        start_m = pid_m * BLOCK_M
+        n_full, n_blocks = _tile_blocks(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        row0 = start_m + WG * WG_M
+
+        # Key block 0 (masked).
+        stage0 = c % STAGES
+        mbarrier.wait(q_bar, t & 1)
+        mbarrier.wait(k_ready.index(stage0), (c // STAGES) & 1)
+        _turn_wait(turn_bars, c, WG, PINGPONG)
+        s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
+        s_tok = warpgroup_mma(q_view, k_bufs.index(stage0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        _turn_pass(turn_bars, WG, PINGPONG)
+        s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_M, BLOCK_N]
+        mbarrier.arrive(k_empty.index(stage0))
+        s = _mask_scores(s, 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
+        m_i = gl.max(s, axis=1) * qk_scale  # [WG_M]; finite: every row sees key 0 (host guarantees it)
+        p_f32 = gl.exp2(s * qk_scale - m_i[:, None])  # [WG_M, BLOCK_N]
+        l_i = gl.sum(p_f32, axis=1)  # [WG_M]
+        p = gl.convert_layout(p_f32.to(dtype), p_layout, assert_trivial=True)  # [WG_M, BLOCK_N]
+        o_acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, o_layout)
+
+        for j in range(1, n_full):
+            o_acc, m_i, l_i, p = _kv_step_p(c + j, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty,
+                                            v_ready, v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale,
+                                            WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, P_CVT_ASM, TREE_MAX)
+        for j in range(gl.maximum(n_full, 1), n_blocks):
+            o_acc, m_i, l_i, p = _kv_step_p(c + j, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty,
+                                            v_ready, v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale,
+                                            WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, P_CVT_ASM, TREE_MAX)
+        # Every Q K^T of this tile has retired (each step waits for its S): the loader may load the next Q.
+        mbarrier.arrive(q_empty)
+
+        # The last block's PV.
+        c_last = c + n_blocks - 1
+        last = c_last % STAGES
+        mbarrier.wait(v_ready.index(last), (c_last // STAGES) & 1)
+        o_tok = warpgroup_mma(p, v_bufs.index(last), o_acc, is_async=True)
+        o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+        mbarrier.arrive(v_empty.index(last))
+
+        lse_ptr = Lse + off_b.to(gl.int64) * stride_lse_b + off_h.to(gl.int64) * stride_lse_h
+        l_o = gl.convert_layout(l_i, o_row)
+        out = o_acc * (1.0 / l_o)[:, None]  # [WG_M, HEAD_DIM]
+        rows = row0 + gl.arange(0, WG_M, layout=o_row)  # [WG_M]
+        in_seq = rows < seqlen_q
+        if O_TMA:
+            # The previous tile's store has read o_smem[WG] (one thread issued it: the barrier tells the rest).
+            tma.store_wait(0)
+            gl.thread_barrier()
+            o_view = o_smem.index(WG)
+            o_view.store(out.to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            # Rows past seqlen_q are past the tensor's end (batch 1) or the host made Sq a multiple of 64.
+            tma.async_copy_shared_to_global(o_desc, [off_b * seqlen_q + row0, off_h * HEAD_DIM], o_view)
+        else:
+            out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
+            o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
+            gl.store(o_ptrs, out.to(dtype), mask=in_seq[:, None])
+        lse = (gl.convert_layout(m_i, o_row) + gl.log2(l_o)) * LN2  # [WG_M], natural log
+        gl.store(lse_ptr + rows, lse, mask=in_seq)
+        c += n_blocks
+        t += 1
+    if O_TMA:
+        tma.store_wait(0)  # the last store reads o_smem: the CTA's shared memory must outlive it
+
+
+@gluon.jit
+def _consumer1_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                           o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
+                           seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
+                           HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                           IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, P_CVT_ASM: gl.constexpr,
+                           TREE_MAX: gl.constexpr, O_TMA: gl.constexpr):
+    _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                          o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
+                          seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
+                          1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA)
+
+
+@gluon.jit(do_not_specialize=["stride_lse_b", "stride_lse_h", "seqlen_q", "seqlen_k", "heads_q", "group_size",
+                              "n_m", "n_bh", "n_tiles"])
+def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
+                                stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
+                                seqlen_q, seqlen_k, heads_q, group_size, qk_scale, n_m, n_bh, n_tiles,
+                                HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+                                CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, RAGGED: gl.constexpr = False,
+                                P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
+                                O_TMA: gl.constexpr = False):
+    """_attn_fwd_hopper's plain / causal forward over n_tiles = n_m * n_bh tiles (n_m = cdiv(Sq, 128) query
+    tiles, n_bh = B * Hq), tile i on CTA i % grid. Launch with num_warps=4 and a grid of min(n_tiles, SMs).
+    O_TMA: o_desc is Out as a 2-D (B * Sq, Hq * D) TMA tensor with boxes [64, D] and batch == 1 or Sq % 64 == 0
+    (a box never reaches into the next sequence); else o_desc is unused and O is stored from registers."""
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM],
+                                       gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], dtype))
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if O_TMA:
+        o_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM], o_desc.layout)
+    else:
+        o_smem = q_smem  # unused
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_empty, count=2)  # both consumer warpgroups release Q
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(turn_bars.index(i), count=1)
+
+    gl.warp_specialize([
+        (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                 turn_bars, o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b,
+                                 stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
+                                 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA)),
+        (_consumer1_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                  turn_bars, o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b,
+                                  stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
+                                  HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA)),
+        (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                             v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
+                             HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

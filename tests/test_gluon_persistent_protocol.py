@@ -1,0 +1,116 @@
+"""A model of kernels/gluon_fwd_persistent.py's barrier protocol (kept in step with the kernel by hand): the loader
+warp and the two consumer warpgroups as generators that yield the mbarrier parity waits they make, running
+counters for the ring / turn / Q phases across tiles of different lengths, TMA loads landing at random later
+times. Random interleavings must finish (no deadlock) and every Q K^T / P V must read the block it expects (no
+buffer overwritten early, no phase aliasing). Mutations of the kernel's counters (a per-tile reset, a constant
+Q phase, no q_empty wait) make it fail."""
+
+import random
+
+
+class Bar:
+    """An mbarrier: count arrivals complete a phase; wait(parity) passes once the phase of that parity completed
+    (a fresh barrier passes wait(1), as the kernel's first lap relies on)."""
+
+    def __init__(self, count):
+        self.count, self.pending, self.phase = count, count, 0  # phase: phases completed so far
+
+    def arrive(self):
+        self.pending -= 1
+        if self.pending == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def done(self, parity):
+        return (self.phase & 1) != parity
+
+
+def run(tile_blocks, stages, pingpong=True, seed=0):
+    """One CTA's tiles (tile_blocks: key blocks per tile) under a random interleaving; raises on a deadlock or a
+    GEMM that would read the wrong block."""
+    rng = random.Random(seed)
+    q_bar, q_empty = Bar(1), Bar(2)
+    k_ready, v_ready = [Bar(1) for _ in range(stages)], [Bar(1) for _ in range(stages)]
+    k_empty, v_empty = [Bar(2) for _ in range(stages)], [Bar(2) for _ in range(stages)]
+    turn = [Bar(1), Bar(1)]
+    k_buf, v_buf, q_buf = [None] * stages, [None] * stages, [None]  # which block / tile each buffer holds
+    in_flight = []  # TMA loads issued, not landed: (barrier, buffer list, index, value)
+
+    def loader():  # _load_partition_p
+        c = 0
+        for t, n in enumerate(tile_blocks):
+            for j in range(n):
+                st, ph = c % stages, ((c // stages) & 1) ^ 1
+                yield lambda: k_empty[st].done(ph)
+                in_flight.append((k_ready[st], k_buf, st, c))
+                if j == 0:
+                    yield lambda: q_empty.done((t & 1) ^ 1)
+                    in_flight.append((q_bar, q_buf, 0, t))
+                yield lambda: v_empty[st].done(ph)
+                in_flight.append((v_ready[st], v_buf, st, c))
+                c += 1
+
+    def consumer(wg):  # _consumer_partition_p
+        def turn_wait(cc):
+            return (lambda: turn[wg].done((cc & 1) ^ (1 - wg))) if pingpong else (lambda: True)
+
+        def turn_pass():
+            if pingpong:
+                turn[1 - wg].arrive()
+
+        c = 0
+        for t, n in enumerate(tile_blocks):
+            yield lambda: q_bar.done(t & 1)
+            yield lambda: k_ready[c % stages].done((c // stages) & 1)
+            yield turn_wait(c)
+            assert q_buf[0] == t and k_buf[c % stages] == c, ("S_0", wg, t, c, q_buf, k_buf)
+            turn_pass()
+            yield None  # the Q K^T runs
+            k_empty[c % stages].arrive()
+            for j in range(1, n):
+                cc = c + j
+                yield lambda: k_ready[cc % stages].done((cc // stages) & 1)
+                yield turn_wait(cc)
+                assert q_buf[0] == t and k_buf[cc % stages] == cc, ("S_j", wg, t, cc, q_buf, k_buf)
+                yield lambda: v_ready[(cc - 1) % stages].done(((cc - 1) // stages) & 1)
+                assert v_buf[(cc - 1) % stages] == cc - 1, ("PV", wg, t, cc - 1, v_buf)
+                turn_pass()
+                yield None  # S_j retires
+                assert q_buf[0] == t and k_buf[cc % stages] == cc, ("S_j read", wg, t, cc, q_buf, k_buf)
+                k_empty[cc % stages].arrive()
+                yield None  # the P V retires
+                assert v_buf[(cc - 1) % stages] == cc - 1, ("PV read", wg, t, cc - 1, v_buf)
+                v_empty[(cc - 1) % stages].arrive()
+            q_empty.arrive()
+            last = c + n - 1
+            yield lambda: v_ready[last % stages].done((last // stages) & 1)
+            assert v_buf[last % stages] == last, ("last PV", wg, t, last, v_buf)
+            yield None
+            assert v_buf[last % stages] == last, ("last PV read", wg, t, last, v_buf)
+            v_empty[last % stages].arrive()
+            c += n
+
+    actors = [loader(), consumer(0), consumer(1)]
+    waits, finished = [None] * 3, [False] * 3
+    while not all(finished):
+        ready = [i for i in range(3) if not finished[i] and (waits[i] is None or waits[i]())]
+        if in_flight and (not ready or rng.random() < 0.3):
+            bar, buf, idx, value = in_flight.pop(rng.randrange(len(in_flight)))
+            buf[idx] = value
+            bar.arrive()
+            continue
+        if not ready:
+            raise RuntimeError(f"deadlock: tiles {tile_blocks}, stages {stages}")
+        i = rng.choice(ready)
+        try:
+            waits[i] = next(actors[i])
+        except StopIteration:
+            finished[i] = True
+
+
+def test_persistent_protocol_random_schedules():
+    for seed in range(400):
+        rng = random.Random(seed)
+        stages = rng.choice([1, 2, 3, 4])
+        tiles = [rng.randint(1, 6) for _ in range(rng.randint(1, 8))]  # key blocks per tile of one CTA
+        run(tiles, stages, pingpong=rng.random() < 0.8, seed=seed)
