@@ -24,10 +24,15 @@ class BwdConfig:
 
     dkdv_variant: how the dK/dV kernel reads q and dO tiles. "default": pointer tensors (cp.async);
     "desc": tensor descriptors (TMA), where the launcher can build them (launch._dkdv_descriptors), else default.
+    dkdv_split: "" one dK/dV kernel; "dv-dk": a dV launch (tiles dkdv) then a dK launch (tiles dk, or dkdv),
+    each program holding one [BLOCK_N, D] fp32 accumulator instead of two (kernels/bwd.py PART): 5 matmuls per
+    (key tile, query tile) instead of 4, for room to take 128-key tiles at D256.
     """
     dkdv: TileConfig
     dq: TileConfig
     dkdv_variant: str = "default"
+    dkdv_split: str = ""
+    dk: TileConfig = None
 
 
 def _bwd(m1, n1, m2, n2, warps, stages):
