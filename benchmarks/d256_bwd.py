@@ -6,7 +6,8 @@ bf16, D 256, H 8, 16K tokens per shape (B = 16384 / S). Times torch.autograd.gra
 median, L2 flushed), so the number is the whole backward (preprocess, dK/dV (one or two launches), dQ) plus
 autograd. Each case is checked against a float64 reference of the same inputs (err: max over dq, dk, dv of
 max |g - ref| / max |ref|; SDPA flash's own err is printed as the bf16 yardstick); a case whose err exceeds
-2x FA2's plus 1e-3 is marked "FAIL". --all adds the session-5 tile candidates of the one-kernel variants.
+2x FA2's plus 1e-3 is marked "FAIL". --all adds the "pointers" variant and session 5's one-kernel tile
+candidates (left out of the default run so that it stays under 2 minutes: each D256 dK/dV compile takes seconds).
 TFLOP/s: backward FLOPs = 2.5 * 4 * B * H * S * S * D, halved when causal. One line per (shape, variant, config).
 """
 import argparse
@@ -25,6 +26,7 @@ from flashtile.configs import BwdConfig, TileConfig as T
 
 BWD_CONFIG = configs.bwd_config
 HEAD_DIM, HEADS, TOKENS = 256, 8, 16384
+DEVICE, DTYPE = "cuda", torch.bfloat16  # module constants, so a CPU smoke run can swap them
 DQ = T(128, 32, 8, 2)  # configs.py's dQ tiles at D256, held fixed: only the dK/dV kernels change here
 
 
@@ -32,16 +34,19 @@ def dvdk(dv, dk):
     return BwdConfig(dv, DQ, "desc", "dv-dk", dk)
 
 
-# (name, BwdConfig, causal values it runs at). configs.py's choice always runs first; the named variants
-# (configs.D256_BWD_VARIANTS) next; then dv-dk tile alternatives (spill-free or nearly, benchmarks/spills.py).
-CASES = [(f"variant {name}", cfg, (causal,)) for name, pair in configs.D256_BWD_VARIANTS.items()
+# (name, BwdConfig, causal values it runs at). configs.py's choice always runs first (the "desc" variant today);
+# then the dv-dk variant (configs.D256_BWD_VARIANTS) and one dv-dk tile alternative: dK with 16 query rows (0 B
+# spill, 1 stage causal: benchmarks/results/spills-d256-dvdk).
+CASES = [(f"variant {name}", cfg, (causal,)) for name, pair in configs.D256_BWD_VARIANTS.items() if name != "pointers"
          for causal, cfg in zip((False, True), pair)] + [
-    ("dv-dk", dvdk(T(64, 128, 8, 2), T(16, 128, 8, 2)), (False,)),  # dK 0 B spill at fewer rows
-    ("dv-dk", dvdk(T(64, 128, 8, 1), T(16, 128, 8, 2)), (True,)),  # dK 2-stage causal: wgmma serialized
+    ("dv-dk", dvdk(T(64, 128, 8, 2), T(16, 128, 8, 2)), (False,)),
+    ("dv-dk", dvdk(T(64, 128, 8, 1), T(16, 128, 8, 1)), (True,)),
 ]
-# Session 5's one-kernel candidates (--all). Causal 32x32/8w/2st: the one causal candidate that is spill-free
-# and whose wgmmas ptxas does not serialize (benchmarks/results/spills-d256-desc).
-OLD_CASES = [
+# --all: the "pointers" variant (measured in session 5: 208 / 188 TFLOP/s at S 4096) and session 5's one-kernel
+# candidates. Causal 32x32/8w/2st: the one causal candidate that is spill-free and whose wgmmas ptxas does not
+# serialize (benchmarks/results/spills-d256-desc).
+OLD_CASES = [(f"variant {name}", cfg, (causal,)) for name, pair in configs.D256_BWD_VARIANTS.items()
+             if name == "pointers" for causal, cfg in zip((False, True), pair)] + [
     ("default", BwdConfig(T(64, 64, 8, 2), DQ, "default"), (False, True)),
     ("desc", BwdConfig(T(32, 64, 8, 2), DQ, "desc"), (False, True)),
     ("desc", BwdConfig(T(16, 64, 8, 2), DQ, "desc"), (False, True)),
@@ -94,15 +99,16 @@ def main():
     parser.add_argument("--all", action="store_true", help="also the session-5 one-kernel tile candidates")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  D{HEAD_DIM} bf16 H{HEADS}", flush=True)
+    dtype = str(DTYPE).removeprefix("torch.")
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  D{HEAD_DIM} {dtype} H{HEADS}", flush=True)
     print(f"{'S':>5} {'B':>3} {'causal':6} {'provider / variant':22} {'dK/dV config':36} {'ms':>7} {'TFLOP/s':>7} "
           f"{'err':>8}", flush=True)
     records, t0 = [], time.time()
     for seqlen in map(int, args.seqlens.split(",")):
         batch = max(1, TOKENS // seqlen)
         for causal in (bool(int(c)) for c in args.causal.split(",")):
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            q, k, v = (torch.randn(batch, seqlen, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
+            gen = torch.Generator(device=DEVICE).manual_seed(0)
+            q, k, v = (torch.randn(batch, seqlen, HEADS, HEAD_DIM, device=DEVICE, dtype=DTYPE,
                                    generator=gen).requires_grad_() for _ in range(3))
             dout = torch.randn_like(q)
             ref = reference_grads(q, k, v, dout, causal)
@@ -138,8 +144,8 @@ def main():
                     report(name, "-", error=f"{type(exc).__name__}: {str(exc)[:150]}")
 
             arch = torch.cuda.get_device_capability()
-            cases = [("configs.py/" + BWD_CONFIG(arch, HEAD_DIM, causal, torch.bfloat16).dkdv_variant,
-                      BWD_CONFIG(arch, HEAD_DIM, causal, torch.bfloat16))]
+            cases = [("configs.py/" + BWD_CONFIG(arch, HEAD_DIM, causal, DTYPE).dkdv_variant,
+                      BWD_CONFIG(arch, HEAD_DIM, causal, DTYPE))]
             cases += [(name, cfg) for name, cfg, when in CASES + (OLD_CASES if args.all else [])
                       if causal in when and cfg != cases[0][1]]  # "variant desc" is configs.py's: timed once
             try:
