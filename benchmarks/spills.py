@@ -4,6 +4,7 @@ The counting step of the method before a GPU measurement: a configuration whose 
 to local memory is a poor candidate however its tiles look. Compiles for sm90 with the installed triton
 (put the device's triton first on PYTHONPATH to match the GPU) and runs that triton's ptxas -v.
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python benchmarks/spills.py --head-dims 128 --kernel dkdv
+--kernel dv,dk compiles the two launches of the D256 "dv-dk" split (configs.BwdConfig.dkdv_split) apart.
 --variant desc compiles the dK/dV kernel's descriptor variant (configs.BwdConfig.dkdv_variant). "wgmma serialized":
 ptxas's C7515 warning, every wgmma of the kernel waits for the previous one (a performance cliff, not a spill).
 Shapes: bf16, B=4, S=4096, H=16 (strides as in the benchmark; divisibility hints as at launch).
@@ -37,6 +38,9 @@ CANDIDATES = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel
     "dkdv": [(64, 128, 8, 2), (64, 128, 8, 1), (32, 128, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 2),
              (128, 64, 8, 2), (32, 64, 4, 2), (32, 32, 4, 2), (32, 32, 8, 2), (32, 64, 8, 2), (16, 64, 8, 2),
              (16, 32, 4, 2)],
+    # The D256 "dv-dk" split (configs.BwdConfig.dkdv_split): the dV launch and the dK launch apart.
+    "dv": [(64, 128, 8, 2), (64, 128, 8, 1), (32, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 2), (64, 64, 4, 2)],
+    "dk": [(64, 128, 8, 2), (64, 128, 8, 1), (32, 128, 8, 2), (32, 128, 8, 1), (16, 128, 8, 2), (64, 64, 8, 2)],
     "dq": [(128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 2), (64, 32, 4, 2),
            (32, 32, 4, 2)],
     "fwd": [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 8, 2)],
@@ -86,11 +90,12 @@ def loop_bodies(cubin):
 
 
 def measure(kernel, head_dim, causal, tiles, dropout_p=0.0, sass=False, variant="default"):
+    split = "dv-dk" if kernel in ("dv", "dk") else ""
     if tiles is not None:
         m, n, warps, stages = tiles
         tile = configs.TileConfig(m, n, warps, stages)
         configs.fwd_config = lambda *a, **k: tile
-        configs.bwd_config = lambda *a, **k: configs.BwdConfig(tile, tile, variant)
+        configs.bwd_config = lambda *a, **k: configs.BwdConfig(tile, tile, variant, split)
     q = torch.empty(4, 4096, 2048 // head_dim, head_dim, dtype=torch.bfloat16)
     lse = torch.empty(4, 2048 // head_dim, 4096)
     geo = launch.Geometry.of(q, q)
@@ -101,7 +106,9 @@ def measure(kernel, head_dim, causal, tiles, dropout_p=0.0, sass=False, variant=
     else:
         launches = launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, (9, 0),
                                             interpreter=False)
-        kl = launches[1] if kernel == "dkdv" else launches[2]
+        kl = launches[-1] if kernel == "dq" else launches[1]  # the dV launch where split: dkdv_split
+        if kernel == "dk":
+            kl = launches[2]
     tiles = (kl.constexprs["BLOCK_M"], kl.constexprs["BLOCK_N"], kl.num_warps, kl.num_stages)
     sig, constexprs, attrs = _signature(kl)
     try:

@@ -240,8 +240,9 @@ def test_cpu_path_memory_is_linear(monkeypatch):
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal): the D256 dK/dV variants (configs.
 # D256_BWD_VARIANTS) forced on. Two batches with ragged lengths: a descriptor tile running past a sequence reads
 # the next batch's rows, which must be discarded; GQA runs the group loop; D200 pads to 256, where the launcher
-# builds no descriptor and the default loads run.
-D256_VARIANT_CASES = [(2, 45, 70, 4, 2, 256, True), (2, 33, 40, 2, 2, 256, False), (1, 17, 40, 2, 1, 200, True)]
+# builds no descriptor and the default loads run. "dv-dk" runs the dK/dV kernel twice (PART 1 then 2).
+D256_VARIANT_CASES = [(2, 45, 70, 4, 2, 256, True), (2, 33, 40, 2, 2, 256, False), (1, 17, 40, 2, 1, 200, True),
+                      (1, 70, 33, 3, 1, 256, True), (1, 50, 50, 2, 1, 200, False)]  # q > k causal, MQA; D200 full
 
 
 @pytest.mark.parametrize("variant", sorted(configs.D256_BWD_VARIANTS))
@@ -254,7 +255,10 @@ def test_d256_bwd_variants(monkeypatch, variant, batch, seqlen_q, seqlen_k, head
     make = launch._dkdv_descriptors
     monkeypatch.setattr(launch, "_dkdv_descriptors", lambda *a: built.append(make(*a)) or built[-1])
     run_and_check(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, torch.float16, DEVICE)
-    if variant == "desc":
-        assert built and all((d is not None) == (head_dim == 256) for d in built)
+    chosen = configs.D256_BWD_VARIANTS[variant][0]
+    if chosen.dkdv_variant == "desc":
+        # One descriptor pair per dK/dV launch: two where dV and dK run apart ("dv-dk").
+        assert len(built) == (2 if chosen.dkdv_split == "dv-dk" else 1)
+        assert all((d is not None) == (head_dim == 256) for d in built)
     else:
         assert not built  # the pointer tiles build no descriptor

@@ -45,3 +45,27 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_wanted(256, False, 4096) and not configs.gluon_fwd_wanted(256, True, 2048)
     assert not configs.gluon_fwd_wanted(128, False, 8192, window_span=257)  # narrow windows: the 64x64 tiles
     assert configs.gluon_fwd_wanted(128, False, 8192, window_span=1025)
+
+
+def test_d256_dv_dk_split_launches_dv_then_dk(monkeypatch):
+    """FLASHTILE_D256_BWD=dv-dk: two dK/dV launches (PART 1: dV, PART 2: dK) at the variant's own tiles, then dQ;
+    the default stays one launch with both accumulators (PART 0)."""
+    q = torch.empty(1, 4096, 8, 256, dtype=torch.bfloat16)
+    lse = torch.empty(1, 8, 4096)
+    geo = launch.Geometry.of(q, q)
+
+    def dkdv_launches(causal):
+        sa = launch.ScoreArgs.make(geo, 0.1, -1, 0 if causal else -1, 0.0, None, lse)
+        launches = launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, SM90, False)
+        assert launches[-1].kernel.__name__ == "_attn_bwd_dq"
+        return [(kl.constexprs["PART"], kl.constexprs["BLOCK_M"], kl.constexprs["BLOCK_N"], kl.num_stages)
+                for kl in launches[1:-1]]
+
+    assert dkdv_launches(False) == [(0, 64, 64, 2)]
+    monkeypatch.setattr(configs, "D256_BWD", "dv-dk")
+    for causal in (False, True):
+        cfg = configs.D256_BWD_VARIANTS["dv-dk"][int(causal)]
+        assert configs.bwd_config(SM90, 256, causal, torch.bfloat16) == cfg
+        assert dkdv_launches(causal) == [(1, cfg.dkdv.BLOCK_M, cfg.dkdv.BLOCK_N, cfg.dkdv.num_stages),
+                                         (2, cfg.dk.BLOCK_M, cfg.dk.BLOCK_N, cfg.dk.num_stages)]
+    assert configs.bwd_config(SM90, 128, False, torch.bfloat16) == configs._SM90_BWD[128]  # D256 only

@@ -24,10 +24,15 @@ class BwdConfig:
 
     dkdv_variant: how the dK/dV kernel reads q and dO tiles. "default": pointer tensors (cp.async);
     "desc": tensor descriptors (TMA), where the launcher can build them (launch._dkdv_descriptors), else default.
+    dkdv_split: "" one dK/dV kernel; "dv-dk": a dV launch (tiles dkdv) then a dK launch (tiles dk, or dkdv),
+    each program holding one [BLOCK_N, D] fp32 accumulator instead of two (kernels/bwd.py PART): 5 matmuls per
+    (key tile, query tile) instead of 4, for room to take 128-key tiles at D256.
     """
     dkdv: TileConfig
     dq: TileConfig
     dkdv_variant: str = "default"
+    dkdv_split: str = ""
+    dk: TileConfig = None
 
 
 def _bwd(m1, n1, m2, n2, warps, stages):
@@ -122,10 +127,19 @@ def gluon_fwd_wanted(head_dim, causal, seqlen_k, window_span=None):
 # The D256 backwards to compare (FLASHTILE_D256_BWD=<name> swaps one in on sm90 for 16-bit inputs; read once):
 # "desc" is the default above; "pointers" the pointer-tile configurations it replaced in session 5 (non-causal
 # 64x64/8w/1 stage, causal 32x32/4w/2 stages).
+# "dv-dk" (not yet measured): dV and dK in two launches (BwdConfig.dkdv_split), each program holding one
+# [128, 256] fp32 accumulator, so 128-key tiles fit: 5 matmuls per tile pair instead of 4 (the backward's 7 become
+# 8), q/dO read as often as by 64-key tiles. Tiles from benchmarks/spills.py (triton 3.6, sm90, desc; perf-log
+# "D256 backward: dV and dK apart"): non-causal dV 64x128/8w/2st (0 B spill, 197 KB smem), dK 32x128/8w/2st
+# (4 B, 197 KB); causal with 1 stage, since ptxas serializes the wgmmas of every 2-stage causal compile (C7515):
+# dV 64x128/8w/1st (0 B), dK 32x128/8w/1st (8 B).
+_D256_DQ = TileConfig(128, 32, 8, 2)
 D256_BWD_VARIANTS = {
     "desc": (_SM90_BWD[256], _SM90_BWD_LOCAL[256]),  # (non-causal, causal / window)
-    "pointers": (BwdConfig(TileConfig(64, 64, 8, 1), TileConfig(128, 32, 8, 2)),
-                 BwdConfig(TileConfig(32, 32, 4, 2), TileConfig(128, 32, 8, 2))),
+    "pointers": (BwdConfig(TileConfig(64, 64, 8, 1), _D256_DQ),
+                 BwdConfig(TileConfig(32, 32, 4, 2), _D256_DQ)),
+    "dv-dk": (BwdConfig(TileConfig(64, 128, 8, 2), _D256_DQ, "desc", "dv-dk", TileConfig(32, 128, 8, 2)),
+              BwdConfig(TileConfig(64, 128, 8, 1), _D256_DQ, "desc", "dv-dk", TileConfig(32, 128, 8, 1))),
 }
 D256_BWD = os.environ.get("FLASHTILE_D256_BWD", "")  # read once, at import
 if D256_BWD and D256_BWD not in D256_BWD_VARIANTS:
@@ -170,8 +184,10 @@ def fwd_config(arch, head_dim_padded, local, dtype, interpreter=False, keys_per_
 def bwd_config(arch, head_dim_padded, local, dtype, interpreter=False):
     """The backward tile configuration (dK/dV and dQ kernels)."""
     if interpreter:
-        return replace(INTERPRETER_BWD, dkdv_variant=D256_BWD_VARIANTS[D256_BWD][0].dkdv_variant) \
-            if D256_BWD and head_dim_padded == 256 else INTERPRETER_BWD
+        if D256_BWD and head_dim_padded == 256:  # the variant's kernels at the interpreter's tiles
+            chosen = D256_BWD_VARIANTS[D256_BWD][0]
+            return replace(INTERPRETER_BWD, dkdv_variant=chosen.dkdv_variant, dkdv_split=chosen.dkdv_split)
+        return INTERPRETER_BWD
     table = _table_for(arch, dtype, _SM90_BWD_LOCAL if local else _SM90_BWD, _GENERIC_BWD)
     if D256_BWD and head_dim_padded == 256 and table is not _GENERIC_BWD:
         return D256_BWD_VARIANTS[D256_BWD][1 if local else 0]

@@ -472,8 +472,8 @@ def dq_convert_launch(dq_accum, dq, scale):
 
 def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale, sa, arch,
                       interpreter, mods=None, dlse=None):
-    """The backward's three launches: preprocess (delta, lse2, of shape geo.row_buffer_shape), dK/dV, dQ;
-    sa: ScoreArgs.
+    """The backward's launches: preprocess (delta, lse2, of shape geo.row_buffer_shape), dK/dV (one launch, or
+    dV then dK where cfg.dkdv_split == "dv-dk"), dQ (always the last); sa: ScoreArgs.
 
     dbias: a zero-filled fp32 (B, Hq, max_q, max_k) buffer that the dQ kernel fills with dS, or None.
     mods: ModArgs or None. dlse: the gradient flowing into lse (lse's shape), or None.
@@ -482,28 +482,33 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
     head_dim_pad = _head_dim_padded(geo.head_dim)
     mods = mods or _NO_MODS
     cfg = configs.bwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
-    descs = None
-    if cfg.dkdv_variant == "desc":
-        descs = _dkdv_descriptors(geo, q, dout, mods.tiles(cfg.dkdv).BLOCK_M, head_dim_pad)
+    # (tiles, PART) of each dK/dV launch: one kernel for both, or dV then dK ("dv-dk": one accumulator each).
+    parts = ([(cfg.dkdv, 1), (cfg.dk or cfg.dkdv, 2)] if cfg.dkdv_split == "dv-dk" else [(cfg.dkdv, 0)])
     cfg = replace(cfg, dkdv=mods.tiles(cfg.dkdv), dq=mods.tiles(cfg.dq))
-    assert cfg.dkdv.BLOCK_M <= ROW_PAD, "the dK/dV kernel's query tiles may read ROW_PAD rows past the last sequence"
     precision = _dot_precision(q.dtype)
     row_strides = geo.lse_strides(lse2)
     cu_q, cu_k = geo.cu_args(lse)
     common = dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, DOT_PRECISION=precision,
                   IS_VARLEN=geo.is_varlen, **sa.constexprs, **mods.constexprs(grad=True))
     preprocess = preprocess_launch(geo, out, dout, lse, dlse, delta, lse2)
-    dkdv = KernelLaunch(
-        _attn_bwd_dkdv, (_cdiv(geo.seqlen_k, cfg.dkdv.BLOCK_N), geo.batch * geo.heads_kv),
-        (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k, sa.bias, sa.rng, *(descs or (q, dout)),
-         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
-         *row_strides, sa.stride_alibi_b, *sa.bias_strides,
-         geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars(),
-         *mods.args(lse, transposed=True)),
-        dict(BLOCK_M=cfg.dkdv.BLOCK_M, BLOCK_N=cfg.dkdv.BLOCK_N, Q_DESC=descs is not None,
-             SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1, **common),
-        cfg.dkdv.num_warps, cfg.dkdv.num_stages,
-    )
+    dkdv_launches = []
+    for tiles, part in parts:
+        tiles = mods.tiles(tiles)
+        assert tiles.BLOCK_M <= ROW_PAD, "the dK/dV kernel's query tiles may read ROW_PAD rows past the last sequence"
+        descs = None
+        if cfg.dkdv_variant == "desc":
+            descs = _dkdv_descriptors(geo, q, dout, tiles.BLOCK_M, head_dim_pad)
+        dkdv_launches.append(KernelLaunch(
+            _attn_bwd_dkdv, (_cdiv(geo.seqlen_k, tiles.BLOCK_N), geo.batch * geo.heads_kv),
+            (q, k, v, dout, lse2, delta, dk, dv, sa.alibi, cu_q, cu_k, sa.bias, sa.rng, *(descs or (q, dout)),
+             *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(dout), *_strides3(dk), *_strides3(dv),
+             *row_strides, sa.stride_alibi_b, *sa.bias_strides,
+             geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars(),
+             *mods.args(lse, transposed=True)),
+            dict(BLOCK_M=tiles.BLOCK_M, BLOCK_N=tiles.BLOCK_N, Q_DESC=descs is not None,
+                 SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1, PART=part, **common),
+            tiles.num_warps, tiles.num_stages,
+        ))
     dq_launch = KernelLaunch(
         _attn_bwd_dq, (_cdiv(geo.seqlen_q, cfg.dq.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, v, dout, lse2, delta, dq, sa.alibi, cu_q, cu_k, sa.bias, dbias if dbias is not None else lse, sa.rng,
@@ -514,7 +519,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
              LEFT_BOUNDED=sa.left_bounded, **common),
         cfg.dq.num_warps, cfg.dq.num_stages,
     )
-    return [preprocess, dkdv, dq_launch]
+    return [preprocess, *dkdv_launches, dq_launch]
 
 
 def probs_launches(geo, q, k, lse, probs, sa, arch, interpreter):

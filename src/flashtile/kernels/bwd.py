@@ -67,7 +67,8 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                          off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None, SCORE_MOD: tl.constexpr = None,
                          SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, idx_ptr=None,
                          BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128,
-                         q_desc=None, do_desc=None, desc_row=0, desc_col=0, Q_DESC: tl.constexpr = False):
+                         q_desc=None, do_desc=None, desc_row=0, desc_col=0, Q_DESC: tl.constexpr = False,
+                         PART: tl.constexpr = 0):
     """Accumulate dK, dV of one key block over query blocks [lo, hi), working on transposed tiles.
     BLOCK_SPARSE: [lo, hi) are offsets into the query blocks listed at idx_ptr (see _sparse_tile_start).
 
@@ -82,6 +83,8 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
     block [BLOCK_M, HEAD_DIM_PAD], tile at [desc_row + start_m, desc_col]): TMA copies straight into shared
     memory, so no [BLOCK_M, HEAD_DIM_PAD] pointer tensors occupy registers. Rows past the sequence are the next
     sequence's (or zero past the buffer) and are discarded as in ROWS_PADDED: lse2 = +inf there, so P = 0.
+    PART: 0 accumulates both; 1 only dV (no dP: 2 matmuls per tile; v unused); 2 only dK (3 matmuls). The
+    other accumulator is returned untouched.
     """
     if BLOCK_SPARSE:
         next_start = _sparse_tile_start(lo, hi, idx_ptr, SPARSE_M)
@@ -120,18 +123,21 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
             keepT = _dropout_keep(seed, rng_base, offs_qm[None, :], start_n, max_k, dropout_threshold,
                                   offs_n.shape[0], True)
             rp = 1.0 / (1.0 - dropout_p)
-            dv = tl.dot(tl.where(keepT, pT * rp, 0.0).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-        else:
-            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
-        if HAS_DROPOUT:
-            dpT = tl.where(keepT, dpT * rp, 0.0)
-        dsT = pT * (dpT - delta[None, :])  # [BLOCK_N, BLOCK_M]
-        if SCORE_MOD is not None:
-            dsT = tl.where(pT > 0.0, dsT * gT, 0.0)  # the user's derivative, never read where P = 0
-        if SOFTCAP:
-            dsT = dsT * (1.0 - tT * tT)
-        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        if PART != 2:
+            if HAS_DROPOUT:
+                dv = tl.dot(tl.where(keepT, pT * rp, 0.0).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+            else:
+                dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        if PART != 1:
+            dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
+            if HAS_DROPOUT:
+                dpT = tl.where(keepT, dpT * rp, 0.0)
+            dsT = pT * (dpT - delta[None, :])  # [BLOCK_N, BLOCK_M]
+            if SCORE_MOD is not None:
+                dsT = tl.where(pT > 0.0, dsT * gT, 0.0)  # the user's derivative, never read where P = 0
+            if SOFTCAP:
+                dsT = dsT * (1.0 - tT * tT)
+            dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
     return dk, dv
 
 
@@ -156,7 +162,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                    SPLIT_GROUP_SUM: tl.constexpr,
                    SCORE_MOD: tl.constexpr = None, SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
                    BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128,
-                   Q_DESC: tl.constexpr = False):
+                   Q_DESC: tl.constexpr = False, PART: tl.constexpr = 0):
     """One program per (key block, batch * key/value head); sums over the group's query heads.
 
     BLOCK_SPARSE: the query blocks come from the block mask's transposed lists QNum / FullQNum
@@ -164,6 +170,9 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
     HAS_DROPOUT: the forward's keep mask is regenerated in both loop structures.
     Q_DESC: QDesc / DODesc are tensor descriptors over q and dO viewed as (rows, heads_q * HEAD_DIM) (see
     _attn_bwd_dkdv_inner); else they are unused.
+    PART: 0 computes and stores dK and dV; 1 only dV (DK unused, v never read); 2 only dK (DV unused): the
+    D256 "dv-dk" split (configs.BwdConfig.dkdv_split), two launches whose programs each hold one [BLOCK_N, D]
+    fp32 accumulator instead of two.
     """
     start_n = tl.program_id(0) * BLOCK_N
     pid_bh = tl.program_id(1)
@@ -187,9 +196,11 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
     k = _load_tile(K + _seq_offset(off_b, k_start, stride_kb, stride_kn, IS_VARLEN) + off_hk * stride_kh
                    + cols * stride_kn + offs_d[None, :],
                    offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_N, HEAD_DIM_PAD]
-    v = _load_tile(V + _seq_offset(off_b, k_start, stride_vb, stride_vn, IS_VARLEN) + off_hk * stride_vh
-                   + cols * stride_vn + offs_d[None, :],
-                   offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_N, HEAD_DIM_PAD]
+    v = k  # never read when PART == 1
+    if PART != 1:
+        v = _load_tile(V + _seq_offset(off_b, k_start, stride_vb, stride_vn, IS_VARLEN) + off_hk * stride_vh
+                       + cols * stride_vn + offs_d[None, :],
+                       offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, True)  # [BLOCK_N, HEAD_DIM_PAD]
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
 
@@ -233,7 +244,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               DOT_PRECISION, IS_VARLEN, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
                                               SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_M,
                                               q_desc=QDesc, do_desc=DODesc, desc_row=desc_row, desc_col=desc_col,
-                                              Q_DESC=Q_DESC)
+                                              Q_DESC=Q_DESC, PART=PART)
         else:
             for SEGMENT in tl.static_range(3):
                 seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
@@ -246,18 +257,20 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               SEGMENT != 1, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
                                               DOT_PRECISION, IS_VARLEN, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
                                               SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, q_desc=QDesc, do_desc=DODesc,
-                                              desc_row=desc_row, desc_col=desc_col, Q_DESC=Q_DESC)
+                                              desc_row=desc_row, desc_col=desc_col, Q_DESC=Q_DESC, PART=PART)
         if SPLIT_GROUP_SUM:
             dk = dk_all + dk
             dv = dv_all + dv
 
-    dk = dk * softmax_scale
-    dk_ptrs = (DK + _seq_offset(off_b, k_start, stride_dkb, stride_dkn, IS_VARLEN) + off_hk * stride_dkh
-               + cols * stride_dkn + offs_d[None, :])
-    dv_ptrs = (DV + _seq_offset(off_b, k_start, stride_dvb, stride_dvn, IS_VARLEN) + off_hk * stride_dvh
-               + cols * stride_dvn + offs_d[None, :])
-    _store_tile(dk_ptrs, dk.to(DK.dtype.element_ty), offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD)
-    _store_tile(dv_ptrs, dv.to(DV.dtype.element_ty), offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD)
+    if PART != 1:
+        dk = dk * softmax_scale
+        dk_ptrs = (DK + _seq_offset(off_b, k_start, stride_dkb, stride_dkn, IS_VARLEN) + off_hk * stride_dkh
+                   + cols * stride_dkn + offs_d[None, :])
+        _store_tile(dk_ptrs, dk.to(DK.dtype.element_ty), offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD)
+    if PART != 2:
+        dv_ptrs = (DV + _seq_offset(off_b, k_start, stride_dvb, stride_dvn, IS_VARLEN) + off_hk * stride_dvh
+                   + cols * stride_dvn + offs_d[None, :])
+        _store_tile(dv_ptrs, dv.to(DV.dtype.element_ty), offs_n, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD)
 
 
 @triton.jit
