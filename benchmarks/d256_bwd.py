@@ -34,8 +34,8 @@ def dvdk(dv, dk):
     return BwdConfig(dv, DQ, "desc", "dv-dk", dk)
 
 
-# (name, BwdConfig, causal values it runs at). configs.py's choice always runs first (the "desc" variant today);
-# then the dv-dk variant (configs.D256_BWD_VARIANTS) and one dv-dk tile alternative: dK with 16 query rows (0 B
+# (name, BwdConfig, causal values it runs at). configs.py's choice always runs first (the "dv-dk" variant since
+# session 7); then the other variants but "pointers" (configs.D256_BWD_VARIANTS) and one dv-dk tile alternative: dK with 16 query rows (0 B
 # spill, 1 stage causal: benchmarks/results/spills-d256-dvdk).
 CASES = [(f"variant {name}", cfg, (causal,)) for name, pair in configs.D256_BWD_VARIANTS.items() if name != "pointers"
          for causal, cfg in zip((False, True), pair)] + [
@@ -144,10 +144,10 @@ def main():
                     report(name, "-", error=f"{type(exc).__name__}: {str(exc)[:150]}")
 
             arch = torch.cuda.get_device_capability()
-            cases = [("configs.py/" + BWD_CONFIG(arch, HEAD_DIM, causal, DTYPE).dkdv_variant,
+            cases = [("configs.py/" + (BWD_CONFIG(arch, HEAD_DIM, causal, DTYPE).dkdv_split or "one-kernel"),
                       BWD_CONFIG(arch, HEAD_DIM, causal, DTYPE))]
             cases += [(name, cfg) for name, cfg, when in CASES + (OLD_CASES if args.all else [])
-                      if causal in when and cfg != cases[0][1]]  # "variant desc" is configs.py's: timed once
+                      if causal in when and cfg != cases[0][1]]  # configs.py's own variant is timed once
             try:
                 out = flashtile.flash_attn_func(q, k, v, causal=causal)  # forward with configs.py's tiles
             except Exception as exc:

@@ -1,7 +1,7 @@
 """Tile-configuration lookup (configs.py): which table serves which call. Pure Python, no kernels run."""
 import torch
 
-from flashtile import configs, launch
+from flashtile import configs, gluon_launch, launch
 
 SM90 = (9, 0)
 
@@ -38,18 +38,36 @@ def test_local_backward_has_its_own_table():
 
 
 def test_gluon_forward_policy():
-    """The Gluon forward is wanted only where it measured faster (configs.GLUON_FWD_MIN_KEYS)."""
-    assert configs.gluon_fwd_wanted(128, False, 512)
-    assert not configs.gluon_fwd_wanted(128, True, 512) and configs.gluon_fwd_wanted(128, True, 1024)
-    assert not configs.gluon_fwd_wanted(64, False, 2048) and configs.gluon_fwd_wanted(64, False, 4096)
-    assert configs.gluon_fwd_wanted(256, False, 4096) and not configs.gluon_fwd_wanted(256, True, 2048)
+    """The Gluon forward is wanted only where it measured faster (configs.GLUON_FWD_MIN_KEYS), and short rows take
+    the persistent grid where it measured faster (configs.GLUON_FWD_PERSISTENT)."""
+    assert configs.gluon_fwd_wanted(128, False, 256)
+    assert not configs.gluon_fwd_wanted(128, True, 256) and configs.gluon_fwd_wanted(128, True, 512)
+    assert not configs.gluon_fwd_wanted(64, False, 256) and configs.gluon_fwd_wanted(64, False, 512)
+    assert not configs.gluon_fwd_wanted(64, True, 2048) and configs.gluon_fwd_wanted(64, True, 4096)
+    assert configs.gluon_fwd_wanted(256, True, 512) and not configs.gluon_fwd_wanted(256, False, 256)
     assert not configs.gluon_fwd_wanted(128, False, 8192, window_span=257)  # narrow windows: the 64x64 tiles
     assert configs.gluon_fwd_wanted(128, False, 8192, window_span=1025)
+    assert configs.gluon_fwd_variant(128, False, 4096) == "persistent-tma"
+    assert configs.gluon_fwd_variant(128, False, 4097) == "default"
+    assert configs.gluon_fwd_variant(128, True, 1024) == "persistent-tma"
+    assert configs.gluon_fwd_variant(128, True, 2048) == "default"
+    assert configs.gluon_fwd_variant(256, False, 2048) == "persistent"
+    assert configs.gluon_fwd_variant(256, True, 512) == "default" == configs.gluon_fwd_variant(64, True, 512)
+    for (head_dim, _), (variant, _) in configs.GLUON_FWD_PERSISTENT.items():
+        assert gluon_launch.VARIANTS[variant][head_dim].persistent
+
+
+def test_gluon_backward_policy():
+    """The Gluon backward: D128 from 1K keys, not for windows narrower than GLUON_BWD_MIN_WINDOW keys."""
+    assert configs.gluon_bwd_wanted(128, False, 1024) and not configs.gluon_bwd_wanted(128, False, 512)
+    assert not configs.gluon_bwd_wanted(64, False, 16384)
+    assert not configs.gluon_bwd_wanted(128, True, 8192, window_span=257)
+    assert configs.gluon_bwd_wanted(128, True, 8192, window_span=1025)
 
 
 def test_d256_dv_dk_split_launches_dv_then_dk(monkeypatch):
-    """FLASHTILE_D256_BWD=dv-dk: two dK/dV launches (PART 1: dV, PART 2: dK) at the variant's own tiles, then dQ;
-    the default stays one launch with both accumulators (PART 0)."""
+    """D256 on sm90 (the "dv-dk" default since session 7): two dK/dV launches (PART 1: dV, PART 2: dK) at the
+    variant's own tiles, then dQ; FLASHTILE_D256_BWD=desc: one launch with both accumulators (PART 0)."""
     q = torch.empty(1, 4096, 8, 256, dtype=torch.bfloat16)
     lse = torch.empty(1, 8, 4096)
     geo = launch.Geometry.of(q, q)
@@ -61,11 +79,13 @@ def test_d256_dv_dk_split_launches_dv_then_dk(monkeypatch):
         return [(kl.constexprs["PART"], kl.constexprs["BLOCK_M"], kl.constexprs["BLOCK_N"], kl.num_stages)
                 for kl in launches[1:-1]]
 
+    monkeypatch.setattr(configs, "D256_BWD", "desc")
     assert dkdv_launches(False) == [(0, 64, 64, 2)]
-    monkeypatch.setattr(configs, "D256_BWD", "dv-dk")
-    for causal in (False, True):
-        cfg = configs.D256_BWD_VARIANTS["dv-dk"][int(causal)]
-        assert configs.bwd_config(SM90, 256, causal, torch.bfloat16) == cfg
-        assert dkdv_launches(causal) == [(1, cfg.dkdv.BLOCK_M, cfg.dkdv.BLOCK_N, cfg.dkdv.num_stages),
-                                         (2, cfg.dk.BLOCK_M, cfg.dk.BLOCK_N, cfg.dk.num_stages)]
+    for variant in ("", "dv-dk"):
+        monkeypatch.setattr(configs, "D256_BWD", variant)
+        for causal in (False, True):
+            cfg = configs.D256_BWD_VARIANTS["dv-dk"][int(causal)]
+            assert configs.bwd_config(SM90, 256, causal, torch.bfloat16) == cfg
+            assert dkdv_launches(causal) == [(1, cfg.dkdv.BLOCK_M, cfg.dkdv.BLOCK_N, cfg.dkdv.num_stages),
+                                             (2, cfg.dk.BLOCK_M, cfg.dk.BLOCK_N, cfg.dk.num_stages)]
     assert configs.bwd_config(SM90, 128, False, torch.bfloat16) == configs._SM90_BWD[128]  # D256 only

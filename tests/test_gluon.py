@@ -411,6 +411,28 @@ def test_flash_attn_varlen_func_takes_it_by_default(monkeypatch, causal):
 
 
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper_persistent is None, reason="no Gluon in this triton")
+@pytest.mark.parametrize("variant", ["persistent", "persistent-tma"])
+def test_persistent_launch_takes_causal_from_the_window(monkeypatch, variant):
+    """launch.py says causal as window_size=(-1, 0) with causal=False: the persistent launch must still run its
+    causal path (IS_CAUSAL), the only mask it has. The kernel is replaced by a recorder (no GPU here)."""
+    seen = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.update(kwargs)
+
+    original = gluon_launch.persistent_launch_args
+    monkeypatch.setattr(gluon_launch, "_attn_fwd_hopper_persistent", Recorder())
+    monkeypatch.setattr(gluon_launch, "persistent_launch_args",
+                        lambda *args: original(*args, sm_count=132))
+    q = torch.empty(2, 512, 4, 128, dtype=torch.bfloat16)
+    for window, causal, expect in (((-1, 0), False, True), ((-1, -1), True, True), ((-1, -1), False, False)):
+        seen.clear()
+        gluon_launch.gluon_forward(q, q, q, causal=causal, variant=variant, window_size=window)
+        assert seen["IS_CAUSAL"] == expect, (window, causal)
+
+
+@pytest.mark.skipif(gluon_launch._attn_fwd_hopper_persistent is None, reason="no Gluon in this triton")
 def test_persistent_launch_args():
     """The persistent variant: grid min(tiles, SMs, max_ctas), the tile counts the kernel walks, and which launches
     it takes (plain / causal dense; features, varlen and D256 through ragged descriptors run the one-tile kernel)."""

@@ -70,44 +70,68 @@ _SM90_BWD = {
     64: BwdConfig(TileConfig(32, 64, 4, 4), TileConfig(64, 64, 4, 3)),
     # dQ 64x64/4 warps/2 stages: 355 -> 372 (non-causal).
     128: BwdConfig(TileConfig(64, 128, 8, 2), TileConfig(64, 64, 4, 2)),
-    # Session 5 (d256-bwd-h200-2026-11-29-s5): q/dO through TMA descriptors ("desc") free the registers of
-    # their pointer tensors, so 64x64/8 warps takes 2 stages without spilling in its main loop: 208 -> 245
-    # TFLOP/s at S 4096 (FA2 253). The pointer-tile tables it replaced: D256_BWD_VARIANTS["pointers"].
-    256: BwdConfig(TileConfig(64, 64, 8, 2), TileConfig(128, 32, 8, 2), "desc"),
+    # Session 7 (d256-bwd-h200-2026-11-29-s7): dV and dK in two launches with 128-key tiles ("dv-dk", below)
+    # against session 5's one-kernel "desc" tiles: S 4096 246 -> 275 TFLOP/s, 16K 239 -> 276 (cuDNN 360-378).
+    256: BwdConfig(TileConfig(64, 128, 8, 2), TileConfig(128, 32, 8, 2), "desc", "dv-dk", TileConfig(32, 128, 8, 2)),
 }
 # Causal or windowed (local) backward, where the sweep picked differently.
 _SM90_BWD_LOCAL = {
     **_SM90_BWD,
     128: BwdConfig(TileConfig(64, 128, 8, 3), TileConfig(64, 64, 4, 2)),  # 282 -> 314
-    256: BwdConfig(TileConfig(64, 64, 8, 2), TileConfig(128, 32, 8, 2), "desc"),  # 188 -> 197 (FA2 230)
+    # dv-dk with one stage (ptxas serializes the wgmmas of every 2-stage causal compile, C7515): causal S 4096
+    # 199 -> 204 TFLOP/s, 16K 218 -> 241 (session 7; cuDNN 375-383).
+    256: BwdConfig(TileConfig(64, 128, 8, 1), TileConfig(128, 32, 8, 2), "desc", "dv-dk", TileConfig(32, 128, 8, 1)),
 }
 
 # The Hopper Gluon forward (kernels/gluon_fwd.py, FA3's warp-specialized schedule) serves the plain forward from
 # these key counts on, where it measured faster than the portable kernel: (head dim, causal) -> least seqlen_k.
 # Session 5 (benchmarks/results/gluon-h200-2026-11-29-s5), time Gluon / portable at 512, 1K, 2K, 4K, 16K:
 # D128 0.75/0.82/0.82/0.79/0.78, causal 1.10/0.95/0.84/0.80/0.78; D64 1.25/1.06/1.09/0.99/0.98, causal
-# 1.56/1.28/1.13/1.05/0.94 (D64 causal: between 4K and 16K unmeasured, so from 16K only).
-# D256 (session 5, 4K and 16K only: 1.45-1.58x the portable kernel, 1.01-1.13x cuDNN): from 4K.
-GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 1024, (64, False): 4096, (64, True): 16384,
-                      (256, False): 4096, (256, True): 4096}
+# 1.56/1.28/1.13/1.05/0.94. Session 7 (gluon-persistent-h200-2026-11-29-s7, 16K tokens), with the persistent
+# grid below 4K (GLUON_FWD_PERSISTENT), Gluon / portable at 512, 1K, 2K, 4K: D64 0.94/0.90/0.99/0.94, causal
+# (one-tile kernel) 1.58/1.22/1.08/0.97; D128 causal 0.88/0.88/0.82/0.75; D256 0.69/0.70/0.69/0.68, causal
+# 0.81/0.72/0.69/0.69. Below 512 keys unmeasured (the portable kernel, except D128 non-causal).
+GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 512, (64, False): 512, (64, True): 4096,
+                      (256, False): 512, (256, True): 512}
+# (head dim, causal) -> (variant, most seqlen_k): gluon_launch.VARIANTS entry that serves plain / causal dense
+# calls up to that many keys; "default" above it and everywhere else. The persistent grid (one CTA per SM walking
+# tiles, kernels/gluon_fwd_persistent.py) removes the per-tile launch / fill / drain cost that dominates short
+# rows; "-tma" stores O through shared memory. Session 7, time persistent / default at 512, 1K, 2K, 4K: D128
+# persistent-tma 0.77/0.89/0.96/0.96, causal 0.85/1.00/1.07/1.09; D64 0.74/0.85/0.92/0.95; D256 persistent
+# 0.92/0.97/0.99/1.02, causal 1.09-1.17.
+GLUON_FWD_PERSISTENT = {(128, False): ("persistent-tma", 4096), (128, True): ("persistent-tma", 1024),
+                        (64, False): ("persistent-tma", 4096), (256, False): ("persistent", 2048)}
 # Sliding windows: the keys a row sees. At D128 8K a 256-key window ran 7 % slower in Gluon than in the portable
 # 64x64 tiles, 1024 and 4096 ran 16-19 % faster (gluon-ext-h200-2026-11-29-s5).
 GLUON_FWD_MIN_WINDOW = 1024
 
 
-# The Hopper Gluon backward (kernels/gluon_bwd.py) serves the plain / causal dense backward from these key counts
-# on: (head dim, causal) -> least seqlen_k; FLASHTILE_GLUON_BWD=1 takes it wherever it is supported. Session 6
+# The Hopper Gluon backward (kernels/gluon_bwd.py) serves the dense backward from these key counts on: (head dim,
+# causal) -> least seqlen_k; FLASHTILE_GLUON_BWD=1 takes it wherever it is supported. Session 6
 # (benchmarks/results/gluon-bwd-h200-2026-11-29-s6, 16K tokens, 1K / 4K / 16K): D128 1.14 / 1.14 / 1.20x the
 # portable backward, causal 1.10 / 1.18 / 1.21x (0.78-0.82x cuDNN); D64 0.80-0.90x the portable one, so not
-# used. Below 1K keys unmeasured. Windows, softcap and ALiBi use the same thresholds (launch._gluon_backward:
-# causal = a window whose right side is 0): unmeasured on the GPU yet, see gluon_bwd_check.py --bench-features.
+# used. Below 1K keys unmeasured. Windows, softcap and ALiBi take the same thresholds (launch._gluon_backward:
+# causal = a window whose right side is 0). Session 7 (gluon-bwd-features-h200-2026-11-29-s7, D128 8K), time
+# Gluon / portable: softcap 0.76, causal softcap 0.79, ALiBi 0.90, causal ALiBi 0.85; windows (left, 0) of 4096
+# and 1024 keys 0.86 / 0.91, of 256 keys 1.02: windows narrower than GLUON_BWD_MIN_WINDOW keep the portable one.
 GLUON_BWD_MIN_KEYS = {(128, False): 1024, (128, True): 1024}
+GLUON_BWD_MIN_WINDOW = 1024
 
 
-def gluon_bwd_wanted(head_dim, causal, seqlen_k):
-    """Whether the dense backward should take the Gluon kernel at this shape (where gluon_bwd_supported allows)."""
+def gluon_bwd_wanted(head_dim, causal, seqlen_k, window_span=None):
+    """Whether the dense backward should take the Gluon kernel at this shape (where gluon_bwd_supported allows);
+    window_span as for gluon_fwd_wanted."""
     least = GLUON_BWD_MIN_KEYS.get((head_dim, causal))
+    if window_span is not None and window_span < GLUON_BWD_MIN_WINDOW:
+        return False
     return least is not None and seqlen_k >= least
+
+
+def gluon_fwd_variant(head_dim, causal, seqlen_k):
+    """The gluon_launch.VARIANTS entry for a forward the Gluon kernel serves (GLUON_FWD_PERSISTENT); its features
+    (windows, softcap, ALiBi, sinks) and varlen calls run the one-tile kernel with the same tiles whatever it is."""
+    variant, most = GLUON_FWD_PERSISTENT.get((head_dim, causal), ("default", None))
+    return variant if most is not None and seqlen_k <= most else "default"
 
 
 def gluon_fwd_wanted(head_dim, causal, seqlen_k, window_span=None):
@@ -125,21 +149,20 @@ def gluon_fwd_wanted(head_dim, causal, seqlen_k, window_span=None):
 
 
 # The D256 backwards to compare (FLASHTILE_D256_BWD=<name> swaps one in on sm90 for 16-bit inputs; read once):
-# "desc" is the default above; "pointers" the pointer-tile configurations it replaced in session 5 (non-causal
-# 64x64/8w/1 stage, causal 32x32/4w/2 stages).
-# "dv-dk" (not yet measured): dV and dK in two launches (BwdConfig.dkdv_split), each program holding one
+# "dv-dk" is the default above: dV and dK in two launches (BwdConfig.dkdv_split), each program holding one
 # [128, 256] fp32 accumulator, so 128-key tiles fit: 5 matmuls per tile pair instead of 4 (the backward's 7 become
-# 8), q/dO read as often as by 64-key tiles. Tiles from benchmarks/spills.py (triton 3.6, sm90, desc; perf-log
-# "D256 backward: dV and dK apart"): non-causal dV 64x128/8w/2st (0 B spill, 197 KB smem), dK 32x128/8w/2st
-# (4 B, 197 KB); causal with 1 stage, since ptxas serializes the wgmmas of every 2-stage causal compile (C7515):
-# dV 64x128/8w/1st (0 B), dK 32x128/8w/1st (8 B).
+# 8), q/dO read as often as by 64-key tiles. Tiles from benchmarks/spills.py (triton 3.6, sm90; perf-log "D256
+# backward: dV and dK apart"): dV 64x128/8w, dK 32x128/8w (0-8 B spill, 197 KB smem); the 16x128 dK measured
+# slower (222-226 TFLOP/s non-causal). "desc": session 5's one-kernel 64x64/8w/2-stage tiles with q/dO through
+# TMA descriptors (the default until session 7); "pointers": the pointer tiles that "desc" replaced (non-causal
+# 64x64/8w/1 stage, causal 32x32/4w/2 stages).
 _D256_DQ = TileConfig(128, 32, 8, 2)
+_D256_DESC = BwdConfig(TileConfig(64, 64, 8, 2), _D256_DQ, "desc")
 D256_BWD_VARIANTS = {
-    "desc": (_SM90_BWD[256], _SM90_BWD_LOCAL[256]),  # (non-causal, causal / window)
+    "dv-dk": (_SM90_BWD[256], _SM90_BWD_LOCAL[256]),  # (non-causal, causal / window)
+    "desc": (_D256_DESC, _D256_DESC),
     "pointers": (BwdConfig(TileConfig(64, 64, 8, 1), _D256_DQ),
                  BwdConfig(TileConfig(32, 32, 4, 2), _D256_DQ)),
-    "dv-dk": (BwdConfig(TileConfig(64, 128, 8, 2), _D256_DQ, "desc", "dv-dk", TileConfig(32, 128, 8, 2)),
-              BwdConfig(TileConfig(64, 128, 8, 1), _D256_DQ, "desc", "dv-dk", TileConfig(32, 128, 8, 1))),
 }
 D256_BWD = os.environ.get("FLASHTILE_D256_BWD", "")  # read once, at import
 if D256_BWD and D256_BWD not in D256_BWD_VARIANTS:

@@ -346,7 +346,9 @@ def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", 
         lse = _empty((q.shape[0], q.shape[2], q.shape[1]), q, torch.float32)
     config = VARIANTS[variant][q.shape[-1]]
     if takes_persistent(config, q, k, causal, window_size, softcap, alibi_slopes, sink, cu_seqlens_q):
-        grid, args, constexprs, options = persistent_launch_args(q, k, v, out, lse, float(softmax_scale), causal,
+        # launch.py says causal as the window (-1, 0): the persistent kernel knows only plain and causal.
+        is_causal = mask_mode(causal, window_size)[0]
+        grid, args, constexprs, options = persistent_launch_args(q, k, v, out, lse, float(softmax_scale), is_causal,
                                                                  config)
         _attn_fwd_hopper_persistent[grid](*args, **constexprs, **options)
         return out, lse

@@ -566,16 +566,18 @@ def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, a
     causal = window_left < 0 and window_right == 0
     span = window_left + window_right + 1 if window_left >= 0 and window_right >= 0 else None
     varlen = cu_seqlens_q is not None
+    keys = max_seqlen_k if varlen else k.shape[1]
     features = dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes, sink=sink)
     if varlen:
         features.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                         max_seqlen_k=max_seqlen_k)
     return _try_gluon(
         "FLASHTILE_GLUON",
-        lambda: gluon_launch.tested_triton() and configs.gluon_fwd_wanted(
-            q.shape[-1], causal, max_seqlen_k if varlen else k.shape[1], span),
+        lambda: gluon_launch.tested_triton() and configs.gluon_fwd_wanted(q.shape[-1], causal, keys, span),
         lambda: gluon_launch.gluon_supported(q, k, v, **features),
-        lambda: gluon_launch.gluon_forward(q, k, v, softmax_scale, **features),
+        lambda: gluon_launch.gluon_forward(q, k, v, softmax_scale,
+                                           variant=configs.gluon_fwd_variant(q.shape[-1], causal, keys),
+                                           **features),
         gluon_launch.disable)
 
 
@@ -672,14 +674,17 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
     """(dq, dk, dv) from the Hopper Gluon backward (gluon_bwd_launch.py; plain, causal, sliding window, softcap,
     ALiBi) where configs.py says it is faster on a tested triton, else None. causal / window_size as
     flash_attn_func's (a causal call with a left window is the window (left, 0)); features follow the plain /
-    causal key thresholds (causal: any window whose right side is 0). FLASHTILE_GLUON_BWD=1 takes it wherever it
+    causal key thresholds (causal: any window whose right side is 0), and windows narrower than
+    configs.GLUON_BWD_MIN_WINDOW keys keep the portable kernels. FLASHTILE_GLUON_BWD=1 takes it wherever it
     is supported, =0 never. A launch that fails to build disables it for the process (one warning), returns None."""
     from . import gluon_bwd_launch, gluon_launch
 
+    left, right = window_size
+    span = left + right + 1 if left >= 0 and right >= 0 else None
     features = dict(window_size=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes)
     return _try_gluon(
         "FLASHTILE_GLUON_BWD",
-        lambda: gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, k.shape[1]),
+        lambda: gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, k.shape[1], span),
         lambda: gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal=causal, **features),
         lambda: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, softmax_scale, causal, dlse, **features),
         gluon_bwd_launch.disable)
