@@ -324,7 +324,7 @@ def test_ragged_descriptor_addresses_one_sequence():
 
 def test_varlen_dispatch(monkeypatch, as_if_hopper):
     """launch._gluon_forward hands cu_seqlens / max_seqlen to the Gluon forward and asks configs.py with
-    max_seqlen_k as the key count (D64 non-causal: from 4096 keys)."""
+    max_seqlen_k as the key count (D64 causal: from 4096 keys)."""
     from flashtile import launch
 
     calls = []
@@ -335,14 +335,14 @@ def test_varlen_dispatch(monkeypatch, as_if_hopper):
     lens = [3000, 1, 5000]
     q, k, v = _packed(lens, lens, 4, 4, 64)
     cu = _cu(lens)
-    assert launch._gluon_forward(q, k, v, 0.1, -1, -1, 0.0, None, None, cu, cu, 5000, 5000) == ("out", "lse")
+    assert launch._gluon_forward(q, k, v, 0.1, -1, 0, 0.0, None, None, cu, cu, 5000, 5000) == ("out", "lse")
     assert calls[0]["cu_seqlens_q"] is cu and calls[0]["max_seqlen_k"] == 5000
-    assert launch._gluon_forward(q, k, v, 0.1, -1, -1, 0.0, None, None, cu, cu, 3000, 3000) is None
+    assert launch._gluon_forward(q, k, v, 0.1, -1, 0, 0.0, None, None, cu, cu, 3000, 3000) is None
     assert len(calls) == 1
     monkeypatch.setenv("FLASHTILE_GLUON", "1")
-    assert launch._gluon_forward(q, k, v, 0.1, -1, -1, 0.0, None, None, cu, cu, 3000, 3000) == ("out", "lse")
+    assert launch._gluon_forward(q, k, v, 0.1, -1, 0, 0.0, None, None, cu, cu, 3000, 3000) == ("out", "lse")
     monkeypatch.setenv("FLASHTILE_GLUON", "0")
-    assert launch._gluon_forward(q, k, v, 0.1, -1, -1, 0.0, None, None, cu, cu, 5000, 5000) is None
+    assert launch._gluon_forward(q, k, v, 0.1, -1, 0, 0.0, None, None, cu, cu, 5000, 5000) is None
     assert len(calls) == 2
 
 

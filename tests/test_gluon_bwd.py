@@ -125,9 +125,9 @@ def test_gluon_backward_forwards_features(monkeypatch):
     wanted = []
     monkeypatch.delenv("FLASHTILE_GLUON_BWD")
     monkeypatch.setattr(gluon_launch, "tested_triton", lambda: True)
-    monkeypatch.setattr(configs, "gluon_bwd_wanted", lambda d, causal, sk: wanted.append(causal) or False)
+    monkeypatch.setattr(configs, "gluon_bwd_wanted", lambda d, causal, sk, span: wanted.append((causal, span)) or False)
     assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(256, 0)) is None
-    assert wanted == [True]
+    assert wanted == [(True, 257)]
 
 
 @pytest.mark.usefixtures("pretend_hopper")
