@@ -10,6 +10,9 @@ Per case (provider x grad x shape) it prints:
            beyond the flush's own ~80 us shows up in it).
 Run in a fresh process without torch.profiler (a CPU-activity profile slows every later call in the process).
 --profile writes cProfile's top functions of 200 flashtile calls with grad (B32 S512 H16 D128).
+--parts prints the host time of each stage of the forward's call path at B32 S512 H16 D128 (the Gluon persistent
+launch and the portable one), from flash_attn_func down to the bare kernel launch with prebuilt arguments, and
+writes a cProfile (by own time) of 300 forward calls to the given file.
 """
 import argparse
 import cProfile
@@ -50,10 +53,78 @@ def _host_and_gpu(fn, calls=100):
     return host * 1e6, start.elapsed_time(end) / 50 * 1e3
 
 
+def _host(fn, calls=200):
+    """Python time per call (us), back to back; synchronizes before and after."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls
+    torch.cuda.synchronize()
+    return host * 1e6
+
+
+def parts(profile_path):
+    """Host time of the forward's stages (B32 S512 H16 D128 bf16, no grad): where the ~130-300 us go."""
+    import os
+
+    from flashtile import configs, gluon_launch, launch, ops
+
+    q, k, v = (torch.randn(32, 512, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    scale = 128 ** -0.5
+    variant = configs.gluon_fwd_variant(128, False, 512)
+    config = gluon_launch.VARIANTS[variant][128]
+    out, lse = torch.empty_like(q), torch.empty(32, 16, 512, device="cuda")
+    grid, pargs, constexprs, options = gluon_launch.persistent_launch_args(q, k, v, out, lse, scale, False, config)
+    kernel = gluon_launch._attn_fwd_hopper_persistent
+    fwd_args = (q, k, v, scale, -1, -1, 0.0, None, None, None, None, 0, 0, None)
+    stages = [
+        ("flash_attn_func", lambda: flashtile.flash_attn_func(q, k, v)),
+        ("ops.fwd implementation", lambda: ops._IMPLS[ops.fwd](*fwd_args)),
+        ("launch._flash_attn_forward", lambda: launch._flash_attn_forward(*fwd_args[:9])),
+        ("launch._gluon_forward", lambda: launch._gluon_forward(q, k, v, scale, -1, -1, 0.0, None, None)),
+        ("gluon_launch.gluon_supported", lambda: gluon_launch.gluon_supported(q, k, v)),
+        (f"gluon_launch.gluon_forward [{variant}]", lambda: gluon_launch.gluon_forward(q, k, v, scale,
+                                                                                      variant=variant)),
+        ("persistent_launch_args", lambda: gluon_launch.persistent_launch_args(q, k, v, out, lse, scale, False,
+                                                                               config)),
+        ("bare persistent kernel launch", lambda: kernel[grid](*pargs, **constexprs, **options)),
+        ("torch.empty x2", lambda: (torch.empty_like(q), torch.empty(32, 16, 512, device="cuda"))),
+        ("cudnn sdpa", lambda: _cudnn(q, k, v, False)),
+    ]
+    for name, fn in stages:
+        print(f"{name:40} {_host(fn):8.1f} us", flush=True)
+    os.environ["FLASHTILE_GLUON"] = "0"
+    print(f"{'portable: launch._flash_attn_forward':40} {_host(lambda: launch._flash_attn_forward(*fwd_args[:9])):8.1f} us")
+    geo = launch.Geometry.of(q, k)
+    sa = launch.ScoreArgs.make(geo, scale, -1, -1, 0.0, None, lse, approx_tanh=False)
+    launches = launch.forward_launches(geo, q, k, v, out, lse, None, sa, launch._arch(q.device), False)
+    print(f"{'portable: forward_launches':40} {_host(lambda: launch.forward_launches(geo, q, k, v, out, lse, None, sa, launch._arch(q.device), False)):8.1f} us")
+    print(f"{'portable: launches[0].run()':40} {_host(launches[0].run):8.1f} us", flush=True)
+    del os.environ["FLASHTILE_GLUON"]
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(300):
+        flashtile.flash_attn_func(q, k, v)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(45)
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
+    with open(profile_path, "w") as f:
+        f.write(text.getvalue())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", help="write a cProfile of 200 flashtile calls with grad here")
+    ap.add_argument("--parts", help="time the forward's stages; write a cProfile of 300 forward calls here")
     args = ap.parse_args()
+    if args.parts:
+        parts(args.parts)
+        return
     print(f"{'provider':10} {'grad':5} {'B':>3} {'S':>5} {'H':>3} {'D':>4} {'causal':6} "
           f"{'host_us':>8} {'gpu_us':>8} {'bench_us':>8}")
     for b, s, h, d, causal in SHAPES:

@@ -410,6 +410,29 @@ def test_flash_attn_varlen_func_takes_it_by_default(monkeypatch, causal):
         torch.testing.assert_close(g, gp, atol=5e-2, rtol=0)
 
 
+@pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
+def test_unchecked_descriptors_match_the_checked_ones():
+    """gluon_launch.tma_descriptor skips TensorDescriptor's dataclass checks for host time: on the descriptors the
+    forward and backward build (dense, ragged, GQA, packed qkv strides, the backward's 3-D and row views) the
+    checked constructor accepts the same fields, and every field agrees."""
+    from dataclasses import fields
+
+    from flashtile import gluon_bwd_launch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    qkv = torch.empty(2, 1000, 3, 4, 128, dtype=torch.bfloat16)
+    dense = torch.empty(3, 256, 4, 64, dtype=torch.float16)
+    rows = torch.empty(2, 4, 1024)
+    built = [gluon_launch._descriptor(dense, 64), gluon_launch._descriptor(qkv[:, :, 1], 128),
+             gluon_launch._descriptor(qkv[:, :, 2], 128, ragged=True),
+             gluon_launch._descriptor(torch.empty(700, 2, 256, dtype=torch.bfloat16), 64, ragged=True),
+             gluon_bwd_launch._descriptor(dense, 64), gluon_bwd_launch._row_descriptor(rows, 64)]
+    for desc in built:
+        checked = TensorDescriptor(*(getattr(desc, f.name) for f in fields(TensorDescriptor)))
+        assert all(getattr(desc, f.name) == getattr(checked, f.name) for f in fields(TensorDescriptor)
+                   if f.name != "base") and desc.base is checked.base
+
+
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper_persistent is None, reason="no Gluon in this triton")
 @pytest.mark.parametrize("variant", ["persistent", "persistent-tma"])
 def test_persistent_launch_takes_causal_from_the_window(monkeypatch, variant):

@@ -13,12 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .gluon_launch import LOG2E, _supported_device, mask_mode, shared_layout
+from .gluon_launch import LOG2E, _supported_device, mask_mode, shared_layout, tma_descriptor
 
 try:
     from triton.experimental.gluon import language as _gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
-
     from .kernels.gluon_bwd import WG_N, _attn_bwd_dkdv_hopper
     BLOCK_N = 2 * WG_N.value
     GLUON_BWD_IMPORT_ERROR = None
@@ -110,8 +108,8 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
 def _descriptor(t, block_rows):
     batch, seqlen, heads, head_dim = t.shape
     dtype = _gl.float16 if t.dtype == torch.float16 else _gl.bfloat16
-    return _GluonDescriptor(t, [batch, seqlen, heads * head_dim], [t.stride(0), t.stride(1), 1],
-                            [1, block_rows, head_dim], shared_layout((1, block_rows, head_dim), dtype))
+    return tma_descriptor(t, [batch, seqlen, heads * head_dim], [t.stride(0), t.stride(1), 1],
+                          [1, block_rows, head_dim], shared_layout((1, block_rows, head_dim), dtype))
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,7 +120,7 @@ def _row_layout():
 def _row_descriptor(rows, block_m):
     """rows (B, Hq, Sq_pad) fp32 as a (B * Hq, Sq_pad) TMA tensor, boxes [1, block_m], unswizzled."""
     flat = rows.view(-1, rows.shape[-1])
-    return _GluonDescriptor(flat, list(flat.shape), [flat.stride(0), 1], [1, block_m], _row_layout())
+    return tma_descriptor(flat, list(flat.shape), [flat.stride(0), 1], [1, block_m], _row_layout())
 
 
 def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config,

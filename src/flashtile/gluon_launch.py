@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from .launch import capability
+
 try:
     from triton.experimental.gluon import language as _gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
@@ -153,7 +155,7 @@ def mask_mode(causal, window_size):
 
 def _supported_device(*tensors):
     """CUDA tensors on a Hopper (sm90) device: the Gluon kernel uses its TMA, wgmma and setmaxnreg."""
-    return all(t.is_cuda for t in tensors) and torch.cuda.get_device_capability(tensors[0].device) == (9, 0)
+    return all(t.is_cuda for t in tensors) and capability(tensors[0].device.index) == (9, 0)
 
 
 def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
@@ -218,6 +220,18 @@ def shared_layout(block_shape, gl_dtype):
     return _gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
 
 
+def tma_descriptor(t, shape, strides, block_shape, layout):
+    """Gluon's TensorDescriptor without its dataclass checks, which cost ~5 us of host time per descriptor on the
+    H200 machine (four to six per call). The callers' support checks cover them (16-byte aligned base and strides,
+    unit last stride, positive sizes: _tma_2d_ok, gluon_bwd_launch._tma_3d_ok; the block shapes are the kernels'
+    constants), and the driver still refuses a bad one when it encodes the tensor map at launch.
+    tests/test_gluon.py checks that the two constructions agree and that the checked one accepts the inputs."""
+    desc = _GluonDescriptor.__new__(_GluonDescriptor)
+    desc.base, desc.shape, desc.strides, desc.block_shape, desc.layout, desc.padding = (
+        t, shape, strides, block_shape, layout, "zero")
+    return desc
+
+
 def _descriptor(t, block_rows, ragged=False):
     """t (B, S, H, D) or packed (total, H, D) as a 2D (rows, H * D) TMA tensor with boxes [block_rows, D], or
     with ragged, the ragged 4-D view of it (ragged_descriptor)."""
@@ -226,8 +240,8 @@ def _descriptor(t, block_rows, ragged=False):
     gl_dtype = _gl.float16 if t.dtype == torch.float16 else _gl.bfloat16
     if ragged:
         return ragged_descriptor(t, rows, row_stride, heads * head_dim, block_rows, head_dim, gl_dtype)
-    return _GluonDescriptor(t, [rows, heads * head_dim], [row_stride, 1], [block_rows, head_dim],
-                            shared_layout((block_rows, head_dim), gl_dtype))
+    return tma_descriptor(t, [rows, heads * head_dim], [row_stride, 1], [block_rows, head_dim],
+                          shared_layout((block_rows, head_dim), gl_dtype))
 
 
 RAGGED_ROWS = 2**30
@@ -242,8 +256,8 @@ def ragged_descriptor(t, rows, row_stride, width, block_rows, block_cols, gl_dty
     per-sequence state and nothing recompiled per length (kernels/gluon_fwd._tma_load)."""
     assert rows <= RAGGED_ROWS
     max_int = 0x7FFF0000
-    return _GluonDescriptor(t, [max_int, max_int, RAGGED_ROWS, width], [2**34 - row_stride, row_stride, row_stride, 1],
-                            [1, 1, block_rows, block_cols], shared_layout((1, 1, block_rows, block_cols), gl_dtype))
+    return tma_descriptor(t, [max_int, max_int, RAGGED_ROWS, width], [2**34 - row_stride, row_stride, row_stride, 1],
+                          [1, 1, block_rows, block_cols], shared_layout((1, 1, block_rows, block_cols), gl_dtype))
 
 
 def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_size=(-1, -1), softcap=0.0,

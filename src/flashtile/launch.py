@@ -37,10 +37,17 @@ def _empty(shape, like, dtype=None):
 
 
 @functools.lru_cache(maxsize=None)  # per device: the property lookups cost several us of host time per call
+@functools.lru_cache(maxsize=None)
+def capability(device_index):
+    """(major, minor) of CUDA device device_index; cached, since torch.cuda.get_device_capability costs several us
+    of host time per call."""
+    return torch.cuda.get_device_capability(device_index)
+
+
 def _arch(device):
     if device.type != "cuda":
         return None
-    return torch.cuda.get_device_capability(device)
+    return capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _cdiv(a, b):
