@@ -113,7 +113,7 @@ def _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N: gl.constexpr, IS_
 def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
                     BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr,
                     SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, MASKED: gl.constexpr,
-                    alibi_cols=0.0, ALIBI_SIDE: gl.constexpr = 0):
+                    alibi_cols=0.0, ALIBI_SIDE: gl.constexpr = 0, CAP_SCALED: gl.constexpr = True):
     """Raw q.k of keys key0 + [0, BLOCK_N) and rows row0 + [0, WG_M) -> scores in log2 units, as
     kernels/common._scores makes them: softcap, ALiBi, then (MASKED) causal / window / sequence-end masks.
     qk_scale is softmax_scale * log2(e), or softmax_scale / softcap under SOFTCAP (softcap_log2 = softcap * log2(e));
@@ -121,7 +121,9 @@ def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi
     ALIBI_SIDE (unmasked blocks on one side of every row's diagonal: 1 keys <= i + diag, -1 keys >= i + diag):
     the bias -slope * |i + diag - key| is ALIBI_SIDE * (alibi_cols[c] + _alibi_row_shift's term of row i), so the
     scores come back without the row term (one FFMA per score; alibi_cols = alibi_log2 * [0, BLOCK_N)) and the
-    caller adds it to the row max (softmax does not see a per-row constant; m and lse do)."""
+    caller adds it to the row max (softmax does not see a per-row constant; m and lse do).
+    CAP_SCALED=False (SOFTCAP without ALiBi): tanh(score / softcap) comes back without the factor softcap_log2 > 0,
+    which the caller folds into its exp2 argument (one FFMA) and its row max (max(c t) = c max(t), also rounded)."""
     layout: gl.constexpr = s.type.layout
     if HAS_ALIBI and ALIBI_SIDE != 0:
         if SOFTCAP:
@@ -132,7 +134,9 @@ def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi
     if SOFTCAP:
         # common._tanh (a @triton.jit helper; Gluon can call it) with the GPU's tanh.approx.f32, as the portable
         # forward takes it for fp16/bf16 inputs.
-        s = _tanh(s * qk_scale, True) * softcap_log2
+        s = _tanh(s * qk_scale, True)
+        if CAP_SCALED:
+            s = s * softcap_log2
     else:
         s = s * qk_scale
     cols = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))  # [BLOCK_N] key positions
@@ -214,7 +218,18 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) + shift)  # [WG_M], finite (unmasked block)
         alpha = gl.exp2(m_i - m_new)  # [WG_M]
         p_f32 = gl.exp2(s - (m_new - shift)[:, None])  # [WG_M, BLOCK_N]
-    elif SOFTCAP or HAS_ALIBI or IS_LOCAL:
+    elif SOFTCAP and not HAS_ALIBI:
+        s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                            alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                            MASKED, CAP_SCALED=False)  # [WG_M, BLOCK_N], tanh(score / softcap) or -inf
+        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * softcap_log2)  # [WG_M]
+        if IS_LOCAL and MASKED and not HAS_SINK:
+            m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_sub = m_new
+        alpha = gl.exp2(m_i - m_sub)  # [WG_M]
+        p_f32 = gl.exp2(s * softcap_log2 - m_sub[:, None])  # [WG_M, BLOCK_N], one FFMA per score
+    elif HAS_ALIBI or IS_LOCAL:
         s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                             MASKED)
