@@ -18,7 +18,9 @@ killing the child frees the GPU and the run goes on to report it):
            per CTA); a variant with max_ctas is checked, not timed.
            Feature groups (FEATURE_CASES, default variant): feat:single (softcap, ALiBi (H,) / (B, H), sinks),
            feat:window (sliding windows incl. a refused one), feat:combo (window + softcap + ALiBi + GQA at
-           D64/128/256, D256 features, and the backward on a window + softcap + ALiBi + sink forward, dsink too).
+           D64/128/256, D256 features, and the backward on a window + softcap + ALiBi + sink forward, dsink too),
+           feat:alibi (ALiBi's key-block split: q == k / q < k / q > k, causal both, (H,) / (B, H) slopes, 16
+           heads, D64/128/256, with windows, softcap, sinks). --correct-groups G1,G2 runs only those groups.
   bench    16K tokens, hidden 2048 (B = 16384 / S, H = 2048 / D), S in --seqlens, D in --bench-dims, causal
            both: TFLOP/s (4 B H S^2 D, halved when causal; median of do_bench) of each Gluon variant, the
            flashtile Triton forward and SDPA cuDNN, and the ratios.
@@ -34,7 +36,8 @@ killing the child frees the GPU and the run goes on to report it):
            kernel: TFLOP/s and ratios (issue 5: varlen >= 0.90x dense).
   bench-features (--bench-features)  D128 8K B2 H16: plain / causal / softcap / ALiBi / sink / windows
            (256, 1024, 4096 left, 0 right) / a combination, Gluon against the portable kernel, as ratios to
-           the plain Gluon time, per unit of work for windows; cuDNN plain and causal for scale. With
+           the plain Gluon time (causal+softcap / causal+alibi: to the causal one), per unit of work for
+           windows; cuDNN plain and causal for scale. With
            --feature-variants V1,V2 instead: plain, causal, softcap and causal softcap with the default and each
            of them, as ratios to the default's plain / causal time, at D128 and at D64 (8K, H 32) (the correct
            phase checks them too).
@@ -177,6 +180,27 @@ FEATURE_CASES = {
         (C1000, 256, True, dict(sink=True, alibi="h"), False),
         (("b2-tail-q300-k1000", 2, 300, 1000, 8, 2, BF16, False), 128, False,
          dict(window=(200, 100), softcap=30.0, alibi="bh", sink=True), False),  # ragged descriptors + features
+    ],
+    # ALiBi's key-block split (kernels/gluon_fwd.py: unmasked blocks left of every row's diagonal, crossed by one,
+    # right of all): q == k / q < k / q > k (every block right of the first rows' diagonals), causal both,
+    # (H,) and (B, H) slopes (16 heads: slopes 2^-0.5 .. 2^-8, so far keys still count), D64 / D128 / D256
+    # (BLOCK_N 64), windows whose full blocks lie on either side, softcap and sinks on the split path.
+    "feat:alibi": [
+        (("4K-h16", 1, 4096, 4096, 16, 16, BF16, False), 128, False, dict(alibi="h"), True),
+        (("4K-h16", 1, 4096, 4096, 16, 16, BF16, False), 128, True, dict(alibi="h"), False),
+        (("b2-q1000-k300", 2, 1000, 300, 8, 2, BF16, False), 128, False, dict(alibi="bh"), True),
+        (("b2-q300-k2000", 2, 300, 2000, 8, 8, BF16, False), 128, False, dict(alibi="bh"), False),
+        (("q1000-k3000", 1, 1000, 3000, 16, 4, BF16, False), 128, True, dict(alibi="h"), False),
+        (("2K-h16", 1, 2048, 2048, 16, 16, BF16, False), 64, False, dict(alibi="bh"), False),
+        (("2K-h16", 1, 2048, 2048, 16, 16, BF16, False), 256, False, dict(alibi="h"), False),
+        (("2K-h16", 1, 2048, 2048, 16, 16, BF16, False), 256, True, dict(alibi="bh"), False),
+        (("2K-h16", 1, 2048, 2048, 16, 16, BF16, False), 128, False, dict(alibi="bh", softcap=30.0), False),
+        (("2K-h16", 1, 2048, 2048, 16, 16, BF16, False), 128, False, dict(alibi="h", sink=True), False),
+        (("2K-h16", 1, 2048, 2048, 16, 16, BF16, False), 128, False, dict(window=(300, -1), alibi="h"), False),
+        (("2K-h16", 1, 2048, 2048, 16, 16, BF16, False), 128, False, dict(window=(512, 700), alibi="bh"), False),
+        (("q1000-k1300-h16", 1, 1000, 1300, 16, 8, BF16, False), 128, False, dict(window=(256, 0), alibi="h"),
+         False),
+        (("fp16-q777-k999-h16", 1, 777, 999, 16, 16, torch.float16, False), 128, False, dict(alibi="h"), False),
     ],
 }
 BACKWARD_FEATURES = dict(window=(256, 0), softcap=30.0, alibi="h", sink=True)
@@ -563,6 +587,9 @@ def phase_bench_features(feature_variants=()):
             ("sink", False, dict(sink=True), 1.0)]
     rows += [(f"win{w},0", False, dict(window=(w, 0)), window_work(w) / full) for w in (256, 1024, 4096)]
     rows += [("win1024+cap+alibi", False, dict(window=(1024, 0), softcap=30.0, alibi="h"), window_work(1024) / full)]
+    # Causal features against the causal plain time (the "causal" row), work 1.
+    rows += [("causal+softcap30", True, dict(softcap=30.0), 1.0), ("causal+alibi", True, dict(alibi="h"), 1.0),
+             ("alibi-bh", False, dict(alibi="bh"), 1.0)]
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     for causal in (False, True):
         def cudnn(causal=causal):
@@ -573,7 +600,7 @@ def phase_bench_features(feature_variants=()):
                 f" {_ms(cudnn):8.3f} ms")
         except Exception as exc:  # noqa: BLE001
             say(f"ERROR time feat cudnn causal={causal}: {type(exc).__name__}: {exc}")
-    plain_ms = None
+    plain_ms = causal_ms = None
     for name, causal, spec, work in rows:
         feats = feature_args(spec, batch, heads)
         times = {}
@@ -586,10 +613,13 @@ def phase_bench_features(feature_variants=()):
                 say(f"ERROR time feat {name} {provider}: {type(exc).__name__}: {exc}")
         if name == "plain":
             plain_ms = times.get("gluon")
+        if name == "causal":
+            causal_ms = times.get("gluon")
         g, t = times.get("gluon", float("nan")), times.get("triton", float("nan"))
-        rel = g / plain_ms if plain_ms else float("nan")
+        base_ms, base_name = (causal_ms, "causal") if name.startswith("causal+") else (plain_ms, "plain")
+        rel = g / base_ms if base_ms else float("nan")
         say(f"TIME feat d128 S{seqlen} B{batch} H{heads} {name:<18} gluon {g:8.3f} ms  triton {t:8.3f} ms  "
-            f"gluon/triton {g / t:.2f}  gluon/plain-gluon {rel:.2f}x  work {work:.3f}  per-work {rel / work:.2f}x"
+            f"gluon/triton {g / t:.2f}  gluon/{base_name}-gluon {rel:.2f}x  work {work:.3f}  per-work {rel / work:.2f}x"
             f"{'  OVER 1.10' if rel / work > 1.10 else ''}")
 
 
@@ -645,6 +675,8 @@ def main():
     parser.add_argument("--bench-features", action="store_true", help="also time each score feature (D128 8K)")
     parser.add_argument("--skip-varlen", action="store_true", help="no varlen correctness child")
     parser.add_argument("--bench-varlen", action="store_true", help="also time varlen against dense (16K tokens)")
+    parser.add_argument("--correct-groups", default="", help="only these correct-phase groups (comma list of "
+                        "HEAD_DIM:CAUSAL, FEATURE_CASES keys, varlen)")
     parser.add_argument("--feature-variants", default="", help="with --bench-features: time plain / causal / softcap "
                         "of the default and these variants instead of every feature (the correct phase checks them)")
     args = parser.parse_args()
@@ -682,6 +714,8 @@ def main():
         groups += list(FEATURE_CASES)
     if not args.skip_varlen:
         groups.append("varlen")
+    if args.correct_groups:
+        groups = [g for g in groups if g in args.correct_groups.split(",")]
     # Plain groups run the correct phase, feature groups the features phase: both in one concurrent batch.
     _children("correct", args, 240, groups=groups)
     if not args.skip_bench:

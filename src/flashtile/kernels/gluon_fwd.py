@@ -112,16 +112,31 @@ def _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N: gl.constexpr, IS_
 @gluon.jit
 def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
                     BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr,
-                    SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, MASKED: gl.constexpr):
+                    SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, MASKED: gl.constexpr,
+                    alibi_cols=0.0, ALIBI_SIDE: gl.constexpr = 0, CAP_SCALED: gl.constexpr = True):
     """Raw q.k of keys key0 + [0, BLOCK_N) and rows row0 + [0, WG_M) -> scores in log2 units, as
     kernels/common._scores makes them: softcap, ALiBi, then (MASKED) causal / window / sequence-end masks.
     qk_scale is softmax_scale * log2(e), or softmax_scale / softcap under SOFTCAP (softcap_log2 = softcap * log2(e));
-    alibi_log2 = slope * log2(e); diag = seqlen_k - seqlen_q."""
+    alibi_log2 = slope * log2(e); diag = seqlen_k - seqlen_q.
+    ALIBI_SIDE (unmasked blocks on one side of every row's diagonal: 1 keys <= i + diag, -1 keys >= i + diag):
+    the bias -slope * |i + diag - key| is ALIBI_SIDE * (alibi_cols[c] + _alibi_row_shift's term of row i), so the
+    scores come back without the row term (one FFMA per score; alibi_cols = alibi_log2 * [0, BLOCK_N)) and the
+    caller adds it to the row max (softmax does not see a per-row constant; m and lse do).
+    CAP_SCALED=False (SOFTCAP without ALiBi): tanh(score / softcap) comes back without the factor softcap_log2 > 0,
+    which the caller folds into its exp2 argument (one FFMA) and its row max (max(c t) = c max(t), also rounded)."""
     layout: gl.constexpr = s.type.layout
+    if HAS_ALIBI and ALIBI_SIDE != 0:
+        if SOFTCAP:
+            s = _tanh(s * qk_scale, True) * softcap_log2 + ALIBI_SIDE * alibi_cols[None, :]
+        else:
+            s = s * qk_scale + ALIBI_SIDE * alibi_cols[None, :]
+        return s  # [WG_M, BLOCK_N], the row term left out
     if SOFTCAP:
         # common._tanh (a @triton.jit helper; Gluon can call it) with the GPU's tanh.approx.f32, as the portable
         # forward takes it for fp16/bf16 inputs.
-        s = _tanh(s * qk_scale, True) * softcap_log2
+        s = _tanh(s * qk_scale, True)
+        if CAP_SCALED:
+            s = s * softcap_log2
     else:
         s = s * qk_scale
     cols = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))  # [BLOCK_N] key positions
@@ -138,6 +153,16 @@ def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi
                 cols[None, :] >= rows[:, None] - window_left)
         s = gl.where(visible, s, float("-inf"))
     return s  # [WG_M, BLOCK_N]
+
+
+@gluon.jit
+def _alibi_row_shift(key0, row0, diag, alibi_log2, layout: gl.constexpr, ALIBI_SIDE: gl.constexpr):
+    """[WG_M] per-row term that _feature_scores' ALIBI_SIDE scores leave out: score = returned score + this.
+    Keys on one side of row i's diagonal d_i = row0 + diag + i: -slope * |d_i - key| =
+    ALIBI_SIDE * slope * ((key - key0) + (key0 - d_i)), in log2 units."""
+    rows = gl.arange(0, WG_M, layout=layout).to(gl.float32)  # [WG_M]
+    base = (key0 - row0 - diag).to(gl.float32)  # exact: positions < 2^24
+    return (base - rows) * (ALIBI_SIDE * alibi_log2)  # [WG_M]
 
 
 @gluon.jit
@@ -164,11 +189,12 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
              WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
              MASKED: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
              HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr, P_CVT_ASM: gl.constexpr = False,
-             TREE_MAX: gl.constexpr = False):
+             TREE_MAX: gl.constexpr = False, alibi_cols=0.0, ALIBI_SIDE: gl.constexpr = 0):
     """Key block j >= 1 (keys key_lo + j * BLOCK_N + [0, BLOCK_N)): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1},
     softmax S_j while the PV runs, then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i,
     p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it. P_CVT_ASM: see _to_p. TREE_MAX: see
-    _row_max."""
+    _row_max. ALIBI_SIDE (HAS_ALIBI, unmasked blocks wholly on one side of every row's diagonal): the bias as a
+    column vector plus a row term (_feature_scores), the row term added to the row max only."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
     stage = j % STAGES
@@ -183,7 +209,27 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     # wgmma groups retire in order: one outstanding means S_j is done and the PV may still run.
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_M, BLOCK_N]
     mbarrier.arrive(k_empty.index(stage))
-    if SOFTCAP or HAS_ALIBI or IS_LOCAL:
+    if HAS_ALIBI and ALIBI_SIDE != 0:
+        s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                            alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                            False, alibi_cols, ALIBI_SIDE)  # [WG_M, BLOCK_N], score - shift per row
+        m_layout: gl.constexpr = m_i.type.layout
+        shift = _alibi_row_shift(key_lo + j * BLOCK_N, row0, causal_offset, alibi_log2, m_layout, ALIBI_SIDE)
+        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) + shift)  # [WG_M], finite (unmasked block)
+        alpha = gl.exp2(m_i - m_new)  # [WG_M]
+        p_f32 = gl.exp2(s - (m_new - shift)[:, None])  # [WG_M, BLOCK_N]
+    elif SOFTCAP and not HAS_ALIBI:
+        s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                            alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                            MASKED, CAP_SCALED=False)  # [WG_M, BLOCK_N], tanh(score / softcap) or -inf
+        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * softcap_log2)  # [WG_M]
+        if IS_LOCAL and MASKED and not HAS_SINK:
+            m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_sub = m_new
+        alpha = gl.exp2(m_i - m_sub)  # [WG_M]
+        p_f32 = gl.exp2(s * softcap_log2 - m_sub[:, None])  # [WG_M, BLOCK_N], one FFMA per score
+    elif HAS_ALIBI or IS_LOCAL:
         s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                             MASKED)
@@ -290,12 +336,44 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
         full_start = gl.maximum(n_lead, 1)
     else:
         full_start = 1
-    for j in range(full_start, n_full):
-        o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
-                                      v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
-                                      softcap_log2, alibi_log2, window_left, window_right,
-                                      WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
-                                      HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX)
+    if HAS_ALIBI:
+        # The unmasked blocks wholly left of every row's diagonal (all of them under causal: one FFMA per score
+        # for the bias, _feature_scores' ALIBI_SIDE), those a row's diagonal crosses (the |.| path), and those
+        # wholly right of it. Bounds from this warpgroup's 64 rows (those past Sq included).
+        alibi_cols = alibi_log2 * gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)).to(gl.float32)
+        if IS_CAUSAL:
+            left_end = n_full
+            right_start = n_full
+        else:
+            diag_lo = row0 + causal_offset - key_lo  # the first row's diagonal, as a key offset from key_lo
+            left_end = gl.minimum(gl.maximum(gl.maximum(diag_lo + 1, 0) // BLOCK_N, full_start), n_full)
+            right_start = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(diag_lo + WG_M - 1, 0), BLOCK_N), left_end),
+                                     n_full)
+        for j in range(full_start, left_end):
+            o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
+                                          v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
+                                          softcap_log2, alibi_log2, window_left, window_right,
+                                          WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
+                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX, alibi_cols, 1)
+        for j in range(left_end, right_start):
+            o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
+                                          v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
+                                          softcap_log2, alibi_log2, window_left, window_right,
+                                          WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
+                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX)
+        for j in range(right_start, n_full):
+            o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
+                                          v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
+                                          softcap_log2, alibi_log2, window_left, window_right,
+                                          WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
+                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX, alibi_cols, -1)
+    else:
+        for j in range(full_start, n_full):
+            o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
+                                          v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
+                                          softcap_log2, alibi_log2, window_left, window_right,
+                                          WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
+                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX)
     for j in range(gl.maximum(n_full, 1), n_blocks):
         o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                       v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
