@@ -56,6 +56,9 @@ class GluonBwdConfig:
 # Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
 # K + V 64 KB, a Q + dO stage 32 KB, dS^T 2 x 16 KB: 160 KB at 2 stages, 192 KB at 3. D64 defaults to the per-key
 # dQ (dq-keys): splitting dQ's 64 columns would slice K's 128-byte swizzle rows in half (dq-split tries it).
+# D256 (the kernel's SPLIT_D, 64 keys per program): K + V 64 KB, a Q + dO stage 64 KB, P^T + dS^T 2 x 16 KB: 225 KB
+# at 2 stages (230,928 B with the row slices and barriers, of 232,448); dq-chunks2 adds dQ in two 64-column pieces.
+# Not in configs.GLUON_BWD_MIN_KEYS until measured: FLASHTILE_GLUON_BWD=1 reaches it.
 VARIANTS = {
     "default": {64: GluonBwdConfig(stages=3, dq_split_d=False), 128: GluonBwdConfig(stages=2),
                 256: GluonBwdConfig(stages=2)},

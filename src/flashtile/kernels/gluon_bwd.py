@@ -1,6 +1,6 @@
 """Hopper (sm90) backward in Gluon: dK/dV per key block with dQ by fp32 atomics (FA3's schedule).
 
-One program per (key block of BLOCK_N = 128 keys, batch * key/value head), three partitions:
+One program per (key block of BLOCK_N = 128 keys (64 at D256), batch * key/value head), three partitions:
   - load (1 warp): K and V of the block once, then the Q and dO tiles of BLOCK_M = 64 query rows of every
     query head of the group through a STAGES-deep ring (TMA, one mbarrier pair per stage and tensor);
   - two consumer warpgroups (the default partition and a 4-warp worker), warpgroup w owning keys
@@ -16,6 +16,14 @@ the five GEMMs are 5 * 2 * 64 * 128 * 128 = 10.5 MFLOP; a separate dQ kernel wou
 warpgroups exchange their dS^T halves through shared memory (an mbarrier per buffer) and each computes half of
 dQ's columns over all 128 keys, so each element is added once per key block; otherwise (variant dq-keys) each
 warpgroup adds dS_w K_w over its own 64 keys: no exchange, twice the atomics.
+
+HEAD_DIM 256 (SPLIT_D; FA3's hdim-256 shape): dK and dV of 64 keys per warpgroup would be 256 fp32 registers per
+thread, so a program takes BLOCK_N = 64 keys and both warpgroups work on all of them, warpgroup w owning head-dim
+columns 128 w + [0, 128) of dK, dV (64 + 64 registers) and dQ. Each computes S^T and dP^T for its half of the
+query tile ([64 keys, 32 queries], wgmma N = 32, from shared memory at full D), writes its half of P^T and dS^T
+to shared memory (double-buffered, one mbarrier per slot, as DQ_SPLIT_D), and once both halves are in, dV_w +=
+P^T dO_w, dK_w += dS^T Q_w, dQ_w = dS K_w (all from shared memory). Shared memory: K + V 64 KB, Q + dO 64 KB per
+stage (2 stages), P^T + dS^T 2 x 16 KB: 225 KB of the 227.
 
 Dense (B, S, H, D) tensors as 3-D (B, S, H * D) TMA tensors: a tile past a sequence's end is zero-filled (not
 the next batch's rows), so padded query rows have Q = dO = 0 and lse2 = +inf (P = 0, dS = 0), and padded keys
@@ -478,7 +486,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     softcap_log2 = softcap * log2(e)). Alibi: fp32 slopes read at off_b * stride_alibi_b + query head. IS_LOCAL:
     window_left / window_right, Sq + Sk for an unbounded side (gluon_launch.mask_mode: causal with a left window
     is IS_LOCAL with right 0, causal alone IS_CAUSAL). Feature arguments are None when their feature is off.
-    Launch with num_warps=4 and a grid of (cdiv(Sk, 128), B * Hk)."""
+    DQ_CHUNKS (D256 only): dQ's 128 columns per warpgroup in this many wgmma + atomic pieces.
+    Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
     start_n = gl.program_id(0) * BLOCK_N
@@ -547,7 +556,9 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], delta_desc.layout)
     if SPLIT_D:
         # P^T and dS^T of two tiles (slots 2 * buf, 2 * buf + 1), each warpgroup writing its half of the columns.
-        x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+        # A 64-byte swizzle (32 bf16 columns): each half is a whole swizzle column block of its own, at a plain
+        # byte offset (with 128-byte rows a half would start inside the XOR pattern of the other's row).
+        x_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
         ds_bufs = gl.allocate_shared_memory(dtype, [4, BLOCK_N, BLOCK_M], x_layout)
     elif DQ_SPLIT_D:
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
