@@ -6,11 +6,13 @@
 
 Phases, each in child processes with a time limit (a kernel that deadlocks on an mbarrier hangs forever; killing
 the child frees the GPU and the run goes on to report it):
-  smoke    one tiny case per head dim of --check-dims (128, 64; 256 on request), default variant: does it launch, finish and match?
-  correct  one child per head dim (--check-dims) x causal, concurrently: 1K, 4K, odd lengths (1000, 130 x 257 and 257 x 130 with
-           Sq != Sk), GQA / MQA, batch > 1 with odd lengths, fp16; dq / dk / dv NaN-poisoned against the float64
-           reference with DESIGN.md's rule (<= 2 x the plain low-precision PyTorch error + rounding floor), the
-           portable backward's error alongside; then flash_attn_func with FLASHTILE_GLUON_BWD=1 (the dispatch).
+  smoke    one tiny case per head dim of --check-dims (128, 64; 256 on request), default variant: does it
+           launch, finish and match?
+  correct  one child per head dim (--check-dims) x causal, concurrently: 1K, 4K, odd lengths (1000, 130 x 257
+           and 257 x 130 with Sq != Sk), GQA / MQA, batch > 1 with odd lengths, fp16; dq / dk / dv NaN-poisoned
+           against the float64 reference with DESIGN.md's rule (<= 2 x the plain low-precision PyTorch error +
+           rounding floor), the portable backward's error alongside; then flash_attn_func with
+           FLASHTILE_GLUON_BWD=1 (the dispatch).
            Variants after the first get a shorter list; a variant runs only at the head dims it covers.
   features (unless --skip-features; concurrently with correct, three children per head dim) score features in the
            default variant: windows (256, 0), (100, 50), (-1, 64), causal + left window, softcap 30 and 5, ALiBi

@@ -611,9 +611,9 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
               SOFTCAP, HAS_ALIBI, DQ_CHUNKS)),
             (_load_partition,
              (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem.index(0), v_smem.index(0), q_bufs,
-              do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n, off_hk * HEAD_DIM,
-              off_hk * group_size, m_lo, n_tiles, group_size, heads_q, n_lead, n_masked if IS_LOCAL else 0, n_skip,
-              HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL)),
+              do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
+              off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q, n_lead,
+              n_masked if IS_LOCAL else 0, n_skip, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
