@@ -303,7 +303,8 @@ def _alibi(kind, batch, heads):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
+# D256 features: benchmarks/gluon_bwd_check.py --check-dims 256 (about ten more D256 compiles would stretch the tier).
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("feature", FEATURES, ids=[f[0] for f in FEATURES])
 @pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
                                                        for b, sq, sk, hq, hk, dt in FEATURE_SHAPES])

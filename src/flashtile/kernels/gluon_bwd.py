@@ -375,8 +375,8 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
     dq_zero = gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout)
     rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
     dcols = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
-    # dQ's HALF_D columns in DQ_CHUNKS pieces, one at a time: [BLOCK_M, HALF_D] fp32 at once (64 registers per
-    # thread at D256) beside dK and dV (128) spilled inside the tile loop.
+    # dQ's HALF_D columns in DQ_CHUNKS pieces, one at a time (variant dq-chunks2: 32 registers per thread for dq
+    # instead of 64 beside dK and dV's 128, one more wgmma wait per tile; both compile without spills).
     for c in gl.static_range(DQ_CHUNKS):
         dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_view.slice(WG * HALF_D + c * DQ_N, DQ_N, dim=1), dq_zero,
                                use_acc=False, is_async=True)
