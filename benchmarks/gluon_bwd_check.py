@@ -1,15 +1,18 @@
 """Check and time the Hopper Gluon backward on the GPU, in one self-diagnosing run (target < 150 s).
 
-    PYTHONPATH=src python3 benchmarks/gluon_bwd_check.py [--variants default,stages3,dq-keys,dq-split]
-        [--bench-dims 128,64] [--seqlens 1024,4096,16384] [--skip-bench] [--skip-features] [--bench-features]
+    PYTHONPATH=src python3 benchmarks/gluon_bwd_check.py [--variants default,stages3,dq-keys,dq-split,dq-chunks2]
+        [--check-dims 128,64] [--bench-dims 128,64] [--seqlens 1024,4096,16384] [--skip-bench] [--skip-features]
+        [--bench-features]
 
 Phases, each in child processes with a time limit (a kernel that deadlocks on an mbarrier hangs forever; killing
 the child frees the GPU and the run goes on to report it):
-  smoke    one tiny case per head dim (128, 64), default variant: does it launch, finish and match?
-  correct  one child per head dim x causal, concurrently: 1K, 4K, odd lengths (1000, 130 x 257 and 257 x 130 with
-           Sq != Sk), GQA / MQA, batch > 1 with odd lengths, fp16; dq / dk / dv NaN-poisoned against the float64
-           reference with DESIGN.md's rule (<= 2 x the plain low-precision PyTorch error + rounding floor), the
-           portable backward's error alongside; then flash_attn_func with FLASHTILE_GLUON_BWD=1 (the dispatch).
+  smoke    one tiny case per head dim of --check-dims (128, 64; 256 on request), default variant: does it
+           launch, finish and match?
+  correct  one child per head dim (--check-dims) x causal, concurrently: 1K, 4K, odd lengths (1000, 130 x 257
+           and 257 x 130 with Sq != Sk), GQA / MQA, batch > 1 with odd lengths, fp16; dq / dk / dv NaN-poisoned
+           against the float64 reference with DESIGN.md's rule (<= 2 x the plain low-precision PyTorch error +
+           rounding floor), the portable backward's error alongside; then flash_attn_func with
+           FLASHTILE_GLUON_BWD=1 (the dispatch).
            Variants after the first get a shorter list; a variant runs only at the head dims it covers.
   features (unless --skip-features; concurrently with correct, three children per head dim) score features in the
            default variant: windows (256, 0), (100, 50), (-1, 64), causal + left window, softcap 30 and 5, ALiBi
@@ -341,9 +344,9 @@ def check_dispatch(head_dim, causal):
     return ok
 
 
-def phase_smoke(variants):
+def phase_smoke(variants, head_dims):
     ok = True
-    for head_dim in (128, 64):
+    for head_dim in head_dims:
         say(f"INFO smoke d{head_dim} [default] launching (a hang here = deadlock)")
         ok &= bool(guarded(check_case, SMOKE, head_dim, False, "default", False, what=f"smoke d{head_dim}"))
         ok &= bool(guarded(check_case, SMOKE, head_dim, True, "default", False, what=f"smoke d{head_dim} causal"))
@@ -390,7 +393,8 @@ def phase_bench(variants, seqlens, head_dims):
 
 
 def _argv(args):
-    return ["--variants", args.variants, "--seqlens", args.seqlens, "--bench-dims", args.bench_dims]
+    return ["--variants", args.variants, "--seqlens", args.seqlens, "--bench-dims", args.bench_dims,
+            "--check-dims", args.check_dims]
 
 
 def _children(phase, args, timeout, groups=(None, )):
@@ -399,10 +403,12 @@ def _children(phase, args, timeout, groups=(None, )):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="default,stages3,dq-keys,dq-split",
+    parser.add_argument("--variants", default="default,stages3,dq-keys,dq-split,dq-chunks2",
                         help=f"comma list of {sorted(gluon_bwd_launch.VARIANTS)} (each runs where it has a config)")
     parser.add_argument("--seqlens", default="1024,4096,16384", help="bench sequence lengths")
     parser.add_argument("--bench-dims", default="128,64", help="bench head dims")
+    parser.add_argument("--check-dims", default="128,64",
+                        help="head dims of the smoke / correct / features phases (256: the SPLIT_D kernel)")
     parser.add_argument("--phase", default="all",
                         choices=["all", "smoke", "correct", "features", "bench", "bench-features"])
     parser.add_argument("--group", default="", help="correct phase: HEAD_DIM:CAUSAL, e.g. 128:1")
@@ -411,8 +417,9 @@ def main():
     parser.add_argument("--bench-features", action="store_true", help="time the features at D128 8K (~30 s)")
     args = parser.parse_args()
     variants = args.variants.split(",")
+    check_dims = [int(d) for d in args.check_dims.split(",")]
     if args.phase == "smoke":
-        sys.exit(0 if phase_smoke(variants) else 1)
+        sys.exit(0 if phase_smoke(variants, check_dims) else 1)
     if args.phase == "correct":
         head_dim, causal = args.group.split(":")
         sys.exit(0 if phase_correct(variants, int(head_dim), causal == "1") else 1)
@@ -432,9 +439,9 @@ def main():
     if not _children("smoke", args, 90):
         say("FAIL smoke failed: skipping the remaining phases")
         return
-    groups = ["128:0", "128:1", "64:0", "64:1"]
+    groups = [f"{d}:{c}" for d in check_dims for c in (0, 1)]
     if not args.skip_features:
-        groups += [f"f{d}:{part}" for d in (128, 64) for part in "wca"]
+        groups += [f"f{d}:{part}" for d in check_dims for part in "wca"]
     # Plain groups run the correct phase, feature groups (f<head dim>:<part>) the features phase, concurrently.
     run_children(__file__, "correct", _argv(args), 180, groups,
                  phase_of=lambda group, phase: "features" if group.startswith("f") else phase)

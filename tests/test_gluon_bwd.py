@@ -30,7 +30,7 @@ def _supported(q, k, v, **kw):
 
 @pytest.mark.usefixtures("pretend_hopper")
 def test_supports_plain_causal_gqa_and_tails():
-    for head_dim in (64, 128):
+    for head_dim in (64, 128, 256):
         q, k, v = make_qkv(2, 1000, 777, 4, 2, head_dim, torch.bfloat16, "cpu", requires_grad=False)
         assert _supported(q, k, v) and _supported(q, k, v, causal=True)
     q, k, v = make_qkv(1, 130, 257, 2, 1, 128, torch.float16, "cpu", requires_grad=False)
@@ -93,6 +93,25 @@ def test_dkdv_launch_args_leave_plain_and_causal_alone():
     assert args[-7] == pytest.approx(0.125 / 30.0)  # qk_scale = softmax_scale / softcap, as the forward's
 
 
+def test_dkdv_launch_args_d256_split_d():
+    """D256 (the kernel's SPLIT_D): 64 keys per program (K / V boxes and grid), the same argument list; D64 / D128
+    keep 128 keys per program."""
+    if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
+        pytest.skip("no Gluon Hopper API in this triton")
+    assert gluon_bwd_launch.block_n(256) == 64 and gluon_bwd_launch.block_n(128) == 128 == gluon_bwd_launch.block_n(64)
+    rows = torch.empty(2, 4, 320)
+    for head_dim, keys in ((256, 64), (128, 128)):
+        q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
+        k = torch.empty(2, 500, 2, head_dim, dtype=torch.bfloat16)
+        acc = torch.empty(2, 320, 4, head_dim)
+        config = gluon_bwd_launch.VARIANTS["default"][head_dim]
+        grid, args, constexprs, options = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1,
+                                                                            True, config)
+        assert grid == (-(-500 // keys), 4) and constexprs["HEAD_DIM"] == head_dim
+        assert list(args[1].block_shape) == [1, keys, head_dim] and list(args[0].block_shape) == [1, 64, head_dim]
+        assert options["num_warps"] == 4
+
+
 def test_backward_asks_gluon_for_features_not_for_the_rest():
     """_flash_attn_backward's gate: windows, softcap and ALiBi reach _gluon_backward (which may refuse); varlen,
     bias, dropout, mods and deterministic never do."""
@@ -136,7 +155,7 @@ def test_refuses_what_it_cannot_do():
     assert not _supported(q, k, v, dropout_p=0.1)
     assert not _supported(q, k, v, attn_bias=torch.zeros(1, 4, 256, 256))
     assert not _supported(q, k, v, score_mod=lambda s: s)
-    for head_dim in (96, 256):
+    for head_dim in (96, 192):
         q2, k2, v2 = make_qkv(1, 256, 256, 4, 2, head_dim, torch.bfloat16, "cpu", requires_grad=False)
         assert not _supported(q2, k2, v2)
     q32, k32, v32 = (t.float() for t in (q, k, v))
@@ -155,6 +174,8 @@ def test_policy_follows_the_measurement(monkeypatch):
     assert all(configs.gluon_bwd_wanted(128, c, s) for c in (False, True) for s in (1024, 16384))
     assert not any(configs.gluon_bwd_wanted(128, c, 512) for c in (False, True))
     assert not any(configs.gluon_bwd_wanted(64, c, 16384) for c in (False, True))
+    # D256 is supported (FLASHTILE_GLUON_BWD=1) but not measured yet: never by default.
+    assert not any(configs.gluon_bwd_wanted(256, c, 16384) for c in (False, True))
     q = torch.randn(1, 256, 2, 128)
     seen = []
     monkeypatch.setattr(gluon_bwd_launch, "gluon_bwd_supported", lambda *a, **kw: seen.append(1) or False)
@@ -242,7 +263,7 @@ SHAPES = [(2, 1024, 1024, 4, 4, torch.bfloat16), (1, 1000, 1000, 4, 2, torch.bfl
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
                                                for b, sq, sk, hq, hk, dt in SHAPES])
 def test_matches_reference(monkeypatch, shape, head_dim, causal):
@@ -282,6 +303,7 @@ def _alibi(kind, batch, heads):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+# D256 features: benchmarks/gluon_bwd_check.py --check-dims 256 (about ten more D256 compiles would stretch the tier).
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("feature", FEATURES, ids=[f[0] for f in FEATURES])
 @pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"

@@ -18,11 +18,13 @@ from .gluon_launch import LOG2E, _supported_device, mask_mode, shared_layout, tm
 try:
     from triton.experimental.gluon import language as _gl
     from .kernels.gluon_bwd import WG_N, _attn_bwd_dkdv_hopper
-    BLOCK_N = 2 * WG_N.value
+    BLOCK_N = 2 * WG_N.value  # keys per program at D64 / D128; D256 (SPLIT_D) takes WG_N (block_n)
+    _WG_N = WG_N.value
     GLUON_BWD_IMPORT_ERROR = None
 except Exception as exc:  # noqa: BLE001  (any failure means: no Gluon backward on this triton)
     _attn_bwd_dkdv_hopper = None
     BLOCK_N = 128
+    _WG_N = 64
     GLUON_BWD_IMPORT_ERROR = exc
 
 _disabled = None  # the exception that made a launch fail in this process (then the portable path serves)
@@ -48,18 +50,30 @@ class GluonBwdConfig:
     consumer_regs: int = 240
     loader_regs: int = 24
     maxnreg: int = 168
+    dq_chunks: int = 1  # D256 only: dQ's half of the head dim in this many wgmma + atomic pieces
 
 
 # Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
 # K + V 64 KB, a Q + dO stage 32 KB, dS^T 2 x 16 KB: 160 KB at 2 stages, 192 KB at 3. D64 defaults to the per-key
 # dQ (dq-keys): splitting dQ's 64 columns would slice K's 128-byte swizzle rows in half (dq-split tries it).
+# D256 (the kernel's SPLIT_D, 64 keys per program): K + V 64 KB, a Q + dO stage 64 KB, P^T + dS^T 2 x 16 KB: 225 KB
+# at 2 stages (230,928 B with the row slices and barriers, of 232,448); dq-chunks2 adds dQ in two 64-column pieces.
+# Not in configs.GLUON_BWD_MIN_KEYS until measured: FLASHTILE_GLUON_BWD=1 reaches it.
 VARIANTS = {
-    "default": {64: GluonBwdConfig(stages=3, dq_split_d=False), 128: GluonBwdConfig(stages=2)},
+    "default": {64: GluonBwdConfig(stages=3, dq_split_d=False), 128: GluonBwdConfig(stages=2),
+                256: GluonBwdConfig(stages=2)},
     "stages3": {128: GluonBwdConfig(stages=3)},
     "dq-keys": {128: GluonBwdConfig(stages=2, dq_split_d=False)},
     "dq-split": {64: GluonBwdConfig(stages=3)},
+    "dq-chunks2": {256: GluonBwdConfig(stages=2, dq_chunks=2)},
 }
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
+
+
+def block_n(head_dim):
+    """Keys per program: 128 (64 per consumer warpgroup), 64 at D256 (both warpgroups on the same keys, each with
+    half of the head dim: kernels/gluon_bwd.py SPLIT_D)."""
+    return _WG_N if head_dim > 128 else BLOCK_N
 
 
 def _tma_3d_ok(t):
@@ -74,7 +88,7 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
                         alibi_slopes=None, attn_bias=None, **other_features):
     """True when the Gluon backward can compute the gradients of flash_attn_func(q, k, v, causal=causal,
     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes): CUDA sm90, no interpreter, fp16/bf16
-    dense (B, S, H, D), head_dim 64 or 128, heads_q % heads_kv == 0, TMA-compatible strides of q, k, v, dout,
+    dense (B, S, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0, TMA-compatible strides of q, k, v, dout,
     ALiBi slopes fp32 (Hq,) or (B, Hq) on q's device; no dropout, bias, varlen or mods."""
     if (_attn_bwd_dkdv_hopper is None or _disabled is not None
             or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
@@ -134,7 +148,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
     is_causal, is_local, left, right = mask_mode(causal, window_size)
     unbounded = seqlen_q + seqlen_k  # as launch.ScoreArgs: no position difference reaches it
     alibi = alibi_slopes.float().contiguous() if alibi_slopes is not None else None
-    args = (_descriptor(q, config.block_m), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N),
+    keys = block_n(head_dim)
+    args = (_descriptor(q, config.block_m), _descriptor(k, keys), _descriptor(v, keys),
             _descriptor(dout, config.block_m), _row_descriptor(lse2, config.block_m),
             _row_descriptor(delta, config.block_m), dk, dv, dq_accum,
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), dq_accum.stride(1),
@@ -147,8 +162,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, IS_CAUSAL=is_causal,
                       DQ_SPLIT_D=config.dq_split_d, CONSUMER_REGS=config.consumer_regs,
                       LOADER_REGS=config.loader_regs, IS_LOCAL=is_local, SOFTCAP=softcap > 0,
-                      HAS_ALIBI=alibi_slopes is not None)
-    grid = (math.ceil(seqlen_k / BLOCK_N), batch * heads_kv)
+                      HAS_ALIBI=alibi_slopes is not None, DQ_CHUNKS=config.dq_chunks)
+    grid = (math.ceil(seqlen_k / keys), batch * heads_kv)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 

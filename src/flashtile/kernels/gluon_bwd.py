@@ -1,6 +1,6 @@
 """Hopper (sm90) backward in Gluon: dK/dV per key block with dQ by fp32 atomics (FA3's schedule).
 
-One program per (key block of BLOCK_N = 128 keys, batch * key/value head), three partitions:
+One program per (key block of BLOCK_N = 128 keys (64 at D256), batch * key/value head), three partitions:
   - load (1 warp): K and V of the block once, then the Q and dO tiles of BLOCK_M = 64 query rows of every
     query head of the group through a STAGES-deep ring (TMA, one mbarrier pair per stage and tensor);
   - two consumer warpgroups (the default partition and a 4-warp worker), warpgroup w owning keys
@@ -16,6 +16,14 @@ the five GEMMs are 5 * 2 * 64 * 128 * 128 = 10.5 MFLOP; a separate dQ kernel wou
 warpgroups exchange their dS^T halves through shared memory (an mbarrier per buffer) and each computes half of
 dQ's columns over all 128 keys, so each element is added once per key block; otherwise (variant dq-keys) each
 warpgroup adds dS_w K_w over its own 64 keys: no exchange, twice the atomics.
+
+HEAD_DIM 256 (SPLIT_D; FA3's hdim-256 shape): dK and dV of 64 keys per warpgroup would be 256 fp32 registers per
+thread, so a program takes BLOCK_N = 64 keys and both warpgroups work on all of them, warpgroup w owning head-dim
+columns 128 w + [0, 128) of dK, dV (64 + 64 registers) and dQ. Each computes S^T and dP^T for its half of the
+query tile ([64 keys, 32 queries], wgmma N = 32, from shared memory at full D), writes its half of P^T and dS^T
+to shared memory (double-buffered, one mbarrier per slot, as DQ_SPLIT_D), and once both halves are in, dV_w +=
+P^T dO_w, dK_w += dS^T Q_w, dQ_w = dS K_w (all from shared memory). Shared memory: K + V 64 KB, Q + dO 64 KB per
+stage (2 stages), P^T + dS^T 2 x 16 KB: 225 KB of the 227.
 
 Dense (B, S, H, D) tensors as 3-D (B, S, H * D) TMA tensors: a tile past a sequence's end is zero-filled (not
 the next batch's rows), so padded query rows have Q = dO = 0 and lse2 = +inf (P = 0, dS = 0), and padded keys
@@ -276,6 +284,188 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                         HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
 
 
+@gluon.jit
+def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs, q_ready,
+                      q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
+                      causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+                      WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                      IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, IS_LOCAL: gl.constexpr,
+                      SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr):
+    """SPLIT_D (HEAD_DIM 256): both warpgroups own the same WG_N keys key0 + [0, WG_N); warpgroup WG computes
+    S^T / dP^T for query columns WG * BLOCK_M / 2 + [0, BLOCK_M / 2) of the tile, writes its half of P^T and dS^T
+    to x_bufs (slots 2 * buf: P^T, 2 * buf + 1: dS^T, each [WG_N, BLOCK_M]), and after both halves are in, adds
+    into its head-dim half of dk, dv ([WG_N, HEAD_DIM / 2] fp32) and this tile's dQ columns WG * HEAD_DIM / 2 +
+    [0, HEAD_DIM / 2) (unscaled) at dq_ptr + rows * stride_dqm. Same score features and masks as _bwd_step."""
+    dtype: gl.constexpr = q_bufs.dtype
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    HALF_D: gl.constexpr = HEAD_DIM // 2
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF_M, 16])
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    DQ_N: gl.constexpr = HALF_D // DQ_CHUNKS
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_N, 16])
+    stage = it % STAGES
+    phase = (it // STAGES) & 1
+    # K and V at a runtime index that is always 0 (it >= 0) but varies per tile for the compiler: with a constant
+    # one their wgmma descriptors (16 k-steps of 64 bits each for K, as many for V) were hoisted out of the tile
+    # loop into 64 registers per thread, and the default partition spilled inside it.
+    kv = it >> 31
+    k_view = k_smem.index(kv).reshape([WG_N, HEAD_DIM])
+    v_view = v_smem.index(kv).reshape([WG_N, HEAD_DIM])
+    q_view = q_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
+    do_view = do_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
+    s_zero = gl.zeros([WG_N, HALF_M], gl.float32, s_layout)
+    mbarrier.wait(q_ready.index(stage), phase)
+    s_tok = warpgroup_mma(k_view, q_view.slice(WG * HALF_M, HALF_M, dim=0).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+    mbarrier.wait(do_ready.index(stage), phase)
+    dp_tok = warpgroup_mma(v_view, do_view.slice(WG * HALF_M, HALF_M, dim=0).permute((1, 0)), s_zero,
+                           use_acc=False, is_async=True)
+    cols = m + WG * HALF_M + gl.arange(0, HALF_M, layout=col_layout)  # [HALF_M] query rows
+    in_seq = cols < seqlen_q
+    if SOFTCAP:
+        s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))  # [WG_N, HALF_M] = S^T, dP^T
+    else:
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, HALF_M] = S^T
+    lse2 = _row_half(lse2_bufs, stage, WG, in_seq, float("inf"), col_layout)
+    if SOFTCAP or HAS_ALIBI:
+        if SOFTCAP:
+            t = _tanh(s * qk_scale, True)  # [WG_N, HALF_M]; qk_scale = softmax_scale / softcap here
+            s = t * softcap_log2
+        else:
+            s = s * qk_scale
+        if HAS_ALIBI:
+            keys_f = (key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))).to(gl.float32)  # [WG_N]
+            rows_f = (cols + causal_offset).to(gl.float32)  # [HALF_M] query positions + Sk - Sq
+            s = s - alibi_log2 * gl.abs(rows_f[None, :] - keys_f[:, None])
+        p = gl.exp2(s - lse2[None, :])  # [WG_N, HALF_M]
+    else:
+        p = gl.exp2(s * qk_scale - lse2[None, :])  # [WG_N, HALF_M]
+    if MASKED:
+        keys = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))  # [WG_N]
+        visible = (keys < seqlen_k)[:, None]
+        if IS_CAUSAL:
+            visible = visible & (keys[:, None] <= cols[None, :] + causal_offset)
+        if IS_LOCAL:
+            shifted = cols + causal_offset  # [HALF_M]
+            visible = visible & (keys[:, None] <= shifted[None, :] + window_right) & (
+                keys[:, None] >= shifted[None, :] - window_left)
+        p = gl.where(visible, p, 0.0)
+    if not SOFTCAP:
+        dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, HALF_M] = dP^T
+    delta = _row_half(delta_bufs, stage, WG, in_seq, 0.0, col_layout)
+    if SOFTCAP:
+        ds_lp = (p * (dp - delta[None, :]) * (1.0 - t * t)).to(dtype)  # [WG_N, HALF_M] = dS^T
+    else:
+        ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, HALF_M] = dS^T
+    # Both halves of P^T and dS^T through shared memory (the dV / dK / dQ wgmmas read them from there). Slot
+    # pair `buf` is rewritten at it + 2, after this warpgroup has waited for the other one's arrival at it + 1,
+    # which comes after the other's wgmmas of `it` retired.
+    buf = it % 2
+    pt_buf = x_bufs.index(2 * buf)
+    ds_buf = x_bufs.index(2 * buf + 1)
+    pt_buf.slice(WG * HALF_M, HALF_M, dim=1).store(p.to(dtype))
+    ds_buf.slice(WG * HALF_M, HALF_M, dim=1).store(ds_lp)
+    fence_async_shared()  # the generic-proxy stores before the async-proxy (wgmma) reads
+    mbarrier.arrive(ds_ready.index(buf))
+    mbarrier.wait(ds_ready.index(buf), (it // 2) & 1)
+    dv_tok = warpgroup_mma(pt_buf, do_view.slice(WG * HALF_D, HALF_D, dim=1), dv, is_async=True)
+    dk_tok = warpgroup_mma(ds_buf, q_view.slice(WG * HALF_D, HALF_D, dim=1), dk, is_async=True)
+    dq_zero = gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout)
+    rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    dcols = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
+    # dQ's HALF_D columns in DQ_CHUNKS pieces, one at a time (variant dq-chunks2: 32 registers per thread for dq
+    # instead of 64 beside dK and dV's 128, one more wgmma wait per tile; both compile without spills).
+    for c in gl.static_range(DQ_CHUNKS):
+        dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_view.slice(WG * HALF_D + c * DQ_N, DQ_N, dim=1), dq_zero,
+                               use_acc=False, is_async=True)
+        if c == 0:
+            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))  # dq: [BLOCK_M, DQ_N]
+            mbarrier.arrive(q_empty.index(stage))
+            mbarrier.arrive(do_empty.index(stage))
+        else:
+            dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
+        # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
+        gl.atomic_add(dq_ptr + c * DQ_N + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq,
+                      sem="relaxed")
+    return dk, dv
+
+
+@gluon.jit
+def _row_half(bufs, stage, WG: gl.constexpr, valid, other, layout: gl.constexpr):
+    """_row_vector's slice for warpgroup WG's half of the query tile."""
+    BLOCK_M: gl.constexpr = bufs.shape[2]
+    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    row = bufs.index(stage)._reinterpret(gl.float32, [BLOCK_M], flat)
+    x = row.slice(WG * (BLOCK_M // 2), BLOCK_M // 2).load(layout)
+    return gl.where(valid, x, other)
+
+
+@gluon.jit
+def _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs, kv_bar, q_ready,
+                                q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
+                                n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                                softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
+                                softcap_log2, window_left, window_right, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+                                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                                IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
+                                DQ_CHUNKS: gl.constexpr):
+    """SPLIT_D: keys start_n + [0, WG_N), head-dim columns WG * HEAD_DIM / 2 + [0, HEAD_DIM / 2) of their dK and
+    dV (and of dQ); otherwise as _consumer_partition."""
+    dtype: gl.constexpr = q_bufs.dtype
+    HALF_D: gl.constexpr = HEAD_DIM // 2
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HALF_D, 16])
+    key0 = start_n
+    dk = gl.zeros([WG_N, HALF_D], gl.float32, acc_layout)
+    dv = gl.zeros([WG_N, HALF_D], gl.float32, acc_layout)
+    mbarrier.wait(kv_bar, 0)
+    for g in range(group_size):
+        dq_ptr = dq_base + g * HEAD_DIM + WG * HALF_D
+        it0 = g * n_tiles
+        alibi_log2 = 0.0
+        if HAS_ALIBI:
+            alibi_log2 = gl.load(alibi_ptr + g) * LOG2E  # query head off_hk * group_size + g
+        for t in range(0, n_masked):
+            dk, dv = _bwd_step_split_d(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0),
+                                       dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
+                                       q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
+                                       seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
+                                       window_left, window_right, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True,
+                                       IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS)
+        for t in range(n_masked, n_tiles):
+            dk, dv = _bwd_step_split_d(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1),
+                                       dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
+                                       q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
+                                       seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
+                                       window_left, window_right, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False,
+                                       IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS)
+    rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
+    cols = WG * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, acc_layout))  # [HALF_D]
+    in_seq = (rows < seqlen_k)[:, None]
+    rows64 = rows.to(gl.int64)[:, None]
+    gl.store(dk_base + rows64 * stride_dkn + cols[None, :], (dk * softmax_scale).to(dtype), mask=in_seq)
+    gl.store(dv_base + rows64 * stride_dvn + cols[None, :], dv.to(dtype), mask=in_seq)
+
+
+@gluon.jit
+def _consumer1_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs, kv_bar, q_ready,
+                                 q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
+                                 n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                                 softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
+                                 softcap_log2, window_left, window_right, HEAD_DIM: gl.constexpr,
+                                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                                 IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
+                                 DQ_CHUNKS: gl.constexpr):
+    _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs, kv_bar, q_ready,
+                                q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
+                                n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                                softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
+                                softcap_log2, window_left, window_right, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
+                                IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS)
+
+
 # Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "seqlen_q_pad", "heads_q", "heads_kv", "group_size",
                                "stride_alibi_b", "window_left", "window_right"])
@@ -286,7 +476,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                           IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
                           CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
-                          SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False):
+                          SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
+                          DQ_CHUNKS: gl.constexpr = 1):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -295,8 +486,10 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     softcap_log2 = softcap * log2(e)). Alibi: fp32 slopes read at off_b * stride_alibi_b + query head. IS_LOCAL:
     window_left / window_right, Sq + Sk for an unbounded side (gluon_launch.mask_mode: causal with a left window
     is IS_LOCAL with right 0, causal alone IS_CAUSAL). Feature arguments are None when their feature is off.
-    Launch with num_warps=4 and a grid of (cdiv(Sk, 128), B * Hk)."""
-    BLOCK_N: gl.constexpr = 2 * WG_N
+    DQ_CHUNKS (D256 only): dQ's 128 columns per warpgroup in this many wgmma + atomic pieces.
+    Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
+    SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
+    BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
     start_n = gl.program_id(0) * BLOCK_N
     pid_bh = gl.program_id(1)
     off_b = pid_bh // heads_kv
@@ -350,13 +543,24 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
             n_masked = n_tiles
 
     dtype: gl.constexpr = q_desc.dtype
-    k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    if SPLIT_D:
+        # One more leading dimension: the consumers index it at a runtime 0 (_bwd_step_split_d).
+        k_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    else:
+        k_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
     lse2_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], lse2_desc.layout)
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], delta_desc.layout)
-    if DQ_SPLIT_D:
+    if SPLIT_D:
+        # P^T and dS^T of two tiles (slots 2 * buf, 2 * buf + 1), each warpgroup writing its half of the columns.
+        # A 64-byte swizzle (32 bf16 columns): each half is a whole swizzle column block of its own, at a plain
+        # byte offset (with 128-byte rows a half would start inside the XOR pattern of the other's row).
+        x_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+        ds_bufs = gl.allocate_shared_memory(dtype, [4, BLOCK_N, BLOCK_M], x_layout)
+    elif DQ_SPLIT_D:
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
         ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
     else:
@@ -391,21 +595,42 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     if not IS_LOCAL:
         window_left = 0
         window_right = 0
-    gl.warp_specialize([
-        (_consumer_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
-                               q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
-                               n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                               softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                               softcap_log2, window_left, window_right, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                               DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)),
-        (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
-                                q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
-                                n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                                softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                softcap_log2, window_left, window_right, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                                DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)),
-        (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
-                           lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
-                           off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q, n_lead,
-                           n_masked if IS_LOCAL else 0, n_skip, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL)),
-    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    if SPLIT_D:
+        gl.warp_specialize([
+            (_consumer_split_d_partition,
+             (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty, do_ready,
+              do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles, group_size, seqlen_q,
+              seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip,
+              alibi_ptr, softcap_log2, window_left, window_right, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, IS_LOCAL,
+              SOFTCAP, HAS_ALIBI, DQ_CHUNKS)),
+            (_consumer1_split_d_partition,
+             (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty, do_ready,
+              do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles, group_size, seqlen_q,
+              seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip,
+              alibi_ptr, softcap_log2, window_left, window_right, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, IS_LOCAL,
+              SOFTCAP, HAS_ALIBI, DQ_CHUNKS)),
+            (_load_partition,
+             (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem.index(0), v_smem.index(0), q_bufs,
+              do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
+              off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q, n_lead,
+              n_masked if IS_LOCAL else 0, n_skip, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
+                                   q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
+                                   n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                                   softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
+                                   softcap_log2, window_left, window_right, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
+                                   DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)),
+            (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
+                                    q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
+                                    n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                                    softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
+                                    softcap_log2, window_left, window_right, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
+                                    DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)),
+            (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
+                               lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
+                               off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q, n_lead,
+                               n_masked if IS_LOCAL else 0, n_skip, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
