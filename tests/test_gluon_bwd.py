@@ -144,9 +144,12 @@ def test_gluon_backward_forwards_features(monkeypatch):
     wanted = []
     monkeypatch.delenv("FLASHTILE_GLUON_BWD")
     monkeypatch.setattr(gluon_launch, "tested_triton", lambda: True)
-    monkeypatch.setattr(configs, "gluon_bwd_wanted", lambda d, causal, sk, span: wanted.append((causal, span)) or False)
+    monkeypatch.setattr(configs, "gluon_bwd_wanted",
+                        lambda d, causal, sk, span, scored: wanted.append((causal, span, scored)) or False)
     assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(256, 0)) is None
-    assert wanted == [(True, 257)]
+    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(-1, 0)) is None
+    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False, softcap=30.0) is None
+    assert wanted == [(True, 257, True), (True, None, False), (False, None, True)]
 
 
 @pytest.mark.usefixtures("pretend_hopper")
@@ -170,12 +173,15 @@ def test_refuses_what_it_cannot_do():
 
 def test_policy_follows_the_measurement(monkeypatch):
     """configs.GLUON_BWD_MIN_KEYS: D128 from 1K keys (measured faster than the portable backward there), never D64
-    (measured slower); FLASHTILE_GLUON_BWD=1 asks wherever supported, =0 never."""
+    (measured slower), D256 causal from 4K and non-causal from 16K, plain / causal only (its score features have
+    not run on the GPU); FLASHTILE_GLUON_BWD=1 asks wherever supported, =0 never."""
     assert all(configs.gluon_bwd_wanted(128, c, s) for c in (False, True) for s in (1024, 16384))
+    assert all(configs.gluon_bwd_wanted(128, c, 8192, features=True) for c in (False, True))
     assert not any(configs.gluon_bwd_wanted(128, c, 512) for c in (False, True))
     assert not any(configs.gluon_bwd_wanted(64, c, 16384) for c in (False, True))
-    # D256 is supported (FLASHTILE_GLUON_BWD=1) but not measured yet: never by default.
-    assert not any(configs.gluon_bwd_wanted(256, c, 16384) for c in (False, True))
+    assert configs.gluon_bwd_wanted(256, True, 4096) and not configs.gluon_bwd_wanted(256, True, 2048)
+    assert configs.gluon_bwd_wanted(256, False, 16384) and not configs.gluon_bwd_wanted(256, False, 8192)
+    assert not any(configs.gluon_bwd_wanted(256, c, 16384, features=True) for c in (False, True))
     q = torch.randn(1, 256, 2, 128)
     seen = []
     monkeypatch.setattr(gluon_bwd_launch, "gluon_bwd_supported", lambda *a, **kw: seen.append(1) or False)

@@ -114,15 +114,22 @@ GLUON_FWD_MIN_WINDOW = 1024
 # causal = a window whose right side is 0). Session 7 (gluon-bwd-features-h200-2026-11-29-s7, D128 8K), time
 # Gluon / portable: softcap 0.76, causal softcap 0.79, ALiBi 0.90, causal ALiBi 0.85; windows (left, 0) of 4096
 # and 1024 keys 0.86 / 0.91, of 256 keys 1.02: windows narrower than GLUON_BWD_MIN_WINDOW keep the portable one.
-GLUON_BWD_MIN_KEYS = {(128, False): 1024, (128, True): 1024}
+# D256 (session 7, gluon-bwd-d256-h200-2026-11-29-s7, 16K tokens, 4K / 16K keys), time Gluon / portable: causal
+# 0.80 / 0.84 (0.76-0.78x cuDNN, the portable one 0.60-0.65x), non-causal 1.00 / 0.96: causal from 4K, non-causal
+# from 16K (between 4K and 16K unmeasured); plain and causal only, since its windows, softcap and ALiBi have not
+# run on the GPU (GLUON_BWD_FEATURE_DIMS).
+GLUON_BWD_MIN_KEYS = {(128, False): 1024, (128, True): 1024, (256, False): 16384, (256, True): 4096}
 GLUON_BWD_MIN_WINDOW = 1024
+GLUON_BWD_FEATURE_DIMS = (64, 128)  # head dims whose Gluon backward with score features was checked on the GPU
 
 
-def gluon_bwd_wanted(head_dim, causal, seqlen_k, window_span=None):
+def gluon_bwd_wanted(head_dim, causal, seqlen_k, window_span=None, features=False):
     """Whether the dense backward should take the Gluon kernel at this shape (where gluon_bwd_supported allows);
-    window_span as for gluon_fwd_wanted."""
+    window_span as for gluon_fwd_wanted; features: a window other than causal, softcap or ALiBi."""
     least = GLUON_BWD_MIN_KEYS.get((head_dim, causal))
     if window_span is not None and window_span < GLUON_BWD_MIN_WINDOW:
+        return False
+    if features and head_dim not in GLUON_BWD_FEATURE_DIMS:
         return False
     return least is not None and seqlen_k >= least
 
