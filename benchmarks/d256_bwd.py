@@ -35,8 +35,8 @@ def dvdk(dv, dk):
 
 
 # (name, BwdConfig, causal values it runs at). configs.py's choice always runs first (the "dv-dk" variant since
-# session 7); then the other variants but "pointers" (configs.D256_BWD_VARIANTS) and one dv-dk tile alternative: dK with 16 query rows (0 B
-# spill, 1 stage causal: benchmarks/results/spills-d256-dvdk).
+# session 7); then the other variants but "pointers" (configs.D256_BWD_VARIANTS) and one dv-dk tile alternative:
+# dK with 16 query rows (0 B spill, 1 stage causal: benchmarks/results/spills-d256-dvdk).
 CASES = [(f"variant {name}", cfg, (causal,)) for name, pair in configs.D256_BWD_VARIANTS.items() if name != "pointers"
          for causal, cfg in zip((False, True), pair)] + [
     ("dv-dk", dvdk(T(64, 128, 8, 2), T(16, 128, 8, 2)), (False,)),

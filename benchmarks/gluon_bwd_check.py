@@ -39,8 +39,8 @@ import triton  # noqa: E402
 
 from flashtile import gluon_bwd_launch, launch  # noqa: E402
 from flashtile.reference import attention_ref  # noqa: E402
-from gpu_check import (ABS_FLOOR, bench_shapes, guarded, max_err, run_children, say, shape_label,  # noqa: E402  (this folder)
-                       time_providers)
+from gpu_check import (ABS_FLOOR, alibi_slopes, bench_shapes, guarded, max_err,  # noqa: E402  (this folder)
+                       run_children, say, shape_label, time_providers)
 
 DEVICE = "cuda"
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -88,14 +88,6 @@ def references(q, k, v, dout, scale, causal, **features):
         o = attention_ref(*leaves, causal=causal, softmax_scale=scale, upcast=upcast, **features)
         results.append(torch.autograd.grad(o, leaves, dout.to(o.dtype)))
     return results
-
-
-def alibi_slopes(heads, batch=None):
-    """The ALiBi paper's geometric slopes 2^(-8 h / H), (H,) or per batch (B, H) (rows slightly perturbed)."""
-    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=DEVICE)
-    if batch is None:
-        return slopes
-    return torch.stack([slopes * (1.0 + 0.1 * b) for b in range(batch)])
 
 
 def feature_args(spec, batch, heads_q):

@@ -55,8 +55,8 @@ import triton  # noqa: E402
 
 from flashtile import gluon_launch, launch  # noqa: E402
 from flashtile.reference import attention_ref  # noqa: E402
-from gpu_check import (ABS_FLOOR, bench_shapes, guarded, max_err, run_children, say, shape_label,  # noqa: E402  (this folder)
-                       time_providers)
+from gpu_check import (ABS_FLOOR, alibi_slopes, bench_shapes, guarded, max_err,  # noqa: E402  (this folder)
+                       run_children, say, shape_label, time_providers)
 
 LSE_ATOL, LSE_RTOL = 2e-3, 1e-4
 DEVICE = "cuda"
@@ -75,14 +75,6 @@ def triton_forward(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0, al
     """The portable Triton forward (FLASHTILE_GLUON=0 is set above), with flash-attn's window convention."""
     _, _, left, right = gluon_launch.mask_mode(causal, window_size)
     return launch._flash_attn_forward(q, k, v, scale, left, right, softcap, alibi_slopes, sink)
-
-
-def alibi_slopes(heads, batch=None):
-    """The ALiBi paper's geometric slopes 2^(-8 h / H), (H,) or per batch (B, H) (rows slightly perturbed)."""
-    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=DEVICE)
-    if batch is None:
-        return slopes
-    return torch.stack([slopes * (1.0 + 0.1 * b) for b in range(batch)])
 
 
 def feature_args(spec, batch, heads_q):

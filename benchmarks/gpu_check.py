@@ -16,6 +16,14 @@ def say(*parts):
     print(*parts, flush=True)
 
 
+def alibi_slopes(heads, batch=None, device="cuda"):
+    """The ALiBi paper's geometric slopes 2^(-8 h / H), (H,) or per batch (B, H) (rows slightly perturbed)."""
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=device)
+    if batch is None:
+        return slopes
+    return torch.stack([slopes * (1.0 + 0.1 * b) for b in range(batch)])
+
+
 def max_err(x, ref):
     return (x.double() - ref.double()).abs().max().item()
 

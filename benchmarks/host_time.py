@@ -35,24 +35,6 @@ def _cudnn(q, k, v, causal):
                                               is_causal=causal)
 
 
-def _host_and_gpu(fn, calls=100):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t0) / calls
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(50):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return host * 1e6, start.elapsed_time(end) / 50 * 1e3
-
-
 def _host(fn, calls=200):
     """Python time per call (us), back to back; synchronizes before and after."""
     for _ in range(10):
@@ -64,6 +46,17 @@ def _host(fn, calls=200):
     host = (time.perf_counter() - t0) / calls
     torch.cuda.synchronize()
     return host * 1e6
+
+
+def _host_and_gpu(fn, calls=100):
+    host = _host(fn, calls)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(50):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return host, start.elapsed_time(end) / 50 * 1e3
 
 
 def parts(profile_path):
@@ -97,12 +90,16 @@ def parts(profile_path):
     for name, fn in stages:
         print(f"{name:40} {_host(fn):8.1f} us", flush=True)
     os.environ["FLASHTILE_GLUON"] = "0"
-    print(f"{'portable: launch._flash_attn_forward':40} {_host(lambda: launch._flash_attn_forward(*fwd_args[:9])):8.1f} us")
     geo = launch.Geometry.of(q, k)
     sa = launch.ScoreArgs.make(geo, scale, -1, -1, 0.0, None, lse, approx_tanh=False)
-    launches = launch.forward_launches(geo, q, k, v, out, lse, None, sa, launch._arch(q.device), False)
-    print(f"{'portable: forward_launches':40} {_host(lambda: launch.forward_launches(geo, q, k, v, out, lse, None, sa, launch._arch(q.device), False)):8.1f} us")
-    print(f"{'portable: launches[0].run()':40} {_host(launches[0].run):8.1f} us", flush=True)
+    arch = launch._arch(q.device)
+    launches = launch.forward_launches(geo, q, k, v, out, lse, None, sa, arch, False)
+    portable = [("portable: launch._flash_attn_forward", lambda: launch._flash_attn_forward(*fwd_args[:9])),
+                ("portable: forward_launches",
+                 lambda: launch.forward_launches(geo, q, k, v, out, lse, None, sa, arch, False)),
+                ("portable: launches[0].run()", launches[0].run)]
+    for name, fn in portable:
+        print(f"{name:40} {_host(fn):8.1f} us", flush=True)
     del os.environ["FLASHTILE_GLUON"]
     prof = cProfile.Profile()
     prof.enable()
