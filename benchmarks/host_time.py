@@ -59,6 +59,21 @@ def _host_and_gpu(fn, calls=100):
     return host, start.elapsed_time(end) / 50 * 1e3
 
 
+def _write_profile(fn, calls, path, orders, rows):
+    """cProfile of calls x fn(), its top rows functions by each of orders, written to path."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    for order in orders:
+        pstats.Stats(prof, stream=text).sort_stats(order).print_stats(rows)
+    with open(path, "w") as f:
+        f.write(text.getvalue())
+
+
 def parts(profile_path):
     """Host time of the forward's stages (B32 S512 H16 D128 bf16, no grad): where the ~130-300 us go."""
     import os
@@ -101,17 +116,7 @@ def parts(profile_path):
     for name, fn in portable:
         print(f"{name:40} {_host(fn):8.1f} us", flush=True)
     del os.environ["FLASHTILE_GLUON"]
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(300):
-        flashtile.flash_attn_func(q, k, v)
-    prof.disable()
-    torch.cuda.synchronize()
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(45)
-    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
-    with open(profile_path, "w") as f:
-        f.write(text.getvalue())
+    _write_profile(lambda: flashtile.flash_attn_func(q, k, v), 300, profile_path, ("tottime", "cumulative"), 45)
 
 
 def main():
@@ -138,16 +143,7 @@ def main():
         q, k, v = (torch.randn(32, 512, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
         _host_and_gpu(lambda: flashtile.flash_attn_func(q, k, v))
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(200):
-            flashtile.flash_attn_func(q, k, v)
-        prof.disable()
-        torch.cuda.synchronize()
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
-        with open(args.profile, "w") as f:
-            f.write(text.getvalue())
+        _write_profile(lambda: flashtile.flash_attn_func(q, k, v), 200, args.profile, ("tottime", ), 30)
 
 
 if __name__ == "__main__":
