@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .gluon_launch import LOG2E, _supported_device, mask_mode, shared_layout, tma_descriptor
+from .gluon_launch import LOG2E, _supported_device, alibi_ok, mask_mode, shared_layout, tma_descriptor
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -110,9 +110,7 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
         return False
     if heads_kv == 0 or heads_q % heads_kv or seqlen_q == 0 or seqlen_k == 0 or batch == 0:
         return False
-    if alibi_slopes is not None and not (
-            isinstance(alibi_slopes, torch.Tensor) and alibi_slopes.device == q.device
-            and alibi_slopes.dtype == torch.float32 and tuple(alibi_slopes.shape) in ((heads_q, ), (batch, heads_q))):
+    if not alibi_ok(alibi_slopes, q, batch, heads_q):
         return False
     if max(seqlen_q, seqlen_k) + BLOCK_N >= 2**31 or batch * heads_q * seqlen_q * head_dim >= 2**31:
         return False  # int32 TMA coordinates and row offsets

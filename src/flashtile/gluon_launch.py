@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .launch import capability
+from .launch import _arch
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -155,7 +155,14 @@ def mask_mode(causal, window_size):
 
 def _supported_device(*tensors):
     """CUDA tensors on a Hopper (sm90) device: the Gluon kernel uses its TMA, wgmma and setmaxnreg."""
-    return all(t.is_cuda for t in tensors) and capability(tensors[0].device.index) == (9, 0)
+    return all(t.is_cuda for t in tensors) and _arch(tensors[0].device) == (9, 0)
+
+
+def alibi_ok(alibi_slopes, q, batch, heads_q):
+    """No ALiBi, or slopes the Gluon kernels read: fp32 (Hq,) or (B, Hq) on q's device."""
+    return alibi_slopes is None or (
+        isinstance(alibi_slopes, torch.Tensor) and alibi_slopes.device == q.device
+        and alibi_slopes.dtype == torch.float32 and tuple(alibi_slopes.shape) in ((heads_q, ), (batch, heads_q)))
 
 
 def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
@@ -196,9 +203,7 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
         return False
     if heads_kv == 0 or heads_q % heads_kv or seqlen_q == 0 or seqlen_k == 0 or batch == 0:
         return False
-    if alibi_slopes is not None and not (
-            isinstance(alibi_slopes, torch.Tensor) and alibi_slopes.device == q.device
-            and alibi_slopes.dtype == torch.float32 and tuple(alibi_slopes.shape) in ((heads_q, ), (batch, heads_q))):
+    if not alibi_ok(alibi_slopes, q, batch, heads_q):
         return False
     if sink is not None and not (isinstance(sink, torch.Tensor) and sink.device == q.device
                                  and tuple(sink.shape) == (heads_q, )):

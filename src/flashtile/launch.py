@@ -37,17 +37,10 @@ def _empty(shape, like, dtype=None):
 
 
 @functools.lru_cache(maxsize=None)  # per device: the property lookups cost several us of host time per call
-@functools.lru_cache(maxsize=None)
-def capability(device_index):
-    """(major, minor) of CUDA device device_index; cached, since torch.cuda.get_device_capability costs several us
-    of host time per call."""
-    return torch.cuda.get_device_capability(device_index)
-
-
 def _arch(device):
     if device.type != "cuda":
         return None
-    return capability(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.get_device_capability(device)
 
 
 def _cdiv(a, b):
@@ -544,6 +537,12 @@ def probs_launches(geo, q, k, lse, probs, sa, arch, interpreter):
     )]
 
 
+def _window_span(left, right):
+    """The keys one row's window covers (left + right + 1), None unless both sides are bounded: what
+    configs.gluon_fwd_wanted / gluon_bwd_wanted compare with their narrow-window limits."""
+    return left + right + 1 if left >= 0 and right >= 0 else None
+
+
 def _try_gluon(env_var, wanted, supported, run, disable):
     """The Hopper Gluon kernels' dispatch policy, shared by the forward and the backward: run() where the
     environment variable env_var is "1" or, unset, where wanted() (configs.py's measured thresholds on a tested
@@ -571,7 +570,7 @@ def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, a
     from . import gluon_launch
 
     causal = window_left < 0 and window_right == 0
-    span = window_left + window_right + 1 if window_left >= 0 and window_right >= 0 else None
+    span = _window_span(window_left, window_right)
     varlen = cu_seqlens_q is not None
     keys = max_seqlen_k if varlen else k.shape[1]
     features = dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes, sink=sink)
@@ -687,7 +686,7 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
     from . import gluon_bwd_launch, gluon_launch
 
     left, right = window_size
-    span = left + right + 1 if left >= 0 and right >= 0 else None
+    span = _window_span(left, right)
     scored = left >= 0 or right > 0 or bool(softcap) or alibi_slopes is not None  # beyond plain / causal
     features = dict(window_size=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes)
     return _try_gluon(
