@@ -10,11 +10,8 @@ compile, spills inside a per-tile loop or serializes its wgmmas (spills in the p
 are reported, as the plain kernel has them).
 """
 import argparse
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -22,7 +19,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from compile_check import kernel_signature  # this folder: the JIT-faithful signature
-from gluon_compile_check import PTX_PATTERNS, dump, ptxas_report
+from gluon_compile_check import PTX_PATTERNS, backward_branches, dump, ptxas_report, sass_instructions
 from flashtile import gluon_bwd_launch
 
 PATTERNS = {**PTX_PATTERNS, "atom.add": r"(?:atom|red)\.global[\w.]*\.add"}
@@ -46,31 +43,15 @@ FEATURES = {
 
 def sass_loop_spills(cubin):
     """[(instructions, LDL + STL)] of each per-tile loop (a backward branch over HGMMA and MUFU.EX2) in cubin."""
-    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    text = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True).stdout
-    os.unlink(f.name)
-    labels, ops = {}, []
-    for line in text.splitlines():
-        m = re.match(r"\s*(\.L_x_\d+):", line)
-        if m:
-            labels[m.group(1)] = len(ops)
-            continue
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?);", line)
-        if m:
-            txt = re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip())
-            ops.append((txt.split()[0], txt))
+    labels, ops = sass_instructions(cubin)
     loops = []
-    for i, (op, txt) in enumerate(ops):
-        target = re.search(r"(\.L_x_\d+)", txt) if op.startswith("BRA") else None
-        if target and labels.get(target.group(1), i + 1) <= i:
-            body = [o for o, _ in ops[labels[target.group(1)]:i + 1]]
-            # Out-of-line mbarrier retry stubs after the EXIT branch back into a loop: their span has the EXIT.
-            if "EXIT" in body:
-                continue
-            if any(o.startswith("HGMMA") for o in body) and any(o.startswith("MUFU.EX2") for o in body):
-                loops.append((labels[target.group(1)], i))
+    for a, b in backward_branches(labels, ops):
+        body = [o for o, _ in ops[a:b + 1]]
+        # Out-of-line mbarrier retry stubs after the EXIT branch back into a loop: their span has the EXIT.
+        if "EXIT" in body:
+            continue
+        if any(o.startswith("HGMMA") for o in body) and any(o.startswith("MUFU.EX2") for o in body):
+            loops.append((a, b))
     # The per-tile loops: the innermost of those (the per-head loops around them contain one).
     inner = [(a, b) for a, b in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
     return [(b - a + 1, sum(o.startswith(("LDL", "STL")) for o, _ in ops[a:b + 1])) for a, b in inner]

@@ -47,15 +47,15 @@ SASS_SHOW = ("MUFU.EX2", "MUFU.TANH", "MUFU.RCP", "FFMA", "FADD", "FMUL", "FMNMX
              "LOP3", "F2FP", "PRMT", "SHFL")
 
 
-def sass_loops(cubin, scores_per_thread):
-    """Per key loop of the cubin (a backward branch whose body has wgmmas, ex2 and 4-48 instructions per score,
-    without the epilogue's rcp): its opcode counts, as 'loop N: instr X (Y / score) MUFU a FMA b ...'."""
+def sass_instructions(cubin):
+    """The cubin's SASS from nvdisasm: ({label: index of the next instruction}, [(opcode, instruction text)]),
+    predicates stripped, opcodes with their modifiers (HGMMA.64x128x16..., MUFU.EX2)."""
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
         f.write(cubin)
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     text = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True).stdout
     os.unlink(f.name)
-    labels, ops = {}, []  # ops: (opcode, instruction text)
+    labels, ops = {}, []
     for line in text.splitlines():
         m = re.match(r"\s*(\.L_x_\d+):", line)
         if m:
@@ -64,13 +64,27 @@ def sass_loops(cubin, scores_per_thread):
         m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?);", line)
         if m:
             txt = re.sub(r"^@!?U?P\w+\s+", "", m.group(1).strip())
-            op = txt.split()[0]
-            ops.append((".".join(op.split(".")[:2]) if op.startswith("MUFU") else op.split(".")[0], txt))
+            ops.append((txt.split()[0], txt))
+    return labels, ops
+
+
+def backward_branches(labels, ops):
+    """(first, last) instruction index of every loop: a BRA to a label at or before it."""
     loops = []
     for i, (op, txt) in enumerate(ops):
-        target = re.search(r"(\.L_x_\d+)", txt) if op == "BRA" else None
+        target = re.search(r"(\.L_x_\d+)", txt) if op.split(".")[0] == "BRA" else None
         if target and labels.get(target.group(1), i + 1) <= i:
             loops.append((labels[target.group(1)], i))
+    return loops
+
+
+def sass_loops(cubin, scores_per_thread):
+    """Per key loop of the cubin (a backward branch whose body has wgmmas, ex2 and 4-48 instructions per score,
+    without the epilogue's rcp): its opcode counts, as 'loop N: instr X (Y / score) MUFU a FMA b ...'."""
+    labels, ops = sass_instructions(cubin)
+    # Opcodes without modifiers, but MUFU keeps its function (MUFU.EX2, MUFU.TANH, ...).
+    ops = [(".".join(op.split(".")[:2]) if op.startswith("MUFU") else op.split(".")[0], txt) for op, txt in ops]
+    loops = backward_branches(labels, ops)
     out = []
     for a, b in loops:
         body = [op for op, _ in ops[a:b + 1]]
