@@ -215,33 +215,6 @@ def check_feature_case(case, head_dim):
     return ok
 
 
-def check_feature_dispatch(head_dim):
-    """flash_attn_func(window_size=(256, -1), causal=True, softcap=30, alibi) with FLASHTILE_GLUON_BWD=1 routes
-    the backward to the Gluon kernel and matches."""
-    import flashtile
-    q, k, v, dout = make_inputs(2, 1000, 1000, 4, 2, head_dim, BF16)
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    feats = feature_args(dict(window=(256, -1), softcap=30.0, alibi="bh"), 2, 4)
-    calls = []
-    original = gluon_bwd_launch.gluon_backward
-    gluon_bwd_launch.gluon_backward = lambda *a, **kw: calls.append(1) or original(*a, **kw)
-    os.environ["FLASHTILE_GLUON_BWD"] = "1"
-    try:
-        grads = torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=True, **feats), (q, k, v), dout)
-    finally:
-        os.environ["FLASHTILE_GLUON_BWD"] = "0"
-        gluon_bwd_launch.gluon_backward = original
-    ref64, reflow = references(q, k, v, dout, head_dim ** -0.5, True, **feats)
-    ok, parts = bool(calls), []
-    for gname, got, r64, rlow in zip(("dq", "dk", "dv"), grads, ref64, reflow):
-        err, bound = max_err(got, r64), 2 * max_err(rlow, r64) + max_err(r64.to(BF16), r64) + ABS_FLOOR[BF16]
-        ok &= bool(torch.isfinite(got).all().item()) and err <= bound
-        parts.append(f"{gname} {err:.2e}/{bound:.2e}")
-    say(f"{'PASS' if ok else 'FAIL'} d{head_dim} causal flash_attn_func dispatch, window + softcap + ALiBi "
-        f"(FLASHTILE_GLUON_BWD=1, gluon called: {bool(calls)}): {', '.join(parts)}")
-    return ok
-
-
 def feature_part(name):
     """Which child checks a FEATURE_CASES entry: "w" windows, "c" softcap, "a" ALiBi and the combos."""
     if name.startswith(("alibi", "combo")):
@@ -261,7 +234,7 @@ def phase_features(head_dim, part):
         ok = guarded(check_feature_case, case, head_dim, what=f"d{head_dim} {case[0]}")
         passed, failed = passed + bool(ok), failed + (not ok)
     if part == "a":
-        ok = guarded(check_feature_dispatch, head_dim, what=f"feature dispatch d{head_dim}")
+        ok = guarded(check_dispatch, head_dim, True, DISPATCH_FEATURES, what=f"feature dispatch d{head_dim}")
         passed, failed = passed + bool(ok), failed + (not ok)
     say(f"INFO features d{head_dim} [{part}]: {passed} passed, {failed} failed")
     return failed == 0
@@ -310,30 +283,36 @@ def phase_bench_features():
             f"{'  OVER 1.10' if rel / work > 1.10 else ''}")
 
 
-def check_dispatch(head_dim, causal):
-    """flash_attn_func with FLASHTILE_GLUON_BWD=1 routes the backward to the Gluon kernel and matches."""
+def check_dispatch(head_dim, causal, features=None):
+    """flash_attn_func with FLASHTILE_GLUON_BWD=1 routes the backward to the Gluon kernel and matches; features:
+    a FEATURE_CASES-style spec (window / softcap / alibi) passed to flash_attn_func, or None."""
     import flashtile
     q, k, v, dout = make_inputs(2, 1000, 1000, 4, 2, head_dim, BF16)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
+    feats = feature_args(features, 2, 4) if features else {}
     calls = []
     original = gluon_bwd_launch.gluon_backward
     gluon_bwd_launch.gluon_backward = lambda *a, **kw: calls.append(1) or original(*a, **kw)
     os.environ["FLASHTILE_GLUON_BWD"] = "1"
     try:
-        grads = torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
+        grads = torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=causal, **feats), (q, k, v), dout)
     finally:
         os.environ["FLASHTILE_GLUON_BWD"] = "0"
         gluon_bwd_launch.gluon_backward = original
-    ref64, reflow = references(q, k, v, dout, head_dim ** -0.5, causal)
-    ok = bool(calls)
-    parts = []
+    ref64, reflow = references(q, k, v, dout, head_dim ** -0.5, causal, **feats)
+    ok, parts = bool(calls), []
     for gname, got, r64, rlow in zip(("dq", "dk", "dv"), grads, ref64, reflow):
         err, bound = max_err(got, r64), 2 * max_err(rlow, r64) + max_err(r64.to(BF16), r64) + ABS_FLOOR[BF16]
         ok &= bool(torch.isfinite(got).all().item()) and err <= bound
         parts.append(f"{gname} {err:.2e}/{bound:.2e}")
-    say(f"{'PASS' if ok else 'FAIL'} d{head_dim} {'causal' if causal else 'full  '} flash_attn_func dispatch "
+    mask = ("causal" if causal else "full  ") + (", window + softcap + ALiBi" if features else "")
+    say(f"{'PASS' if ok else 'FAIL'} d{head_dim} {mask} flash_attn_func dispatch "
         f"(FLASHTILE_GLUON_BWD=1, gluon called: {bool(calls)}): {', '.join(parts)}")
     return ok
+
+
+# The feature dispatch check: causal with a left window, softcap and per-batch ALiBi slopes at once.
+DISPATCH_FEATURES = dict(window=(256, -1), softcap=30.0, alibi="bh")
 
 
 def phase_smoke(variants, head_dims):
