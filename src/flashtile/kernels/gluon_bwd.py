@@ -42,6 +42,19 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .common import _tanh
 
+try:  # triton >= 3.7 names the TMA reduce-add (cp.reduce.async.bulk.tensor ... .add)
+    from triton.experimental.gluon.language.nvidia.hopper.tma import async_atomic_add as _tma_reduce_add
+except ImportError:  # triton 3.6: the op and its builder method exist, Gluon's Python does not expose them
+    from triton._C.libtriton import ir as _ir
+    from triton.experimental.gluon.language._core import builtin as _builtin
+
+    @_builtin
+    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """src (shared memory, tensor_desc's layout) added into tensor_desc's box at coord by one bulk TMA op."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                  src.handle)
+
 WG_N = gl.constexpr(64)  # keys per consumer warpgroup (the wgmma M of one warpgroup)
 LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -113,12 +126,14 @@ def _row_vector(bufs, stage, valid, other, layout: gl.constexpr):
 @gluon.jit
 def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset,
-              qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+              qk_scale, softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_smem, dq_b, dq_c,
               WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
               IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
-              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
+              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = False):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
-    dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm.
+    dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm, or under
+    DQ_TMA_REDUCE through this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_smem and one TMA reduce-add into dq_desc's
+    box at [dq_b, m, dq_c] (dq_desc, dq_smem, dq_b, dq_c are constexpr 0 otherwise).
     causal_offset is Sk - Sq under IS_CAUSAL, IS_LOCAL or HAS_ALIBI (else 0); the feature scalars are the
     forward's (gluon_fwd._feature_scores), None when their feature is off."""
     dtype: gl.constexpr = q_bufs.dtype
@@ -196,6 +211,10 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         ds_buf = ds_bufs.index(WG)
         ds_buf.store(ds_lp)
     fence_async_shared()  # the generic-proxy stores before the async-proxy (wgmma) reads
+    if DQ_TMA_REDUCE:
+        # The previous tile's reduce-add has read dq_smem (its issuing thread waits; the bar.sync below, which
+        # comes before this tile's dq_smem stores, holds the other threads until it has).
+        tma.store_wait(0)
     if DQ_SPLIT_D:
         mbarrier.arrive(ds_ready.index(buf))  # after a warpgroup-wide bar.sync: all 128 threads stored
     dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
@@ -212,10 +231,21 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         gl.thread_barrier()  # this warpgroup's dS^T stores, before its own wgmma reads them
         dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_view, dq_zero, use_acc=False, is_async=True)
     dq = warpgroup_mma_wait(0, deps=(dq_tok, ))  # [BLOCK_M, DQ_N]
-    rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-    dcols = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
-    # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
-    gl.atomic_add(dq_ptr + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq, sem="relaxed")
+    if DQ_TMA_REDUCE:
+        # The tile by DQ_N / 32 bulk reduce-adds from one thread (a box is one 128-byte swizzle block of 32 fp32
+        # columns, at a plain 8 KB offset in dq_smem), in flight while this warpgroup goes on: in place of the
+        # DQ_N / 4 red.global.add.v2.f32 of each of 128 threads.
+        dq_smem.reshape([BLOCK_M, DQ_N]).store(dq)
+        fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
+        gl.thread_barrier()  # all 128 threads stored before the elected one issues
+        BOX_N: gl.constexpr = dq_desc.block_type.shape[2]
+        for c in gl.static_range(DQ_N // BOX_N):
+            _tma_reduce_add(dq_desc, [dq_b, m, dq_c + c * BOX_N], dq_smem.slice(c * BOX_N, BOX_N, dim=2))
+    else:
+        rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+        dcols = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
+        # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
+        gl.atomic_add(dq_ptr + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq, sem="relaxed")
     return dk, dv
 
 
@@ -224,13 +254,15 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked,
                         n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
                         stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2,
-                        window_left, window_right, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
-                        IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
+                        window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, WG: gl.constexpr,
+                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                        DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
+                        HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
     the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
     _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
-    DK / DV; dq_base: the group's first head in DQAccum; alibi_ptr: the group's first head's slope."""
+    DK / DV; dq_base: the group's first head in DQAccum; alibi_ptr: the group's first head's slope.
+    DQ_TMA_REDUCE: dQ by dq_desc (batch dq_b, the group's first head at column dq_c0) from dq_bufs.index(WG)."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -242,9 +274,13 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     dv = gl.zeros([WG_N, HEAD_DIM], gl.float32, acc_layout)
     DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
     dq_col = WG * DQ_N if DQ_SPLIT_D else 0
+    dq_smem = 0
+    if DQ_TMA_REDUCE:
+        dq_smem = dq_bufs.index(WG)  # [1, BLOCK_M, DQ_N] fp32
     mbarrier.wait(kv_bar, 0)
     for g in range(group_size):
         dq_ptr = dq_base + g * HEAD_DIM + dq_col
+        dq_c = dq_c0 + g * HEAD_DIM + dq_col
         it0 = g * n_tiles
         alibi_log2 = 0.0
         if HAS_ALIBI:
@@ -253,14 +289,18 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
             dk, dv = _bwd_step(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv,
                                k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
                                q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
-                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right, WG,
-                               HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+                               dq_desc, dq_smem, dq_b, dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True,
+                               DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE)
         for t in range(n_masked, n_tiles):
             dk, dv = _bwd_step(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv,
                                k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
                                q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
-                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right, WG,
-                               HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+                               dq_desc, dq_smem, dq_b, dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False,
+                               DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE)
+    if DQ_TMA_REDUCE:
+        tma.store_wait(0)  # the last reduce-add has read dq_smem before the program exits
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))  # [HEAD_DIM]
     in_seq = (rows < seqlen_k)[:, None]
@@ -274,14 +314,16 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                          q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                          n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
                          stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2,
-                         window_left, window_right, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                         IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
-                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
+                         window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, HEAD_DIM: gl.constexpr,
+                         BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                         DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
+                         HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
-                        stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2, window_left, window_right, 1,
-                        HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+                        stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2, window_left, window_right,
+                        dq_desc, dq_bufs, dq_b, dq_c0, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL,
+                        SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE)
 
 
 @gluon.jit
@@ -469,7 +511,7 @@ def _consumer1_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, del
 # Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "seqlen_q_pad", "heads_q", "heads_kv", "group_size",
                                "stride_alibi_b", "window_left", "window_right"])
-def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, DK, DV, DQAccum,
+def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, DK, DV, DQAccum, dq_desc,
                           stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
                           seqlen_q, seqlen_k, seqlen_q_pad, heads_q, heads_kv, group_size, qk_scale, softmax_scale,
                           Alibi, stride_alibi_b, softcap_log2, window_left, window_right,
@@ -477,7 +519,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
                           CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
                           SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
-                          DQ_CHUNKS: gl.constexpr = 1):
+                          DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -487,8 +529,11 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     window_left / window_right, Sq + Sk for an unbounded side (gluon_launch.mask_mode: causal with a left window
     is IS_LOCAL with right 0, causal alone IS_CAUSAL). Feature arguments are None when their feature is off.
     DQ_CHUNKS (D256 only): dQ's 128 columns per warpgroup in this many wgmma + atomic pieces.
+    DQ_TMA_REDUCE (D64 / D128): dQ tiles by TMA reduce-add through dq_desc, DQAccum as (B, seqlen_q_pad, Hq * D)
+    with boxes [1, BLOCK_M, 32] (one 128-byte swizzle block; triton 3.6 issues one message per reduce); else None.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
+    gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE), "DQ_TMA_REDUCE: D64 / D128 only (no shared memory at D256)")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
     start_n = gl.program_id(0) * BLOCK_N
     pid_bh = gl.program_id(1)
@@ -567,6 +612,18 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
         # One buffer per warpgroup: each waits for its own dQ wgmma before its next store.
         ds_layout1: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_N, BLOCK_M], dtype)
         ds_bufs = gl.allocate_shared_memory(dtype, [2, WG_N, BLOCK_M], ds_layout1)
+    # DQ_TMA_REDUCE: one fp32 dQ tile per warpgroup, single-buffered (D128: 2 x 16 KB, 197 KB in all; a second
+    # buffer each would take 229 KB + barriers, past the 227): the next tile's wait for its read is a tile later.
+    dq_bufs = 0
+    dq_b = 0
+    dq_c0 = 0
+    if DQ_TMA_REDUCE:
+        DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [2, 1, BLOCK_M, DQ_N], dq_desc.layout)
+        dq_b = off_b
+        dq_c0 = off_hk * group_size * HEAD_DIM
+    else:
+        dq_desc = 0
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -621,14 +678,16 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                    q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                    n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                    softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                   softcap_log2, window_left, window_right, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                                   DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)),
+                                   softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, 0, HEAD_DIM,
+                                   BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                                   DQ_TMA_REDUCE)),
             (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                     q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                     n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                     softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                    softcap_log2, window_left, window_right, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                                    DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)),
+                                    softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, HEAD_DIM,
+                                    BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                                    DQ_TMA_REDUCE)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                                lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
                                off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q, n_lead,
