@@ -51,7 +51,7 @@ class GluonBwdConfig:
     loader_regs: int = 24
     maxnreg: int = 168
     dq_chunks: int = 1  # D256 only: dQ's half of the head dim in this many wgmma + atomic pieces
-    dq_tma_reduce: bool = False  # D64 / D128: dQ tiles through shared memory and one TMA reduce-add each
+    dq_tma_reduce: int = 0  # D64 / D128: dQ tiles through this many shared buffers per warpgroup and TMA reduce-adds
 
 
 # Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
@@ -67,10 +67,13 @@ VARIANTS = {
     "dq-keys": {128: GluonBwdConfig(stages=2, dq_split_d=False)},
     "dq-split": {64: GluonBwdConfig(stages=3)},
     "dq-chunks2": {256: GluonBwdConfig(stages=2, dq_chunks=2)},
-    # dQ through shared memory (an fp32 [64, D / 2] tile per warpgroup at D128, [64, 64] at D64: +32 KB, 197 / 132
-    # KB in all) and one cp.reduce.async.bulk.tensor add per tile instead of the red.global.add of every thread.
-    "dq-reduce": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=True),
-                  128: GluonBwdConfig(stages=2, dq_tma_reduce=True)},
+    # dQ through shared memory (an fp32 [64, D / 2] tile per warpgroup at D128, [64, 64] at D64: +32 KB, 198 / 133
+    # KB in all) and D / 64 cp.reduce.async.bulk.tensor adds per tile and warpgroup in place of the red.global.add
+    # of every thread; dq-reduce2 with two buffers per warpgroup (+64 KB: 231 / 166 KB).
+    "dq-reduce": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1),
+                  128: GluonBwdConfig(stages=2, dq_tma_reduce=1)},
+    "dq-reduce2": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=2),
+                   128: GluonBwdConfig(stages=2, dq_tma_reduce=2)},
 }
 HEAD_DIMS = (64, 128, 256)
 

@@ -126,14 +126,14 @@ def _row_vector(bufs, stage, valid, other, layout: gl.constexpr):
 @gluon.jit
 def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset,
-              qk_scale, softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_smem, dq_b, dq_c,
+              qk_scale, softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c,
               WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
               IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
-              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = False):
+              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = 0):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
     dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm, or under
-    DQ_TMA_REDUCE through this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_smem and one TMA reduce-add into dq_desc's
-    box at [dq_b, m, dq_c] (dq_desc, dq_smem, dq_b, dq_c are constexpr 0 otherwise).
+    DQ_TMA_REDUCE (1 or 2: buffers per warpgroup) through one of this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_bufs
+    and TMA reduce-adds into dq_desc at [dq_b, m, dq_c] (dq_desc, dq_bufs, dq_b, dq_c are constexpr 0 otherwise).
     causal_offset is Sk - Sq under IS_CAUSAL, IS_LOCAL or HAS_ALIBI (else 0); the feature scalars are the
     forward's (gluon_fwd._feature_scores), None when their feature is off."""
     dtype: gl.constexpr = q_bufs.dtype
@@ -212,9 +212,11 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         ds_buf.store(ds_lp)
     fence_async_shared()  # the generic-proxy stores before the async-proxy (wgmma) reads
     if DQ_TMA_REDUCE:
-        # The previous tile's reduce-add has read dq_smem (its issuing thread waits; the bar.sync below, which
-        # comes before this tile's dq_smem stores, holds the other threads until it has).
-        tma.store_wait(0)
+        BOX_N: gl.constexpr = dq_desc.block_type.shape[2]
+        # The reduce-adds of tile it - DQ_TMA_REDUCE have read this tile's buffer (one bulk group per box: those of
+        # the tiles in between may stay in flight). Their issuing thread waits; the bar.sync below, which comes
+        # before this tile's stores into the buffer, holds the other threads until it has.
+        tma.store_wait((DQ_TMA_REDUCE - 1) * (DQ_N // BOX_N))
     if DQ_SPLIT_D:
         mbarrier.arrive(ds_ready.index(buf))  # after a warpgroup-wide bar.sync: all 128 threads stored
     dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
@@ -235,10 +237,13 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         # The tile by DQ_N / 32 bulk reduce-adds from one thread (a box is one 128-byte swizzle block of 32 fp32
         # columns, at a plain 8 KB offset in dq_smem), in flight while this warpgroup goes on: in place of the
         # DQ_N / 4 red.global.add.v2.f32 of each of 128 threads.
+        if DQ_TMA_REDUCE == 1:
+            dq_smem = dq_bufs.index(WG)  # [1, BLOCK_M, DQ_N] fp32
+        else:
+            dq_smem = dq_bufs.index(WG * DQ_TMA_REDUCE + it % DQ_TMA_REDUCE)
         dq_smem.reshape([BLOCK_M, DQ_N]).store(dq)
         fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
         gl.thread_barrier()  # all 128 threads stored before the elected one issues
-        BOX_N: gl.constexpr = dq_desc.block_type.shape[2]
         for c in gl.static_range(DQ_N // BOX_N):
             _tma_reduce_add(dq_desc, [dq_b, m, dq_c + c * BOX_N], dq_smem.slice(c * BOX_N, BOX_N, dim=2))
     else:
@@ -262,7 +267,8 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
     _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
     DK / DV; dq_base: the group's first head in DQAccum; alibi_ptr: the group's first head's slope.
-    DQ_TMA_REDUCE: dQ by dq_desc (batch dq_b, the group's first head at column dq_c0) from dq_bufs.index(WG)."""
+    DQ_TMA_REDUCE: dQ by dq_desc (batch dq_b, the group's first head at column dq_c0) from this warpgroup's
+    DQ_TMA_REDUCE buffers of dq_bufs."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -274,9 +280,6 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     dv = gl.zeros([WG_N, HEAD_DIM], gl.float32, acc_layout)
     DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
     dq_col = WG * DQ_N if DQ_SPLIT_D else 0
-    dq_smem = 0
-    if DQ_TMA_REDUCE:
-        dq_smem = dq_bufs.index(WG)  # [1, BLOCK_M, DQ_N] fp32
     mbarrier.wait(kv_bar, 0)
     for g in range(group_size):
         dq_ptr = dq_base + g * HEAD_DIM + dq_col
@@ -290,14 +293,14 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                                k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
                                q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
                                causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-                               dq_desc, dq_smem, dq_b, dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True,
+                               dq_desc, dq_bufs, dq_b, dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True,
                                DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE)
         for t in range(n_masked, n_tiles):
             dk, dv = _bwd_step(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv,
                                k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
                                q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
                                causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-                               dq_desc, dq_smem, dq_b, dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False,
+                               dq_desc, dq_bufs, dq_b, dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False,
                                DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-add has read dq_smem before the program exits
@@ -519,7 +522,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
                           CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
                           SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
-                          DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = False):
+                          DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = 0):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -529,7 +532,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     window_left / window_right, Sq + Sk for an unbounded side (gluon_launch.mask_mode: causal with a left window
     is IS_LOCAL with right 0, causal alone IS_CAUSAL). Feature arguments are None when their feature is off.
     DQ_CHUNKS (D256 only): dQ's 128 columns per warpgroup in this many wgmma + atomic pieces.
-    DQ_TMA_REDUCE (D64 / D128): dQ tiles by TMA reduce-add through dq_desc, DQAccum as (B, seqlen_q_pad, Hq * D)
+    DQ_TMA_REDUCE (D64 / D128; 1 or 2 shared buffers per warpgroup): dQ tiles by TMA reduce-add through dq_desc, DQAccum as (B, seqlen_q_pad, Hq * D)
     with boxes [1, BLOCK_M, 32] (one 128-byte swizzle block; triton 3.6 issues one message per reduce); else None.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
@@ -612,14 +615,15 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
         # One buffer per warpgroup: each waits for its own dQ wgmma before its next store.
         ds_layout1: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_N, BLOCK_M], dtype)
         ds_bufs = gl.allocate_shared_memory(dtype, [2, WG_N, BLOCK_M], ds_layout1)
-    # DQ_TMA_REDUCE: one fp32 dQ tile per warpgroup, single-buffered (D128: 2 x 16 KB, 197 KB in all; a second
-    # buffer each would take 229 KB + barriers, past the 227): the next tile's wait for its read is a tile later.
+    # DQ_TMA_REDUCE: DQ_TMA_REDUCE fp32 dQ tiles of [BLOCK_M, DQ_N] per warpgroup (D128: 16 KB each; 1: 198,128 B
+    # in all, 2: 230,896 B of 232,448). With one, a tile's stores wait for the previous tile's reduce to have read
+    # the buffer, issued a whole tile earlier.
     dq_bufs = 0
     dq_b = 0
     dq_c0 = 0
     if DQ_TMA_REDUCE:
         DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
-        dq_bufs = gl.allocate_shared_memory(gl.float32, [2, 1, BLOCK_M, DQ_N], dq_desc.layout)
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * DQ_TMA_REDUCE, 1, BLOCK_M, DQ_N], dq_desc.layout)
         dq_b = off_b
         dq_c0 = off_hk * group_size * HEAD_DIM
     else:
