@@ -3,7 +3,7 @@
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_bwd_compile_check.py [--variants all]
         [--head-dims 64,128] [--features all] [--dump DIR]
 Per case (head dim x mask / feature x variant): registers / spills from ptxas -v, shared memory, PTX instruction
-counts (wgmma, TMA, mbarriers, atomics), ptxas warnings (C7515 "wgmma serialized" must not appear) and the
+counts (wgmma, TMA, mbarriers, atomics, TMA reduce-adds and their bulk-group waits), ptxas warnings (C7515 "wgmma serialized" must not appear) and the
 spill loads / stores (LDL / STL) inside the per-tile loops' SASS (loops with HGMMA and MUFU.EX2). Feature cases
 (--features; window, softcap, ALiBi, combos) compile the default variant only. Exits 1 if a case fails to
 compile, spills inside a per-tile loop or serializes its wgmmas (spills in the per-head prologue / epilogue
@@ -25,7 +25,8 @@ from compile_check import kernel_signature  # this folder: the JIT-faithful sign
 from gluon_compile_check import PTX_PATTERNS, dump, ptxas_report
 from flashtile import gluon_bwd_launch
 
-PATTERNS = {**PTX_PATTERNS, "atom.add": r"(?:atom|red)\.global[\w.]*\.add"}
+PATTERNS = {**PTX_PATTERNS, "atom.add": r"(?:atom|red)\.global[\w.]*\.add",
+            "tma.reduce": r"cp\.reduce\.async\.bulk", "bulk.wait": r"cp\.async\.bulk\.wait_group"}
 
 # Score features (dkdv_launch_args keywords) with the causal flag they compile with; "alibi" is a placeholder
 # for a (B, Hq) slopes tensor. Window cases replace the causal mask (causal + left window is IS_LOCAL).
