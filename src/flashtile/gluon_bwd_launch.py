@@ -70,8 +70,10 @@ VARIANTS = {
     # dQ through shared memory (an fp32 [64, D / 2] tile per warpgroup at D128, [64, 64] at D64: +32 KB, 198 / 133
     # KB in all) and D / 64 cp.reduce.async.bulk.tensor adds per tile and warpgroup in place of the red.global.add
     # of every thread; dq-reduce2 with two buffers per warpgroup (+64 KB: 231 / 166 KB).
+    # D256 (no shared memory to spare) stages dQ in the tile's own Q / dO ring slot once both warpgroups are done
+    # with it, and hands the slot back to the loader a softmax later.
     "dq-reduce": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1),
-                  128: GluonBwdConfig(stages=2, dq_tma_reduce=1)},
+                  128: GluonBwdConfig(stages=2, dq_tma_reduce=1), 256: GluonBwdConfig(stages=2, dq_tma_reduce=1)},
     "dq-reduce2": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=2),
                    128: GluonBwdConfig(stages=2, dq_tma_reduce=2)},
 }

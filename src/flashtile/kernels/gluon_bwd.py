@@ -334,15 +334,20 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
 @gluon.jit
 def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs, q_ready,
                       q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
-                      causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-                      WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                      IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, IS_LOCAL: gl.constexpr,
-                      SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr):
+                      causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_done,
+                      dq_b, dq_c, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                      STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, IS_LOCAL: gl.constexpr,
+                      SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr,
+                      DQ_TMA_REDUCE: gl.constexpr = 0):
     """SPLIT_D (HEAD_DIM 256): both warpgroups own the same WG_N keys key0 + [0, WG_N); warpgroup WG computes
     S^T / dP^T for query columns WG * BLOCK_M / 2 + [0, BLOCK_M / 2) of the tile, writes its half of P^T and dS^T
     to x_bufs (slots 2 * buf: P^T, 2 * buf + 1: dS^T, each [WG_N, BLOCK_M]), and after both halves are in, adds
     into its head-dim half of dk, dv ([WG_N, HEAD_DIM / 2] fp32) and this tile's dQ columns WG * HEAD_DIM / 2 +
-    [0, HEAD_DIM / 2) (unscaled) at dq_ptr + rows * stride_dqm. Same score features and masks as _bwd_step."""
+    [0, HEAD_DIM / 2) (unscaled) at dq_ptr + rows * stride_dqm. Same score features and masks as _bwd_step.
+    DQ_TMA_REDUCE (DQ_CHUNKS 1): dQ through the tile's own ring slot instead, once both warpgroups' wgmmas on it
+    retired (dq_done, count 2): warpgroup 0 in its Q buffer, 1 in its dO buffer (32 KB each: [64, 128] fp32), by
+    four TMA reduce-adds into dq_desc at [dq_b, m, dq_c + 32 c]; the slot goes back to the loader during the next
+    tile, once those have read it."""
     dtype: gl.constexpr = q_bufs.dtype
     HALF_M: gl.constexpr = BLOCK_M // 2
     HALF_D: gl.constexpr = HEAD_DIM // 2
@@ -412,6 +417,14 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
     buf = it % 2
     pt_buf = x_bufs.index(2 * buf)
     ds_buf = x_bufs.index(2 * buf + 1)
+    if DQ_TMA_REDUCE:
+        # The previous tile's dQ reduce-adds have read its ring slot (issued a softmax ago): release the slot. The
+        # bar.sync holds the arriving thread until the issuing one has waited.
+        tma.store_wait(0)
+        if it > 0:
+            gl.thread_barrier()
+            mbarrier.arrive(q_empty.index((it - 1) % STAGES))
+            mbarrier.arrive(do_empty.index((it - 1) % STAGES))
     pt_buf.slice(WG * HALF_M, HALF_M, dim=1).store(p.to(dtype))
     ds_buf.slice(WG * HALF_M, HALF_M, dim=1).store(ds_lp)
     fence_async_shared()  # the generic-proxy stores before the async-proxy (wgmma) reads
@@ -429,13 +442,27 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
                                use_acc=False, is_async=True)
         if c == 0:
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))  # dq: [BLOCK_M, DQ_N]
-            mbarrier.arrive(q_empty.index(stage))
-            mbarrier.arrive(do_empty.index(stage))
+            if not DQ_TMA_REDUCE:
+                mbarrier.arrive(q_empty.index(stage))
+                mbarrier.arrive(do_empty.index(stage))
         else:
             dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
-        # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
-        gl.atomic_add(dq_ptr + c * DQ_N + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq,
-                      sem="relaxed")
+        if DQ_TMA_REDUCE:
+            # Both warpgroups' wgmmas on this slot's Q and dO retired: each may overwrite its buffer.
+            mbarrier.arrive(dq_done.index(stage))
+            mbarrier.wait(dq_done.index(stage), phase)
+            own = q_bufs if WG == 0 else do_bufs
+            dq_smem = own.index(stage)._reinterpret(gl.float32, [1, BLOCK_M, DQ_N], dq_desc.layout)
+            dq_smem.reshape([BLOCK_M, DQ_N]).store(dq)
+            fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
+            gl.thread_barrier()  # all 128 threads stored before the elected one issues
+            BOX_N: gl.constexpr = dq_desc.block_type.shape[2]
+            for b in gl.static_range(DQ_N // BOX_N):
+                _tma_reduce_add(dq_desc, [dq_b, m, dq_c + b * BOX_N], dq_smem.slice(b * BOX_N, BOX_N, dim=2))
+        else:
+            # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
+            gl.atomic_add(dq_ptr + c * DQ_N + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq,
+                          sem="relaxed")
     return dk, dv
 
 
@@ -454,10 +481,11 @@ def _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delt
                                 q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                 n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                 softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                softcap_log2, window_left, window_right, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
-                                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                                IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
-                                DQ_CHUNKS: gl.constexpr):
+                                softcap_log2, window_left, window_right, dq_desc, dq_done, dq_b, dq_c0,
+                                WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                                STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr,
+                                SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr,
+                                DQ_TMA_REDUCE: gl.constexpr):
     """SPLIT_D: keys start_n + [0, WG_N), head-dim columns WG * HEAD_DIM / 2 + [0, HEAD_DIM / 2) of their dK and
     dV (and of dQ); otherwise as _consumer_partition."""
     dtype: gl.constexpr = q_bufs.dtype
@@ -470,6 +498,7 @@ def _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delt
     mbarrier.wait(kv_bar, 0)
     for g in range(group_size):
         dq_ptr = dq_base + g * HEAD_DIM + WG * HALF_D
+        dq_c = dq_c0 + g * HEAD_DIM + WG * HALF_D
         it0 = g * n_tiles
         alibi_log2 = 0.0
         if HAS_ALIBI:
@@ -479,15 +508,19 @@ def _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delt
                                        dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
                                        q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
                                        seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
-                                       window_left, window_right, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True,
-                                       IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS)
+                                       window_left, window_right, dq_desc, dq_done, dq_b, dq_c, WG, HEAD_DIM,
+                                       BLOCK_M, STAGES, IS_CAUSAL, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS,
+                                       DQ_TMA_REDUCE)
         for t in range(n_masked, n_tiles):
             dk, dv = _bwd_step_split_d(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1),
                                        dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
                                        q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
                                        seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
-                                       window_left, window_right, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False,
-                                       IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS)
+                                       window_left, window_right, dq_desc, dq_done, dq_b, dq_c, WG, HEAD_DIM,
+                                       BLOCK_M, STAGES, IS_CAUSAL, False, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS,
+                                       DQ_TMA_REDUCE)
+    if DQ_TMA_REDUCE:
+        tma.store_wait(0)  # the last reduce-adds have read their slot before the program exits
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
     cols = WG * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, acc_layout))  # [HALF_D]
     in_seq = (rows < seqlen_k)[:, None]
@@ -501,16 +534,16 @@ def _consumer1_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, del
                                  q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                  n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                  softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                 softcap_log2, window_left, window_right, HEAD_DIM: gl.constexpr,
-                                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                                 IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
-                                 DQ_CHUNKS: gl.constexpr):
+                                 softcap_log2, window_left, window_right, dq_desc, dq_done, dq_b, dq_c0,
+                                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                                 IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
+                                 HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr):
     _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs, kv_bar, q_ready,
                                 q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                 n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                 softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                softcap_log2, window_left, window_right, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                                IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS)
+                                softcap_log2, window_left, window_right, dq_desc, dq_done, dq_b, dq_c0, 1, HEAD_DIM,
+                                BLOCK_M, STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE)
 
 
 # Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
@@ -538,7 +571,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     with boxes [1, BLOCK_M, 32] (one 128-byte swizzle block; triton 3.6 issues one message per reduce); else None.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
-    gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE), "DQ_TMA_REDUCE: D64 / D128 only (no shared memory at D256)")
+    gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE) or (DQ_TMA_REDUCE == 1 and DQ_CHUNKS == 1),
+                     "DQ_TMA_REDUCE at D256: 1 (the ring slot), with DQ_CHUNKS 1")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
     start_n = gl.program_id(0) * BLOCK_N
     pid_bh = gl.program_id(1)
@@ -624,8 +658,15 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     dq_b = 0
     dq_c0 = 0
     if DQ_TMA_REDUCE:
-        DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
-        dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * DQ_TMA_REDUCE, 1, BLOCK_M, DQ_N], dq_desc.layout)
+        if SPLIT_D:
+            # D256 has 1.5 KB to spare: dQ goes through the tile's Q / dO ring slot (_bwd_step_split_d); dq_bufs
+            # are the barriers that say both warpgroups are done reading it.
+            dq_bufs = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(STAGES):
+                mbarrier.init(dq_bufs.index(i), count=2)
+        else:
+            DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
+            dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * DQ_TMA_REDUCE, 1, BLOCK_M, DQ_N], dq_desc.layout)
         dq_b = off_b
         dq_c0 = off_hk * group_size * HEAD_DIM
     else:
@@ -664,14 +705,14 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
              (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty, do_ready,
               do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles, group_size, seqlen_q,
               seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip,
-              alibi_ptr, softcap_log2, window_left, window_right, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, IS_LOCAL,
-              SOFTCAP, HAS_ALIBI, DQ_CHUNKS)),
+              alibi_ptr, softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, 0, HEAD_DIM, BLOCK_M,
+              STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE)),
             (_consumer1_split_d_partition,
              (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty, do_ready,
               do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles, group_size, seqlen_q,
               seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip,
-              alibi_ptr, softcap_log2, window_left, window_right, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, IS_LOCAL,
-              SOFTCAP, HAS_ALIBI, DQ_CHUNKS)),
+              alibi_ptr, softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, HEAD_DIM, BLOCK_M,
+              STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE)),
             (_load_partition,
              (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem.index(0), v_smem.index(0), q_bufs,
               do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
