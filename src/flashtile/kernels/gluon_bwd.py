@@ -25,7 +25,8 @@ columns 128 w + [0, 128) of dK, dV (64 + 64 registers) and dQ. Each computes S^T
 query tile ([64 keys, 32 queries], wgmma N = 32, from shared memory at full D), writes its half of P^T and dS^T
 to shared memory (double-buffered, one mbarrier per slot, as DQ_SPLIT_D), and once both halves are in, dV_w +=
 P^T dO_w, dK_w += dS^T Q_w, dQ_w = dS K_w (all from shared memory). Shared memory: K + V 64 KB, Q + dO 64 KB per
-stage (2 stages), P^T + dS^T 2 x 16 KB: 225 KB of the 227.
+stage (2 stages), P^T + dS^T 2 x 16 KB: 225 KB of the 227. DQ_TMA_REDUCE there stages dQ in the tile's own ring
+slot (_bwd_step_split_d) and hands the slot back to the loader a softmax later.
 
 Dense (B, S, H, D) tensors as 3-D (B, S, H * D) TMA tensors: a tile past a sequence's end is zero-filled (not
 the next batch's rows), so padded query rows have Q = dO = 0 and lse2 = +inf (P = 0, dS = 0), and padded keys
