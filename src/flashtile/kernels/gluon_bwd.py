@@ -568,8 +568,9 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     window_left / window_right, Sq + Sk for an unbounded side (gluon_launch.mask_mode: causal with a left window
     is IS_LOCAL with right 0, causal alone IS_CAUSAL). Feature arguments are None when their feature is off.
     DQ_CHUNKS (D256 only): dQ's 128 columns per warpgroup in this many wgmma + atomic pieces.
-    DQ_TMA_REDUCE (D64 / D128; 1 or 2 shared buffers per warpgroup): dQ tiles by TMA reduce-add through dq_desc, DQAccum as (B, seqlen_q_pad, Hq * D)
-    with boxes [1, BLOCK_M, 32] (one 128-byte swizzle block; triton 3.6 issues one message per reduce); else None.
+    DQ_TMA_REDUCE (1 or 2 shared buffers per warpgroup at D64 / D128; 1 at D256: the ring slot): dQ tiles by TMA
+    reduce-add through dq_desc, DQAccum as (B, seqlen_q_pad, Hq * D) with boxes [1, BLOCK_M, 32] (one 128-byte
+    swizzle block; triton 3.6 issues one message per reduce); else None.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE) or (DQ_TMA_REDUCE == 1 and DQ_CHUNKS == 1),
