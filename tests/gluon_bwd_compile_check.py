@@ -3,8 +3,9 @@
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_bwd_compile_check.py [--variants all]
         [--head-dims 64,128] [--features all] [--dump DIR]
 Per case (head dim x mask / feature x variant): registers / spills from ptxas -v, shared memory, PTX instruction
-counts (wgmma, TMA, mbarriers, atomics, TMA reduce-adds and their bulk-group waits), ptxas warnings (C7515 "wgmma serialized" must not appear) and the
-spill loads / stores (LDL / STL) inside the per-tile loops' SASS (loops with HGMMA and MUFU.EX2). Feature cases
+counts (wgmma, TMA, mbarriers, atomics, TMA reduce-adds and their bulk-group waits), ptxas warnings (C7515
+"wgmma serialized" must not appear) and the spill loads / stores (LDL / STL) inside the per-tile loops' SASS
+(loops with HGMMA and MUFU.EX2). Feature cases
 (--features; window, softcap, ALiBi, combos) compile the default variant only. Exits 1 if a case fails to
 compile, spills inside a per-tile loop or serializes its wgmmas (spills in the per-head prologue / epilogue
 are reported, as the plain kernel has them).

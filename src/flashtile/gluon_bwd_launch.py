@@ -156,8 +156,8 @@ def _dq_descriptor(dq_accum, block_m):
     box wider than the swizzle, its reduce does not: a [1, 64, 64] box added only its first 32 columns)."""
     batch, seqlen_q_pad, heads, head_dim = dq_accum.shape
     layout = _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
-    return tma_descriptor(dq_accum, [batch, seqlen_q_pad, heads * head_dim], [dq_accum.stride(0), dq_accum.stride(1), 1],
-                          [1, block_m, DQ_BOX_N], layout)
+    return tma_descriptor(dq_accum, [batch, seqlen_q_pad, heads * head_dim],
+                          [dq_accum.stride(0), dq_accum.stride(1), 1], [1, block_m, DQ_BOX_N], layout)
 
 
 def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config,
