@@ -1,6 +1,6 @@
 """Check and time the Hopper Gluon backward on the GPU, in one self-diagnosing run (target < 150 s).
 
-    PYTHONPATH=src python3 benchmarks/gluon_bwd_check.py [--variants default,stages3,dq-keys,dq-split,dq-chunks2]
+    PYTHONPATH=src python3 benchmarks/gluon_bwd_check.py [--variants default,stages3,dq-keys,dq-split,dq-chunks2,...]
         [--check-dims 128,64] [--bench-dims 128,64] [--seqlens 1024,4096,16384] [--skip-bench] [--skip-features]
         [--bench-features]
 
@@ -13,7 +13,8 @@ the child frees the GPU and the run goes on to report it):
            against the float64 reference with DESIGN.md's rule (<= 2 x the plain low-precision PyTorch error +
            rounding floor), the portable backward's error alongside; then flash_attn_func with
            FLASHTILE_GLUON_BWD=1 (the dispatch).
-           Variants after the first get a shorter list; a variant runs only at the head dims it covers.
+           Variants after the first get a shorter list; a variant runs only at the head dims it covers
+           (gluon_bwd_launch.VARIANTS: e.g. dq-reduce / dq-reduce2, dQ by TMA reduce-add, at D64 / D128).
   features (unless --skip-features; concurrently with correct, three children per head dim) score features in the
            default variant: windows (256, 0), (100, 50), (-1, 64), causal + left window, softcap 30 and 5, ALiBi
            (H,) and (B, H), combos, with GQA / MQA, odd lengths, Sq != Sk both ways, batch tails and fp16; the

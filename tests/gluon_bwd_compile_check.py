@@ -1,10 +1,11 @@
 """Compile the Hopper Gluon backward (kernels/gluon_bwd.py) ahead of time for sm90 and report what it became.
 
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_bwd_compile_check.py [--variants all]
-        [--head-dims 64,128] [--features all] [--dump DIR]
+        [--head-dims 64,128] [--features all] [--dump DIR] [--loop-ops]
 Per case (head dim x mask / feature x variant): registers / spills from ptxas -v, shared memory, PTX instruction
-counts (wgmma, TMA, mbarriers, atomics), ptxas warnings (C7515 "wgmma serialized" must not appear) and the
-spill loads / stores (LDL / STL) inside the per-tile loops' SASS (loops with HGMMA and MUFU.EX2). Feature cases
+counts (wgmma, TMA, mbarriers, atomics, TMA reduce-adds and their bulk-group waits), ptxas warnings (C7515
+"wgmma serialized" must not appear) and the spill loads / stores (LDL / STL) inside the per-tile loops' SASS
+(loops with HGMMA and MUFU.EX2). Feature cases
 (--features; window, softcap, ALiBi, combos) compile the default variant only. Exits 1 if a case fails to
 compile, spills inside a per-tile loop or serializes its wgmmas (spills in the per-head prologue / epilogue
 are reported, as the plain kernel has them).
@@ -22,7 +23,8 @@ from compile_check import kernel_signature  # this folder: the JIT-faithful sign
 from gluon_compile_check import PTX_PATTERNS, backward_branches, dump, ptxas_report, sass_instructions
 from flashtile import gluon_bwd_launch
 
-PATTERNS = {**PTX_PATTERNS, "atom.add": r"(?:atom|red)\.global[\w.]*\.add"}
+PATTERNS = {**PTX_PATTERNS, "atom.add": r"(?:atom|red)\.global[\w.]*\.add",
+            "tma.reduce": r"cp\.reduce\.async\.bulk", "bulk.wait": r"cp\.async\.bulk\.wait_group"}
 
 # Score features (dkdv_launch_args keywords) with the causal flag they compile with; "alibi" is a placeholder
 # for a (B, Hq) slopes tensor. Window cases replace the causal mask (causal + left window is IS_LOCAL).
@@ -43,6 +45,31 @@ FEATURES = {
 
 def sass_loop_spills(cubin):
     """[(instructions, LDL + STL)] of each per-tile loop (a backward branch over HGMMA and MUFU.EX2) in cubin."""
+    ops, inner = sass_tile_loops(cubin)
+    return [(b - a + 1, sum(o.startswith(("LDL", "STL")) for o, _ in ops[a:b + 1])) for a, b in inner]
+
+
+# --loop-ops: the SASS opcodes (by prefix) counted in each per-tile loop: the dQ path (atomics vs shared stores and
+# TMA reduce-adds), its waits and barriers, and the GEMMs for scale.
+LOOP_OPS = ("REDG", "ATOMG", "STS", "UTMAREDG", "UTMACMDFLUSH", "DEPBAR", "FENCE", "BAR.SYNC", "SYNCS", "HGMMA",
+            "LDL", "STL")
+
+
+def sass_loop_ops(cubin):
+    """[(instructions, {opcode: count})] of each per-tile loop, opcodes starting with one of LOOP_OPS."""
+    ops, inner = sass_tile_loops(cubin)
+    loops = []
+    for a, b in inner:
+        counts = {}
+        for o, _ in ops[a:b + 1]:
+            if o.startswith(LOOP_OPS):
+                counts[o] = counts.get(o, 0) + 1
+        loops.append((b - a + 1, dict(sorted(counts.items()))))
+    return loops
+
+
+def sass_tile_loops(cubin):
+    """(ops, [(first, last)]): cubin's SASS as (opcode, text) pairs and the index ranges of its per-tile loops."""
     labels, ops = sass_instructions(cubin)
     loops = []
     for a, b in backward_branches(labels, ops):
@@ -53,8 +80,7 @@ def sass_loop_spills(cubin):
         if any(o.startswith("HGMMA") for o in body) and any(o.startswith("MUFU.EX2") for o in body):
             loops.append((a, b))
     # The per-tile loops: the innermost of those (the per-head loops around them contain one).
-    inner = [(a, b) for a, b in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
-    return [(b - a + 1, sum(o.startswith(("LDL", "STL")) for o, _ in ops[a:b + 1])) for a, b in inner]
+    return ops, [(a, b) for a, b in loops if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in loops)]
 
 
 def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2,
@@ -75,8 +101,9 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def report_case(name, compiled, dump_dir):
-    """Print one case's line; True when it is bad (spills inside a per-tile loop, or serialized wgmmas)."""
+def report_case(name, compiled, dump_dir, loop_ops=False):
+    """Print one case's line (and with loop_ops, each tile loop's opcode counts); True when it is bad (spills
+    inside a per-tile loop, or serialized wgmmas)."""
     ptx = compiled.asm["ptx"]
     report = ptxas_report(ptx)
     regs = re.findall(r"Used (\d+) registers", report)
@@ -91,6 +118,9 @@ def report_case(name, compiled, dump_dir):
           f"LDL+STL {loop_spills})  | {counts}")
     for line in warns:
         print(f"    ptxas: {line}")
+    if loop_ops:
+        for n, counts in sass_loop_ops(compiled.asm["cubin"]):
+            print(f"    loop {n}: " + "  ".join(f"{op} {c}" for op, c in counts.items()))
     if dump_dir:
         dump(dump_dir, name, compiled, report)
     return loop_spills > 0 or any("C7515" in w or "serializ" in w for w in warns)
@@ -102,6 +132,7 @@ def main():
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--features", default="all", help=f"comma list of {sorted(FEATURES)}, all or none")
     parser.add_argument("--dump", default="", help="write each case's ttgir / ptx / ptxas report here")
+    parser.add_argument("--loop-ops", action="store_true", help="SASS opcode counts of each per-tile loop")
     args = parser.parse_args()
     print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
     variants = list(gluon_bwd_launch.VARIANTS) if args.variants == "all" else args.variants.split(",")
@@ -127,7 +158,7 @@ def main():
             bad += 1
             print(f"{name}: FAILED to compile: {type(exc).__name__}: {str(exc)[:2000]}")
             continue
-        bad += report_case(name, compiled, args.dump)
+        bad += report_case(name, compiled, args.dump, args.loop_ops)
     sys.exit(1 if bad else 0)
 
 

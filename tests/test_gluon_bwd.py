@@ -112,6 +112,34 @@ def test_dkdv_launch_args_d256_split_d():
         assert options["num_warps"] == 4
 
 
+def test_dkdv_launch_args_dq_reduce():
+    """Variants dq-reduce (D64 / D128 / D256) and dq-reduce2 (D64 / D128): dq_accum also as a (B, Sq_pad, Hq * D)
+    fp32 TMA tensor with [1, 64, 32] boxes (one 128-byte swizzle block: triton 3.6 lowers a TMA reduce to one
+    message) and DQ_TMA_REDUCE the buffers per warpgroup; the default variant passes None there (the kernel it
+    compiled before)."""
+    if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
+        pytest.skip("no Gluon Hopper API in this triton")
+    rows = torch.empty(2, 4, 320)
+    for head_dim in (64, 128, 256):
+        q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
+        k = torch.empty(2, 500, 2, head_dim, dtype=torch.bfloat16)
+        acc = torch.empty(2, 320, 4, head_dim)
+        _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, False,
+                                                                   gluon_bwd_launch.VARIANTS["default"][head_dim])
+        assert args[8] is acc and args[9] is None and constexprs["DQ_TMA_REDUCE"] == 0
+        for variant, bufs in (("dq-reduce", 1), ("dq-reduce2", 2))[:1 if head_dim == 256 else 2]:
+            config = gluon_bwd_launch.VARIANTS[variant][head_dim]
+            _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, True,
+                                                                       config)
+            desc = args[9]
+            assert desc.base is acc and list(desc.shape) == [2, 320, 4 * head_dim]
+            assert list(desc.strides) == [320 * 4 * head_dim, 4 * head_dim, 1]
+            assert list(desc.block_shape) == [1, 64, 32] and desc.layout.swizzle_byte_width == 128
+            assert constexprs["DQ_TMA_REDUCE"] == bufs and config.dq_split_d == (head_dim != 64)
+            assert config.dq_chunks == 1  # D256: the kernel stages the whole [64, 128] dQ half in a ring slot
+    assert 256 not in gluon_bwd_launch.VARIANTS["dq-reduce2"]  # D256's single staging place is the ring slot
+
+
 def test_backward_asks_gluon_for_features_not_for_the_rest():
     """_flash_attn_backward's gate: windows, softcap and ALiBi reach _gluon_backward (which may refuse); varlen,
     bias, dropout, mods and deterministic never do."""

@@ -51,6 +51,7 @@ class GluonBwdConfig:
     loader_regs: int = 24
     maxnreg: int = 168
     dq_chunks: int = 1  # D256 only: dQ's half of the head dim in this many wgmma + atomic pieces
+    dq_tma_reduce: int = 0  # D64 / D128: dQ tiles through this many shared buffers per warpgroup and TMA reduce-adds
 
 
 # Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
@@ -66,6 +67,15 @@ VARIANTS = {
     "dq-keys": {128: GluonBwdConfig(stages=2, dq_split_d=False)},
     "dq-split": {64: GluonBwdConfig(stages=3)},
     "dq-chunks2": {256: GluonBwdConfig(stages=2, dq_chunks=2)},
+    # dQ through shared memory (an fp32 [64, D / 2] tile per warpgroup at D128, [64, 64] at D64: +32 KB, 198 / 133
+    # KB in all) and D / 64 cp.reduce.async.bulk.tensor adds per tile and warpgroup in place of the red.global.add
+    # of every thread; dq-reduce2 with two buffers per warpgroup (+64 KB: 231 / 166 KB).
+    # D256 (no shared memory to spare) stages dQ in the tile's own Q / dO ring slot once both warpgroups are done
+    # with it, and hands the slot back to the loader a softmax later.
+    "dq-reduce": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1),
+                  128: GluonBwdConfig(stages=2, dq_tma_reduce=1), 256: GluonBwdConfig(stages=2, dq_tma_reduce=1)},
+    "dq-reduce2": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=2),
+                   128: GluonBwdConfig(stages=2, dq_tma_reduce=2)},
 }
 HEAD_DIMS = (64, 128, 256)
 
@@ -135,6 +145,19 @@ def _row_descriptor(rows, block_m):
     return tma_descriptor(flat, list(flat.shape), [flat.stride(0), 1], [1, block_m], _row_layout())
 
 
+DQ_BOX_N = 32  # fp32 columns of a dQ reduce-add box: one 128-byte swizzle block
+
+
+def _dq_descriptor(dq_accum, block_m):
+    """dq_accum (B, Sq_pad, Hq, D) fp32 as a (B, Sq_pad, Hq * D) TMA tensor, boxes [1, block_m, 32] in 128-byte
+    swizzled rows. One box per reduce-add: triton 3.6 lowers a TMA reduce to a single message (its loads split a
+    box wider than the swizzle, its reduce does not: a [1, 64, 64] box added only its first 32 columns)."""
+    batch, seqlen_q_pad, heads, head_dim = dq_accum.shape
+    layout = _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+    return tma_descriptor(dq_accum, [batch, seqlen_q_pad, heads * head_dim],
+                          [dq_accum.stride(0), dq_accum.stride(1), 1], [1, block_m, DQ_BOX_N], layout)
+
+
 def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config,
                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
     """(grid, args, constexprs, launch options) of the dK/dV kernel; shared with the offline compile check.
@@ -150,6 +173,7 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
     args = (_descriptor(q, config.block_m), _descriptor(k, keys), _descriptor(v, keys),
             _descriptor(dout, config.block_m), _row_descriptor(lse2, config.block_m),
             _row_descriptor(delta, config.block_m), dk, dv, dq_accum,
+            _dq_descriptor(dq_accum, config.block_m) if config.dq_tma_reduce else None,
             dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), dq_accum.stride(1),
             seqlen_q, seqlen_k, dq_accum.shape[1], heads_q, heads_kv, heads_q // heads_kv,
             softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E, softmax_scale,
@@ -160,7 +184,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, IS_CAUSAL=is_causal,
                       DQ_SPLIT_D=config.dq_split_d, CONSUMER_REGS=config.consumer_regs,
                       LOADER_REGS=config.loader_regs, IS_LOCAL=is_local, SOFTCAP=softcap > 0,
-                      HAS_ALIBI=alibi_slopes is not None, DQ_CHUNKS=config.dq_chunks)
+                      HAS_ALIBI=alibi_slopes is not None, DQ_CHUNKS=config.dq_chunks,
+                      DQ_TMA_REDUCE=config.dq_tma_reduce)
     grid = (math.ceil(seqlen_k / keys), batch * heads_kv)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 

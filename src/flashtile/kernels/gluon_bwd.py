@@ -15,7 +15,9 @@ the five GEMMs are 5 * 2 * 64 * 128 * 128 = 10.5 MFLOP; a separate dQ kernel wou
 (3 KB per MFLOP; at 600 TFLOP/s about 2 TB/s over the GPU, within L2's reach). DQ_SPLIT_D (default): the two
 warpgroups exchange their dS^T halves through shared memory (an mbarrier per buffer) and each computes half of
 dQ's columns over all 128 keys, so each element is added once per key block; otherwise (variant dq-keys) each
-warpgroup adds dS_w K_w over its own 64 keys: no exchange, twice the atomics.
+warpgroup adds dS_w K_w over its own 64 keys: no exchange, twice the atomics. DQ_TMA_REDUCE (variants dq-reduce,
+dq-reduce2; D64 / D128): a warpgroup stores its [64, 64] fp32 dQ tile into shared memory instead and one thread
+adds it with two TMA reduce-adds (32-column boxes) while the warpgroup goes on: FA3's way, 4x fewer L2 requests.
 
 HEAD_DIM 256 (SPLIT_D; FA3's hdim-256 shape): dK and dV of 64 keys per warpgroup would be 256 fp32 registers per
 thread, so a program takes BLOCK_N = 64 keys and both warpgroups work on all of them, warpgroup w owning head-dim
@@ -23,7 +25,8 @@ columns 128 w + [0, 128) of dK, dV (64 + 64 registers) and dQ. Each computes S^T
 query tile ([64 keys, 32 queries], wgmma N = 32, from shared memory at full D), writes its half of P^T and dS^T
 to shared memory (double-buffered, one mbarrier per slot, as DQ_SPLIT_D), and once both halves are in, dV_w +=
 P^T dO_w, dK_w += dS^T Q_w, dQ_w = dS K_w (all from shared memory). Shared memory: K + V 64 KB, Q + dO 64 KB per
-stage (2 stages), P^T + dS^T 2 x 16 KB: 225 KB of the 227.
+stage (2 stages), P^T + dS^T 2 x 16 KB: 225 KB of the 227. DQ_TMA_REDUCE there stages dQ in the tile's own ring
+slot (_bwd_step_split_d) and hands the slot back to the loader a softmax later.
 
 Dense (B, S, H, D) tensors as 3-D (B, S, H * D) TMA tensors: a tile past a sequence's end is zero-filled (not
 the next batch's rows), so padded query rows have Q = dO = 0 and lse2 = +inf (P = 0, dS = 0), and padded keys
@@ -41,6 +44,19 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .common import _tanh
+
+try:  # triton >= 3.7 names the TMA reduce-add (cp.reduce.async.bulk.tensor ... .add)
+    from triton.experimental.gluon.language.nvidia.hopper.tma import async_atomic_add as _tma_reduce_add
+except ImportError:  # triton 3.6: the op and its builder method exist, Gluon's Python does not expose them
+    from triton._C.libtriton import ir as _ir
+    from triton.experimental.gluon.language._core import builtin as _builtin
+
+    @_builtin
+    def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """src (shared memory, tensor_desc's layout) added into tensor_desc's box at coord by one bulk TMA op."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                  src.handle)
 
 WG_N = gl.constexpr(64)  # keys per consumer warpgroup (the wgmma M of one warpgroup)
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -113,12 +129,14 @@ def _row_vector(bufs, stage, valid, other, layout: gl.constexpr):
 @gluon.jit
 def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset,
-              qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+              qk_scale, softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c,
               WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
               IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
-              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
+              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = 0):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
-    dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm.
+    dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm, or under
+    DQ_TMA_REDUCE (1 or 2: buffers per warpgroup) through one of this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_bufs
+    and TMA reduce-adds into dq_desc at [dq_b, m, dq_c] (dq_desc, dq_bufs, dq_b, dq_c are constexpr 0 otherwise).
     causal_offset is Sk - Sq under IS_CAUSAL, IS_LOCAL or HAS_ALIBI (else 0); the feature scalars are the
     forward's (gluon_fwd._feature_scores), None when their feature is off."""
     dtype: gl.constexpr = q_bufs.dtype
@@ -196,6 +214,12 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         ds_buf = ds_bufs.index(WG)
         ds_buf.store(ds_lp)
     fence_async_shared()  # the generic-proxy stores before the async-proxy (wgmma) reads
+    if DQ_TMA_REDUCE:
+        BOX_N: gl.constexpr = dq_desc.block_type.shape[2]
+        # The reduce-adds of tile it - DQ_TMA_REDUCE have read this tile's buffer (one bulk group per box: those of
+        # the tiles in between may stay in flight). Their issuing thread waits; the bar.sync below, which comes
+        # before this tile's stores into the buffer, holds the other threads until it has.
+        tma.store_wait((DQ_TMA_REDUCE - 1) * (DQ_N // BOX_N))
     if DQ_SPLIT_D:
         mbarrier.arrive(ds_ready.index(buf))  # after a warpgroup-wide bar.sync: all 128 threads stored
     dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
@@ -212,10 +236,24 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         gl.thread_barrier()  # this warpgroup's dS^T stores, before its own wgmma reads them
         dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_view, dq_zero, use_acc=False, is_async=True)
     dq = warpgroup_mma_wait(0, deps=(dq_tok, ))  # [BLOCK_M, DQ_N]
-    rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-    dcols = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
-    # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
-    gl.atomic_add(dq_ptr + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq, sem="relaxed")
+    if DQ_TMA_REDUCE:
+        # The tile by DQ_N / 32 bulk reduce-adds from one thread (a box is one 128-byte swizzle block of 32 fp32
+        # columns, at a plain 8 KB offset in dq_smem), in flight while this warpgroup goes on: in place of the
+        # DQ_N / 4 red.global.add.v2.f32 of each of 128 threads.
+        if DQ_TMA_REDUCE == 1:
+            dq_smem = dq_bufs.index(WG)  # [1, BLOCK_M, DQ_N] fp32
+        else:
+            dq_smem = dq_bufs.index(WG * DQ_TMA_REDUCE + it % DQ_TMA_REDUCE)
+        dq_smem.reshape([BLOCK_M, DQ_N]).store(dq)
+        fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
+        gl.thread_barrier()  # all 128 threads stored before the elected one issues
+        for c in gl.static_range(DQ_N // BOX_N):
+            _tma_reduce_add(dq_desc, [dq_b, m, dq_c + c * BOX_N], dq_smem.slice(c * BOX_N, BOX_N, dim=2))
+    else:
+        rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+        dcols = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
+        # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
+        gl.atomic_add(dq_ptr + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq, sem="relaxed")
     return dk, dv
 
 
@@ -224,13 +262,16 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked,
                         n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
                         stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2,
-                        window_left, window_right, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                        STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
-                        IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
+                        window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, WG: gl.constexpr,
+                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                        DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
+                        HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
     the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
     _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
-    DK / DV; dq_base: the group's first head in DQAccum; alibi_ptr: the group's first head's slope."""
+    DK / DV; dq_base: the group's first head in DQAccum; alibi_ptr: the group's first head's slope.
+    DQ_TMA_REDUCE: dQ by dq_desc (batch dq_b, the group's first head at column dq_c0) from this warpgroup's
+    DQ_TMA_REDUCE buffers of dq_bufs."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -245,6 +286,7 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     mbarrier.wait(kv_bar, 0)
     for g in range(group_size):
         dq_ptr = dq_base + g * HEAD_DIM + dq_col
+        dq_c = dq_c0 + g * HEAD_DIM + dq_col
         it0 = g * n_tiles
         alibi_log2 = 0.0
         if HAS_ALIBI:
@@ -253,14 +295,18 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
             dk, dv = _bwd_step(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv,
                                k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
                                q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
-                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right, WG,
-                               HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+                               dq_desc, dq_bufs, dq_b, dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True,
+                               DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE)
         for t in range(n_masked, n_tiles):
             dk, dv = _bwd_step(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv,
                                k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
                                q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
-                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right, WG,
-                               HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+                               dq_desc, dq_bufs, dq_b, dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False,
+                               DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE)
+    if DQ_TMA_REDUCE:
+        tma.store_wait(0)  # the last reduce-add has read dq_smem before the program exits
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))  # [HEAD_DIM]
     in_seq = (rows < seqlen_k)[:, None]
@@ -274,28 +320,35 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                          q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                          n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
                          stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2,
-                         window_left, window_right, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                         IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
-                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr):
+                         window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, HEAD_DIM: gl.constexpr,
+                         BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                         DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
+                         HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
-                        stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2, window_left, window_right, 1,
-                        HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)
+                        stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2, window_left, window_right,
+                        dq_desc, dq_bufs, dq_b, dq_c0, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL,
+                        SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE)
 
 
 @gluon.jit
 def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs, q_ready,
                       q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
-                      causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-                      WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                      IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, IS_LOCAL: gl.constexpr,
-                      SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr):
+                      causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_done,
+                      dq_b, dq_c, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                      STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, IS_LOCAL: gl.constexpr,
+                      SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr,
+                      DQ_TMA_REDUCE: gl.constexpr = 0):
     """SPLIT_D (HEAD_DIM 256): both warpgroups own the same WG_N keys key0 + [0, WG_N); warpgroup WG computes
     S^T / dP^T for query columns WG * BLOCK_M / 2 + [0, BLOCK_M / 2) of the tile, writes its half of P^T and dS^T
     to x_bufs (slots 2 * buf: P^T, 2 * buf + 1: dS^T, each [WG_N, BLOCK_M]), and after both halves are in, adds
     into its head-dim half of dk, dv ([WG_N, HEAD_DIM / 2] fp32) and this tile's dQ columns WG * HEAD_DIM / 2 +
-    [0, HEAD_DIM / 2) (unscaled) at dq_ptr + rows * stride_dqm. Same score features and masks as _bwd_step."""
+    [0, HEAD_DIM / 2) (unscaled) at dq_ptr + rows * stride_dqm. Same score features and masks as _bwd_step.
+    DQ_TMA_REDUCE (DQ_CHUNKS 1): dQ through the tile's own ring slot instead, once both warpgroups' wgmmas on it
+    retired (dq_done, count 2): warpgroup 0 in its Q buffer, 1 in its dO buffer (32 KB each: [64, 128] fp32), by
+    four TMA reduce-adds into dq_desc at [dq_b, m, dq_c + 32 c]; the slot goes back to the loader during the next
+    tile, once those have read it."""
     dtype: gl.constexpr = q_bufs.dtype
     HALF_M: gl.constexpr = BLOCK_M // 2
     HALF_D: gl.constexpr = HEAD_DIM // 2
@@ -365,6 +418,14 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
     buf = it % 2
     pt_buf = x_bufs.index(2 * buf)
     ds_buf = x_bufs.index(2 * buf + 1)
+    if DQ_TMA_REDUCE:
+        # The previous tile's dQ reduce-adds have read its ring slot (issued a softmax ago): release the slot. The
+        # bar.sync holds the arriving thread until the issuing one has waited.
+        tma.store_wait(0)
+        if it > 0:
+            gl.thread_barrier()
+            mbarrier.arrive(q_empty.index((it - 1) % STAGES))
+            mbarrier.arrive(do_empty.index((it - 1) % STAGES))
     pt_buf.slice(WG * HALF_M, HALF_M, dim=1).store(p.to(dtype))
     ds_buf.slice(WG * HALF_M, HALF_M, dim=1).store(ds_lp)
     fence_async_shared()  # the generic-proxy stores before the async-proxy (wgmma) reads
@@ -382,13 +443,27 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
                                use_acc=False, is_async=True)
         if c == 0:
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))  # dq: [BLOCK_M, DQ_N]
-            mbarrier.arrive(q_empty.index(stage))
-            mbarrier.arrive(do_empty.index(stage))
+            if not DQ_TMA_REDUCE:
+                mbarrier.arrive(q_empty.index(stage))
+                mbarrier.arrive(do_empty.index(stage))
         else:
             dq = warpgroup_mma_wait(0, deps=(dq_tok, ))
-        # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
-        gl.atomic_add(dq_ptr + c * DQ_N + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq,
-                      sem="relaxed")
+        if DQ_TMA_REDUCE:
+            # Both warpgroups' wgmmas on this slot's Q and dO retired: each may overwrite its buffer.
+            mbarrier.arrive(dq_done.index(stage))
+            mbarrier.wait(dq_done.index(stage), phase)
+            own = q_bufs if WG == 0 else do_bufs
+            dq_smem = own.index(stage)._reinterpret(gl.float32, [1, BLOCK_M, DQ_N], dq_desc.layout)
+            dq_smem.reshape([BLOCK_M, DQ_N]).store(dq)
+            fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
+            gl.thread_barrier()  # all 128 threads stored before the elected one issues
+            BOX_N: gl.constexpr = dq_desc.block_type.shape[2]
+            for b in gl.static_range(DQ_N // BOX_N):
+                _tma_reduce_add(dq_desc, [dq_b, m, dq_c + b * BOX_N], dq_smem.slice(b * BOX_N, BOX_N, dim=2))
+        else:
+            # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
+            gl.atomic_add(dq_ptr + c * DQ_N + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq,
+                          sem="relaxed")
     return dk, dv
 
 
@@ -407,10 +482,11 @@ def _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delt
                                 q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                 n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                 softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                softcap_log2, window_left, window_right, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
-                                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                                IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
-                                DQ_CHUNKS: gl.constexpr):
+                                softcap_log2, window_left, window_right, dq_desc, dq_done, dq_b, dq_c0,
+                                WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                                STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr,
+                                SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr,
+                                DQ_TMA_REDUCE: gl.constexpr):
     """SPLIT_D: keys start_n + [0, WG_N), head-dim columns WG * HEAD_DIM / 2 + [0, HEAD_DIM / 2) of their dK and
     dV (and of dQ); otherwise as _consumer_partition."""
     dtype: gl.constexpr = q_bufs.dtype
@@ -423,6 +499,7 @@ def _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delt
     mbarrier.wait(kv_bar, 0)
     for g in range(group_size):
         dq_ptr = dq_base + g * HEAD_DIM + WG * HALF_D
+        dq_c = dq_c0 + g * HEAD_DIM + WG * HALF_D
         it0 = g * n_tiles
         alibi_log2 = 0.0
         if HAS_ALIBI:
@@ -432,15 +509,19 @@ def _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delt
                                        dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
                                        q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
                                        seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
-                                       window_left, window_right, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True,
-                                       IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS)
+                                       window_left, window_right, dq_desc, dq_done, dq_b, dq_c, WG, HEAD_DIM,
+                                       BLOCK_M, STAGES, IS_CAUSAL, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS,
+                                       DQ_TMA_REDUCE)
         for t in range(n_masked, n_tiles):
             dk, dv = _bwd_step_split_d(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1),
                                        dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
                                        q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
                                        seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
-                                       window_left, window_right, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False,
-                                       IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS)
+                                       window_left, window_right, dq_desc, dq_done, dq_b, dq_c, WG, HEAD_DIM,
+                                       BLOCK_M, STAGES, IS_CAUSAL, False, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS,
+                                       DQ_TMA_REDUCE)
+    if DQ_TMA_REDUCE:
+        tma.store_wait(0)  # the last reduce-adds have read their slot before the program exits
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
     cols = WG * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, acc_layout))  # [HALF_D]
     in_seq = (rows < seqlen_k)[:, None]
@@ -454,22 +535,22 @@ def _consumer1_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, del
                                  q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                  n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                  softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                 softcap_log2, window_left, window_right, HEAD_DIM: gl.constexpr,
-                                 BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                                 IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr,
-                                 DQ_CHUNKS: gl.constexpr):
+                                 softcap_log2, window_left, window_right, dq_desc, dq_done, dq_b, dq_c0,
+                                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                                 IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
+                                 HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr):
     _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs, kv_bar, q_ready,
                                 q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                 n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                 softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                softcap_log2, window_left, window_right, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                                IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS)
+                                softcap_log2, window_left, window_right, dq_desc, dq_done, dq_b, dq_c0, 1, HEAD_DIM,
+                                BLOCK_M, STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE)
 
 
 # Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "seqlen_q_pad", "heads_q", "heads_kv", "group_size",
                                "stride_alibi_b", "window_left", "window_right"])
-def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, DK, DV, DQAccum,
+def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, DK, DV, DQAccum, dq_desc,
                           stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
                           seqlen_q, seqlen_k, seqlen_q_pad, heads_q, heads_kv, group_size, qk_scale, softmax_scale,
                           Alibi, stride_alibi_b, softcap_log2, window_left, window_right,
@@ -477,7 +558,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
                           CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
                           SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
-                          DQ_CHUNKS: gl.constexpr = 1):
+                          DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = 0):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -487,8 +568,13 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     window_left / window_right, Sq + Sk for an unbounded side (gluon_launch.mask_mode: causal with a left window
     is IS_LOCAL with right 0, causal alone IS_CAUSAL). Feature arguments are None when their feature is off.
     DQ_CHUNKS (D256 only): dQ's 128 columns per warpgroup in this many wgmma + atomic pieces.
+    DQ_TMA_REDUCE (1 or 2 shared buffers per warpgroup at D64 / D128; 1 at D256: the ring slot): dQ tiles by TMA
+    reduce-add through dq_desc, DQAccum as (B, seqlen_q_pad, Hq * D) with boxes [1, BLOCK_M, 32] (one 128-byte
+    swizzle block; triton 3.6 issues one message per reduce); else None.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
+    gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE) or (DQ_TMA_REDUCE == 1 and DQ_CHUNKS == 1),
+                     "DQ_TMA_REDUCE at D256: 1 (the ring slot), with DQ_CHUNKS 1")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
     start_n = gl.program_id(0) * BLOCK_N
     pid_bh = gl.program_id(1)
@@ -567,6 +653,26 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
         # One buffer per warpgroup: each waits for its own dQ wgmma before its next store.
         ds_layout1: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_N, BLOCK_M], dtype)
         ds_bufs = gl.allocate_shared_memory(dtype, [2, WG_N, BLOCK_M], ds_layout1)
+    # DQ_TMA_REDUCE: DQ_TMA_REDUCE fp32 dQ tiles of [BLOCK_M, DQ_N] per warpgroup (D128: 16 KB each; 1: 198,128 B
+    # in all, 2: 230,896 B of 232,448). With one, a tile's stores wait for the previous tile's reduce to have read
+    # the buffer, issued a whole tile earlier.
+    dq_bufs = 0
+    dq_b = 0
+    dq_c0 = 0
+    if DQ_TMA_REDUCE:
+        if SPLIT_D:
+            # D256 has 1.5 KB to spare: dQ goes through the tile's Q / dO ring slot (_bwd_step_split_d); dq_bufs
+            # are the barriers that say both warpgroups are done reading it.
+            dq_bufs = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(STAGES):
+                mbarrier.init(dq_bufs.index(i), count=2)
+        else:
+            DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
+            dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * DQ_TMA_REDUCE, 1, BLOCK_M, DQ_N], dq_desc.layout)
+        dq_b = off_b
+        dq_c0 = off_hk * group_size * HEAD_DIM
+    else:
+        dq_desc = 0
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -601,14 +707,14 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
              (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty, do_ready,
               do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles, group_size, seqlen_q,
               seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip,
-              alibi_ptr, softcap_log2, window_left, window_right, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, IS_LOCAL,
-              SOFTCAP, HAS_ALIBI, DQ_CHUNKS)),
+              alibi_ptr, softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, 0, HEAD_DIM, BLOCK_M,
+              STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE)),
             (_consumer1_split_d_partition,
              (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty, do_ready,
               do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles, group_size, seqlen_q,
               seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip,
-              alibi_ptr, softcap_log2, window_left, window_right, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, IS_LOCAL,
-              SOFTCAP, HAS_ALIBI, DQ_CHUNKS)),
+              alibi_ptr, softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, HEAD_DIM, BLOCK_M,
+              STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE)),
             (_load_partition,
              (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem.index(0), v_smem.index(0), q_bufs,
               do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
@@ -621,14 +727,16 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                    q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                    n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                    softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                   softcap_log2, window_left, window_right, 0, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                                   DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)),
+                                   softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, 0, HEAD_DIM,
+                                   BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                                   DQ_TMA_REDUCE)),
             (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                     q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                     n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                     softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                    softcap_log2, window_left, window_right, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                                    DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI)),
+                                    softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, HEAD_DIM,
+                                    BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                                    DQ_TMA_REDUCE)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                                lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
                                off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q, n_lead,
