@@ -112,6 +112,9 @@ def test_constexpr_key():
     k = fast_launch._constexpr_key
     assert k(True) != k(1) and k(1) != k(1.0) and k(0.0) != k(-0.0) and k(None) != k(0)
     assert k(128) == k(128)
+    import triton.language as tl
+    assert k(tl.float16) == k(tl.float16) and k(tl.float16) != k(tl.bfloat16)
+    assert k(tl.constexpr(0.0)) is None and k((1,)) is None and k(object()) is None  # normal path
 
 
 # --- dispatch, with a fake JIT function and compiled kernel -------------------------------------------------
@@ -191,6 +194,18 @@ def test_dispatch_normal_path_with_hooks(monkeypatch):
     assert len(f.jit_calls) == 5 and not f.launches
     f.launch(x, 32)
     assert len(f.launches) == 1
+
+
+def test_dispatch_unkeyed_arguments_go_through_triton(monkeypatch):
+    import numpy as np
+    import triton.language as tl
+    f = _Fake(monkeypatch)
+    x = torch.empty(64)
+    for _ in range(2):
+        f.launch(x, 32, BLOCK=tl.constexpr(64))  # a constexpr wrapper: not keyed
+        f.launch(x, np.int64(32))  # an int type native_specialize_impl handles by other rules
+        f.launch(x, 2**40)  # i64: the per-argument key (keyed, so the second call is fast)
+    assert len(f.jit_calls) == 5 and len(f.launches) == 1
 
 
 def test_dispatch_changed_global_goes_through_triton(monkeypatch):

@@ -118,14 +118,14 @@ def _getter(positions):
 class _Sig:
     """Per (plan, argument types): which positions hold which kind of argument, as C-level getters, so that
     sig_key keys a call in ~15 builtin calls instead of a Python loop over ~30 arguments. ok is False for types
-    only the per-argument key handles (tuples, floats as constexprs, anything unknown)."""
+    only the per-argument key handles (tuples, constexprs other than _plain_constexpr's, anything unknown)."""
 
     def __init__(self, plan, types, rt):
         pos = {}
         self.ok = True
         for i, (t, mode) in enumerate(zip(types, plan.modes)):
             if mode == _CONSTEXPR:
-                kind = "float" if t is float else "constexpr"
+                kind = "constexpr" if _plain_constexpr(t) else "other"
             elif mode == _VALUE:
                 kind = "value"
             elif t is int:
@@ -141,7 +141,7 @@ class _Sig:
             else:
                 kind = "other"
             pos.setdefault(kind, []).append(i)
-        self.ok = "other" not in pos and "float" not in pos
+        self.ok = "other" not in pos
         ints = pos.get("int_spec_align", []) + pos.get("int_spec", []) + pos.get("int_nospec", [])
         self.ints = _getter(ints)
         self.ints_spec = _getter(pos.get("int_spec_align", []) + pos.get("int_spec", []))
@@ -183,11 +183,28 @@ def sig_key(sig, bound, option_values):
     return tuple(key)
 
 
+_plain = {int: True, bool: True, str: True, type(None): True}  # type -> keyed by (type, value) (_plain_constexpr)
+
+
+def _plain_constexpr(t):
+    """True for constexpr types whose (type, value) tells apart all that triton's str(value) does (a JITFunction
+    by its source hash): ints, bools, strings, None, triton dtypes (equal by name) and JITFunctions (equal only
+    to themselves: finer). Not floats (0.0 == -0.0), tuples ((1,) == (True,)) or tl.constexpr wrappers."""
+    plain = _plain.get(t)
+    if plain is None:
+        from triton.language import dtype
+        from triton.runtime.jit import JITCallable
+        plain = _plain[t] = issubclass(t, (dtype, JITCallable))
+    return plain
+
+
 def _constexpr_key(v):
-    # triton keys a constexpr by str(value) (a JITFunction by its source hash): (type, value) tells apart what str
-    # tells apart for ints, bools, None, strings and dtypes; floats by repr, since 0.0 == -0.0.
+    """A constexpr's key: (type, value) for plain types, floats by repr (0.0 == -0.0, but triton's str tells them
+    apart); None for anything else (the normal path decides)."""
     t = type(v)
-    return (t, repr(v)) if t is float else (t, v)
+    if t is float:
+        return (t, repr(v))
+    return (t, v) if _plain_constexpr(t) else None
 
 
 def arg_key(v, specialize=True, align=True):
@@ -236,7 +253,7 @@ def option_values(plan, kwargs, knobs):
     """The launch options (num_warps, ...) and what JITFunction.run adds to them: debug and instrumentation_mode
     (both falsy here: _hooks_idle), keyed by type and value as constexprs."""
     return tuple(map(_constexpr_key, (*map(kwargs.__getitem__, plan.option_names), knobs.runtime.debug,
-                                      knobs.compilation.instrumentation_mode)))
+                                      knobs.compilation.instrumentation_mode)))  # a None in it: see call_key
 
 
 def spec_key(kernel, plan, bound, options):
@@ -247,9 +264,11 @@ def spec_key(kernel, plan, bound, options):
     append = key.append
     for v, mode in zip(bound, plan.modes):
         t = type(v)
-        if mode == _CONSTEXPR:  # two items at every constexpr position: (type, value)
-            append(t)
-            append(repr(v) if t is float else v)  # 0.0 == -0.0, but triton's str tells them apart
+        if mode == _CONSTEXPR:
+            k = _constexpr_key(v)
+            if k is None:
+                return None
+            append(k)
         elif mode == _VALUE:
             append((t, v))
         elif t is int and -0x80000000 <= v <= 0x7FFFFFFF and v != 1:
@@ -285,6 +304,8 @@ def call_key(plan, bound, options, rt):
     sig = plan.sigs.get(types)
     if sig is None:
         sig = plan.sigs[types] = _Sig(plan, types, rt)
+    if None in options[1]:  # an option of a type _constexpr_key does not key
+        return None
     key = sig_key(sig, bound, options) if sig.ok else None
     return key if key is not None else spec_key(plan.kernel, plan, bound, options)
 
