@@ -55,10 +55,6 @@ def test_key_sound_tensors(flags):
     _assert_sound(_tensors(), flags)
 
 
-def test_key_sound_tuples():
-    _assert_sound([(1, 2), (2, 2), (16, 2), (17, 2), (16, 16), (True, 2), (1.0, 2), (), (None,)], (True, True))
-
-
 @pytest.mark.parametrize("a, b", [(1, 2), (16, 17), (16, 32 + 1), (2**31 - 16, 2**31), (2**63 - 16, 2**63),
                                   (1, True), (0, False), (16, 16.0)])
 def test_key_tells_apart_what_triton_does(a, b):
@@ -84,7 +80,7 @@ def test_key_unknown_types_take_the_normal_path():
     assert fast_launch.arg_key(np.int64(16)) is None
     assert fast_launch.arg_key(torch.nn.Parameter(torch.empty(4))) is None
     assert fast_launch.arg_key(2**64) is None
-    assert fast_launch.arg_key((1, object())) is None
+    assert fast_launch.arg_key((1, 2)) is None  # tuples (none in flashtile's launches)
 
 
 def test_key_gluon_descriptors():

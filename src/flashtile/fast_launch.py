@@ -17,7 +17,8 @@ None a constexpr; a tensor's dtype and `data_ptr() % 16 == 0` (same exceptions);
 block shape and (Gluon) layout; a tuple, element by element. The key records each of these or something finer
 (constexprs by type and value, floats by repr, layouts by identity, annotated parameters by value), plus the
 device and the launch options, so two calls with one key get one triton kernel. Anything else (another argument
-type, a callable grid, hooks, debug) takes the normal path. A key finer than triton's only costs a normal launch.
+type, tuples included, a callable grid, hooks, debug) takes the normal path. A key finer than triton's only costs
+a normal launch.
 
 Only on the triton this was checked against (gluon_launch.TESTED_TRITON), never under the interpreter, and
 FLASHTILE_FAST_LAUNCH=0 turns it off. Launch hooks (profilers such as proton), pre-run hooks, TRITON_DEBUG and
@@ -231,9 +232,6 @@ def arg_key(v, specialize=True, align=True):
         return "none"
     if t is torch.Tensor:
         return (v.dtype, specialize and align and not v.data_ptr() & 15)
-    if t is tuple:  # triton specializes each element with the defaults
-        keys = tuple(arg_key(x, True, True) for x in v)
-        return None if None in keys else ("tuple", keys)
     rt = _runtime()
     if t is rt.GluonDescriptor:
         # by identity: the cache entry keeps the layout alive (launch), so no other object takes its id
