@@ -11,8 +11,9 @@ Per case (provider x grad x shape) it prints:
 Run in a fresh process without torch.profiler (a CPU-activity profile slows every later call in the process).
 --profile writes cProfile's top functions of 200 flashtile calls with grad (B32 S512 H16 D128).
 --parts prints the host time of each stage of the forward's call path at B32 S512 H16 D128 (the Gluon persistent
-launch and the portable one), from flash_attn_func down to the bare kernel launch with prebuilt arguments, and
-writes a cProfile (by own time) of 300 forward calls to the given file.
+launch and the portable one), from flash_attn_func down to the bare kernel launch with prebuilt arguments (through
+triton's kernel[grid] and through fast_launch.launch), and writes a cProfile (by own time) of 300 forward calls to
+the given file. FLASHTILE_FAST_LAUNCH=0 / 1 compares the library's launches without / with the fast path.
 """
 import argparse
 import cProfile
@@ -78,7 +79,7 @@ def parts(profile_path):
     """Host time of the forward's stages (B32 S512 H16 D128 bf16, no grad): where the ~130-300 us go."""
     import os
 
-    from flashtile import configs, gluon_launch, launch, ops
+    from flashtile import configs, fast_launch, gluon_launch, launch, ops
 
     q, k, v = (torch.randn(32, 512, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     scale = 128 ** -0.5
@@ -99,6 +100,7 @@ def parts(profile_path):
         ("persistent_launch_args", lambda: gluon_launch.persistent_launch_args(q, k, v, out, lse, scale, False,
                                                                                config)),
         ("bare persistent kernel launch", lambda: kernel[grid](*pargs, **constexprs, **options)),
+        ("fast_launch.launch persistent", lambda: fast_launch.launch(kernel, grid, pargs, {**constexprs, **options})),
         ("torch.empty x2", lambda: (torch.empty_like(q), torch.empty(32, 16, 512, device="cuda"))),
         ("cudnn sdpa", lambda: _cudnn(q, k, v, False)),
     ]
@@ -115,6 +117,12 @@ def parts(profile_path):
                 ("portable: launches[0].run()", launches[0].run)]
     for name, fn in portable:
         print(f"{name:40} {_host(fn):8.1f} us", flush=True)
+    kl = launches[0]
+    bare = lambda: kl.kernel[kl.grid](*kl.args, **kl.constexprs, num_warps=kl.num_warps,  # noqa: E731
+                                      num_stages=kl.num_stages)
+    print(f"{'portable: bare kernel[grid]':40} {_host(bare):8.1f} us")
+    print(f"fast_launch: enabled {fast_launch.enabled()}, [fast, recorded] launches so far {fast_launch.counts}",
+          flush=True)
     del os.environ["FLASHTILE_GLUON"]
     _write_profile(lambda: flashtile.flash_attn_func(q, k, v), 300, profile_path, ("tottime", "cumulative"), 45)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import fast_launch
 from .gluon_launch import LOG2E, _supported_device, alibi_ok, mask_mode, shared_layout, tma_descriptor
 
 try:
@@ -217,7 +218,7 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,
                                                        float(softcap), alibi_slopes)
-    _attn_bwd_dkdv_hopper[grid](*args, **constexprs, **options)
+    fast_launch.launch(_attn_bwd_dkdv_hopper, grid, args, {**constexprs, **options})
     dq = launch._empty(q.shape, q)
     launch.dq_convert_launch(dq_accum, dq, float(softmax_scale)).run()
     return dq, dk, dv

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from . import fast_launch
 from .launch import _arch
 
 try:
@@ -369,10 +370,10 @@ def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", 
         is_causal = mask_mode(causal, window_size)[0]
         grid, args, constexprs, options = persistent_launch_args(q, k, v, out, lse, float(softmax_scale), is_causal,
                                                                  config)
-        _attn_fwd_hopper_persistent[grid](*args, **constexprs, **options)
+        fast_launch.launch(_attn_fwd_hopper_persistent, grid, args, {**constexprs, **options})
         return out, lse
     grid, args, constexprs, options = gluon_launch_args(q, k, v, out, lse, float(softmax_scale), causal, config,
                                                         window_size, float(softcap), alibi_slopes, sink,
                                                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    _attn_fwd_hopper[grid](*args, **constexprs, **options)
+    fast_launch.launch(_attn_fwd_hopper, grid, args, {**constexprs, **options})
     return out, lse

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import configs, philox
+from . import configs, fast_launch, philox
 from .kernels.bwd import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_dq_convert, _attn_bwd_preprocess
 from .kernels.decode import _attn_combine, _attn_fwd_splitkv
 from .kernels.fwd import _attn_fwd, _attn_probs
@@ -162,7 +162,8 @@ class KernelLaunch:
     num_stages: int = 1
 
     def run(self):
-        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
+        fast_launch.launch(self.kernel, self.grid, self.args,
+                           {**self.constexprs, "num_warps": self.num_warps, "num_stages": self.num_stages})
 
 
 @dataclass  # not frozen, as Geometry: built on every call
