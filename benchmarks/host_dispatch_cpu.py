@@ -22,7 +22,7 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     raise SystemExit("run with TRITON_INTERPRET unset (env -u TRITON_INTERPRET ...)")
 
 import flashtile
-from flashtile import autograd, configs, gluon_bwd_launch, gluon_launch, launch, ops
+from flashtile import configs, gluon_bwd_launch, gluon_launch, launch, ops
 
 
 class _Recorder:
@@ -133,8 +133,8 @@ def stages(calls, reps):
     fwd_rows = [
         ("launch._gluon_forward [persistent-tma] S512", lambda: launch._gluon_forward(
             q, q, q, scale, -1, -1, 0.0, None, None)),
-        ("  configs wanted + variant + tested_triton", lambda: gluon_launch.tested_triton() and configs.gluon_fwd_wanted(
-            d, False, 512, None) and configs.gluon_fwd_variant(d, False, 512)),
+        ("  configs wanted + variant + tested_triton", lambda: gluon_launch.tested_triton()
+         and configs.gluon_fwd_wanted(d, False, 512, None) and configs.gluon_fwd_variant(d, False, 512)),
         ("  gluon_launch.gluon_supported", lambda: gluon_launch.gluon_supported(q, q, q, **fwd_features)),
         ("  gluon_launch.gluon_forward", lambda: gluon_launch.gluon_forward(
             q, q, q, scale, variant="persistent-tma", **fwd_features)),
