@@ -199,6 +199,19 @@ def test_eager_calls_skip_the_op_dispatch(backend, monkeypatch):
         assert torch.equal(a, b)
 
 
+def test_autograd_watches_every_float_tensor_input():
+    """autograd.forward reads requires_grad only at _FLOAT_TENSOR_INPUTS (host time): they must be every tensor
+    parameter of flashtile::fwd but the integer ones (cu_seqlens, the dropout seed), or a gradient would be lost."""
+    import inspect
+
+    from flashtile import autograd, ops
+
+    params = list(inspect.signature(ops._IMPLS[ops.fwd]).parameters.values())
+    tensors = {i for i, p in enumerate(params) if "Tensor" in str(p.annotation)}
+    integer = {i for i, p in enumerate(params) if p.name in ("cu_seqlens_q", "cu_seqlens_k", "rng")}
+    assert len(integer) == 3 and tensors - integer == set(autograd._FLOAT_TENSOR_INPUTS)
+
+
 def test_torch_compile_fullgraph(monkeypatch):
     """flash_attn_func inside torch.compile(fullgraph=True): no graph break, same values, gradients."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the compile test does not need the slow interpreter

@@ -62,7 +62,7 @@ class _EagerForward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *inputs):
-        output = ops.call(ops.fwd, *inputs)
+        output = ops.eager_call(ops.fwd, *inputs)  # only applied in eager mode (forward below)
         _setup_context(ctx, inputs, output)
         return output
 
@@ -71,12 +71,18 @@ class _EagerForward(torch.autograd.Function):
         return _backward(ctx, dout, dlse)
 
 
+# Positions in flashtile::fwd's inputs of the tensors that can require grad (q, k, v, alibi_slopes, sink, attn_bias):
+# the others are numbers or integer tensors (cu_seqlens, the dropout seed), which never do.
+_FLOAT_TENSOR_INPUTS = (0, 1, 2, 7, 8, 13)
+
+
 def forward(*inputs):
     """(out, lse) = flashtile::fwd(*inputs), differentiable: the op under torch.compile, else _EagerForward, or
     without autograd where no input needs a gradient (inference: most of the ~60 us of host time between
     flash_attn_func and the op's implementation on the H200 machine, benchmarks/host_time.py --parts)."""
     if not ops.eager():
         return ops.fwd(*inputs)
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in (inputs[i] for i in _FLOAT_TENSOR_INPUTS)):
         return _EagerForward.apply(*inputs)
-    return ops.call(ops.fwd, *inputs)
+    return ops.eager_call(ops.fwd, *inputs)

@@ -17,6 +17,7 @@ import torch
 import triton
 
 from . import fast_launch
+from . import launch as _launch  # the NaN-poisoning allocator (a module import: tests patch its attributes)
 from .launch import _arch
 
 try:
@@ -113,19 +114,21 @@ VARIANTS = {
                             128: GluonConfig(128, 2, persistent=True, tma_store=True, max_ctas=7, **_TREE_CVT)},
 }
 HEAD_DIMS = (64, 128, 256)
+_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _tma_2d_ok(t):
     """t (B, S, H, D), or packed varlen (total, H, D), viewed as a 2D (B * S, H * D) TMA tensor: rows of a head
     contiguous, 16-byte aligned."""
-    if t.dim() == 3:
-        total, heads, head_dim = t.shape
-        return (t.stride(2) == 1 and (t.stride(1) == head_dim or heads == 1)
-                and t.stride(0) * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0)
-    batch, seqlen, heads, head_dim = t.shape
-    return (t.stride(3) == 1 and (t.stride(2) == head_dim or heads == 1)
-            and (t.stride(0) == seqlen * t.stride(1) or batch == 1)
-            and t.stride(1) * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0)
+    shape, s = t.shape, t.stride()  # one read each (host time)
+    if len(shape) == 3:
+        total, heads, head_dim = shape
+        return (s[2] == 1 and (s[1] == head_dim or heads == 1)
+                and s[0] * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0)
+    batch, seqlen, heads, head_dim = shape
+    return (s[3] == 1 and (s[2] == head_dim or heads == 1)
+            and (s[0] == seqlen * s[1] or batch == 1)
+            and s[1] * t.element_size() % 16 == 0 and t.data_ptr() % 16 == 0)
 
 
 def _varlen_ok(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
@@ -147,7 +150,9 @@ def _varlen_ok(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
 def mask_mode(causal, window_size):
     """(is_causal, is_local, window_left, window_right) of flash-attn's (causal, window_size), -1 = unbounded:
     causal is the window (left, 0), and the window (-1, 0) is plain causal (the kernel's IS_CAUSAL path)."""
-    left, right = (int(w) if w is not None and w >= 0 else -1 for w in window_size)
+    left, right = window_size
+    left = int(left) if left is not None and left >= 0 else -1  # no generator: this runs several times per call
+    right = int(right) if right is not None and right >= 0 else -1
     if causal:
         right = 0
     is_causal = left < 0 and right == 0
@@ -178,7 +183,8 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     or (B, Hq), sink (Hq,); no dropout, bias, paged keys (block_table) or mods."""
     if _attn_fwd_hopper is None or _disabled is not None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
-    if any(v_ is not None and (isinstance(v_, torch.Tensor) or v_) for v_ in other_features.values()):
+    if other_features and any(v_ is not None and (isinstance(v_, torch.Tensor) or v_)
+                              for v_ in other_features.values()):
         return False
     if dropout_p or attn_bias is not None or softcap < 0:
         return False
@@ -186,11 +192,13 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     if varlen:
         if not _varlen_ok(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
             return False
-    elif not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+    elif not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+              and q.dim() == 4 and k.dim() == 4 and v.dim() == 4):  # no generator: ~1 us less per call
         return False
     if not _supported_device(q, k, v):
         return False
-    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+    dtype = q.dtype
+    if dtype not in _DTYPES or k.dtype != dtype or v.dtype != dtype:
         return False
     if varlen:  # (total, H, D): sizes as a batch of cu_seqlens.numel() - 1 sequences of the maximal lengths
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max(max_seqlen_k, 1)
@@ -217,13 +225,19 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
         return False
     # Batch > 1 with Sk % BLOCK_N != 0 and varlen read through ragged descriptors (ragged_descriptor): a key
     # block past a sequence's end is zero-filled instead of reading the next sequence's keys and values.
-    return all(_tma_2d_ok(t) for t in (q, k, v))
+    return _tma_2d_ok(q) and _tma_2d_ok(k) and _tma_2d_ok(v)
 
 
 @functools.lru_cache(maxsize=None)  # layouts are immutable; building one costs ~10 us of host time per descriptor
 def shared_layout(block_shape, gl_dtype):
     """The NVMMA shared-memory layout (128-byte swizzle where the rows allow) of a TMA box of block_shape."""
     return _gl.NVMMASharedLayout.get_default_for(list(block_shape), gl_dtype)
+
+
+@functools.lru_cache(maxsize=None)  # keyed by torch's dtype: hashing a gluon dtype is Python code (~0.5 us)
+def torch_layout(block_shape, dtype):
+    """shared_layout(block_shape, ...) of 16-bit torch dtype dtype."""
+    return shared_layout(block_shape, _gl.float16 if dtype == torch.float16 else _gl.bfloat16)
 
 
 def tma_descriptor(t, shape, strides, block_shape, layout):
@@ -241,13 +255,14 @@ def tma_descriptor(t, shape, strides, block_shape, layout):
 def _descriptor(t, block_rows, ragged=False):
     """t (B, S, H, D) or packed (total, H, D) as a 2D (rows, H * D) TMA tensor with boxes [block_rows, D], or
     with ragged, the ragged 4-D view of it (ragged_descriptor)."""
-    head_dim, heads = t.shape[-1], t.shape[-2]
-    rows, row_stride = (t.shape[0], t.stride(0)) if t.dim() == 3 else (t.shape[0] * t.shape[1], t.stride(1))
-    gl_dtype = _gl.float16 if t.dtype == torch.float16 else _gl.bfloat16
+    shape, strides = t.shape, t.stride()
+    head_dim, heads = shape[-1], shape[-2]
+    rows, row_stride = (shape[0], strides[0]) if len(shape) == 3 else (shape[0] * shape[1], strides[1])
     if ragged:
+        gl_dtype = _gl.float16 if t.dtype == torch.float16 else _gl.bfloat16
         return ragged_descriptor(t, rows, row_stride, heads * head_dim, block_rows, head_dim, gl_dtype)
     return tma_descriptor(t, [rows, heads * head_dim], [row_stride, 1], [block_rows, head_dim],
-                          shared_layout((block_rows, head_dim), gl_dtype))
+                          torch_layout((block_rows, head_dim), t.dtype))
 
 
 RAGGED_ROWS = 2**30
@@ -338,9 +353,10 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
     if config.max_ctas:
         ctas = min(ctas, config.max_ctas)
     o_tma = config.tma_store and (batch == 1 or seqlen_q % WG_M.value == 0) and _tma_2d_ok(out)
+    out_strides, lse_strides = out.stride(), lse.stride()
     args = (_descriptor(q, WG_M.value, ragged), _descriptor(k, config.block_n, ragged),
             _descriptor(v, config.block_n, ragged), _descriptor(out, WG_M.value) if o_tma else out, out, lse,
-            out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+            *out_strides[:3], *lse_strides[:2],
             seqlen_q, seqlen_k, heads_q, heads_q // heads_kv, softmax_scale * LOG2E, n_m, n_bh, n_tiles)
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
@@ -358,12 +374,13 @@ def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", 
     max is taken before scaling)."""
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    from .launch import _empty  # NaN-poisoned under FLASHTILE_POISON_OUTPUTS=1, as the other launchers
-    out = _empty(q.shape, q)
+    poison = _launch.poison_outputs()  # NaN-poisoned under FLASHTILE_POISON_OUTPUTS=1, as the other launchers
+    shape = q.shape
+    out = _launch._empty(shape, q, poison=poison)
     if cu_seqlens_q is not None:
-        lse = _empty((q.shape[1], q.shape[0]), q, torch.float32)
+        lse = _launch._empty((shape[1], shape[0]), q, torch.float32, poison)
     else:
-        lse = _empty((q.shape[0], q.shape[2], q.shape[1]), q, torch.float32)
+        lse = _launch._empty((shape[0], shape[2], shape[1]), q, torch.float32, poison)
     config = VARIANTS[variant][q.shape[-1]]
     if takes_persistent(config, q, k, causal, window_size, softcap, alibi_slopes, sink, cu_seqlens_q):
         # launch.py says causal as the window (-1, 0): the persistent kernel knows only plain and causal.

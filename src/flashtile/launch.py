@@ -27,11 +27,18 @@ def interpreter_active():
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _empty(shape, like, dtype=None):
-    # FLASHTILE_POISON_OUTPUTS=1 fills outputs with NaN before the kernels run, so tests catch
-    # any element a kernel fails to write.
+def poison_outputs():
+    """FLASHTILE_POISON_OUTPUTS=1 fills outputs with NaN before the kernels run, so tests catch any element a
+    kernel fails to write. Read at each call (tests switch it), once per launcher: ~1 us of host time per read."""
+    return os.environ.get("FLASHTILE_POISON_OUTPUTS", "0") not in ("", "0")
+
+
+def _empty(shape, like, dtype=None, poison=None):
+    """An output buffer on like's device; NaN-filled where poison (None: poison_outputs())."""
     dtype = dtype or like.dtype
-    if os.environ.get("FLASHTILE_POISON_OUTPUTS", "0") not in ("", "0"):
+    if poison is None:
+        poison = poison_outputs()
+    if poison:
         return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
     return torch.empty(shape, dtype=dtype, device=like.device)
 
@@ -544,6 +551,20 @@ def _window_span(left, right):
     return left + right + 1 if left >= 0 and right >= 0 else None
 
 
+_gluon_mods = None
+
+
+def _gluon_modules():
+    """(gluon_launch, gluon_bwd_launch), imported on first use (they import this module); then from a global,
+    since an import statement in a function costs ~2 us of host time per call."""
+    global _gluon_mods
+    if _gluon_mods is None:
+        from . import gluon_bwd_launch, gluon_launch
+
+        _gluon_mods = gluon_launch, gluon_bwd_launch
+    return _gluon_mods
+
+
 def _try_gluon(env_var, wanted, supported, run, disable):
     """The Hopper Gluon kernels' dispatch policy, shared by the forward and the backward: run() where the
     environment variable env_var is "1" or, unset, where wanted() (configs.py's measured thresholds on a tested
@@ -568,8 +589,7 @@ def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, a
     (-1, 0) counts as not causal; varlen by max_seqlen_k) on a tested triton, else None. FLASHTILE_GLUON=1 takes
     it wherever it is supported, =0 never. A launch that fails to build disables it for the process (one
     warning) and returns None."""
-    from . import gluon_launch
-
+    gluon_launch = _gluon_modules()[0]
     causal = window_left < 0 and window_right == 0
     span = _window_span(window_left, window_right)
     varlen = cu_seqlens_q is not None
@@ -605,8 +625,9 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
         if result is not None:
             return result
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    out = _empty(q.shape, q)
-    lse = _empty(geo.lse_shape(q), q, torch.float32)
+    poison = poison_outputs()
+    out = _empty(q.shape, q, poison=poison)
+    lse = _empty(geo.lse_shape(q), q, torch.float32, poison)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse, attn_bias,
                         dropout_p, rng, approx_tanh=_approx_tanh(q))
     for launch in forward_launches(geo, q, k, v, out, lse, sink, sa, _arch(q.device), interpreter_active(),
@@ -684,8 +705,7 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
     causal key thresholds (causal: any window whose right side is 0), and windows narrower than
     configs.GLUON_BWD_MIN_WINDOW keys keep the portable kernels. FLASHTILE_GLUON_BWD=1 takes it wherever it
     is supported, =0 never. A launch that fails to build disables it for the process (one warning), returns None."""
-    from . import gluon_bwd_launch, gluon_launch
-
+    gluon_launch, gluon_bwd_launch = _gluon_modules()
     left, right = window_size
     span = _window_span(left, right)
     scored = left >= 0 or right > 0 or bool(softcap) or alibi_slopes is not None  # beyond plain / causal
@@ -725,9 +745,10 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
         if grads is not None:
             return (*grads, q.new_empty(0, dtype=torch.float32))
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    delta = _empty(geo.row_buffer_shape(q), q, torch.float32)
-    lse2 = _empty(geo.row_buffer_shape(q), q, torch.float32)
-    dq, dk, dv = _empty(q.shape, q), _empty(k.shape, k), _empty(v.shape, v)
+    poison = poison_outputs()
+    delta = _empty(geo.row_buffer_shape(q), q, torch.float32, poison)
+    lse2 = _empty(geo.row_buffer_shape(q), q, torch.float32, poison)
+    dq, dk, dv = (_empty(t.shape, t, poison=poison) for t in (q, k, v))
     # Zeros, not poison: blocks the kernels skip (outside a window or causal mask) have dS = 0.
     dbias = (torch.zeros((geo.batch, geo.heads_q, geo.seqlen_q, geo.seqlen_k), dtype=torch.float32, device=q.device)
              if bias_grad else None)
