@@ -1,6 +1,6 @@
 """Check and time the Hopper Gluon backward on the GPU, in one self-diagnosing run (target < 150 s).
 
-    PYTHONPATH=src python3 benchmarks/gluon_bwd_check.py [--variants default,stages3,dq-keys,dq-split,dq-chunks2,...]
+    PYTHONPATH=src python3 benchmarks/gluon_bwd_check.py [--variants default,atomics,dq-reduce2,...]
         [--check-dims 128,64] [--bench-dims 128,64] [--seqlens 1024,4096,16384] [--skip-bench] [--skip-features]
         [--bench-features]
 
@@ -14,7 +14,7 @@ the child frees the GPU and the run goes on to report it):
            rounding floor), the portable backward's error alongside; then flash_attn_func with
            FLASHTILE_GLUON_BWD=1 (the dispatch).
            Variants after the first get a shorter list; a variant runs only at the head dims it covers
-           (gluon_bwd_launch.VARIANTS: e.g. dq-reduce / dq-reduce2, dQ by TMA reduce-add, at D64 / D128).
+           (gluon_bwd_launch.VARIANTS: e.g. atomics, dQ by red.global.add; dq-reduce2 at D64 / D128).
   features (unless --skip-features; concurrently with correct, three children per head dim) score features in the
            default variant: windows (256, 0), (100, 50), (-1, 64), causal + left window, softcap 30 and 5, ALiBi
            (H,) and (B, H), combos, with GQA / MQA, odd lengths, Sq != Sk both ways, batch tails and fp16; the
@@ -375,7 +375,7 @@ def _children(phase, args, timeout, groups=(None, )):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="default,stages3,dq-keys,dq-split,dq-chunks2",
+    parser.add_argument("--variants", default="default,atomics",
                         help=f"comma list of {sorted(gluon_bwd_launch.VARIANTS)} (each runs where it has a config)")
     parser.add_argument("--seqlens", default="1024,4096,16384", help="bench sequence lengths")
     parser.add_argument("--bench-dims", default="128,64", help="bench head dims")

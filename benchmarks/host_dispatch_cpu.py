@@ -151,7 +151,7 @@ def stages(calls, reps):
         ("launch._gluon_backward S1024", lambda: launch._gluon_backward(
             dout1, q1, q1, q1, out1, lse1, None, scale, False)),
         ("  configs.gluon_bwd_wanted + tested_triton", lambda: gluon_launch.tested_triton()
-         and configs.gluon_bwd_wanted(d, False, 1024, None, False)),
+         and configs.gluon_bwd_wanted(d, False, 1024, None)),
         ("  gluon_bwd_launch.gluon_bwd_supported", lambda: gluon_bwd_launch.gluon_bwd_supported(
             q1, q1, q1, out1, dout1, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None)),
         ("  gluon_bwd_launch.gluon_backward", lambda: gluon_bwd_launch.gluon_backward(

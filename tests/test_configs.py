@@ -58,9 +58,9 @@ def test_gluon_forward_policy():
 
 
 def test_gluon_backward_policy():
-    """The Gluon backward: D128 from 1K keys, not for windows narrower than GLUON_BWD_MIN_WINDOW keys."""
+    """The Gluon backward: from 1K keys, not for windows narrower than GLUON_BWD_MIN_WINDOW keys."""
     assert configs.gluon_bwd_wanted(128, False, 1024) and not configs.gluon_bwd_wanted(128, False, 512)
-    assert not configs.gluon_bwd_wanted(64, False, 16384)
+    assert configs.gluon_bwd_wanted(64, False, 16384) and not configs.gluon_bwd_wanted(32, False, 16384)
     assert not configs.gluon_bwd_wanted(128, True, 8192, window_span=257)
     assert configs.gluon_bwd_wanted(128, True, 8192, window_span=1025)
 

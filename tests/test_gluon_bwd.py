@@ -113,10 +113,9 @@ def test_dkdv_launch_args_d256_split_d():
 
 
 def test_dkdv_launch_args_dq_reduce():
-    """Variants dq-reduce (D64 / D128 / D256) and dq-reduce2 (D64 / D128): dq_accum also as a (B, Sq_pad, Hq * D)
+    """The default variant (D64 / D128 / D256) and dq-reduce2 (D64 / D128): dq_accum also as a (B, Sq_pad, Hq * D)
     fp32 TMA tensor with [1, 64, 32] boxes (one 128-byte swizzle block: triton 3.6 lowers a TMA reduce to one
-    message) and DQ_TMA_REDUCE the buffers per warpgroup; the default variant passes None there (the kernel it
-    compiled before)."""
+    message) and DQ_TMA_REDUCE the buffers per warpgroup; the atomics variant passes None there."""
     if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
         pytest.skip("no Gluon Hopper API in this triton")
     rows = torch.empty(2, 4, 320)
@@ -125,9 +124,9 @@ def test_dkdv_launch_args_dq_reduce():
         k = torch.empty(2, 500, 2, head_dim, dtype=torch.bfloat16)
         acc = torch.empty(2, 320, 4, head_dim)
         _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, False,
-                                                                   gluon_bwd_launch.VARIANTS["default"][head_dim])
+                                                                   gluon_bwd_launch.VARIANTS["atomics"][head_dim])
         assert args[8] is acc and args[9] is None and constexprs["DQ_TMA_REDUCE"] == 0
-        for variant, bufs in (("dq-reduce", 1), ("dq-reduce2", 2))[:1 if head_dim == 256 else 2]:
+        for variant, bufs in (("default", 1), ("dq-reduce2", 2))[:1 if head_dim == 256 else 2]:
             config = gluon_bwd_launch.VARIANTS[variant][head_dim]
             _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, True,
                                                                        config)
@@ -173,11 +172,11 @@ def test_gluon_backward_forwards_features(monkeypatch):
     monkeypatch.delenv("FLASHTILE_GLUON_BWD")
     monkeypatch.setattr(gluon_launch, "tested_triton", lambda: True)
     monkeypatch.setattr(configs, "gluon_bwd_wanted",
-                        lambda d, causal, sk, span, scored: wanted.append((causal, span, scored)) or False)
+                        lambda d, causal, sk, span: wanted.append((causal, span)) or False)
     assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(256, 0)) is None
     assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(-1, 0)) is None
     assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False, softcap=30.0) is None
-    assert wanted == [(True, 257, True), (True, None, False), (False, None, True)]
+    assert wanted == [(True, 257), (True, None), (False, None)]
 
 
 @pytest.mark.usefixtures("pretend_hopper")
@@ -200,16 +199,12 @@ def test_refuses_what_it_cannot_do():
 
 
 def test_policy_follows_the_measurement(monkeypatch):
-    """configs.GLUON_BWD_MIN_KEYS: D128 from 1K keys (measured faster than the portable backward there), never D64
-    (measured slower), D256 causal from 4K and non-causal from 16K, plain / causal only (its score features have
-    not run on the GPU); FLASHTILE_GLUON_BWD=1 asks wherever supported, =0 never."""
-    assert all(configs.gluon_bwd_wanted(128, c, s) for c in (False, True) for s in (1024, 16384))
-    assert all(configs.gluon_bwd_wanted(128, c, 8192, features=True) for c in (False, True))
-    assert not any(configs.gluon_bwd_wanted(128, c, 512) for c in (False, True))
-    assert not any(configs.gluon_bwd_wanted(64, c, 16384) for c in (False, True))
-    assert configs.gluon_bwd_wanted(256, True, 4096) and not configs.gluon_bwd_wanted(256, True, 2048)
-    assert configs.gluon_bwd_wanted(256, False, 16384) and not configs.gluon_bwd_wanted(256, False, 8192)
-    assert not any(configs.gluon_bwd_wanted(256, c, 16384, features=True) for c in (False, True))
+    """configs.GLUON_BWD_MIN_KEYS: every head dim from 1K keys (measured faster than the portable backward there),
+    below unmeasured; FLASHTILE_GLUON_BWD=1 asks wherever supported, =0 never."""
+    for head_dim in (64, 128, 256):
+        assert all(configs.gluon_bwd_wanted(head_dim, c, s) for c in (False, True) for s in (1024, 16384))
+        assert not any(configs.gluon_bwd_wanted(head_dim, c, 512) for c in (False, True))
+    assert not configs.gluon_bwd_wanted(96, False, 16384)  # no Gluon backward there
     q = torch.randn(1, 256, 2, 128)
     seen = []
     monkeypatch.setattr(gluon_bwd_launch, "gluon_bwd_supported", lambda *a, **kw: seen.append(1) or False)

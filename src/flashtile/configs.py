@@ -107,29 +107,26 @@ GLUON_FWD_MIN_WINDOW = 1024
 
 
 # The Hopper Gluon backward (kernels/gluon_bwd.py) serves the dense backward from these key counts on: (head dim,
-# causal) -> least seqlen_k; FLASHTILE_GLUON_BWD=1 takes it wherever it is supported. Session 6
-# (benchmarks/results/gluon-bwd-h200-2026-11-29-s6, 16K tokens, 1K / 4K / 16K): D128 1.14 / 1.14 / 1.20x the
-# portable backward, causal 1.10 / 1.18 / 1.21x (0.78-0.82x cuDNN); D64 0.80-0.90x the portable one, so not
-# used. Below 1K keys unmeasured. Windows, softcap and ALiBi take the same thresholds (launch._gluon_backward:
-# causal = a window whose right side is 0). Session 7 (gluon-bwd-features-h200-2026-11-29-s7, D128 8K), time
-# Gluon / portable: softcap 0.76, causal softcap 0.79, ALiBi 0.90, causal ALiBi 0.85; windows (left, 0) of 4096
-# and 1024 keys 0.86 / 0.91, of 256 keys 1.02: windows narrower than GLUON_BWD_MIN_WINDOW keep the portable one.
-# D256 (session 7, gluon-bwd-d256-h200-2026-11-29-s7, 16K tokens, 4K / 16K keys), time Gluon / portable: causal
-# 0.80 / 0.84 (0.76-0.78x cuDNN, the portable one 0.60-0.65x), non-causal 1.00 / 0.96: causal from 4K, non-causal
-# from 16K (between 4K and 16K unmeasured); plain and causal only, since its windows, softcap and ALiBi have not
-# run on the GPU (GLUON_BWD_FEATURE_DIMS).
-GLUON_BWD_MIN_KEYS = {(128, False): 1024, (128, True): 1024, (256, False): 16384, (256, True): 4096}
+# causal) -> least seqlen_k; FLASHTILE_GLUON_BWD=1 takes it wherever it is supported. Windows, softcap and ALiBi
+# take the same thresholds (launch._gluon_backward: causal = a window whose right side is 0). Session 8
+# (gluon-bwd-dq-reduce-h200-2026-11-30-s8, 16K tokens), time portable / Gluon with dQ by TMA reduce-add at 1K / 2K /
+# 4K / 16K keys: D64 1.06 / 1.17 / 1.19 / 1.22, causal 1.01 / 1.12 / 1.13 / 1.24; D128 1.35 / 1.38 / 1.36 / 1.47,
+# causal 1.23 / 1.34 / 1.33 / 1.40; D256 1.25 / 1.30 / 1.33 / 1.41, causal 1.52 / 1.55 / 1.58 / 1.52 (with dQ by
+# atomics, session 7, D64 lost to the portable backward and D256 non-causal only tied). Below 1K keys unmeasured.
+# Score features: checked on the GPU at every head dim (gluon_bwd_check.py --check-dims 64,128,256); session 7
+# (gluon-bwd-features-h200-2026-11-29-s7, D128 8K), time Gluon / portable: softcap 0.76, causal softcap 0.79,
+# ALiBi 0.90, causal ALiBi 0.85; windows (left, 0) of 4096 and 1024 keys 0.86 / 0.91, of 256 keys 1.02: windows
+# narrower than GLUON_BWD_MIN_WINDOW keep the portable one.
+GLUON_BWD_MIN_KEYS = {(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): 1024,
+                      (256, False): 1024, (256, True): 1024}
 GLUON_BWD_MIN_WINDOW = 1024
-GLUON_BWD_FEATURE_DIMS = (64, 128)  # head dims whose Gluon backward with score features was checked on the GPU
 
 
-def gluon_bwd_wanted(head_dim, causal, seqlen_k, window_span=None, features=False):
+def gluon_bwd_wanted(head_dim, causal, seqlen_k, window_span=None):
     """Whether the dense backward should take the Gluon kernel at this shape (where gluon_bwd_supported allows);
-    window_span as for gluon_fwd_wanted; features: a window other than causal, softcap or ALiBi."""
+    window_span as for gluon_fwd_wanted."""
     least = GLUON_BWD_MIN_KEYS.get((head_dim, causal))
     if window_span is not None and window_span < GLUON_BWD_MIN_WINDOW:
-        return False
-    if features and head_dim not in GLUON_BWD_FEATURE_DIMS:
         return False
     return least is not None and seqlen_k >= least
 

@@ -52,7 +52,7 @@ class GluonBwdConfig:
     loader_regs: int = 24
     maxnreg: int = 168
     dq_chunks: int = 1  # D256 only: dQ's half of the head dim in this many wgmma + atomic pieces
-    dq_tma_reduce: int = 0  # D64 / D128: dQ tiles through this many shared buffers per warpgroup and TMA reduce-adds
+    dq_tma_reduce: int = 0  # dQ tiles through this many shared buffers per warpgroup and TMA reduce-adds; 0: atomics
 
 
 # Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
@@ -60,21 +60,22 @@ class GluonBwdConfig:
 # dQ (dq-keys): splitting dQ's 64 columns would slice K's 128-byte swizzle rows in half (dq-split tries it).
 # D256 (the kernel's SPLIT_D, 64 keys per program): K + V 64 KB, a Q + dO stage 64 KB, P^T + dS^T 2 x 16 KB: 225 KB
 # at 2 stages (230,928 B with the row slices and barriers, of 232,448); dq-chunks2 adds dQ in two 64-column pieces.
-# Not in configs.GLUON_BWD_MIN_KEYS until measured: FLASHTILE_GLUON_BWD=1 reaches it.
+# dQ by TMA reduce-add (dq_tma_reduce): an fp32 [64, D / 2] tile per warpgroup at D128, [64, 64] at D64 (+32 KB:
+# 198 / 133 KB in all), and D / 64 cp.reduce.async.bulk.tensor adds per tile and warpgroup in place of every
+# thread's red.global.add; dq-reduce2 has two buffers per warpgroup (+64 KB). D256, with no shared memory to spare,
+# stages dQ in the tile's own Q / dO ring slot once both warpgroups are done with it and hands the slot back to the
+# loader a softmax later.
 VARIANTS = {
-    "default": {64: GluonBwdConfig(stages=3, dq_split_d=False), 128: GluonBwdConfig(stages=2),
+    # dQ through shared memory and TMA reduce-adds (session 8: 1.22-1.33x the atomics' speed at 4K-16K, every head dim)
+    "default": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1),
+                128: GluonBwdConfig(stages=2, dq_tma_reduce=1), 256: GluonBwdConfig(stages=2, dq_tma_reduce=1)},
+    # dQ by per-thread fp32 red.global.add (the default up to session 7)
+    "atomics": {64: GluonBwdConfig(stages=3, dq_split_d=False), 128: GluonBwdConfig(stages=2),
                 256: GluonBwdConfig(stages=2)},
     "stages3": {128: GluonBwdConfig(stages=3)},
     "dq-keys": {128: GluonBwdConfig(stages=2, dq_split_d=False)},
     "dq-split": {64: GluonBwdConfig(stages=3)},
     "dq-chunks2": {256: GluonBwdConfig(stages=2, dq_chunks=2)},
-    # dQ through shared memory (an fp32 [64, D / 2] tile per warpgroup at D128, [64, 64] at D64: +32 KB, 198 / 133
-    # KB in all) and D / 64 cp.reduce.async.bulk.tensor adds per tile and warpgroup in place of the red.global.add
-    # of every thread; dq-reduce2 with two buffers per warpgroup (+64 KB: 231 / 166 KB).
-    # D256 (no shared memory to spare) stages dQ in the tile's own Q / dO ring slot once both warpgroups are done
-    # with it, and hands the slot back to the loader a softmax later.
-    "dq-reduce": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1),
-                  128: GluonBwdConfig(stages=2, dq_tma_reduce=1), 256: GluonBwdConfig(stages=2, dq_tma_reduce=1)},
     "dq-reduce2": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=2),
                    128: GluonBwdConfig(stages=2, dq_tma_reduce=2)},
 }

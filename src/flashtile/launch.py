@@ -708,12 +708,10 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
     gluon_launch, gluon_bwd_launch = _gluon_modules()
     left, right = window_size
     span = _window_span(left, right)
-    scored = left >= 0 or right > 0 or bool(softcap) or alibi_slopes is not None  # beyond plain / causal
     features = dict(window_size=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes)
     return _try_gluon(
         "FLASHTILE_GLUON_BWD",
-        lambda: gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, k.shape[1], span,
-                                                                          scored),
+        lambda: gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, k.shape[1], span),
         lambda: gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal=causal, **features),
         lambda: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, softmax_scale, causal, dlse, **features),
         gluon_bwd_launch.disable)

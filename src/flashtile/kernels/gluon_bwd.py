@@ -15,9 +15,10 @@ the five GEMMs are 5 * 2 * 64 * 128 * 128 = 10.5 MFLOP; a separate dQ kernel wou
 (3 KB per MFLOP; at 600 TFLOP/s about 2 TB/s over the GPU, within L2's reach). DQ_SPLIT_D (default): the two
 warpgroups exchange their dS^T halves through shared memory (an mbarrier per buffer) and each computes half of
 dQ's columns over all 128 keys, so each element is added once per key block; otherwise (variant dq-keys) each
-warpgroup adds dS_w K_w over its own 64 keys: no exchange, twice the atomics. DQ_TMA_REDUCE (variants dq-reduce,
-dq-reduce2; D64 / D128): a warpgroup stores its [64, 64] fp32 dQ tile into shared memory instead and one thread
-adds it with two TMA reduce-adds (32-column boxes) while the warpgroup goes on: FA3's way, 4x fewer L2 requests.
+warpgroup adds dS_w K_w over its own 64 keys: no exchange, twice the atomics. DQ_TMA_REDUCE (the default since
+session 8; dq-reduce2 has two buffers; "atomics" is the path above): a warpgroup stores its [64, 64] fp32 dQ tile
+into shared memory instead and one thread adds it with two TMA reduce-adds (32-column boxes) while the warpgroup
+goes on: FA3's way, 4x fewer L2 requests, measured 1.22-1.33x the atomics' speed at 4K-16K.
 
 HEAD_DIM 256 (SPLIT_D; FA3's hdim-256 shape): dK and dV of 64 keys per warpgroup would be 256 fp32 registers per
 thread, so a program takes BLOCK_N = 64 keys and both warpgroups work on all of them, warpgroup w owning head-dim
