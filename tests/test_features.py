@@ -99,6 +99,43 @@ def test_sink(backend, causal):
     torch.testing.assert_close(lse.double(), ref64[-1], atol=1e-5, rtol=1e-5)
 
 
+def test_sink_grad_with_lse_and_varlen(backend):
+    """The sink gradient through lse as well as out (dlse folds into the preprocess's delta), over several row
+    blocks of the preprocess, against the float64 reference; varlen (an empty sequence included) equals the sum
+    of each sequence run alone."""
+    _, device = backend
+    q, k, v = make_qkv(2, 150, 90, 4, 2, 32, torch.float32, device)
+    sink = torch.tensor([0.5, -1.0, 2.0, 3.0], device=device, requires_grad=True)
+    gen = torch.Generator().manual_seed(3)
+    dout = torch.randn(q.shape, generator=gen).to(device)
+    dlse = torch.randn(2, 4, 150, generator=gen).to(device)
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=True, sink=sink, return_attn_probs=True)
+    (dsink,) = torch.autograd.grad((out * dout).sum() + (lse * dlse).sum(), (sink,))
+    sink64 = sink.detach().double().requires_grad_()
+    ref, ref_lse = flashtile.attention_ref(q.double(), k.double(), v.double(), causal=True, sink=sink64,
+                                           return_lse=True)
+    (want,) = torch.autograd.grad((ref * dout.double()).sum() + (ref_lse * dlse.double()).sum(), (sink64,))
+    torch.testing.assert_close(dsink.double(), want, atol=1e-4, rtol=1e-4)
+
+    lens_q, lens_k = [70, 0, 130], [50, 20, 90]
+    cu_q = torch.tensor([0, 70, 70, 200], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, 50, 70, 160], dtype=torch.int32, device=device)
+    qp, kp, vp = (torch.randn(n, h, 32, generator=gen).to(device) for n, h in ((200, 4), (160, 2), (160, 2)))
+    doutp = torch.randn(qp.shape, generator=gen).to(device)
+    out, lse, _ = flashtile.flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, 130, 90, causal=True, sink=sink,
+                                                   return_attn_probs=True)
+    (dsink,) = torch.autograd.grad((out * doutp).sum() + lse.sum(), (sink,))
+    want = torch.zeros_like(dsink)
+    for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
+        if sq == 0:
+            continue
+        rows, keys = slice(cu_q[b], cu_q[b] + sq), slice(cu_k[b], cu_k[b] + sk)
+        o, lse_b, _ = flashtile.flash_attn_func(qp[None, rows], kp[None, keys], vp[None, keys], causal=True, sink=sink,
+                                                return_attn_probs=True)
+        want += torch.autograd.grad((o * doutp[None, rows]).sum() + lse_b.sum(), (sink,))[0]
+    torch.testing.assert_close(dsink, want, atol=1e-4, rtol=1e-4)
+
+
 def test_sink_on_rows_without_keys(backend):
     """A row that sees no key attends only to the sink: output 0, lse = sink, finite gradients."""
     _, device = backend

@@ -165,7 +165,7 @@ def test_gluon_backward_forwards_features(monkeypatch):
                                  alibi_slopes=slopes)
     assert got == "grads"
     features = dict(window_size=(256, 0), softcap=30.0, alibi_slopes=slopes)
-    assert seen == [("s", dict(causal=True, **features)), ("g", True, features)]
+    assert seen == [("s", dict(causal=True, **features)), ("g", True, dict(features, sink=None, sink_parts=None))]
     from flashtile import gluon_launch
 
     wanted = []
@@ -354,4 +354,30 @@ def test_features_match_reference(monkeypatch, shape, feature, head_dim):
     assert calls
     ref64, reflow = references(q, k, v, dout, causal, **kw)
     for name, got, r64, rlow in zip(("dq", "dk", "dv"), grads, ref64[1:], reflow[1:]):
+        assert_close_rule(name, got, r64, rlow, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sink_gradient_through_gluon(monkeypatch, causal):
+    """By default (1K keys, D128) the Gluon backward serves a call with sinks; the sink gradient comes from its
+    preprocess (launch.sink_grad): dq, dk, dv and dsink against the float64 reference."""
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    calls = []
+    original = gluon_bwd_launch.gluon_backward
+    monkeypatch.setattr(gluon_bwd_launch, "gluon_backward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    dtype = torch.bfloat16
+    q, k, v = make_qkv(2, 1024, 1024, 4, 2, 128, dtype, "cuda")
+    sink = torch.tensor([0.5, -1.0, 2.0, 8.0], device="cuda", requires_grad=True)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device="cuda")
+    out = flashtile.flash_attn_func(q, k, v, causal=causal, sink=sink)
+    grads = torch.autograd.grad(out, (q, k, v, sink), dout)
+    assert calls
+    results = []
+    for upcast in (True, False):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, sink)]
+        ref = flashtile.attention_ref(*leaves[:3], causal=causal, upcast=upcast, sink=leaves[3])
+        results.append(torch.autograd.grad(ref, leaves, dout.to(ref.dtype)))
+    for name, got, r64, rlow in zip(("dq", "dk", "dv", "dsink"), grads, *results):
         assert_close_rule(name, got, r64, rlow, dtype)

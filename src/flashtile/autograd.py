@@ -22,19 +22,6 @@ def _setup_context(ctx, inputs, output):
     ctx.deterministic = deterministic
 
 
-def _sink_grad(dout, out, lse, dlse, sink):
-    """d loss / d sink_h = -sum over batch and rows of P_sink * (delta - dlse), P_sink = exp(sink - lse).
-
-    The sink carries no value, so dS of the real keys is unchanged (the kernels need nothing new);
-    only this O(B * H * Sq) reduction is added. Works for dense lse (B, Hq, Sq) and varlen (Hq, total).
-    """
-    delta = (dout.float() * out.float()).sum(-1).movedim(-1, -2)  # lse's layout
-    if dlse is not None:
-        delta = delta - dlse
-    p_sink = torch.exp(sink[:, None] - lse)
-    return -(p_sink * delta).sum(-1).reshape(-1, sink.shape[0]).sum(0)
-
-
 def _bias_grad(dscores, attn_bias):
     """Sum the full (B, Hq, Sq, Sk) score gradient over the dims the bias broadcasts along."""
     dims = tuple(i for i, size in enumerate(attn_bias.shape) if size == 1 and dscores.shape[i] != 1)
@@ -44,11 +31,12 @@ def _bias_grad(dscores, attn_bias):
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k, attn_bias, rng = ctx.saved_tensors
     bias_grad = attn_bias is not None and ctx.needs_input_grad[13]
-    dq, dk, dv, dscores = ops.call(ops.bwd, dout, q, k, v, out, lse, dlse, *ctx.scalars, alibi_slopes,
-                                   cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, attn_bias, bias_grad, ctx.dropout_p,
-                                   rng, ctx.deterministic)
-    dsink = _sink_grad(dout, out, lse, dlse, sink) if sink is not None and ctx.needs_input_grad[8] else None
+    sink_grad = sink is not None and ctx.needs_input_grad[8]
+    dq, dk, dv, dscores, dsink = ops.call(ops.bwd, dout, q, k, v, out, lse, dlse, *ctx.scalars, alibi_slopes,
+                                          cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, attn_bias, bias_grad,
+                                          ctx.dropout_p, rng, ctx.deterministic, sink if sink_grad else None)
     dbias = _bias_grad(dscores, attn_bias) if bias_grad else None
+    dsink = dsink if sink_grad else None
     return dq, dk, dv, None, None, None, None, None, dsink, None, None, None, None, dbias, None, None, None
 
 

@@ -266,6 +266,19 @@ def varlen_forward(q, k, v, softmax_scale, window_left, window_right, softcap, a
     return out, lse
 
 
+def sink_grad(dout, out, lse, dlse, sink):
+    """d loss / d sink_h = -sum over batch and rows of P_sink * (delta - dlse), P_sink = exp(sink - lse).
+
+    The sink carries no value, so dS of the real keys is unchanged; only this O(B * H * Sq) reduction is added
+    (the GPU path takes its pieces from the backward's preprocess). Dense lse (B, Hq, Sq) and varlen (Hq, total).
+    """
+    delta = (dout.float() * out.float()).sum(-1).movedim(-1, -2)  # lse's layout
+    if dlse is not None:
+        delta = delta - dlse
+    p_sink = torch.exp(sink[:, None] - lse)
+    return -(p_sink * delta).sum(-1).reshape(-1, sink.shape[0]).sum(0)
+
+
 def varlen_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias=None, bias_grad=False,
                     dropout_p=0.0, rng=None):

@@ -203,14 +203,15 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
 
 
 def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dlse=None, variant="default",
-                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None, sink_parts=None):
     """dq, dk, dv (the shapes and dtypes of q, k, v) of flash_attn_func(q, k, v, softmax_scale, causal,
     window_size, softcap, alibi_slopes) from its out and lse (B, Hq, Sq) fp32; dlse: the gradient flowing into
     lse (lse's shape) or None. Requires gluon_bwd_supported(q, k, v, out, dout, causal, window_size=...,
     softcap=..., alibi_slopes=...). Softcap's tanh is tanh.approx.f32, as in the Gluon forward and the portable
-    one for fp16/bf16 inputs, so P is recomputed as the forward's lse saw it. Launches: the portable preprocess
-    (delta, lse2), the Gluon dK/dV kernel (dQ by atomics into an fp32 buffer), and the conversion of that buffer
-    to dq."""
+    one for fp16/bf16 inputs, so P is recomputed as the forward's lse saw it. sink (Hq,) fp32, sink_parts: the
+    preprocess writes the sink gradient's pieces there (launch.sink_parts / sink_grad). Launches: the portable
+    preprocess (delta, lse2), the Gluon dK/dV kernel (dQ added into an fp32 buffer by TMA reduce-adds, or by
+    atomics in variant "atomics"), and the conversion of that buffer to dq."""
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     config = VARIANTS[variant][q.shape[-1]]
@@ -222,7 +223,7 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     lse2 = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
-    launch.preprocess_launch(launch.Geometry.of(q, k), out, dout, lse, dlse, delta, lse2).run()
+    launch.preprocess_launch(launch.Geometry.of(q, k), out, dout, lse, dlse, delta, lse2, sink, sink_parts).run()
     dq_accum = torch.zeros((batch, seqlen_q_pad, heads_q, head_dim), dtype=torch.float32, device=q.device)
     dk, dv = launch._empty(k.shape, k, poison=poison), launch._empty(v.shape, v, poison=poison)
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,

@@ -454,16 +454,33 @@ def _dkdv_descriptors(geo, q, dout, block_m, head_dim_pad):
     return descs
 
 
-def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2):
+PRE_BLOCK = 64  # rows per preprocess program
+
+
+def sink_parts(geo, like):
+    """The preprocess's zero-filled (B * Hq, row blocks) buffer of sink-gradient pieces (varlen programs past
+    a sequence's end write nothing)."""
+    return torch.zeros((geo.batch * geo.heads_q, _cdiv(geo.seqlen_q, PRE_BLOCK)), dtype=torch.float32,
+                       device=like.device)
+
+
+def sink_grad(parts, heads_q):
+    """d loss / d sink (Hq,) fp32 from sink_parts after the preprocess: -sum over batch and rows of
+    exp(sink - lse) * (delta - dlse)."""
+    return -parts.view(-1, heads_q, parts.shape[-1]).sum((0, 2))
+
+
+def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=None):
     """The backward's preprocess: delta = rowsum(dO * O) - dlse and lse2 = lse * log2(e), both of shape
-    geo.row_buffer_shape; dlse (lse's shape) or None. Shared by the portable and the Gluon backward."""
-    pre_block = 64
+    geo.row_buffer_shape; dlse (lse's shape) or None; with sink (Hq,) fp32, the sink gradient's pieces into
+    parts (sink_parts). Shared by the portable and the Gluon backward."""
     return KernelLaunch(
-        _attn_bwd_preprocess, (_cdiv(geo.seqlen_q, pre_block), geo.batch * geo.heads_q),
-        (out, dout, lse, dlse if dlse is not None else lse, delta, lse2, geo.cu_args(lse)[0], *_strides3(out),
+        _attn_bwd_preprocess, (_cdiv(geo.seqlen_q, PRE_BLOCK), geo.batch * geo.heads_q),
+        (out, dout, lse, dlse if dlse is not None else lse, delta, lse2, geo.cu_args(lse)[0],
+         sink if sink is not None else lse, parts if parts is not None else lse, *_strides3(out),
          *_strides3(dout), *geo.lse_strides(lse), *geo.lse_strides(lse2), geo.seqlen_q, geo.heads_q),
-        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=_head_dim_padded(geo.head_dim), BLOCK_M=pre_block,
-             IS_VARLEN=geo.is_varlen, HAS_DLSE=dlse is not None),
+        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=_head_dim_padded(geo.head_dim), BLOCK_M=PRE_BLOCK,
+             IS_VARLEN=geo.is_varlen, HAS_DLSE=dlse is not None, HAS_SINK=sink is not None),
     )
 
 
@@ -479,12 +496,13 @@ def dq_convert_launch(dq_accum, dq, scale):
 
 
 def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale, sa, arch,
-                      interpreter, mods=None, dlse=None):
+                      interpreter, mods=None, dlse=None, sink=None, sink_parts=None):
     """The backward's launches: preprocess (delta, lse2, of shape geo.row_buffer_shape), dK/dV (one launch, or
     dV then dK where cfg.dkdv_split == "dv-dk"), dQ (always the last); sa: ScoreArgs.
 
     dbias: a zero-filled fp32 (B, Hq, max_q, max_k) buffer that the dQ kernel fills with dS, or None.
-    mods: ModArgs or None. dlse: the gradient flowing into lse (lse's shape), or None.
+    mods: ModArgs or None. dlse: the gradient flowing into lse (lse's shape), or None. sink, sink_parts: as
+    preprocess_launch's.
     """
     group_size = geo.heads_q // geo.heads_kv
     head_dim_pad = _head_dim_padded(geo.head_dim)
@@ -498,7 +516,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
     cu_q, cu_k = geo.cu_args(lse)
     common = dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, DOT_PRECISION=precision,
                   IS_VARLEN=geo.is_varlen, **sa.constexprs, **mods.constexprs(grad=True))
-    preprocess = preprocess_launch(geo, out, dout, lse, dlse, delta, lse2)
+    preprocess = preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts)
     dkdv_launches = []
     for tiles, part in parts:
         tiles = mods.tiles(tiles)
@@ -698,7 +716,7 @@ def _flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqle
 
 
 def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None):
+                    alibi_slopes=None, sink=None, sink_parts=None):
     """(dq, dk, dv) from the Hopper Gluon backward (gluon_bwd_launch.py; plain, causal, sliding window, softcap,
     ALiBi) where configs.py says it is faster on a tested triton, else None. causal / window_size as
     flash_attn_func's (a causal call with a left window is the window (left, 0)); features follow the plain /
@@ -713,7 +731,8 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
         "FLASHTILE_GLUON_BWD",
         lambda: gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, k.shape[1], span),
         lambda: gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal=causal, **features),
-        lambda: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, softmax_scale, causal, dlse, **features),
+        lambda: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, softmax_scale, causal, dlse, **features,
+                                                sink=sink, sink_parts=sink_parts),
         gluon_bwd_launch.disable)
 
 
@@ -726,10 +745,13 @@ def _gluon_bwd_candidate(cu_seqlens_q, attn_bias, bias_grad, dropout_p, mods, de
 
 def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
                          alibi_slopes, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                         attn_bias=None, bias_grad=False, dropout_p=0.0, rng=None, mods=None, deterministic=False):
+                         attn_bias=None, bias_grad=False, dropout_p=0.0, rng=None, mods=None, deterministic=False,
+                         sink=None):
     """dq, dk, dv with the shapes and dtypes of q, k, v, recomputing P from q, k and lse (and the dropout
-    mask from rng), and dbias: the full (B, Hq, max_q, max_k) fp32 gradient of the scores when bias_grad,
-    else an empty tensor.
+    mask from rng), dbias: the full (B, Hq, max_q, max_k) fp32 gradient of the scores when bias_grad, else an
+    empty tensor, and dsink: the (Hq,) fp32 gradient of the sink logits when sink is given (the forward's), else
+    an empty tensor. The sink joins no score, so dq, dk, dv do not depend on it (lse already holds it); its
+    gradient comes from the preprocess's delta at no extra pass over dO and O.
 
     dlse (lse's shape) or None is the gradient flowing into lse: since d lse_i / d s_ij = P_ij it
     folds into delta (dS = P * (dP - (delta - dlse))), in the preprocess kernel. mods: as in the forward.
@@ -737,12 +759,19 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
     """
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
+    geo = None
+    parts = None
+    if sink is not None:
+        geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        parts = sink_parts(geo, q)
     if q.is_cuda and _gluon_bwd_candidate(cu_seqlens_q, attn_bias, bias_grad, dropout_p, mods, deterministic):
         grads = _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_right == 0,
-                                window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes)
+                                window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
+                                sink=sink, sink_parts=parts)
         if grads is not None:
-            return (*grads, q.new_empty(0, dtype=torch.float32))
-    geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+            return (*grads, q.new_empty(0, dtype=torch.float32), _dsink(parts, q))
+    if geo is None:
+        geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     poison = poison_outputs()
     delta = _empty(geo.row_buffer_shape(q), q, torch.float32, poison)
     lse2 = _empty(geo.row_buffer_shape(q), q, torch.float32, poison)
@@ -755,6 +784,11 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
     if dlse is not None:  # read with lse's strides
         dlse = dlse.to(torch.float32).contiguous()
     for launch in backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale,
-                                    sa, _arch(q.device), interpreter_active(), mods, dlse):
+                                    sa, _arch(q.device), interpreter_active(), mods, dlse, sink, parts):
         launch.run()
-    return dq, dk, dv, dbias if dbias is not None else q.new_empty(0, dtype=torch.float32)
+    return dq, dk, dv, dbias if dbias is not None else q.new_empty(0, dtype=torch.float32), _dsink(parts, q)
+
+
+def _dsink(parts, q):
+    """The sink gradient from the preprocess's pieces, or an empty tensor without a sink."""
+    return sink_grad(parts, q.shape[-2]) if parts is not None else q.new_empty(0, dtype=torch.float32)

@@ -71,8 +71,8 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int,
         rng: Optional[Tensor] = None, deterministic: bool = False) -> Tuple[Tensor, Tensor]:
     """out (q's shape), lse fp32: (B, Hq, Sq) dense, (Hq, total_q) varlen (cu_seqlens given, q (total_q, Hq, D)).
 
-    window_left/right: -1 = unbounded (causal: right = 0). sink: fp32 (Hq,) attention-sink logits or None;
-    the backward needs no kernel change for it (autograd.py). max_seqlen_* are plain ints, so sequence
+    window_left/right: -1 = unbounded (causal: right = 0). sink: fp32 (Hq,) attention-sink logits or None
+    (its gradient: bwd's dsink). max_seqlen_* are plain ints, so sequence
     lengths never become part of a compiled graph's guards beyond these two numbers. attn_bias: 4-D,
     broadcastable to (B, Hq, max_q, max_k), added to the scores (varlen: positions within each sequence).
     dropout_p in [0, 1); when > 0, rng is the int64 (1,) Philox seed on q's device, drawn by the caller so
@@ -105,20 +105,25 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
         alibi_slopes: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
         max_seqlen_q: int, max_seqlen_k: int, attn_bias: Optional[Tensor],
         bias_grad: bool, dropout_p: float = 0.0,
-        rng: Optional[Tensor] = None, deterministic: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """dq, dk, dv (shapes and dtypes of q, k, v) and dscores: fp32 (B, Hq, max_q, max_k) when bias_grad, else
-    empty. dropout_p and rng: the forward's. deterministic: no kernel that adds with atomics (the Gluon
-    backward's dQ); the portable kernels are bitwise reproducible."""
+        rng: Optional[Tensor] = None, deterministic: bool = False,
+        sink: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv (shapes and dtypes of q, k, v), dscores: fp32 (B, Hq, max_q, max_k) when bias_grad, else
+    empty, and dsink: the fp32 (Hq,) gradient of the sink logits sink (the forward's, passed when that gradient
+    is wanted), else empty. dropout_p and rng: the forward's. deterministic: no kernel that adds with atomics
+    (the Gluon backward's dQ); the portable kernels are bitwise reproducible."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
         return _launch()._flash_attn_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad,
-                                              dropout_p, rng, deterministic=deterministic)
+                                              dropout_p, rng, deterministic=deterministic, sink=sink)
     if cu_seqlens_q is not None:
-        return cpu.varlen_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad, dropout_p,
-                                   rng)
-    return cpu.backward(dout, q, k, v, out, lse, dlse, *args, attn_bias, bias_grad,
-                        cpu.Dropout.of(dropout_p, rng, q, k))
+        grads = cpu.varlen_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad, dropout_p,
+                                    rng)
+    else:
+        grads = cpu.backward(dout, q, k, v, out, lse, dlse, *args, attn_bias, bias_grad,
+                             cpu.Dropout.of(dropout_p, rng, q, k))
+    dsink = cpu.sink_grad(dout, out, lse, dlse, sink) if sink is not None else q.new_empty(0, dtype=torch.float32)
+    return (*grads, dsink)
 
 
 def _scores_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
@@ -131,10 +136,11 @@ def _scores_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
               cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, bias_grad, dropout_p=0.0, rng=None,
-              deterministic=False):
+              deterministic=False, sink=None):
     dscores = (q.new_empty(_scores_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k), dtype=torch.float32)
                if bias_grad else q.new_empty(0, dtype=torch.float32))
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dscores
+    dsink = q.new_empty(sink.shape if sink is not None else (0,), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dscores, dsink
 
 
 @_custom_op("attn_probs")

@@ -69,8 +69,8 @@ class _Attention(torch.autograd.Function):
         if q.device.type != "cpu" or interpreter_active():
             from ..launch import _flash_attn_backward
 
-            dq, dk, dv, _ = _flash_attn_backward(dout, q, k, v, out, lse, None, scale, -1, window_right, 0.0, None,
-                                                 mods=spec.mod_args())
+            dq, dk, dv, *_ = _flash_attn_backward(dout, q, k, v, out, lse, None, scale, -1, window_right, 0.0, None,
+                                                  mods=spec.mod_args())
         else:
             dq, dk, dv, _ = cpu.backward(dout, q, k, v, out, lse, None, scale, -1, window_right, 0.0, None,
                                          mods=spec.cpu_mods())
