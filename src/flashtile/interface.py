@@ -27,8 +27,8 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     # The Philox seed comes from torch's generator of q's device (torch.manual_seed reproduces a run) as a
     # device tensor: no host sync, and CUDA graphs and torch.compile see an ordinary random op.
     rng = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device=q.device) if dropout_p > 0 else None
-    # deterministic=True keeps the backward off the Hopper Gluon kernel, whose dQ is a sum of fp32 atomics; the
-    # portable kernels use none, so they are bitwise reproducible.
+    # deterministic=True keeps the backward off the Hopper Gluon kernel, whose dQ is a sum of fp32 reduce-adds in
+    # no fixed order; the portable kernels use none, so they are bitwise reproducible.
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     out, lse = autograd.forward(q, k, v, scale, window_left, window_right, softcap, alibi_slopes,

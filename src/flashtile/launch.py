@@ -738,7 +738,8 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
 
 def _gluon_bwd_candidate(cu_seqlens_q, attn_bias, bias_grad, dropout_p, mods, deterministic):
     """Whether _flash_attn_backward asks the Gluon backward at all: dense, no dropout, bias or mods, not
-    deterministic (its dQ adds with atomics). Windows, softcap and ALiBi are its own to refuse or take."""
+    deterministic (its dQ reductions run in no fixed order). Windows, softcap and ALiBi are its own to refuse or
+    take."""
     return (not deterministic and cu_seqlens_q is None and attn_bias is None and not bias_grad and not dropout_p
             and mods is None)
 

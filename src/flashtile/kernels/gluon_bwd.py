@@ -1,4 +1,4 @@
-"""Hopper (sm90) backward in Gluon: dK/dV per key block with dQ by fp32 atomics (FA3's schedule).
+"""Hopper (sm90) backward in Gluon: dK/dV per key block with dQ added into fp32 by TMA reduce-adds (FA3's schedule).
 
 One program per (key block of BLOCK_N = 128 keys (64 at D256), batch * key/value head), three partitions:
   - load (1 warp): K and V of the block once, then the Q and dO tiles of BLOCK_M = 64 query rows of every
@@ -9,7 +9,7 @@ Per query tile a consumer computes, on transposed tiles so that P^T and dS^T fee
 registers: S^T = K_w Q^T, dP^T = V_w dO^T (both from shared memory), P^T = exp2(S^T * scale * log2e - lse2),
 dS^T = P^T (dP^T - delta), dV += P^T dO, dK += dS^T Q; then dS^T goes to shared memory for dQ = dS K.
 
-dQ: atomics into an fp32 (B, Sq_pad, Hq, D) buffer instead of a second kernel. Per 64 x 128 tile pair at D128
+dQ: reductions into an fp32 (B, Sq_pad, Hq, D) buffer instead of a second kernel. Per 64 x 128 tile pair at D128
 the five GEMMs are 5 * 2 * 64 * 128 * 128 = 10.5 MFLOP; a separate dQ kernel would recompute S and dP
 (7 GEMMs instead of 5: +40 % FLOPs), the atomics cost 64 * 128 * 4 B = 32 KB of L2 reductions per tile pair
 (3 KB per MFLOP; at 600 TFLOP/s about 2 TB/s over the GPU, within L2's reach). DQ_SPLIT_D (default): the two
@@ -18,7 +18,7 @@ dQ's columns over all 128 keys, so each element is added once per key block; oth
 warpgroup adds dS_w K_w over its own 64 keys: no exchange, twice the atomics. DQ_TMA_REDUCE (the default since
 session 8; dq-reduce2 has two buffers; "atomics" is the path above): a warpgroup stores its [64, 64] fp32 dQ tile
 into shared memory instead and one thread adds it with two TMA reduce-adds (32-column boxes) while the warpgroup
-goes on: FA3's way, 4x fewer L2 requests, measured 1.22-1.33x the atomics' speed at 4K-16K.
+goes on: FA3's way, 4x fewer L2 requests, measured 1.12-1.45x the atomics' speed at 1K-16K.
 
 HEAD_DIM 256 (SPLIT_D; FA3's hdim-256 shape): dK and dV of 64 keys per warpgroup would be 256 fp32 registers per
 thread, so a program takes BLOCK_N = 64 keys and both warpgroups work on all of them, warpgroup w owning head-dim
