@@ -40,6 +40,11 @@ FEATURES = {
     "window-alibi": (True, dict(window_size=(256, -1), alibi_slopes="alibi")),
     "softcap-alibi": (False, dict(softcap=30.0, alibi_slopes="alibi")),
     "combo": (True, dict(window_size=(256, -1), softcap=30.0, alibi_slopes="alibi")),
+    # "bias": a placeholder for a (1, Hq, Sq, Sk) bf16 bias ("bias32": fp32); D256 has no bias path (skipped)
+    "bias": (False, dict(attn_bias="bias")),
+    "bias-causal": (True, dict(attn_bias="bias")),
+    "bias32": (False, dict(attn_bias="bias32")),
+    "bias-combo": (True, dict(window_size=(256, -1), softcap=30.0, alibi_slopes="alibi", attn_bias="bias")),
 }
 
 
@@ -93,6 +98,9 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000
     dq_accum = torch.empty(batch, seqlen_q_pad, heads_q, head_dim)
     if features.get("alibi_slopes") is not None:
         features = dict(features, alibi_slopes=torch.empty(batch, heads_q))
+    if features.get("attn_bias") is not None:
+        dtype = torch.float32 if features["attn_bias"] == "bias32" else torch.bfloat16
+        features = dict(features, attn_bias=torch.empty(1, heads_q, seqlen_q, seqlen_k, dtype=dtype))
     kernel = gluon_bwd_launch._attn_bwd_dkdv_hopper
     _, args, constexprs, options = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, dq_accum, 0.1,
                                                                      causal, config, **features)
@@ -149,8 +157,12 @@ def main():
     for feature in features:
         causal, kwargs = FEATURES[feature]
         for head_dim in map(int, args.head_dims.split(",")):
-            cases.append((f"d{head_dim}-{feature}-default", head_dim, causal,
-                          gluon_bwd_launch.VARIANTS["default"][head_dim], kwargs))
+            config = gluon_bwd_launch.VARIANTS["default"][head_dim]
+            if "attn_bias" in kwargs and not gluon_bwd_launch.bias_shared_ok(
+                    head_dim, config, torch.float32 if kwargs["attn_bias"] == "bias32" else torch.bfloat16):
+                print(f"d{head_dim}-{feature}-default: skipped (bias_shared_ok refuses it)")
+                continue
+            cases.append((f"d{head_dim}-{feature}-default", head_dim, causal, config, kwargs))
     bad = 0
     for name, head_dim, causal, config, kwargs in cases:
         try:

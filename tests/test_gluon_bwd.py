@@ -72,12 +72,13 @@ def test_dkdv_launch_args_leave_plain_and_causal_alone():
     def launch_args(causal, **kw):
         _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, causal,
                                                                    config, **kw)
-        return args[-5:], constexprs
+        return args[-8:-3], constexprs
 
     for causal in (False, True):
         tail, constexprs = launch_args(causal)
         assert tail == (None,) * 5 and constexprs["IS_CAUSAL"] == causal
-        assert not (constexprs["IS_LOCAL"] or constexprs["SOFTCAP"] or constexprs["HAS_ALIBI"])
+        assert not (constexprs["IS_LOCAL"] or constexprs["SOFTCAP"] or constexprs["HAS_ALIBI"]
+                    or constexprs["HAS_BIAS"])
     tail, constexprs = launch_args(True, window_size=(256, -1))  # causal + left window: the window (256, 0)
     assert tail[3:] == (256, 0) and constexprs["IS_LOCAL"] and not constexprs["IS_CAUSAL"]
     tail, constexprs = launch_args(False, window_size=(-1, 64))
@@ -90,7 +91,35 @@ def test_dkdv_launch_args_leave_plain_and_causal_alone():
     assert softcap_log2 == pytest.approx(30.0 * 1.4426950408889634)
     _, args, _, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, False, config,
                                                       softcap=30.0)
-    assert args[-7] == pytest.approx(0.125 / 30.0)  # qk_scale = softmax_scale / softcap, as the forward's
+    assert args[-10] == pytest.approx(0.125 / 30.0)  # qk_scale = softmax_scale / softcap, as the forward's
+    assert args[-3:] == (None,) * 3  # no bias: bias_desc, bias_batch, bias_heads
+
+
+def test_dkdv_launch_args_bias():
+    """HAS_BIAS: the bias as a 4-D (B or 1, Hq or 1, Sq, Sk) TMA tensor with [1, 1, 64, BLOCK_N] boxes; broadcast
+    dims (size 1 or stride 0) have size 1 and an aligned stride; bias_batch / bias_heads are its first two sizes."""
+    if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
+        pytest.skip("no Gluon Hopper API in this triton")
+    rows = torch.empty(2, 4, 320)
+    for head_dim in (64, 128):
+        q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
+        k = torch.empty(2, 504, 2, head_dim, dtype=torch.bfloat16)
+        acc = torch.empty(2, 320, 4, head_dim)
+        config = gluon_bwd_launch.VARIANTS["default"][head_dim]
+        plane = 300 * 504
+        cases = ((torch.empty(2, 4, 300, 504, dtype=torch.bfloat16), [2, 4, 300, 504], [4 * plane, plane, 504, 1]),
+                 (torch.empty(1, 4, 300, 504, dtype=torch.float16), [1, 4, 300, 504], [4 * plane, plane, 504, 1]),
+                 (torch.empty(2, 1, 300, 504), [2, 1, 300, 504], [plane, plane, 504, 1]),
+                 (torch.empty(300, 512)[:, :504].expand(2, 4, 300, 504), [1, 1, 300, 504],
+                  [300 * 512, 300 * 512, 512, 1]))
+        for bias, shape, strides in cases:
+            _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, True,
+                                                                       config, attn_bias=bias)
+            desc, batch, heads = args[-3:]
+            assert constexprs["HAS_BIAS"] and desc.base is bias and (batch, heads) == tuple(shape[:2])
+            assert list(desc.shape) == shape and list(desc.strides) == strides, (desc.shape, desc.strides)
+            assert list(desc.block_shape) == [1, 1, 64, 128]
+            assert args[-8:-3] == (None,) * 5  # the other features stay off
 
 
 def test_dkdv_launch_args_d256_split_d():
@@ -142,12 +171,13 @@ def test_dkdv_launch_args_dq_reduce():
 
 
 def test_backward_asks_gluon_for_features_not_for_the_rest():
-    """_flash_attn_backward's gate: windows, softcap and ALiBi reach _gluon_backward (which may refuse); varlen,
-    bias, dropout, mods and deterministic never do."""
+    """_flash_attn_backward's gate: windows, softcap, ALiBi and a bias without gradient reach _gluon_backward
+    (which may refuse); varlen, a bias gradient, dropout, mods and deterministic never do."""
     ok = launch._gluon_bwd_candidate
     assert ok(None, None, False, 0.0, None, False)
     assert not ok(torch.zeros(2, dtype=torch.int32), None, False, 0.0, None, False)
-    assert not ok(None, torch.zeros(1), False, 0.0, None, False)
+    assert ok(None, torch.zeros(1), False, 0.0, None, False)  # a bias without gradient: gluon_bwd_supported decides
+    assert not ok(None, torch.zeros(1), True, 0.0, None, False)  # bias_grad: dS is written by the portable dQ kernel
     assert not ok(None, None, True, 0.0, None, False)
     assert not ok(None, None, False, 0.1, None, False)
     assert not ok(None, None, False, 0.0, object(), False)
@@ -166,7 +196,7 @@ def test_gluon_backward_forwards_features(monkeypatch):
     got = launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(256, 0), softcap=30.0,
                                  alibi_slopes=slopes)
     assert got == "grads"
-    features = dict(window_size=(256, 0), softcap=30.0, alibi_slopes=slopes)
+    features = dict(window_size=(256, 0), softcap=30.0, alibi_slopes=slopes, attn_bias=None)
     assert seen == [("s", dict(causal=True, **features)), ("g", True, dict(features, sink=None, sink_parts=None))]
     from flashtile import gluon_launch
 
@@ -182,10 +212,47 @@ def test_gluon_backward_forwards_features(monkeypatch):
 
 
 @pytest.mark.usefixtures("pretend_hopper")
+def test_bias_layouts_the_tma_path_takes():
+    """A bias without gradient whose rows TMA can read: (B, Hq, Sq, Sk), (1, Hq, ...), (B, 1, ...), expanded
+    batch / heads, fp16 / bf16 (fp32 too at D64), padded rows; with ALiBi, windows, causal, GQA; softcap at D64.
+    The rest stays on the portable backward: query- or key-broadcast, a non-unit key stride, rows not 16-byte
+    aligned, fp32 at D128, any bias at D256, softcap + bias at D128, another shape."""
+    q, k, v = make_qkv(2, 300, 504, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
+    q64, k64, v64 = make_qkv(2, 300, 504, 4, 2, 64, torch.bfloat16, "cpu", requires_grad=False)
+    bf16 = dict(dtype=torch.bfloat16)
+    for bias in (torch.zeros(2, 4, 300, 504, **bf16), torch.zeros(1, 4, 300, 504, **bf16),
+                 torch.zeros(2, 1, 300, 504, dtype=torch.float16), torch.zeros(1, 1, 300, 504, **bf16),
+                 torch.zeros(1, 4, 300, 504, **bf16).expand(2, 4, 300, 504),
+                 torch.zeros(2, 4, 300, 512, **bf16)[..., :504]):
+        assert _supported(q, k, v, attn_bias=bias), (bias.shape, bias.stride())
+        assert _supported(q64, k64, v64, attn_bias=bias.float())
+        for kw in (dict(causal=True), dict(window_size=(100, 50)), dict(alibi_slopes=torch.rand(4))):
+            assert _supported(q, k, v, attn_bias=bias, **kw), kw
+    bias = torch.zeros(1, 4, 300, 504, **bf16)
+    assert _supported(q64, k64, v64, attn_bias=bias, softcap=30.0)
+    assert not _supported(q, k, v, attn_bias=bias, softcap=30.0)
+    assert not _supported(q, k, v, attn_bias=bias.float())
+    assert not _supported(q, k, v, attn_bias=bias, bias_grad=True)
+    q256, k256, v256 = make_qkv(2, 300, 504, 4, 2, 256, torch.bfloat16, "cpu", requires_grad=False)
+    assert _supported(q256, k256, v256) and not _supported(q256, k256, v256, attn_bias=bias)
+    for bad in (torch.zeros(1, 4, 1, 504, **bf16),  # query-broadcast
+                torch.zeros(1, 4, 300, 504, **bf16).expand(1, 4, 300, 504).transpose(2, 3).contiguous()
+                .transpose(2, 3),  # key stride 300
+                torch.zeros(1, 4, 300, 1, **bf16),  # key-broadcast
+                torch.zeros(1, 4, 1, 504, **bf16).expand(1, 4, 300, 504),  # query stride 0
+                torch.zeros(1, 4, 300, 509, **bf16)[..., :504].contiguous()[..., :500],  # wrong key count
+                torch.zeros(1, 3, 300, 504, **bf16)):  # heads 3 of 4
+        assert not _supported(q, k, v, attn_bias=bad), (bad.shape, bad.stride())
+    qo, ko, vo = make_qkv(1, 33, 41, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
+    assert not _supported(qo, ko, vo, attn_bias=torch.zeros(1, 4, 33, 41, **bf16))  # 82-byte rows
+    assert _supported(qo, ko, vo, attn_bias=torch.zeros(1, 4, 33, 48, **bf16)[..., :41])  # padded to 96 bytes
+
+
+@pytest.mark.usefixtures("pretend_hopper")
 def test_refuses_what_it_cannot_do():
     q, k, v = make_qkv(1, 256, 256, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
     assert not _supported(q, k, v, dropout_p=0.1)
-    assert not _supported(q, k, v, attn_bias=torch.zeros(1, 4, 256, 256))
+    assert not _supported(q, k, v, attn_bias=torch.zeros(1, 4, 256, 256))  # fp32 bias at D128: no shared memory
     assert not _supported(q, k, v, score_mod=lambda s: s)
     for head_dim in (96, 192):
         q2, k2, v2 = make_qkv(1, 256, 256, 4, 2, head_dim, torch.bfloat16, "cpu", requires_grad=False)

@@ -1,6 +1,7 @@
 """Host side of the Hopper Gluon backward (kernels/gluon_bwd.py): support check, descriptors, launches.
 
-launch._flash_attn_backward uses it for the dense backward (plain, causal, sliding window, softcap, ALiBi) when
+launch._flash_attn_backward uses it for the dense backward (plain, causal, sliding window, softcap, ALiBi, an
+additive bias without gradient whose layout TMA can read: bias_tma_ok, bias_shared_ok) when
 configs.gluon_bwd_wanted() and gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is
 supported, =0 never. Importing this module never fails: without Gluon's Hopper API, or under the interpreter,
 gluon_bwd_supported() is False.
@@ -108,13 +109,16 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     """True when the Gluon backward can compute the gradients of flash_attn_func(q, k, v, causal=causal,
     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes): CUDA sm90, no interpreter, fp16/bf16
     dense (B, S, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0, TMA-compatible strides of q, k, v, dout,
-    ALiBi slopes fp32 (Hq,) or (B, Hq) on q's device; no dropout, bias, varlen or mods."""
+    ALiBi slopes fp32 (Hq,) or (B, Hq) on q's device; attn_bias (4-D, broadcastable to (B, Hq, Sq, Sk), no
+    gradient) on q's device where bias_tma_ok and bias_shared_ok accept it (D64, D128 with fp16 / bf16 bias; with
+    softcap D64 only); no dropout, varlen or mods. A bias with a gradient (bias_grad=True) is refused here and in
+    launch._gluon_bwd_candidate."""
     if (_attn_bwd_dkdv_hopper is None or _disabled is not None
             or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
         return False
     if other_features and any(v_ not in (None, False, 0, 0.0) for v_ in other_features.values()):
         return False
-    if dropout_p or attn_bias is not None or not softcap >= 0:
+    if dropout_p or not softcap >= 0:
         return False
     tensors = (q, k, v, out, dout)
     for t in tensors:  # a loop, not all() over a generator: ~1 us less per call
@@ -136,6 +140,13 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
         return False
     if not alibi_ok(alibi_slopes, q, batch, heads_q):
         return False
+    if attn_bias is not None and not (
+            isinstance(attn_bias, torch.Tensor) and attn_bias.device == q.device and attn_bias.dim() == 4
+            and attn_bias.shape[0] in (1, batch) and attn_bias.shape[1] in (1, heads_q)
+            and bias_tma_ok(attn_bias, seqlen_q, seqlen_k)
+            and bias_shared_ok(head_dim, VARIANTS["default"][head_dim], attn_bias.dtype)
+            and not (softcap > 0 and head_dim > 64)):
+        return False  # softcap + bias at D128: 189 spill loads / stores in the tile loops (bias after the tanh)
     if max(seqlen_q, seqlen_k) + BLOCK_N >= 2**31 or batch * heads_q * seqlen_q * head_dim >= 2**31:
         return False  # int32 TMA coordinates and row offsets
     return _tma_3d_ok(q) and _tma_3d_ok(k) and _tma_3d_ok(v) and _tma_3d_ok(dout)
@@ -164,6 +175,70 @@ def _row_descriptor(rows, block_m):
     return tma_descriptor(rows, [batch * heads, width], [s[1], 1], [1, block_m], _row_layout())
 
 
+def _broadcast(bias, dim):
+    """Whether bias dim `dim` is broadcast: size 1, or expanded (stride 0)."""
+    return bias.shape[dim] == 1 or bias.stride(dim) == 0
+
+
+def bias_tma_ok(attn_bias, seqlen_q, seqlen_k):
+    """Whether the dK/dV kernel reads attn_bias (4-D, broadcastable to (B, Hq, Sq, Sk)) as a 4-D TMA tensor: full
+    Sq and Sk dims (a query- or key-broadcast bias has no TMA form), unit key stride, 16-byte aligned base and
+    strides of the dims it steps (query rows; batch / heads where not broadcast), fp16 / bf16 / fp32."""
+    if attn_bias.dtype not in (torch.float16, torch.bfloat16, torch.float32) or attn_bias.dim() != 4:
+        return False
+    shape, strides, size = attn_bias.shape, attn_bias.stride(), attn_bias.element_size()
+    if shape[2] != seqlen_q or shape[3] != seqlen_k or (strides[3] != 1 and seqlen_k > 1):
+        return False
+    if seqlen_q > 1 and (strides[2] == 0 or strides[2] * size % 16):
+        return False
+    for dim in (0, 1):
+        if not _broadcast(attn_bias, dim) and strides[dim] * size % 16:
+            return False
+    return attn_bias.data_ptr() % 16 == 0
+
+
+def bias_shared_ok(head_dim, config, bias_dtype):
+    """Whether the bias ring (a [block_m, BLOCK_N] tile per stage) fits beside config's shared memory at head_dim:
+    D64 (133 KB + 48 KB at 16 bits, + 96 KB at fp32: 231,4xx B of 232,448) and D128 with 16-bit bias (198 KB + 32 KB:
+    230,896 B); D128 with an fp32 bias (+64 KB) and D256 (SPLIT_D, 1.5 KB free) do not fit."""
+    if head_dim > 128:
+        return False
+    size = torch.empty((), dtype=bias_dtype).element_size()
+    keys = block_n(head_dim)
+    used = (2 * keys * head_dim * 2  # K, V
+            + config.stages * (2 * config.block_m * head_dim * 2 + 2 * config.block_m * 4)  # Q, dO, lse2, delta
+            + (2 * keys if config.dq_split_d else 2 * _WG_N) * config.block_m * 2  # dS^T
+            + 2 * config.dq_tma_reduce * config.block_m * (head_dim // 2 if config.dq_split_d else head_dim) * 4
+            + config.stages * config.block_m * keys * size)
+    return used + SHARED_SLACK <= SHARED_LIMIT
+
+
+SHARED_LIMIT = 232_448  # sm90's dynamic shared memory per block
+SHARED_SLACK = 1_024  # barriers and alignment beyond the buffers' bytes (the compile reports 496 B at D128)
+
+
+def _bias_descriptor(attn_bias, block_m, keys):
+    """attn_bias as a 4-D (B or 1, Hq or 1, Sq, Sk) TMA tensor, boxes [1, 1, block_m, keys]: a broadcast dim has
+    size 1 (read at coordinate 0; its stride is then any aligned value). A box past Sq or Sk is zero-filled."""
+    shape, strides = list(attn_bias.shape), list(attn_bias.stride())
+    aligned = 16 // attn_bias.element_size()  # elements per 16 bytes
+    strides[3] = 1
+    if shape[2] == 1:  # a single query row: its stride is never stepped
+        strides[2] = -(-shape[3] // aligned) * aligned
+    for dim in (1, 0):  # broadcast dims as if contiguous over the dims after them
+        if _broadcast(attn_bias, dim):
+            shape[dim], strides[dim] = 1, strides[dim + 1] * shape[dim + 1]
+    gl_dtype = {torch.float16: _gl.float16, torch.bfloat16: _gl.bfloat16, torch.float32: _gl.float32}[attn_bias.dtype]
+    layout = _gl.NVMMASharedLayout.get_default_for([1, 1, block_m, keys], gl_dtype)
+    return tma_descriptor(attn_bias, shape, strides, [1, 1, block_m, keys], layout)
+
+
+def _bias_args(attn_bias, block_m, keys):
+    """(bias_desc, bias_batch, bias_heads) of the dK/dV kernel."""
+    desc = _bias_descriptor(attn_bias, block_m, keys)
+    return desc, desc.shape[0], desc.shape[1]
+
+
 DQ_BOX_N = 32  # fp32 columns of a dQ reduce-add box: one 128-byte swizzle block
 
 
@@ -178,11 +253,12 @@ def _dq_descriptor(dq_accum, block_m):
 
 
 def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config,
-                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, attn_bias=None):
     """(grid, args, constexprs, launch options) of the dK/dV kernel; shared with the offline compile check.
     lse2, delta: (B, Hq, Sq_pad) fp32; dq_accum: (B, Sq_pad, Hq, D) fp32, Sq_pad a multiple of config.block_m.
     Features off pass None for their arguments and leave the constexprs at the plain kernel's (same signature,
-    same compiled kernel); causal with a left window is the window (left, 0) (gluon_launch.mask_mode)."""
+    same compiled kernel); causal with a left window is the window (left, 0) (gluon_launch.mask_mode).
+    attn_bias: 4-D broadcastable to (B, Hq, Sq, Sk) that bias_tma_ok accepts, or None."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     is_causal, is_local, left, right = mask_mode(causal, window_size)
@@ -199,18 +275,19 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
             alibi, (alibi.stride(0) if alibi.dim() == 2 else 0) if alibi is not None else None,
             float(softcap) * LOG2E if softcap > 0 else None,
             (left if left >= 0 else unbounded) if is_local else None,
-            (right if right >= 0 else unbounded) if is_local else None)
+            (right if right >= 0 else unbounded) if is_local else None,
+            *(_bias_args(attn_bias, config.block_m, keys) if attn_bias is not None else (None, None, None)))
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, IS_CAUSAL=is_causal,
                       DQ_SPLIT_D=config.dq_split_d, CONSUMER_REGS=config.consumer_regs,
                       LOADER_REGS=config.loader_regs, IS_LOCAL=is_local, SOFTCAP=softcap > 0,
                       HAS_ALIBI=alibi_slopes is not None, DQ_CHUNKS=config.dq_chunks,
-                      DQ_TMA_REDUCE=config.dq_tma_reduce)
+                      DQ_TMA_REDUCE=config.dq_tma_reduce, HAS_BIAS=attn_bias is not None)
     grid = (math.ceil(seqlen_k / keys), batch * heads_kv)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
 def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dlse=None, variant="default",
-                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None, sink_parts=None):
+                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None, sink_parts=None, attn_bias=None):
     """dq, dk, dv (the shapes and dtypes of q, k, v) of flash_attn_func(q, k, v, softmax_scale, causal,
     window_size, softcap, alibi_slopes) from its out and lse (B, Hq, Sq) fp32; dlse: the gradient flowing into
     lse (lse's shape) or None. Requires gluon_bwd_supported(q, k, v, out, dout, causal, window_size=...,
@@ -218,10 +295,14 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     one for fp16/bf16 inputs, so P is recomputed as the forward's lse saw it. sink (Hq,) fp32, sink_parts: the
     preprocess writes the sink gradient's pieces there (launch.sink_parts / sink_grad). Launches: the portable
     preprocess (delta, lse2), the Gluon dK/dV kernel (dQ added into an fp32 buffer by TMA reduce-adds, or by
-    atomics in variant "atomics"), and the conversion of that buffer to dq."""
+    atomics in variant "atomics"), and the conversion of that buffer to dq. attn_bias: the forward's additive bias
+    (4-D, broadcastable to (B, Hq, Sq, Sk); no gradient) or None."""
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     config = VARIANTS[variant][q.shape[-1]]
+    if attn_bias is not None and not bias_shared_ok(q.shape[-1], config, attn_bias.dtype):
+        raise ValueError(f"variant {variant!r} at head dim {q.shape[-1]} has no shared memory for a "
+                         f"{attn_bias.dtype} bias ring")
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_q_pad = math.ceil(seqlen_q / config.block_m) * config.block_m
     # Rows padded to whole query tiles (TMA boxes, 16-byte row strides); rows past seqlen_q stay unwritten.
@@ -235,7 +316,7 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     dk, dv = launch._empty(k.shape, k, poison=poison), launch._empty(v.shape, v, poison=poison)
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,
-                                                       float(softcap), alibi_slopes)
+                                                       float(softcap), alibi_slopes, attn_bias)
     fast_launch.launch(_attn_bwd_dkdv_hopper, grid, args, {**constexprs, **options})
     dq = launch._empty(q.shape, q, poison=poison)
     launch.dq_convert_launch(dq_accum, dq, float(softmax_scale)).run()

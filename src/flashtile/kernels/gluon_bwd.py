@@ -66,10 +66,12 @@ LOG2E = gl.constexpr(1.4426950408889634)
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                     lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n, kv_col,
-                    off_h0, m_lo, n_tiles, group_size, heads_q, n_lead, n_masked, n_skip,
-                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_LOCAL: gl.constexpr):
-    # Q with its lse2 row slice on one barrier, dO with its delta slice on another. IS_LOCAL: the consumers take
-    # the masked tiles first (_tile_row), and so does this ring.
+                    off_h0, m_lo, n_tiles, group_size, heads_q, n_lead, n_masked, n_skip, bias_desc, bias_bufs,
+                    bias_b, bias_h0, bias_h_step, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    STAGES: gl.constexpr, IS_LOCAL: gl.constexpr, HAS_BIAS: gl.constexpr = False):
+    # Q with its lse2 row slice (and under HAS_BIAS the [BLOCK_M, BLOCK_N] bias tile at (bias_b, bias_h0 +
+    # g * bias_h_step, row, start_n)) on one barrier, dO with its delta slice on another. IS_LOCAL: the consumers
+    # take the masked tiles first (_tile_row), and so does this ring.
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [off_b, start_n, kv_col], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [off_b, start_n, kv_col], kv_bar, v_smem)
@@ -85,9 +87,16 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_sm
         # Fresh barriers count as having completed phase 1, so the first lap through the ring does not wait.
         empty_phase = ((it // STAGES) & 1) ^ 1
         mbarrier.wait(q_empty.index(stage), empty_phase)
-        mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes + lse2_desc.block_type.nbytes)
+        if HAS_BIAS:
+            mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes + lse2_desc.block_type.nbytes
+                            + bias_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes + lse2_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [off_b, row, col], q_ready.index(stage), q_bufs.index(stage))
         tma.async_copy_global_to_shared(lse2_desc, [row_bh, row], q_ready.index(stage), lse2_bufs.index(stage))
+        if HAS_BIAS:
+            tma.async_copy_global_to_shared(bias_desc, [bias_b, bias_h0 + g * bias_h_step, row, start_n],
+                                            q_ready.index(stage), bias_bufs.index(stage))
         mbarrier.wait(do_empty.index(stage), empty_phase)
         mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(do_desc, [off_b, row, col], do_ready.index(stage), do_bufs.index(stage))
@@ -128,18 +137,30 @@ def _row_vector(bufs, stage, valid, other, layout: gl.constexpr):
 
 
 @gluon.jit
+def _bias_tile(bias_bufs, stage, WG: gl.constexpr, layout: gl.constexpr):
+    """Warpgroup WG's key columns of ring slot `stage`'s [BLOCK_M, 2 * WG_N] bias tile, transposed, as fp32
+    [WG_N, BLOCK_M] in `layout`. Rows past seqlen_q and keys past seqlen_k were zero-filled by the 4-D TMA box
+    (bias 0 there; lse2 = +inf and the key mask make P = 0, as in the portable kernels, which load 0 there)."""
+    BLOCK_M: gl.constexpr = bias_bufs.shape[3]
+    tile = bias_bufs.index(stage).reshape([BLOCK_M, 2 * WG_N]).slice(WG * WG_N, WG_N, dim=1)
+    return tile.permute((1, 0)).load(layout).to(gl.float32)
+
+
+@gluon.jit
 def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset,
               qk_scale, softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c,
-              WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+              bias_bufs, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
               IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
-              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = 0):
+              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = 0,
+              HAS_BIAS: gl.constexpr = False):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
     dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm, or under
     DQ_TMA_REDUCE (1 or 2: buffers per warpgroup) through one of this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_bufs
     and TMA reduce-adds into dq_desc at [dq_b, m, dq_c] (dq_desc, dq_bufs, dq_b, dq_c are constexpr 0 otherwise).
     causal_offset is Sk - Sq under IS_CAUSAL, IS_LOCAL or HAS_ALIBI (else 0); the feature scalars are the
-    forward's (gluon_fwd._feature_scores), None when their feature is off."""
+    forward's (gluon_fwd._feature_scores), None when their feature is off. HAS_BIAS: bias_bufs is the loader's
+    [STAGES, 1, 1, BLOCK_M, 2 * WG_N] ring of bias tiles (this warpgroup reads its WG_N key columns), else 0."""
     dtype: gl.constexpr = q_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -153,8 +174,17 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     q_view = q_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
     do_view = do_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
     s_zero = gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout)
+    # HAS_BIAS without SOFTCAP: the bias starts S^T's accumulator, in raw-score units (bias / softmax_scale =
+    # bias * log2(e) / qk_scale), so (q.k + bias / softmax_scale) * qk_scale = q.k * qk_scale + bias * log2(e): the
+    # forward's scores up to fp32 rounding, in no register beyond S^T's own (added after S^T, the bias's 16 to 32
+    # registers per thread spilled inside the D128 tile loops). Under SOFTCAP it is added after the tanh.
+    BIAS_IN_ACC: gl.constexpr = HAS_BIAS and not SOFTCAP
     mbarrier.wait(q_ready.index(stage), phase)
-    s_tok = warpgroup_mma(k_view, q_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if BIAS_IN_ACC:
+        s_init = _bias_tile(bias_bufs, stage, WG, s_layout) * (LOG2E / qk_scale)  # [WG_N, BLOCK_M]
+        s_tok = warpgroup_mma(k_view, q_view.permute((1, 0)), s_init, is_async=True)
+    else:
+        s_tok = warpgroup_mma(k_view, q_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     mbarrier.wait(do_ready.index(stage), phase)
     dp_tok = warpgroup_mma(v_view, do_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
@@ -180,6 +210,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             keys_f = (key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))).to(gl.float32)  # [WG_N]
             rows_f = (cols + causal_offset).to(gl.float32)  # [BLOCK_M] query positions + Sk - Sq
             s = s - alibi_log2 * gl.abs(rows_f[None, :] - keys_f[:, None])
+        if HAS_BIAS and SOFTCAP:
+            s = s + _bias_tile(bias_bufs, stage, WG, s_layout) * LOG2E  # after softcap and ALiBi, as common._scores
         p = gl.exp2(s - lse2[None, :])  # [WG_N, BLOCK_M]
     else:
         p = gl.exp2(s * qk_scale - lse2[None, :])  # [WG_N, BLOCK_M]
@@ -263,10 +295,10 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked,
                         n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
                         stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2,
-                        window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, WG: gl.constexpr,
+                        window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, WG: gl.constexpr,
                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-                        HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr):
+                        HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, HAS_BIAS: gl.constexpr):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
     the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
     _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
@@ -297,15 +329,15 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                                k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
                                q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
                                causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-                               dq_desc, dq_bufs, dq_b, dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True,
-                               DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE)
+                               dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
+                               True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, HAS_BIAS)
         for t in range(n_masked, n_tiles):
             dk, dv = _bwd_step(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv,
                                k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
                                q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
                                causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-                               dq_desc, dq_bufs, dq_b, dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False,
-                               DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE)
+                               dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
+                               False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, HAS_BIAS)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-add has read dq_smem before the program exits
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
@@ -321,16 +353,16 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                          q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                          n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
                          stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2,
-                         window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, HEAD_DIM: gl.constexpr,
-                         BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                         window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs,
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-                         HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr):
+                         HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, HAS_BIAS: gl.constexpr):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
                         stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2, window_left, window_right,
-                        dq_desc, dq_bufs, dq_b, dq_c0, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL,
-                        SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE)
+                        dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
+                        DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, HAS_BIAS)
 
 
 @gluon.jit
@@ -550,16 +582,17 @@ def _consumer1_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, del
 
 # Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "seqlen_q_pad", "heads_q", "heads_kv", "group_size",
-                               "stride_alibi_b", "window_left", "window_right"])
+                               "stride_alibi_b", "window_left", "window_right", "bias_batch", "bias_heads"])
 def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, DK, DV, DQAccum, dq_desc,
                           stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
                           seqlen_q, seqlen_k, seqlen_q_pad, heads_q, heads_kv, group_size, qk_scale, softmax_scale,
-                          Alibi, stride_alibi_b, softcap_log2, window_left, window_right,
-                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                          Alibi, stride_alibi_b, softcap_log2, window_left, window_right, bias_desc, bias_batch,
+                          bias_heads, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                           IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
                           CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
                           SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
-                          DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = 0):
+                          DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = 0,
+                          HAS_BIAS: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -572,8 +605,13 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     DQ_TMA_REDUCE (1 or 2 shared buffers per warpgroup at D64 / D128; 1 at D256: the ring slot): dQ tiles by TMA
     reduce-add through dq_desc, DQAccum as (B, seqlen_q_pad, Hq * D) with boxes [1, BLOCK_M, 32] (one 128-byte
     swizzle block; triton 3.6 issues one message per reduce); else None.
+    HAS_BIAS (D64 / D128 only): bias_desc a 4-D (bias_batch, bias_heads, Sq, Sk) TMA tensor over the additive
+    bias (bias_batch 1 or B, bias_heads 1 or Hq: a broadcast dim is read at coordinate 0), boxes [1, 1, BLOCK_M,
+    BLOCK_N]; no bias gradient. Else bias_desc, bias_batch, bias_heads are None.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
+    # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
+    gl.static_assert(not (SPLIT_D and HAS_BIAS), "HAS_BIAS: D64 / D128 only")
     gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE) or (DQ_TMA_REDUCE == 1 and DQ_CHUNKS == 1),
                      "DQ_TMA_REDUCE at D256: 1 (the ring slot), with DQ_CHUNKS 1")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
@@ -674,6 +712,18 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
         dq_c0 = off_hk * group_size * HEAD_DIM
     else:
         dq_desc = 0
+    # HAS_BIAS: a [BLOCK_M, BLOCK_N] bias tile per ring stage beside Q's (D128, 16-bit bias: +32 KB, 230,896 B).
+    bias_bufs = 0
+    bias_b = 0
+    bias_h0 = 0
+    bias_h_step = 0
+    if HAS_BIAS:
+        bias_bufs = gl.allocate_shared_memory(bias_desc.dtype, [STAGES, 1, 1, BLOCK_M, BLOCK_N], bias_desc.layout)
+        bias_b = gl.minimum(off_b, bias_batch - 1)  # 0 for a batch-broadcast bias
+        bias_h0 = gl.minimum(off_hk * group_size, bias_heads - 1)  # the group's first query head, or 0
+        bias_h_step = gl.minimum(bias_heads - 1, 1)
+    else:
+        bias_desc = 0
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -720,7 +770,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
              (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem.index(0), v_smem.index(0), q_bufs,
               do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
               off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q, n_lead,
-              n_masked if IS_LOCAL else 0, n_skip, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL)),
+              n_masked if IS_LOCAL else 0, n_skip, 0, 0, 0, 0, 0, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
@@ -728,18 +778,19 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                    q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                    n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                    softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                   softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, 0, HEAD_DIM,
-                                   BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                   DQ_TMA_REDUCE)),
+                                   softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 0,
+                                   HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                                   DQ_TMA_REDUCE, HAS_BIAS)),
             (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                     q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                     n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                     softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                    softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, HEAD_DIM,
-                                    BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                    DQ_TMA_REDUCE)),
+                                    softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs,
+                                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                                    DQ_TMA_REDUCE, HAS_BIAS)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                                lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
                                off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q, n_lead,
-                               n_masked if IS_LOCAL else 0, n_skip, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL)),
+                               n_masked if IS_LOCAL else 0, n_skip, bias_desc, bias_bufs, bias_b, bias_h0,
+                               bias_h_step, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL, HAS_BIAS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
