@@ -174,19 +174,16 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     q_view = q_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
     do_view = do_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
     s_zero = gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout)
-    # HAS_BIAS without SOFTCAP: the bias starts S^T's accumulator, in raw-score units (bias / softmax_scale =
-    # bias * log2(e) / qk_scale), so (q.k + bias / softmax_scale) * qk_scale = q.k * qk_scale + bias * log2(e): the
-    # forward's scores up to fp32 rounding, in no register beyond S^T's own (added after S^T, the bias's 16 to 32
-    # registers per thread spilled inside the D128 tile loops). Under SOFTCAP it is added after the tanh.
-    BIAS_IN_ACC: gl.constexpr = HAS_BIAS and not SOFTCAP
+    # HAS_BIAS without SOFTCAP: dP^T's wgmma is issued once P^T is made, so that the bias tile (16 to 32 registers
+    # per thread) is never live beside dP^T's accumulator: with dP^T in flight meanwhile, 49 spill loads / stores
+    # came inside the D128 tile loops. This warpgroup's softmax no longer overlaps its own dP^T wgmma (the other
+    # warpgroup's GEMMs still run meanwhile), as under SOFTCAP.
+    LATE_DP: gl.constexpr = HAS_BIAS and not SOFTCAP
     mbarrier.wait(q_ready.index(stage), phase)
-    if BIAS_IN_ACC:
-        s_init = _bias_tile(bias_bufs, stage, WG, s_layout) * (LOG2E / qk_scale)  # [WG_N, BLOCK_M]
-        s_tok = warpgroup_mma(k_view, q_view.permute((1, 0)), s_init, is_async=True)
-    else:
-        s_tok = warpgroup_mma(k_view, q_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    mbarrier.wait(do_ready.index(stage), phase)
-    dp_tok = warpgroup_mma(v_view, do_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s_tok = warpgroup_mma(k_view, q_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if not LATE_DP:
+        mbarrier.wait(do_ready.index(stage), phase)
+        dp_tok = warpgroup_mma(v_view, do_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
     in_seq = cols < seqlen_q
     if SOFTCAP:
@@ -195,12 +192,14 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         # thread spilled inside the D128 tile loop; this warpgroup's tanh and exp2 no longer overlap its dP^T
         # wgmma (the other warpgroup's GEMMs still run meanwhile).
         s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))  # [WG_N, BLOCK_M] = S^T, dP^T
+    elif LATE_DP:
+        s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
     else:
         # wgmma groups retire in order: one outstanding means S^T is done and dP^T may still run.
         s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
     # Past seqlen_q: lse2 = +inf makes P = 0 (Q and dO are zero-filled there, so dP = 0 and dS = 0).
     lse2 = _row_vector(lse2_bufs, stage, in_seq, float("inf"), col_layout)
-    if SOFTCAP or HAS_ALIBI:
+    if SOFTCAP or HAS_ALIBI or HAS_BIAS:
         if SOFTCAP:
             t = _tanh(s * qk_scale, True)  # [WG_N, BLOCK_M]; qk_scale = softmax_scale / softcap here
             s = t * softcap_log2
@@ -210,7 +209,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             keys_f = (key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))).to(gl.float32)  # [WG_N]
             rows_f = (cols + causal_offset).to(gl.float32)  # [BLOCK_M] query positions + Sk - Sq
             s = s - alibi_log2 * gl.abs(rows_f[None, :] - keys_f[:, None])
-        if HAS_BIAS and SOFTCAP:
+        if HAS_BIAS:
             s = s + _bias_tile(bias_bufs, stage, WG, s_layout) * LOG2E  # after softcap and ALiBi, as common._scores
         p = gl.exp2(s - lse2[None, :])  # [WG_N, BLOCK_M]
     else:
@@ -226,6 +225,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             visible = visible & (keys[:, None] <= shifted[None, :] + window_right) & (
                 keys[:, None] >= shifted[None, :] - window_left)
         p = gl.where(visible, p, 0.0)
+    if LATE_DP:
+        mbarrier.wait(do_ready.index(stage), phase)
+        dp_tok = warpgroup_mma(v_view, do_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     if not SOFTCAP:
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
