@@ -426,6 +426,55 @@ def test_features_match_reference(monkeypatch, shape, feature, head_dim):
         assert_close_rule(name, got, r64, rlow, dtype)
 
 
+# Additive bias without gradient: (name, causal, bias kind ("1h" (1, Hq, Sq, Sk), "b1", "bh", "eh": (1, Hq, ...)
+# expanded to B), bias dtype (None: q's), flash_attn_func keywords). The fp32 bias runs on Gluon at D64 only.
+BIAS_FEATURES = [("bias-1h", False, "1h", None, {}), ("bias-b1-causal", True, "b1", None, {}),
+                 ("bias-bh", False, "bh", None, {}),
+                 ("bias-eh-causal-alibi", True, "eh", None, dict(alibi_slopes="bh")),
+                 ("bias-1h-window", False, "1h", None, dict(window_size=(100, 50))),
+                 ("bias-fp32", False, "1h", torch.float32, {})]
+
+
+def _bias(kind, dtype, batch, heads, seqlen_q, seqlen_k):
+    """N(0, 1) bias of kind (see BIAS_FEATURES) with rows padded to 16 bytes ((.., Sk_pad)[..., :Sk]): odd key
+    counts keep the TMA layout the Gluon backward needs."""
+    align = 16 // torch.empty((), dtype=dtype).element_size()
+    padded = -(-seqlen_k // align) * align
+    shape = (batch if kind[0] == "b" else 1, heads if kind[1] == "h" else 1, seqlen_q, padded)
+    bias = torch.randn(shape, generator=torch.Generator().manual_seed(3)).to(dtype=dtype, device="cuda")
+    bias = bias[..., :seqlen_k]
+    return bias.expand(batch, *bias.shape[1:]) if kind[0] == "e" else bias
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("feature", BIAS_FEATURES, ids=[f[0] for f in BIAS_FEATURES])
+@pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
+                                                       for b, sq, sk, hq, hk, dt in FEATURE_SHAPES])
+def test_bias_matches_reference(monkeypatch, shape, feature, head_dim):
+    """FLASHTILE_GLUON_BWD=1: gradients of q, k, v with an additive bias (no gradient; the portable forward, the
+    one with bias, makes out / lse) from the Gluon backward against the float64 reference; an fp32 bias at D128 is
+    refused (no shared memory for its ring) and the portable backward answers."""
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    calls = []
+    original = gluon_bwd_launch.gluon_backward
+    monkeypatch.setattr(gluon_bwd_launch, "gluon_backward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    _, causal, kind, bias_dtype, kw = feature
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
+    kw = dict(kw, alibi_slopes=_alibi(kw.get("alibi_slopes"), batch, heads_q))
+    bias = _bias(kind, bias_dtype or dtype, batch, heads_q, seqlen_q, seqlen_k)
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device="cuda")
+    out = flashtile.flash_attn_func(q, k, v, causal=causal, attn_bias=bias, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert bool(calls) == (bias.dtype != torch.float32 or head_dim == 64)
+    ref64, reflow = references(q, k, v, dout, causal, attn_bias=bias, **kw)
+    for name, got, r64, rlow in zip(("dq", "dk", "dv"), grads, ref64[1:], reflow[1:]):
+        assert_close_rule(name, got, r64, rlow, dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
