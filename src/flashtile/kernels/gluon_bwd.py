@@ -37,7 +37,10 @@ arguments are None then, so the launch signature is unchanged too), in the order
 kernels/gluon_fwd._feature_scores, so P is the one the forward's lse belongs to: SOFTCAP (softcap * tanh(score /
 softcap) with tanh.approx.f32, the Gluon forward's; dS gets the chain rule's 1 - t^2), HAS_ALIBI (-slope *
 |i + Sk - Sq - j|, no gradient to the slopes), IS_LOCAL (a window, bottom-right aligned, causal + left window
-included): each key block visits only the query tiles of common._query_range (masked, full, masked segments).
+included): each key block visits only the query tiles of common._query_range (masked, full, masked segments),
+HAS_BIAS (D64 / D128: an additive bias without gradient, a [BLOCK_M, BLOCK_N] tile per query tile in the Q ring
+from a 4-D TMA tensor, bias * log2(e) added after softcap and ALiBi; dP^T's wgmma then waits for P^T, which keeps
+the tile's registers clear of dP^T's accumulator).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
