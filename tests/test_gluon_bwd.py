@@ -118,7 +118,9 @@ def test_dkdv_launch_args_bias():
             desc, batch, heads = args[-3:]
             assert constexprs["HAS_BIAS"] and desc.base is bias and (batch, heads) == tuple(shape[:2])
             assert list(desc.shape) == shape and list(desc.strides) == strides, (desc.shape, desc.strides)
-            assert list(desc.block_shape) == [1, 1, 64, 128]
+            assert list(desc.block_shape) == [1, 1, 64, 128] and desc.layout.swizzle_byte_width == 128
+            # one layout object per (box, dtype): fast_launch keys a descriptor's layout by identity
+            assert desc.layout is gluon_bwd_launch._bias_descriptor(bias, 64, 128).layout
             assert args[-8:-3] == (None,) * 5  # the other features stay off
 
 
@@ -241,7 +243,9 @@ def test_bias_layouts_the_tma_path_takes():
                 torch.zeros(1, 4, 300, 1, **bf16),  # key-broadcast
                 torch.zeros(1, 4, 1, 504, **bf16).expand(1, 4, 300, 504),  # query stride 0
                 torch.zeros(1, 4, 300, 509, **bf16)[..., :504].contiguous()[..., :500],  # wrong key count
-                torch.zeros(1, 3, 300, 504, **bf16)):  # heads 3 of 4
+                torch.zeros(1, 3, 300, 504, **bf16),  # heads 3 of 4
+                torch.zeros(1, 300, 4, 504, **bf16).transpose(1, 2),  # heads inside rows: no TMA-safe nesting
+                torch.zeros(2, 1, 4, 300, 504, **bf16)[:, 0].transpose(0, 1).contiguous().transpose(0, 1)):
         assert not _supported(q, k, v, attn_bias=bad), (bad.shape, bad.stride())
     qo, ko, vo = make_qkv(1, 33, 41, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
     assert not _supported(qo, ko, vo, attn_bias=torch.zeros(1, 4, 33, 41, **bf16))  # 82-byte rows

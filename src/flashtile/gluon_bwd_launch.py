@@ -183,17 +183,25 @@ def _broadcast(bias, dim):
 def bias_tma_ok(attn_bias, seqlen_q, seqlen_k):
     """Whether the dK/dV kernel reads attn_bias (4-D, broadcastable to (B, Hq, Sq, Sk)) as a 4-D TMA tensor: full
     Sq and Sk dims (a query- or key-broadcast bias has no TMA form), unit key stride, 16-byte aligned base and
-    strides of the dims it steps (query rows; batch / heads where not broadcast), fp16 / bf16 / fp32."""
+    strides of the dims it steps (query rows; batch / heads where not broadcast), fp16 / bf16 / fp32. Also, to be
+    safe with the driver's tensor-map checks (a failing launch disables the Gluon backward for the process), each
+    stepped dim's stride covers the dims inside it (a row at least Sk, a head at least Sq rows, a batch at least
+    its heads), as in any slice of a contiguous tensor; a permuted bias stays on the portable kernels."""
     if attn_bias.dtype not in (torch.float16, torch.bfloat16, torch.float32) or attn_bias.dim() != 4:
         return False
     shape, strides, size = attn_bias.shape, attn_bias.stride(), attn_bias.element_size()
     if shape[2] != seqlen_q or shape[3] != seqlen_k or (strides[3] != 1 and seqlen_k > 1):
         return False
-    if seqlen_q > 1 and (strides[2] == 0 or strides[2] * size % 16):
-        return False
-    for dim in (0, 1):
-        if not _broadcast(attn_bias, dim) and strides[dim] * size % 16:
+    inner = seqlen_k  # elements the dims inside the current one span
+    if seqlen_q > 1:
+        if strides[2] < inner or strides[2] * size % 16:
             return False
+        inner = strides[2] * seqlen_q
+    for dim in (1, 0):
+        if not _broadcast(attn_bias, dim):
+            if strides[dim] < inner or strides[dim] * size % 16:
+                return False
+            inner = strides[dim] * shape[dim]
     return attn_bias.data_ptr() % 16 == 0
 
 
@@ -228,9 +236,16 @@ def _bias_descriptor(attn_bias, block_m, keys):
     for dim in (1, 0):  # broadcast dims as if contiguous over the dims after them
         if _broadcast(attn_bias, dim):
             shape[dim], strides[dim] = 1, strides[dim + 1] * shape[dim + 1]
-    gl_dtype = {torch.float16: _gl.float16, torch.bfloat16: _gl.bfloat16, torch.float32: _gl.float32}[attn_bias.dtype]
-    layout = _gl.NVMMASharedLayout.get_default_for([1, 1, block_m, keys], gl_dtype)
+    layout = _bias_layout(block_m, keys, attn_bias.dtype)
     return tma_descriptor(attn_bias, shape, strides, [1, 1, block_m, keys], layout)
+
+
+@functools.lru_cache(maxsize=None)
+def _bias_layout(block_m, keys, dtype):
+    """The bias box's NVMMA layout (128-byte swizzle), one object per (box, torch dtype): fast_launch keys layouts
+    by identity, so a fresh one per call would miss its cache every time."""
+    gl_dtype = {torch.float16: _gl.float16, torch.bfloat16: _gl.bfloat16, torch.float32: _gl.float32}[dtype]
+    return _gl.NVMMASharedLayout.get_default_for([1, 1, block_m, keys], gl_dtype)
 
 
 def _bias_args(attn_bias, block_m, keys):
