@@ -205,13 +205,14 @@ def bias_tma_ok(attn_bias, seqlen_q, seqlen_k):
     return attn_bias.data_ptr() % 16 == 0
 
 
+@functools.lru_cache(maxsize=None)  # called per backward with a bias: a dict look-up after the first (host time)
 def bias_shared_ok(head_dim, config, bias_dtype):
     """Whether the bias ring (a [block_m, BLOCK_N] tile per stage) fits beside config's shared memory at head_dim:
-    D64 (133 KB + 48 KB at 16 bits, + 96 KB at fp32: 231,4xx B of 232,448) and D128 with 16-bit bias (198 KB + 32 KB:
-    230,896 B); D128 with an fp32 bias (+64 KB) and D256 (SPLIT_D, 1.5 KB free) do not fit."""
+    D64 (182,336 B with a 16-bit bias, 231,488 B with fp32, of 232,448) and D128 with a 16-bit bias (230,944 B);
+    D128 with an fp32 bias (+64 KB) and D256 (SPLIT_D, 1.5 KB free) do not fit (sm90 compiles, triton 3.6)."""
     if head_dim > 128:
         return False
-    size = torch.empty((), dtype=bias_dtype).element_size()
+    size = bias_dtype.itemsize
     keys = block_n(head_dim)
     used = (2 * keys * head_dim * 2  # K, V
             + config.stages * (2 * config.block_m * head_dim * 2 + 2 * config.block_m * 4)  # Q, dO, lse2, delta
@@ -222,7 +223,7 @@ def bias_shared_ok(head_dim, config, bias_dtype):
 
 
 SHARED_LIMIT = 232_448  # sm90's dynamic shared memory per block
-SHARED_SLACK = 1_024  # barriers and alignment beyond the buffers' bytes (the compile reports 496 B at D128)
+SHARED_SLACK = 1_024  # barriers and alignment beyond the buffers' bytes (the compiles: 544 B D128, 576 B D64 fp32)
 
 
 def _bias_descriptor(attn_bias, block_m, keys):
