@@ -39,8 +39,8 @@ softcap) with tanh.approx.f32, the Gluon forward's; dS gets the chain rule's 1 -
 |i + Sk - Sq - j|, no gradient to the slopes), IS_LOCAL (a window, bottom-right aligned, causal + left window
 included): each key block visits only the query tiles of common._query_range (masked, full, masked segments),
 HAS_BIAS (D64 / D128: an additive bias without gradient, a [BLOCK_M, BLOCK_N] tile per query tile in the Q ring
-from a 4-D TMA tensor, bias * log2(e) added after softcap and ALiBi; dP^T's wgmma then waits for P^T, which keeps
-the tile's registers clear of dP^T's accumulator).
+from a 4-D TMA tensor, bias * log2(e) added after softcap and ALiBi; at D128 dP^T's wgmma then waits for P^T, which
+keeps the tile's registers clear of dP^T's accumulator).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -177,11 +177,12 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     q_view = q_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
     do_view = do_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
     s_zero = gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout)
-    # HAS_BIAS without SOFTCAP: dP^T's wgmma is issued once P^T is made, so that the bias tile (16 to 32 registers
-    # per thread) is never live beside dP^T's accumulator: with dP^T in flight meanwhile, 49 spill loads / stores
-    # came inside the D128 tile loops. This warpgroup's softmax no longer overlaps its own dP^T wgmma (the other
-    # warpgroup's GEMMs still run meanwhile), as under SOFTCAP.
-    LATE_DP: gl.constexpr = HAS_BIAS and not SOFTCAP
+    # HAS_BIAS without SOFTCAP at D128: dP^T's wgmma is issued once P^T is made, so that the bias tile (16 to 32
+    # registers per thread) is never live beside dP^T's accumulator: with dP^T in flight meanwhile, 49 spill loads /
+    # stores came inside the D128 tile loops. This warpgroup's softmax no longer overlaps its own dP^T wgmma (the
+    # other warpgroup's GEMMs still run meanwhile), as under SOFTCAP. D64 (half the dK / dV registers) keeps the
+    # plain order without spills.
+    LATE_DP: gl.constexpr = HAS_BIAS and not SOFTCAP and HEAD_DIM > 64
     mbarrier.wait(q_ready.index(stage), phase)
     s_tok = warpgroup_mma(k_view, q_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     if not LATE_DP:
