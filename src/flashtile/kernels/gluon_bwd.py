@@ -40,7 +40,7 @@ softcap) with tanh.approx.f32, the Gluon forward's; dS gets the chain rule's 1 -
 included): each key block visits only the query tiles of common._query_range (masked, full, masked segments),
 HAS_BIAS (D64 / D128: an additive bias without gradient, a [BLOCK_M, BLOCK_N] tile per query tile in the Q ring
 from a 4-D TMA tensor, bias * log2(e) added after softcap and ALiBi; at D128 dP^T's wgmma then waits for P^T, which
-keeps the tile's registers clear of dP^T's accumulator).
+keeps the tile's registers clear of dP^T's accumulator, and dV's follows it at once).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -232,7 +232,12 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     if LATE_DP:
         mbarrier.wait(do_ready.index(stage), phase)
         dp_tok = warpgroup_mma(v_view, do_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    if not SOFTCAP:
+        # dV^T += P^T dO right behind it: it runs while dS^T is made (groups retire in order: one outstanding
+        # means dP^T is done).
+        p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
+        dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
+        dp = warpgroup_mma_wait(1, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
+    elif not SOFTCAP:
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
     if SOFTCAP:
@@ -240,8 +245,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         ds_lp = (p * (dp - delta[None, :]) * (1.0 - t * t)).to(dtype)  # [WG_N, BLOCK_M] = dS^T
     else:
         ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
-    p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
-    dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
+    if not LATE_DP:
+        p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
+        dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
     ds_op = gl.convert_layout(ds_lp, op_layout, assert_trivial=True)
     dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)
     # dS^T to shared memory (written while the dV / dK wgmmas run), for dQ = dS K.
