@@ -15,7 +15,7 @@ the child frees the GPU and the run goes on to report it):
            FLASHTILE_GLUON_BWD=1 (the dispatch).
            Variants after the first get a shorter list; a variant runs only at the head dims it covers
            (gluon_bwd_launch.VARIANTS: e.g. atomics, dQ by red.global.add; dq-reduce2 at D64 / D128).
-  features (unless --skip-features; concurrently with correct, four children per head dim) score features in the
+  features (unless --skip-features; concurrently with correct, five children per head dim) score features in the
            default variant: windows (256, 0), (100, 50), (-1, 64), causal + left window, softcap 30 and 5, ALiBi
            (H,) and (B, H), combos, an additive bias (1, H, Sq, Sk) / (B, 1, ...) / (B, H, ...) / expanded /
            fp32 with bf16 q / -inf and -1e9 key masks / with windows, ALiBi and softcap, with GQA / MQA, odd
@@ -269,9 +269,12 @@ def check_feature_case(case, head_dim):
 
 
 def feature_part(name):
-    """Which child checks a FEATURE_CASES entry: "w" windows, "c" softcap, "a" ALiBi and the combos, "b" bias."""
+    """Which child checks a FEATURE_CASES entry: "w" windows, "c" softcap, "a" ALiBi and the combos, "b" bias alone
+    (layouts, dtypes of q), "x" bias with masks, fp32, other features or a refused layout (two children: each bias
+    case compiles its own portable forward and backward as well)."""
     if name.startswith("bias"):
-        return "b"
+        mixed = ("keymask", "fp32", "win", "left", "softcap", "unaligned")
+        return "x" if any(tag in name for tag in mixed) else "b"
     if name.startswith(("alibi", "combo")):
         return "a"
     return "c" if name.startswith("softcap") else "w"
@@ -475,7 +478,7 @@ def main():
         return
     groups = [f"{d}:{c}" for d in check_dims for c in (0, 1)]
     if not args.skip_features:
-        groups += [f"f{d}:{part}" for d in check_dims for part in "wcab"]
+        groups += [f"f{d}:{part}" for d in check_dims for part in "wcabx"]
     # Plain groups run the correct phase, feature groups (f<head dim>:<part>) the features phase, concurrently.
     run_children(__file__, "correct", _argv(args), 180, groups,
                  phase_of=lambda group, phase: "features" if group.startswith("f") else phase)
