@@ -21,8 +21,8 @@ the child frees the GPU and the run goes on to report it):
            fp32 with bf16 q / -inf and -1e9 key masks / with windows, ALiBi and softcap, with GQA / MQA, odd
            lengths, Sq != Sk both ways, batch tails and fp16; the forward is flashtile's own with the same
            features (so lse is the one P is recomputed against), dq / dk / dv NaN-poisoned against the float64
-           reference with the same features. Bias cases the Gluon backward refuses by design (D256, fp32 bias or
-           softcap + bias at D128, rows not 16-byte aligned) check that gluon_bwd_supported() says so.
+           reference with the same features. Bias cases the Gluon backward refuses by design (D256, an fp32 bias
+           at D128, rows not 16-byte aligned) check that gluon_bwd_supported() says so.
   bench-features (--bench-features) D128 8K B2 H16 bf16: backward time of each feature, Gluon and portable, as
            ratios to the plain Gluon backward (issue 6: <= 1.10x) and Gluon / portable with the same feature;
            windows also per unit of work (the fraction of the score matrix the window keeps).
@@ -127,12 +127,12 @@ def attn_bias_of(spec, batch, heads, seqlen_q, seqlen_k, dtype):
 
 def gluon_takes(spec, head_dim):
     """Whether the Gluon backward should serve a FEATURE_CASES spec at head_dim (gluon_bwd_launch: no bias at D256,
-    nor an fp32 bias or softcap + bias at D128, nor bias rows that are not 16-byte aligned)."""
+    nor an fp32 bias at D128, nor bias rows that are not 16-byte aligned)."""
     if not spec.get("bias"):
         return True
     if head_dim > 128 or spec.get("unaligned"):
         return False
-    return head_dim == 64 or not (spec.get("bias_dtype") == "fp32" or spec.get("softcap"))
+    return head_dim == 64 or spec.get("bias_dtype") != "fp32"
 
 
 def launcher_window(causal, window_size):
@@ -192,6 +192,8 @@ FEATURE_CASES = [
     ("bias-win100,50-q777-k999", 1, 777, 999, 8, 2, BF16, False, dict(bias="1h", window=(100, 50))),
     ("bias-causal+left256-alibi-bh", 2, 777, 999, 8, 2, BF16, True, dict(bias="b1", window=(256, -1), alibi="bh")),
     ("bias-softcap30", 1, 1000, 1000, 4, 2, BF16, False, dict(bias="1h", softcap=30.0)),
+    ("bias-combo-causal+left300-cap20-alibi-bh", 2, 777, 999, 8, 2, BF16, True,
+     dict(bias="bh", window=(300, -1), softcap=20.0, alibi="bh")),
     ("bias-unaligned-q33-k41", 1, 33, 41, 2, 2, BF16, False, dict(bias="1h", unaligned=True)),
 ]
 

@@ -40,11 +40,14 @@ FEATURES = {
     "window-alibi": (True, dict(window_size=(256, -1), alibi_slopes="alibi")),
     "softcap-alibi": (False, dict(softcap=30.0, alibi_slopes="alibi")),
     "combo": (True, dict(window_size=(256, -1), softcap=30.0, alibi_slopes="alibi")),
-    # "bias": a placeholder for a (1, Hq, Sq, Sk) bf16 bias ("bias32": fp32); cases bias_kernel_ok refuses (D256,
-    # fp32 or softcap at D128) are skipped: the support check keeps them on the portable backward
+    # "bias": a placeholder for a (1, Hq, Sq, Sk) bf16 bias ("bias32": fp32); cases bias_shared_ok refuses (D256,
+    # fp32 at D128) are skipped: the support check keeps them on the portable backward
     "bias": (False, dict(attn_bias="bias")),
     "bias-causal": (True, dict(attn_bias="bias")),
     "bias32": (False, dict(attn_bias="bias32")),
+    "bias-softcap": (False, dict(softcap=30.0, attn_bias="bias")),
+    "bias-alibi-window": (True, dict(window_size=(256, -1), alibi_slopes="alibi", attn_bias="bias")),
+    "bias-window": (False, dict(window_size=(100, 50), attn_bias="bias")),
     "bias-combo": (True, dict(window_size=(256, -1), softcap=30.0, alibi_slopes="alibi", attn_bias="bias")),
 }
 
@@ -159,10 +162,9 @@ def main():
         causal, kwargs = FEATURES[feature]
         for head_dim in map(int, args.head_dims.split(",")):
             config = gluon_bwd_launch.VARIANTS["default"][head_dim]
-            if "attn_bias" in kwargs and not gluon_bwd_launch.bias_kernel_ok(
-                    head_dim, config, torch.float32 if kwargs["attn_bias"] == "bias32" else torch.bfloat16,
-                    kwargs.get("softcap", 0.0)):
-                print(f"d{head_dim}-{feature}-default: skipped (bias_kernel_ok refuses it)")
+            if "attn_bias" in kwargs and not gluon_bwd_launch.bias_shared_ok(
+                    head_dim, config, torch.float32 if kwargs["attn_bias"] == "bias32" else torch.bfloat16):
+                print(f"d{head_dim}-{feature}-default: skipped (bias_shared_ok refuses it)")
                 continue
             cases.append((f"d{head_dim}-{feature}-default", head_dim, causal, config, kwargs))
     bad = 0

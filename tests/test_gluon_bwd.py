@@ -216,9 +216,9 @@ def test_gluon_backward_forwards_features(monkeypatch):
 @pytest.mark.usefixtures("pretend_hopper")
 def test_bias_layouts_the_tma_path_takes():
     """A bias without gradient whose rows TMA can read: (B, Hq, Sq, Sk), (1, Hq, ...), (B, 1, ...), expanded
-    batch / heads, fp16 / bf16 (fp32 too at D64), padded rows; with ALiBi, windows, causal, GQA; softcap at D64.
+    batch / heads, fp16 / bf16 (fp32 too at D64), padded rows; with ALiBi, windows, causal, softcap, GQA.
     The rest stays on the portable backward: query- or key-broadcast, a non-unit key stride, rows not 16-byte
-    aligned, fp32 at D128, any bias at D256, softcap + bias at D128, another shape."""
+    aligned or nested out of order, fp32 at D128, any bias at D256, another shape."""
     q, k, v = make_qkv(2, 300, 504, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
     q64, k64, v64 = make_qkv(2, 300, 504, 4, 2, 64, torch.bfloat16, "cpu", requires_grad=False)
     bf16 = dict(dtype=torch.bfloat16)
@@ -231,8 +231,7 @@ def test_bias_layouts_the_tma_path_takes():
         for kw in (dict(causal=True), dict(window_size=(100, 50)), dict(alibi_slopes=torch.rand(4))):
             assert _supported(q, k, v, attn_bias=bias, **kw), kw
     bias = torch.zeros(1, 4, 300, 504, **bf16)
-    assert _supported(q64, k64, v64, attn_bias=bias, softcap=30.0)
-    assert not _supported(q, k, v, attn_bias=bias, softcap=30.0)
+    assert _supported(q64, k64, v64, attn_bias=bias, softcap=30.0) and _supported(q, k, v, attn_bias=bias, softcap=5.0)
     assert not _supported(q, k, v, attn_bias=bias.float())
     assert not _supported(q, k, v, attn_bias=bias, bias_grad=True)
     q256, k256, v256 = make_qkv(2, 300, 504, 4, 2, 256, torch.bfloat16, "cpu", requires_grad=False)
@@ -436,6 +435,7 @@ BIAS_FEATURES = [("bias-1h", False, "1h", None, {}), ("bias-b1-causal", True, "b
                  ("bias-bh", False, "bh", None, {}),
                  ("bias-eh-causal-alibi", True, "eh", None, dict(alibi_slopes="bh")),
                  ("bias-1h-window", False, "1h", None, dict(window_size=(100, 50))),
+                 ("bias-softcap-causal", True, "b1", None, dict(softcap=20.0)),
                  ("bias-fp32", False, "1h", torch.float32, {})]
 
 

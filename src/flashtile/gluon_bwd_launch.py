@@ -1,7 +1,7 @@
 """Host side of the Hopper Gluon backward (kernels/gluon_bwd.py): support check, descriptors, launches.
 
 launch._flash_attn_backward uses it for the dense backward (plain, causal, sliding window, softcap, ALiBi, an
-additive bias without gradient whose layout TMA can read: bias_tma_ok, bias_kernel_ok) when
+additive bias without gradient whose layout TMA can read: bias_tma_ok, bias_shared_ok) when
 configs.gluon_bwd_wanted() and gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is
 supported, =0 never. Importing this module never fails: without Gluon's Hopper API, or under the interpreter,
 gluon_bwd_supported() is False.
@@ -110,8 +110,8 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes): CUDA sm90, no interpreter, fp16/bf16
     dense (B, S, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0, TMA-compatible strides of q, k, v, dout,
     ALiBi slopes fp32 (Hq,) or (B, Hq) on q's device; attn_bias (4-D, broadcastable to (B, Hq, Sq, Sk), no
-    gradient) on q's device where bias_tma_ok and bias_kernel_ok accept it (D64, D128 with fp16 / bf16 bias; with
-    softcap D64 only); no dropout, varlen or mods. A bias with a gradient (bias_grad=True) is refused here and in
+    gradient) on q's device where bias_tma_ok and bias_shared_ok accept it (D64; D128 with an fp16 / bf16 bias);
+    no dropout, varlen or mods. A bias with a gradient (bias_grad=True) is refused here and in
     launch._gluon_bwd_candidate."""
     if (_attn_bwd_dkdv_hopper is None or _disabled is not None
             or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
@@ -144,7 +144,7 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
             isinstance(attn_bias, torch.Tensor) and attn_bias.device == q.device and attn_bias.dim() == 4
             and attn_bias.shape[0] in (1, batch) and attn_bias.shape[1] in (1, heads_q)
             and bias_tma_ok(attn_bias, seqlen_q, seqlen_k)
-            and bias_kernel_ok(head_dim, VARIANTS["default"][head_dim], attn_bias.dtype, softcap)):
+            and bias_shared_ok(head_dim, VARIANTS["default"][head_dim], attn_bias.dtype)):
         return False
     if max(seqlen_q, seqlen_k) + BLOCK_N >= 2**31 or batch * heads_q * seqlen_q * head_dim >= 2**31:
         return False  # int32 TMA coordinates and row offsets
@@ -219,13 +219,6 @@ def bias_shared_ok(head_dim, config, bias_dtype):
             + 2 * config.dq_tma_reduce * config.block_m * (head_dim // 2 if config.dq_split_d else head_dim) * 4
             + config.stages * config.block_m * keys * size)
     return used + SHARED_SLACK <= SHARED_LIMIT
-
-
-def bias_kernel_ok(head_dim, config, bias_dtype, softcap=0.0):
-    """Whether config's kernel at head_dim takes a bias of bias_dtype: its ring fits (bias_shared_ok), and not with
-    softcap at D128 (the tile added after the tanh, beside 1 - t^2 and dP^T: 189 spill loads / stores inside the
-    tile loops of the sm90 compile)."""
-    return bias_shared_ok(head_dim, config, bias_dtype) and not (softcap > 0 and head_dim > 64)
 
 
 SHARED_LIMIT = 232_448  # sm90's dynamic shared memory per block
@@ -322,9 +315,9 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     config = VARIANTS[variant][q.shape[-1]]
-    if attn_bias is not None and not bias_kernel_ok(q.shape[-1], config, attn_bias.dtype, softcap):
-        raise ValueError(f"variant {variant!r} at head dim {q.shape[-1]} takes no {attn_bias.dtype} bias"
-                         f"{' with softcap' if softcap > 0 else ''} (bias_kernel_ok)")
+    if attn_bias is not None and not bias_shared_ok(q.shape[-1], config, attn_bias.dtype):
+        raise ValueError(f"variant {variant!r} at head dim {q.shape[-1]} has no shared memory for a "
+                         f"{attn_bias.dtype} bias ring (bias_shared_ok)")
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_q_pad = math.ceil(seqlen_q / config.block_m) * config.block_m
     # Rows padded to whole query tiles (TMA boxes, 16-byte row strides); rows past seqlen_q stay unwritten.

@@ -739,7 +739,7 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
 def _gluon_bwd_candidate(cu_seqlens_q, attn_bias, bias_grad, dropout_p, mods, deterministic):
     """Whether _flash_attn_backward asks the Gluon backward at all: dense, no dropout, no bias gradient (the
     Gluon kernel reads a bias, it writes no dS), no mods, not deterministic (its dQ reductions run in no fixed
-    order). Windows, softcap, ALiBi and the bias's layout (gluon_bwd_launch.bias_tma_ok, bias_kernel_ok) are its
+    order). Windows, softcap, ALiBi and the bias's layout (gluon_bwd_launch.bias_tma_ok, bias_shared_ok) are its
     own to refuse or take."""
     return (not deterministic and cu_seqlens_q is None and not bias_grad and not dropout_p and mods is None)
 

@@ -177,12 +177,12 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     q_view = q_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
     do_view = do_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
     s_zero = gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout)
-    # HAS_BIAS without SOFTCAP at D128: dP^T's wgmma is issued once P^T is made, so that the bias tile (16 to 32
-    # registers per thread) is never live beside dP^T's accumulator: with dP^T in flight meanwhile, 49 spill loads /
-    # stores came inside the D128 tile loops. This warpgroup's softmax no longer overlaps its own dP^T wgmma (the
-    # other warpgroup's GEMMs still run meanwhile), as under SOFTCAP. D64 (half the dK / dV registers) keeps the
-    # plain order without spills.
-    LATE_DP: gl.constexpr = HAS_BIAS and not SOFTCAP and HEAD_DIM > 64
+    # HAS_BIAS at D128: dP^T's wgmma is issued once P^T is made, so that the bias tile (16 to 32 registers per
+    # thread) is never live beside dP^T's accumulator: with dP^T in flight meanwhile, 49 spill loads / stores came
+    # inside the D128 tile loops; under SOFTCAP its 1 - t^2 is folded into P^T before dP^T (bias + softcap: 0). This
+    # warpgroup's softmax no longer overlaps its own dP^T wgmma (the other warpgroup's GEMMs still run meanwhile),
+    # as under SOFTCAP. D64 (half the dK / dV registers) keeps the plain order without spills.
+    LATE_DP: gl.constexpr = HAS_BIAS and HEAD_DIM > 64
     mbarrier.wait(q_ready.index(stage), phase)
     s_tok = warpgroup_mma(k_view, q_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     if not LATE_DP:
@@ -190,14 +190,14 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         dp_tok = warpgroup_mma(v_view, do_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
     in_seq = cols < seqlen_q
-    if SOFTCAP:
+    if LATE_DP:
+        s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
+    elif SOFTCAP:
         # Both first: softcap's 1 - t^2 waits for dP^T in no register of its own (dS^T is made element by element
         # from S^T and dP^T). Keeping it from S^T's wait to dP^T's, 32 more fp32 (16 packed fp16) registers per
         # thread spilled inside the D128 tile loop; this warpgroup's tanh and exp2 no longer overlap its dP^T
         # wgmma (the other warpgroup's GEMMs still run meanwhile).
         s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))  # [WG_N, BLOCK_M] = S^T, dP^T
-    elif LATE_DP:
-        s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
     else:
         # wgmma groups retire in order: one outstanding means S^T is done and dP^T may still run.
         s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
@@ -230,6 +230,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
                 keys[:, None] >= shifted[None, :] - window_left)
         p = gl.where(visible, p, 0.0)
     if LATE_DP:
+        if SOFTCAP:
+            p_dt = p * (1.0 - t * t)  # [WG_N, BLOCK_M]: P^T times softcap's derivative, so t dies before dP^T
         mbarrier.wait(do_ready.index(stage), phase)
         dp_tok = warpgroup_mma(v_view, do_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         # dV^T += P^T dO right behind it: it runs while dS^T is made (groups retire in order: one outstanding
@@ -240,7 +242,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     elif not SOFTCAP:
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
-    if SOFTCAP:
+    if LATE_DP and SOFTCAP:
+        ds_lp = (p_dt * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
+    elif SOFTCAP:
         # d(softcap * tanh(x / softcap)) / dx = 1 - t^2 (softmax_scale is applied to dK / dQ at the end).
         ds_lp = (p * (dp - delta[None, :]) * (1.0 - t * t)).to(dtype)  # [WG_N, BLOCK_M] = dS^T
     else:
