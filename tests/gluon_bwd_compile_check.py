@@ -43,9 +43,8 @@ FEATURES = {
 }
 
 
-def sass_loop_spills(cubin):
-    """[(instructions, LDL + STL)] of each per-tile loop (a backward branch over HGMMA and MUFU.EX2) in cubin."""
-    ops, inner = sass_tile_loops(cubin)
+def sass_loop_spills(ops, inner):
+    """[(instructions, LDL + STL)] of each per-tile loop of sass_tile_loops' (ops, inner)."""
     return [(b - a + 1, sum(o.startswith(("LDL", "STL")) for o, _ in ops[a:b + 1])) for a, b in inner]
 
 
@@ -55,9 +54,9 @@ LOOP_OPS = ("REDG", "ATOMG", "STS", "UTMAREDG", "UTMACMDFLUSH", "DEPBAR", "FENCE
             "LDL", "STL")
 
 
-def sass_loop_ops(cubin):
-    """[(instructions, {opcode: count})] of each per-tile loop, opcodes starting with one of LOOP_OPS."""
-    ops, inner = sass_tile_loops(cubin)
+def sass_loop_ops(ops, inner):
+    """[(instructions, {opcode: count})] of each per-tile loop of sass_tile_loops' (ops, inner), opcodes starting
+    with one of LOOP_OPS."""
     loops = []
     for a, b in inner:
         counts = {}
@@ -69,7 +68,8 @@ def sass_loop_ops(cubin):
 
 
 def sass_tile_loops(cubin):
-    """(ops, [(first, last)]): cubin's SASS as (opcode, text) pairs and the index ranges of its per-tile loops."""
+    """(ops, [(first, last)]): cubin's SASS as (opcode, text) pairs and the index ranges of its per-tile loops (a
+    backward branch over HGMMA and MUFU.EX2, innermost)."""
     labels, ops = sass_instructions(cubin)
     loops = []
     for a, b in backward_branches(labels, ops):
@@ -123,7 +123,8 @@ def report_case(name, compiled, dump_dir, loop_ops=False):
     warns = [line.strip() for line in report.splitlines()
              if "warning" in line.lower() or "performance loss" in line.lower()]
     counts = "  ".join(f"{key} {len(re.findall(pat, ptx))}" for key, pat in PATTERNS.items())
-    loops = sass_loop_spills(compiled.asm["cubin"])
+    sass = sass_tile_loops(compiled.asm["cubin"])  # one disassembly for both reports
+    loops = sass_loop_spills(*sass)
     loop_spills = sum(n for _, n in loops)
     print(f"{name}: smem {compiled.metadata.shared} B  regs {','.join(regs)}  spill stores "
           f"{','.join(map(str, spills))} B  tile loops {len(loops)} (SASS {'/'.join(str(n) for n, _ in loops)}, "
@@ -131,7 +132,7 @@ def report_case(name, compiled, dump_dir, loop_ops=False):
     for line in warns:
         print(f"    ptxas: {line}")
     if loop_ops:
-        for n, counts in sass_loop_ops(compiled.asm["cubin"]):
+        for n, counts in sass_loop_ops(*sass):
             print(f"    loop {n}: " + "  ".join(f"{op} {c}" for op, c in counts.items()))
     if dump_dir:
         dump(dump_dir, name, compiled, report)
