@@ -72,7 +72,7 @@ def test_dkdv_launch_args_leave_plain_and_causal_alone():
     def launch_args(causal, **kw):
         _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, causal,
                                                                    config, **kw)
-        return args[-5:], constexprs
+        return args[-7:-2], constexprs
 
     for causal in (False, True):
         tail, constexprs = launch_args(causal)
@@ -90,7 +90,7 @@ def test_dkdv_launch_args_leave_plain_and_causal_alone():
     assert softcap_log2 == pytest.approx(30.0 * 1.4426950408889634)
     _, args, _, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, False, config,
                                                       softcap=30.0)
-    assert args[-7] == pytest.approx(0.125 / 30.0)  # qk_scale = softmax_scale / softcap, as the forward's
+    assert args[-9] == pytest.approx(0.125 / 30.0)  # qk_scale = softmax_scale / softcap, as the forward's
 
 
 def test_dkdv_launch_args_d256_split_d():
@@ -141,17 +141,71 @@ def test_dkdv_launch_args_dq_reduce():
     assert split.dq_split_d and split.dq_tma_reduce == 1
 
 
+def test_dkdv_launch_args_varlen():
+    """Varlen: q / k / dout as (1, total, H * D) descriptors, lse2 / delta as the (Hq, R) row layout, dq_accum
+    (total_q + 64, Hq, D) with two aliased row dimensions for the reduce-adds, packed dK / dV strides with no
+    batch stride, the grid over max_seqlen_k, the cu_seqlens tensors last and VARLEN set."""
+    if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
+        pytest.skip("no Gluon Hopper API in this triton")
+    q = torch.empty(700, 4, 128, dtype=torch.bfloat16)
+    k = torch.empty(900, 2, 128, dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, 300, 300, 700], dtype=torch.int32)
+    cu_k = torch.tensor([0, 500, 630, 900], dtype=torch.int32)
+    rows = torch.empty(4, 16 * 3 + 704 + 128)
+    acc = torch.empty(700 + 64, 4, 128)
+    for variant in ("default", "atomics"):
+        config = gluon_bwd_launch.VARIANTS[variant][128]
+        grid, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(
+            q, k, k, q, rows, rows, k, k, acc, 0.1, True, config, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+            max_seqlen_q=400, max_seqlen_k=500)
+        assert grid == (4, 3 * 2) and constexprs["VARLEN"]
+        assert list(args[0].shape) == [1, 700, 512] and list(args[0].strides) == [700 * 512, 512, 1]
+        assert list(args[1].shape) == [1, 900, 256] and list(args[1].block_shape) == [1, 128, 128]
+        assert list(args[4].shape) == [4, rows.shape[1]] and list(args[4].strides) == [rows.shape[1], 1]
+        assert args[10:17] == (0, 256, 128, 0, 256, 128, 512)  # dK / dV (batch, row, head), dq_accum's row
+        assert args[17:20] == (400, 500, 448)  # max lengths, max_seqlen_q in whole 64-row tiles
+        assert args[-2] is cu_q and args[-1] is cu_k
+        desc = args[9]
+        if variant == "atomics":
+            assert desc is None
+        else:
+            assert list(desc.shape) == [764, 448, 512] and list(desc.strides) == [512, 512, 1]
+    dense = gluon_bwd_launch.dkdv_launch_args(torch.empty(2, 300, 4, 128, dtype=torch.bfloat16),
+                                              torch.empty(2, 500, 2, 128, dtype=torch.bfloat16),
+                                              torch.empty(2, 500, 2, 128, dtype=torch.bfloat16),
+                                              torch.empty(2, 300, 4, 128, dtype=torch.bfloat16),
+                                              torch.empty(2, 4, 320), torch.empty(2, 4, 320),
+                                              torch.empty(2, 500, 2, 128, dtype=torch.bfloat16),
+                                              torch.empty(2, 500, 2, 128, dtype=torch.bfloat16),
+                                              torch.empty(2, 320, 4, 128), 0.1, False,
+                                              gluon_bwd_launch.VARIANTS["default"][128])
+    assert dense[1][-2:] == (None, None) and not dense[2]["VARLEN"]
+
+
+@pytest.mark.usefixtures("pretend_hopper")
+def test_supports_varlen():
+    """Packed (total, H, D) tensors with int32 cu_seqlens are supported; without them, or with 4-D tensors, not."""
+    q = torch.randn(700, 4, 128, dtype=torch.bfloat16)
+    k = torch.randn(900, 2, 128, dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, 300, 300, 700], dtype=torch.int32)
+    cu_k = torch.tensor([0, 500, 630, 900], dtype=torch.int32)
+    varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=400, max_seqlen_k=500)
+    assert gluon_bwd_launch.gluon_bwd_supported(q, k, k, q, q, causal=True, **varlen)
+    assert not gluon_bwd_launch.gluon_bwd_supported(q, k, k, q, q, causal=True)
+    assert not gluon_bwd_launch.gluon_bwd_supported(q, k, k, q, q, **dict(varlen, cu_seqlens_q=cu_q.long()))
+    assert not gluon_bwd_launch.gluon_bwd_supported(q[None], k[None], k[None], q[None], q[None], **varlen)
+
+
 def test_backward_asks_gluon_for_features_not_for_the_rest():
-    """_flash_attn_backward's gate: windows, softcap and ALiBi reach _gluon_backward (which may refuse); varlen,
+    """_flash_attn_backward's gate: windows, softcap, ALiBi and varlen reach _gluon_backward (which may refuse);
     bias, dropout, mods and deterministic never do."""
     ok = launch._gluon_bwd_candidate
-    assert ok(None, None, False, 0.0, None, False)
-    assert not ok(torch.zeros(2, dtype=torch.int32), None, False, 0.0, None, False)
-    assert not ok(None, torch.zeros(1), False, 0.0, None, False)
-    assert not ok(None, None, True, 0.0, None, False)
-    assert not ok(None, None, False, 0.1, None, False)
-    assert not ok(None, None, False, 0.0, object(), False)
-    assert not ok(None, None, False, 0.0, None, True)
+    assert ok(None, False, 0.0, None, False)
+    assert not ok(torch.zeros(1), False, 0.0, None, False)
+    assert not ok(None, True, 0.0, None, False)
+    assert not ok(None, False, 0.1, None, False)
+    assert not ok(None, False, 0.0, object(), False)
+    assert not ok(None, False, 0.0, None, True)
 
 
 def test_gluon_backward_forwards_features(monkeypatch):
@@ -174,7 +228,7 @@ def test_gluon_backward_forwards_features(monkeypatch):
     monkeypatch.delenv("FLASHTILE_GLUON_BWD")
     monkeypatch.setattr(gluon_launch, "tested_triton", lambda: True)
     monkeypatch.setattr(configs, "gluon_bwd_wanted",
-                        lambda d, causal, sk, span: wanted.append((causal, span)) or False)
+                        lambda d, causal, sk, span, varlen: wanted.append((causal, span)) or False)
     assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(256, 0)) is None
     assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(-1, 0)) is None
     assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False, softcap=30.0) is None
@@ -207,6 +261,11 @@ def test_policy_follows_the_measurement(monkeypatch):
         assert all(configs.gluon_bwd_wanted(head_dim, c, s) for c in (False, True) for s in (1024, 16384))
         assert not any(configs.gluon_bwd_wanted(head_dim, c, 512) for c in (False, True))
     assert not configs.gluon_bwd_wanted(96, False, 16384)  # no Gluon backward there
+    # Varlen: only FLASHTILE_GLUON_BWD=1 until it has run on the GPU (configs.GLUON_BWD_VARLEN).
+    assert not configs.gluon_bwd_wanted(128, False, 16384, varlen=True)
+    monkeypatch.setattr(configs, "GLUON_BWD_VARLEN", True)
+    assert configs.gluon_bwd_wanted(128, False, 16384, varlen=True)
+    monkeypatch.setattr(configs, "GLUON_BWD_VARLEN", False)
     q = torch.randn(1, 256, 2, 128)
     seen = []
     monkeypatch.setattr(gluon_bwd_launch, "gluon_bwd_supported", lambda *a, **kw: seen.append(1) or False)
@@ -383,3 +442,49 @@ def test_sink_gradient_through_gluon(monkeypatch, causal):
         results.append(torch.autograd.grad(ref, leaves, dout.to(ref.dtype)))
     for name, got, r64, rlow in zip(("dq", "dk", "dv", "dsink"), grads, *results):
         assert_close_rule(name, got, r64, rlow, dtype)
+
+
+# Packed sequences (seqlen_q, seqlen_k): an empty query side, one row, q < k and q > k, tails, a whole tile.
+VARLEN_LENGTHS = [(300, 500), (0, 130), (1000, 1000), (1, 64), (777, 999), (257, 130)]
+VARLEN_FEATURES = [("plain", {}), ("window-256-0", dict(window_size=(256, 0))), ("softcap-30", dict(softcap=30.0)),
+                   ("alibi-bh", dict(alibi_slopes="bh"))]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim,feature", [(64, VARLEN_FEATURES[0]), (256, VARLEN_FEATURES[0])]
+                         + [(128, f) for f in VARLEN_FEATURES], ids=lambda x: x[0] if isinstance(x, tuple) else x)
+def test_varlen_matches_each_sequence(monkeypatch, head_dim, feature, causal):
+    """FLASHTILE_GLUON_BWD=1 with flash_attn_varlen_func: the Gluon backward over packed sequences (GQA), each
+    sequence's dq / dk / dv against the float64 reference of that sequence alone; NaN-poisoned buffers."""
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    calls = []
+    original = gluon_bwd_launch.gluon_backward
+    monkeypatch.setattr(gluon_bwd_launch, "gluon_backward",
+                        lambda *a, **kw: calls.append(kw.get("cu_seqlens_q") is not None) or original(*a, **kw))
+    dtype, heads_q, heads_kv = torch.bfloat16, 4, 2
+    _, kw = feature
+    lens_q, lens_k = [s for s, _ in VARLEN_LENGTHS], [s for _, s in VARLEN_LENGTHS]
+    cu_q = torch.tensor([0] + lens_q, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    cu_k = torch.tensor([0] + lens_k, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(sum(lens_q), heads_q, head_dim, generator=gen).to(dtype=dtype, device="cuda").requires_grad_()
+    k = torch.randn(sum(lens_k), heads_kv, head_dim, generator=gen).to(dtype=dtype, device="cuda").requires_grad_()
+    v = torch.randn(sum(lens_k), heads_kv, head_dim, generator=gen).to(dtype=dtype, device="cuda").requires_grad_()
+    dout = torch.randn(q.shape, generator=gen).to(dtype=dtype, device="cuda")
+    kw = dict(kw, alibi_slopes=_alibi(kw.get("alibi_slopes"), len(lens_q), heads_q))
+    out = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, **kw)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    assert calls == [True]
+    for b, (sq, sk) in enumerate(VARLEN_LENGTHS):
+        rows, keys = slice(int(cu_q[b]), int(cu_q[b]) + sq), slice(int(cu_k[b]), int(cu_k[b]) + sk)
+        if sq == 0:
+            assert torch.all(dk[keys] == 0) and torch.all(dv[keys] == 0)
+            continue
+        slopes = kw["alibi_slopes"][b] if kw["alibi_slopes"] is not None else None
+        ref64, reflow = references(q[None, rows].detach(), k[None, keys].detach(), v[None, keys].detach(),
+                                   dout[None, rows], causal, **dict(kw, alibi_slopes=slopes))
+        for name, got, r64, rlow in zip(("dq", "dk", "dv"), (dq[rows], dk[keys], dv[keys]), ref64[1:], reflow[1:]):
+            assert_close_rule(f"{name} (sequence {b})", got[None], r64, rlow, dtype)
