@@ -261,11 +261,6 @@ def test_policy_follows_the_measurement(monkeypatch):
         assert all(configs.gluon_bwd_wanted(head_dim, c, s) for c in (False, True) for s in (1024, 16384))
         assert not any(configs.gluon_bwd_wanted(head_dim, c, 512) for c in (False, True))
     assert not configs.gluon_bwd_wanted(96, False, 16384)  # no Gluon backward there
-    # Varlen: only FLASHTILE_GLUON_BWD=1 until it has run on the GPU (configs.GLUON_BWD_VARLEN).
-    assert not configs.gluon_bwd_wanted(128, False, 16384, varlen=True)
-    monkeypatch.setattr(configs, "GLUON_BWD_VARLEN", True)
-    assert configs.gluon_bwd_wanted(128, False, 16384, varlen=True)
-    monkeypatch.setattr(configs, "GLUON_BWD_VARLEN", False)
     q = torch.randn(1, 256, 2, 128)
     seen = []
     monkeypatch.setattr(gluon_bwd_launch, "gluon_bwd_supported", lambda *a, **kw: seen.append(1) or False)

@@ -736,7 +736,7 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
                         max_seqlen_k=max_seqlen_k)
     return _try_gluon(
         "FLASHTILE_GLUON_BWD",
-        lambda: gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, keys, span, varlen),
+        lambda: gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, keys, span),
         lambda: gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal=causal, **features),
         lambda: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, softmax_scale, causal, dlse, **features,
                                                 sink=sink, sink_parts=sink_parts),
