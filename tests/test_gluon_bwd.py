@@ -228,7 +228,7 @@ def test_gluon_backward_forwards_features(monkeypatch):
     monkeypatch.delenv("FLASHTILE_GLUON_BWD")
     monkeypatch.setattr(gluon_launch, "tested_triton", lambda: True)
     monkeypatch.setattr(configs, "gluon_bwd_wanted",
-                        lambda d, causal, sk, span, varlen: wanted.append((causal, span)) or False)
+                        lambda d, causal, sk, span: wanted.append((causal, span)) or False)
     assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(256, 0)) is None
     assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(-1, 0)) is None
     assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False, softcap=30.0) is None
