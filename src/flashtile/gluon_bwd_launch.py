@@ -53,7 +53,6 @@ class GluonBwdConfig:
     maxnreg: int = 168
     dq_chunks: int = 1  # D256 only: dQ's half of the head dim in this many wgmma + atomic pieces
     dq_tma_reduce: int = 0  # dQ tiles through this many shared buffers per warpgroup and TMA reduce-adds; 0: atomics
-    heads_inner: bool = False  # causal: grid (B * Hk, key blocks), every head's heaviest key block first
 
 
 # Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
@@ -83,12 +82,6 @@ VARIANTS = {
     # even with two stages, when the atomics were the bottleneck.
     "stages-reduce": {64: GluonBwdConfig(stages=4, dq_split_d=False, dq_tma_reduce=1),
                       128: GluonBwdConfig(stages=3, dq_tma_reduce=1)},
-    # Causal: every head's first key block (the most query tiles) before any second one, so the last wave holds
-    # the lightest blocks instead of the last heads' heaviest.
-    "heads-inner": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1, heads_inner=True),
-                    128: GluonBwdConfig(stages=2, dq_tma_reduce=1, heads_inner=True),
-                    256: GluonBwdConfig(stages=2, dq_tma_reduce=1, heads_inner=True)},
-    "stages-heads-inner": {128: GluonBwdConfig(stages=3, dq_tma_reduce=1, heads_inner=True)},
     "dq-chunks2": {256: GluonBwdConfig(stages=2, dq_chunks=2)},
     "dq-reduce2": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=2),
                    128: GluonBwdConfig(stages=2, dq_tma_reduce=2)},
@@ -268,10 +261,6 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
                       HAS_ALIBI=alibi_slopes is not None, DQ_CHUNKS=config.dq_chunks,
                       DQ_TMA_REDUCE=config.dq_tma_reduce, VARLEN=varlen)
     grid = (math.ceil(seqlen_k / keys), batch * heads_kv)
-    # The grid's y extent is 16-bit; heads_inner only matters where the blocks' work differs (causal).
-    constexprs["HEADS_INNER"] = config.heads_inner and is_causal and grid[0] < 65536
-    if constexprs["HEADS_INNER"]:
-        grid = grid[::-1]
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 

@@ -77,7 +77,6 @@ class GluonConfig:
     ctas_per_sm: int = 1
     max_ctas: int = 0
     tma_store: bool = False
-    heads_inner: bool = False  # causal one-tile launches: grid (B * Hq, row blocks), longest rows of every head first
 
 
 # Variants the check script can compare on the GPU; "default" is what gluon_forward uses. A variant may cover
@@ -92,10 +91,6 @@ class GluonConfig:
 _TREE_CVT = dict(p_cvt_asm=True, tree_max=True)
 VARIANTS = {
     "default": {64: GluonConfig(128, 3, **_TREE_CVT), 128: GluonConfig(128, 2, **_TREE_CVT), 256: GluonConfig(64, 2)},
-    # Causal: every head's longest row block before any shorter one (the hardware's block order), so the last wave
-    # holds the shortest tiles instead of the last heads' longest.
-    "heads-inner": {64: GluonConfig(128, 3, heads_inner=True, **_TREE_CVT),
-                    128: GluonConfig(128, 2, heads_inner=True, **_TREE_CVT), 256: GluonConfig(64, 2, heads_inner=True)},
     "plain-softmax": {64: GluonConfig(128, 3), 128: GluonConfig(128, 2)},  # the session-5 default
     "no-pingpong": {64: GluonConfig(128, 3, pingpong=False), 128: GluonConfig(128, 2, pingpong=False),
                     256: GluonConfig(64, 2, pingpong=False)},
@@ -323,10 +318,6 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
                       HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm,
                       TREE_MAX=config.tree_max)
     grid = (math.ceil(seqlen_q / BLOCK_M), batch * heads_q)
-    # The grid's y extent is 16-bit; heads_inner only matters where the blocks' work differs (causal).
-    constexprs["HEADS_INNER"] = config.heads_inner and is_causal and grid[0] < 65536
-    if constexprs["HEADS_INNER"]:
-        grid = grid[::-1]
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 

@@ -564,8 +564,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
                           CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
                           SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
-                          DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = 0, VARLEN: gl.constexpr = False,
-                          HEADS_INNER: gl.constexpr = False):
+                          DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = 0, VARLEN: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -585,16 +584,13 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     Hq * D), strides (row, row, 1)), addressed [q_start, m, col]. Tiles reading past a sequence's end read the
     next sequence's rows: their lse2 / delta are masked (P = 0, dS = 0: nothing flows into dK / dV, and dQ adds
     zeros to those rows), and keys past seqlen_k are masked in the block that has them.
-    Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too);
-    HEADS_INNER: (B * Hk, cdiv(Sk, BLOCK_N)), every head's key block n before any n + 1 (causal: the blocks with the
-    most query tiles first, so the last wave holds the lightest)."""
+    Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE) or (DQ_TMA_REDUCE == 1 and DQ_CHUNKS == 1),
                      "DQ_TMA_REDUCE at D256: 1 (the ring slot), with DQ_CHUNKS 1")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
-    N_AXIS: gl.constexpr = 1 if HEADS_INNER else 0
-    start_n = gl.program_id(N_AXIS) * BLOCK_N
-    pid_bh = gl.program_id(1 - N_AXIS)
+    start_n = gl.program_id(0) * BLOCK_N
+    pid_bh = gl.program_id(1)
     off_b = pid_bh // heads_kv
     off_hk = pid_bh % heads_kv
     q_start = 0

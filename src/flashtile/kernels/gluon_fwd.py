@@ -264,8 +264,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr,
                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr,
                         VARLEN: gl.constexpr = False,
-                        P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
-                     HEADS_INNER: gl.constexpr = False):
+                        P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
     of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
@@ -417,8 +416,7 @@ def _consumer1_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_read
                          IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr,
                          SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr,
                          VARLEN: gl.constexpr = False,
-                         P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
-                     HEADS_INNER: gl.constexpr = False):
+                         P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False):
     _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                         out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                         qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
@@ -457,8 +455,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      IS_LOCAL: gl.constexpr = False, SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
                      HAS_SINK: gl.constexpr = False, VARLEN: gl.constexpr = False, RAGGED: gl.constexpr = False,
-                     P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
-                     HEADS_INNER: gl.constexpr = False):
+                     P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -468,15 +465,12 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     Alibi: fp32 slopes read at off_b * stride_alibi_b + off_h; Sink: fp32 (Hq,) logits. IS_LOCAL: a window
     (window_left, window_right, Sq + Sk for an unbounded side, as launch.ScoreArgs passes them); causal alone is
     IS_CAUSAL. Launch with num_warps=4 (consumer warpgroup 0) and a grid of (cdiv(Sq, 128), B * Hq).
-    P_CVT_ASM: the key loop's P packed by pairs (_to_p); TREE_MAX: its row maxima as trees (_row_max).
-    HEADS_INNER: the grid is (B * Hq, cdiv(Sq, 128)) instead, so the GPU starts every head's tile of one row block
-    before any of the next (causal: every head's longest rows first, the shortest ones make the last wave)."""
+    P_CVT_ASM: the key loop's P packed by pairs (_to_p); TREE_MAX: its row maxima as trees (_row_max)."""
     BLOCK_M: gl.constexpr = 2 * WG_M
-    M_AXIS: gl.constexpr = 1 if HEADS_INNER else 0
-    pid_m = gl.program_id(M_AXIS)
+    pid_m = gl.program_id(0)
     if IS_CAUSAL or IS_LOCAL:
-        pid_m = gl.num_programs(M_AXIS) - 1 - pid_m  # longest rows first
-    pid_bh = gl.program_id(1 - M_AXIS)
+        pid_m = gl.num_programs(0) - 1 - pid_m  # longest rows first
+    pid_bh = gl.program_id(1)
     off_b = pid_bh // heads_q
     off_h = pid_bh % heads_q
     off_hk = off_h // group_size
