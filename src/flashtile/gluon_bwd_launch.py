@@ -75,13 +75,6 @@ VARIANTS = {
     "stages3": {128: GluonBwdConfig(stages=3)},
     "dq-keys": {128: GluonBwdConfig(stages=2, dq_split_d=False)},
     "dq-split": {64: GluonBwdConfig(stages=3)},
-    # D64 with the dS^T exchange (each warpgroup adds half of dQ's columns over all 128 keys): half the reduce-adds
-    # of the default's per-warpgroup dQ, for a 64-byte slice of K's rows in the dQ wgmma.
-    "dq-split-reduce": {64: GluonBwdConfig(stages=3, dq_tma_reduce=1)},
-    # A deeper Q / dO ring with dQ by reduce-add (D128 230,896 B of 232,448; D64 +16 KB): the atomics' stages3 was
-    # even with two stages, when the atomics were the bottleneck.
-    "stages-reduce": {64: GluonBwdConfig(stages=4, dq_split_d=False, dq_tma_reduce=1),
-                      128: GluonBwdConfig(stages=3, dq_tma_reduce=1)},
     "dq-chunks2": {256: GluonBwdConfig(stages=2, dq_chunks=2)},
     "dq-reduce2": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=2),
                    128: GluonBwdConfig(stages=2, dq_tma_reduce=2)},
