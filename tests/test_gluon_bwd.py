@@ -139,6 +139,44 @@ def test_dkdv_launch_args_dq_reduce():
     assert 256 not in gluon_bwd_launch.VARIANTS["dq-reduce2"]  # D256's single staging place is the ring slot
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_preprocess_zeroes_dq_accum(varlen):
+    """The preprocess zeroes the Gluon backward's fp32 dQ buffer (ZERO_DQ, no memset launch): every row of a real
+    query, in the dense (B, Sq_pad, Hq, D) and the varlen (total_q + 64, Hq, D) layouts, from NaN; it leaves the
+    padding rows alone and still writes delta and lse2. On the GPU, or the interpreter on CPU."""
+    torch.manual_seed(0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    heads, head_dim = 2, 40
+    if varlen:
+        lens = [70, 0, 5]
+        total = sum(lens)
+        cu = torch.tensor([0, 70, 70, 75], dtype=torch.int32, device=dev)
+        out, dout = torch.randn(2, total, heads, head_dim, device=dev).unbind(0)
+        lse = torch.randn(heads, total, device=dev)
+        geo = launch.Geometry.of(out, out, cu, cu, 70, 70)
+        acc = torch.full((total + 64, heads, head_dim), float("nan"), device=dev)
+        real = acc[:total]
+        pad = acc[total:]
+    else:
+        out, dout = torch.randn(2, 2, 70, heads, head_dim, device=dev).unbind(0)
+        lse = torch.randn(2, heads, 70, device=dev)
+        geo = launch.Geometry.of(out, out)
+        acc = torch.full((2, 128, heads, head_dim), float("nan"), device=dev)
+        real = acc[:, :70]
+        pad = acc[:, 70:]
+    delta = torch.full(geo.row_buffer_shape(out), float("nan"), device=dev)
+    lse2 = torch.full(geo.row_buffer_shape(out), float("nan"), device=dev)
+    launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, dq_accum=acc).run()
+    assert torch.equal(real, torch.zeros_like(real)) and pad.isnan().all()
+    rowsum = (out * dout).sum(-1)  # (..., tokens, heads)
+    if varlen:
+        got = torch.cat([delta[:, 16 * (b + int(cu[b]) // 16):][:, :n] for b, n in enumerate(lens)], dim=1)
+        assert lse2.isfinite().sum() == heads * total
+        assert torch.allclose(got, rowsum.T, atol=1e-5)
+    else:
+        assert torch.allclose(delta[..., :70], rowsum.transpose(1, 2), atol=1e-5)
+
+
 def test_dkdv_launch_args_varlen():
     """Varlen: q / k / dout as (1, total, H * D) descriptors, lse2 / delta as the (Hq, R) row layout, dq_accum
     (total_q + 64, Hq, D) with two aliased row dimensions for the reduce-adds, packed dK / dV strides with no

@@ -283,7 +283,7 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
         lse2 = launch._empty(geo.row_buffer_shape(q), q, torch.float32, poison)
         total_q, heads_q, head_dim = q.shape
         # block_m spare rows: the last sequence's last tile adds (zeros) past its end.
-        dq_accum = torch.zeros((total_q + config.block_m, heads_q, head_dim), dtype=torch.float32, device=q.device)
+        dq_accum = launch._empty((total_q + config.block_m, heads_q, head_dim), q, torch.float32, poison)
     else:
         geo = launch.Geometry.of(q, k)
         batch, seqlen_q, heads_q, head_dim = q.shape
@@ -291,8 +291,10 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
         # Rows padded to whole query tiles (TMA boxes, 16-byte row strides); rows past seqlen_q stay unwritten.
         delta = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
         lse2 = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
-        dq_accum = torch.zeros((batch, seqlen_q_pad, heads_q, head_dim), dtype=torch.float32, device=q.device)
-    launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts).run()
+        dq_accum = launch._empty((batch, seqlen_q_pad, heads_q, head_dim), q, torch.float32, poison)
+    # The preprocess zeroes dq_accum's rows of real queries; the others (tile tails) only receive adds of zeros and
+    # are never read.
+    launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum).run()
     dk, dv = launch._empty(k.shape, k, poison=poison), launch._empty(v.shape, v, poison=poison)
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,

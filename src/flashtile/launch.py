@@ -470,17 +470,21 @@ def sink_grad(parts, heads_q):
     return -parts.view(-1, heads_q, parts.shape[-1]).sum((0, 2))
 
 
-def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=None):
+def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=None, dq_accum=None):
     """The backward's preprocess: delta = rowsum(dO * O) - dlse and lse2 = lse * log2(e), both of shape
     geo.row_buffer_shape; dlse (lse's shape) or None; with sink (Hq,) fp32, the sink gradient's pieces into
-    parts (sink_parts). Shared by the portable and the Gluon backward."""
+    parts (sink_parts); with dq_accum (fp32, (B, Sq_pad, Hq, D), or (total_q + pad, Hq, D) for varlen), its rows
+    of real queries zeroed. Shared by the portable and the Gluon backward."""
     return KernelLaunch(
         _attn_bwd_preprocess, (_cdiv(geo.seqlen_q, PRE_BLOCK), geo.batch * geo.heads_q),
         (out, dout, lse, dlse if dlse is not None else lse, delta, lse2, geo.cu_args(lse)[0],
-         sink if sink is not None else lse, parts if parts is not None else lse, *_strides3(out),
-         *_strides3(dout), *geo.lse_strides(lse), *geo.lse_strides(lse2), geo.seqlen_q, geo.heads_q),
+         sink if sink is not None else lse, parts if parts is not None else lse,
+         dq_accum if dq_accum is not None else lse, *_strides3(out), *_strides3(dout), *geo.lse_strides(lse),
+         *geo.lse_strides(lse2), *(_strides3(dq_accum) if dq_accum is not None else (0, 0, 0)), geo.seqlen_q,
+         geo.heads_q),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=_head_dim_padded(geo.head_dim), BLOCK_M=PRE_BLOCK,
-             IS_VARLEN=geo.is_varlen, HAS_DLSE=dlse is not None, HAS_SINK=sink is not None),
+             IS_VARLEN=geo.is_varlen, HAS_DLSE=dlse is not None, HAS_SINK=sink is not None,
+             ZERO_DQ=dq_accum is not None),
     )
 
 
