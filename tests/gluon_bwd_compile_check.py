@@ -93,13 +93,25 @@ def sass_tile_loops(cubin):
 
 
 def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_kv=2,
-                 **features):
+                 varlen=False, **features):
+    """The kernel dkdv_launch_args builds for this case, compiled for sm90; varlen: packed (total, H, D) tensors
+    of batch sequences of the given lengths (the launcher's varlen arguments)."""
     from triton.experimental.gluon._runtime import GluonASTSource
-    q = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16)
-    k = torch.empty(batch, seqlen_k, heads_kv, head_dim, dtype=torch.bfloat16)
-    seqlen_q_pad = -(-seqlen_q // config.block_m) * config.block_m
-    rows = torch.empty(batch, heads_q, seqlen_q_pad)
-    dq_accum = torch.empty(batch, seqlen_q_pad, heads_q, head_dim)
+    if varlen:
+        q = torch.empty(batch * seqlen_q, heads_q, head_dim, dtype=torch.bfloat16)
+        k = torch.empty(batch * seqlen_k, heads_kv, head_dim, dtype=torch.bfloat16)
+        cu_q = torch.arange(batch + 1, dtype=torch.int32) * seqlen_q
+        cu_k = torch.arange(batch + 1, dtype=torch.int32) * seqlen_k
+        rows = torch.empty(heads_q, 16 * batch + -(-batch * seqlen_q // 16) * 16 + 128)  # Geometry.row_buffer_shape
+        dq_accum = torch.empty(batch * seqlen_q + config.block_m, heads_q, head_dim)
+        features = dict(features, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=seqlen_q,
+                        max_seqlen_k=seqlen_k)
+    else:
+        q = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16)
+        k = torch.empty(batch, seqlen_k, heads_kv, head_dim, dtype=torch.bfloat16)
+        seqlen_q_pad = -(-seqlen_q // config.block_m) * config.block_m
+        rows = torch.empty(batch, heads_q, seqlen_q_pad)
+        dq_accum = torch.empty(batch, seqlen_q_pad, heads_q, head_dim)
     if features.get("alibi_slopes") is not None:
         features = dict(features, alibi_slopes=torch.empty(batch, heads_q))
     if features.get("attn_bias") is not None:
@@ -146,6 +158,7 @@ def main():
     parser.add_argument("--features", default="all", help=f"comma list of {sorted(FEATURES)}, all or none")
     parser.add_argument("--dump", default="", help="write each case's ttgir / ptx / ptxas report here")
     parser.add_argument("--loop-ops", action="store_true", help="SASS opcode counts of each per-tile loop")
+    parser.add_argument("--varlen", action="store_true", help="packed varlen launches instead of dense ones")
     args = parser.parse_args()
     print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
     variants = list(gluon_bwd_launch.VARIANTS) if args.variants == "all" else args.variants.split(",")
@@ -162,13 +175,15 @@ def main():
         causal, kwargs = FEATURES[feature]
         for head_dim in map(int, args.head_dims.split(",")):
             config = gluon_bwd_launch.VARIANTS["default"][head_dim]
-            if "attn_bias" in kwargs and not gluon_bwd_launch.bias_shared_ok(
-                    head_dim, config, torch.float32 if kwargs["attn_bias"] == "bias32" else torch.bfloat16):
-                print(f"d{head_dim}-{feature}-default: skipped (bias_shared_ok refuses it)")
+            if "attn_bias" in kwargs and (args.varlen or not gluon_bwd_launch.bias_shared_ok(
+                    head_dim, config, torch.float32 if kwargs["attn_bias"] == "bias32" else torch.bfloat16)):
+                print(f"d{head_dim}-{feature}-default: skipped (bias: dense only, where bias_shared_ok takes it)")
                 continue
             cases.append((f"d{head_dim}-{feature}-default", head_dim, causal, config, kwargs))
     bad = 0
     for name, head_dim, causal, config, kwargs in cases:
+        if args.varlen:
+            name, kwargs = name + "-varlen", dict(kwargs, varlen=True)
         try:
             compiled = compile_case(head_dim, causal, config, **kwargs)
         except Exception as exc:  # noqa: BLE001

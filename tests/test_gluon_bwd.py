@@ -72,7 +72,7 @@ def test_dkdv_launch_args_leave_plain_and_causal_alone():
     def launch_args(causal, **kw):
         _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, causal,
                                                                    config, **kw)
-        return args[-8:-3], constexprs
+        return args[-10:-5], constexprs
 
     for causal in (False, True):
         tail, constexprs = launch_args(causal)
@@ -91,7 +91,7 @@ def test_dkdv_launch_args_leave_plain_and_causal_alone():
     assert softcap_log2 == pytest.approx(30.0 * 1.4426950408889634)
     _, args, _, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, False, config,
                                                       softcap=30.0)
-    assert args[-10] == pytest.approx(0.125 / 30.0)  # qk_scale = softmax_scale / softcap, as the forward's
+    assert args[-12] == pytest.approx(0.125 / 30.0)  # qk_scale = softmax_scale / softcap, as the forward's
     assert args[-3:] == (None,) * 3  # no bias: bias_desc, bias_batch, bias_heads
 
 
@@ -121,7 +121,7 @@ def test_dkdv_launch_args_bias():
             assert list(desc.block_shape) == [1, 1, 64, 128] and desc.layout.swizzle_byte_width == 128
             # one layout object per (box, dtype): fast_launch keys a descriptor's layout by identity
             assert desc.layout is gluon_bwd_launch._bias_descriptor(bias, 64, 128).layout
-            assert args[-8:-3] == (None,) * 5  # the other features stay off
+            assert args[-10:-3] == (None,) * 7  # the other features and varlen stay off
 
 
 def test_dkdv_launch_args_d256_split_d():
@@ -168,27 +168,119 @@ def test_dkdv_launch_args_dq_reduce():
             assert constexprs["DQ_TMA_REDUCE"] == bufs and config.dq_split_d == (head_dim != 64)
             assert config.dq_chunks == 1  # D256: the kernel stages the whole [64, 128] dQ half in a ring slot
     assert 256 not in gluon_bwd_launch.VARIANTS["dq-reduce2"]  # D256's single staging place is the ring slot
-    split = gluon_bwd_launch.VARIANTS["dq-split-reduce"][64]  # D64: half of dQ's 64 columns per warpgroup
-    assert split.dq_split_d and split.dq_tma_reduce == 1
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_preprocess_zeroes_dq_accum(varlen):
+    """The preprocess zeroes the Gluon backward's fp32 dQ buffer (ZERO_DQ, no memset launch): every row of a real
+    query, in the dense (B, Sq_pad, Hq, D) and the varlen (total_q + 64, Hq, D) layouts, from NaN; it leaves the
+    padding rows alone and still writes delta and lse2. On the GPU, or the interpreter on CPU."""
+    torch.manual_seed(0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    heads, head_dim = 2, 40
+    if varlen:
+        lens = [70, 0, 5]
+        total = sum(lens)
+        cu = torch.tensor([0, 70, 70, 75], dtype=torch.int32, device=dev)
+        out, dout = torch.randn(2, total, heads, head_dim, device=dev).unbind(0)
+        lse = torch.randn(heads, total, device=dev)
+        geo = launch.Geometry.of(out, out, cu, cu, 70, 70)
+        acc = torch.full((total + 64, heads, head_dim), float("nan"), device=dev)
+        real = acc[:total]
+        pad = acc[total:]
+    else:
+        out, dout = torch.randn(2, 2, 70, heads, head_dim, device=dev).unbind(0)
+        lse = torch.randn(2, heads, 70, device=dev)
+        geo = launch.Geometry.of(out, out)
+        acc = torch.full((2, 128, heads, head_dim), float("nan"), device=dev)
+        real = acc[:, :70]
+        pad = acc[:, 70:]
+    delta = torch.full(geo.row_buffer_shape(out), float("nan"), device=dev)
+    lse2 = torch.full(geo.row_buffer_shape(out), float("nan"), device=dev)
+    launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, dq_accum=acc).run()
+    assert torch.equal(real, torch.zeros_like(real)) and pad.isnan().all()
+    rowsum = (out * dout).sum(-1)  # (..., tokens, heads)
+    if varlen:
+        got = torch.cat([delta[:, 16 * (b + int(cu[b]) // 16):][:, :n] for b, n in enumerate(lens)], dim=1)
+        assert lse2.isfinite().sum() == heads * total
+        assert torch.allclose(got, rowsum.T, atol=1e-5)
+    else:
+        assert torch.allclose(delta[..., :70], rowsum.transpose(1, 2), atol=1e-5)
+
+
+def test_dkdv_launch_args_varlen():
+    """Varlen: q / k / dout as (1, total, H * D) descriptors, lse2 / delta as the (Hq, R) row layout, dq_accum
+    (total_q + 64, Hq, D) with two aliased row dimensions for the reduce-adds, packed dK / dV strides with no
+    batch stride, the grid over max_seqlen_k, the cu_seqlens tensors last and VARLEN set."""
+    if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
+        pytest.skip("no Gluon Hopper API in this triton")
+    q = torch.empty(700, 4, 128, dtype=torch.bfloat16)
+    k = torch.empty(900, 2, 128, dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, 300, 300, 700], dtype=torch.int32)
+    cu_k = torch.tensor([0, 500, 630, 900], dtype=torch.int32)
+    rows = torch.empty(4, 16 * 3 + 704 + 128)
+    acc = torch.empty(700 + 64, 4, 128)
+    for variant in ("default", "atomics"):
+        config = gluon_bwd_launch.VARIANTS[variant][128]
+        grid, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(
+            q, k, k, q, rows, rows, k, k, acc, 0.1, True, config, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+            max_seqlen_q=400, max_seqlen_k=500)
+        assert grid == (4, 3 * 2) and constexprs["VARLEN"]
+        assert list(args[0].shape) == [1, 700, 512] and list(args[0].strides) == [700 * 512, 512, 1]
+        assert list(args[1].shape) == [1, 900, 256] and list(args[1].block_shape) == [1, 128, 128]
+        assert list(args[4].shape) == [4, rows.shape[1]] and list(args[4].strides) == [rows.shape[1], 1]
+        assert args[10:17] == (0, 256, 128, 0, 256, 128, 512)  # dK / dV (batch, row, head), dq_accum's row
+        assert args[17:20] == (400, 500, 448)  # max lengths, max_seqlen_q in whole 64-row tiles
+        assert args[-5] is cu_q and args[-4] is cu_k and args[-3:] == (None,) * 3  # then the bias arguments (off)
+        desc = args[9]
+        if variant == "atomics":
+            assert desc is None
+        else:
+            assert list(desc.shape) == [764, 448, 512] and list(desc.strides) == [512, 512, 1]
+    dense = gluon_bwd_launch.dkdv_launch_args(torch.empty(2, 300, 4, 128, dtype=torch.bfloat16),
+                                              torch.empty(2, 500, 2, 128, dtype=torch.bfloat16),
+                                              torch.empty(2, 500, 2, 128, dtype=torch.bfloat16),
+                                              torch.empty(2, 300, 4, 128, dtype=torch.bfloat16),
+                                              torch.empty(2, 4, 320), torch.empty(2, 4, 320),
+                                              torch.empty(2, 500, 2, 128, dtype=torch.bfloat16),
+                                              torch.empty(2, 500, 2, 128, dtype=torch.bfloat16),
+                                              torch.empty(2, 320, 4, 128), 0.1, False,
+                                              gluon_bwd_launch.VARIANTS["default"][128])
+    assert dense[1][-5:] == (None,) * 5 and not dense[2]["VARLEN"]  # cu_seqlens, then the bias arguments
+
+
+@pytest.mark.usefixtures("pretend_hopper")
+def test_supports_varlen():
+    """Packed (total, H, D) tensors with int32 cu_seqlens are supported; without them, or with 4-D tensors, not."""
+    q = torch.randn(700, 4, 128, dtype=torch.bfloat16)
+    k = torch.randn(900, 2, 128, dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, 300, 300, 700], dtype=torch.int32)
+    cu_k = torch.tensor([0, 500, 630, 900], dtype=torch.int32)
+    varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=400, max_seqlen_k=500)
+    assert gluon_bwd_launch.gluon_bwd_supported(q, k, k, q, q, causal=True, **varlen)
+    assert not gluon_bwd_launch.gluon_bwd_supported(q, k, k, q, q, causal=True)
+    assert not gluon_bwd_launch.gluon_bwd_supported(q, k, k, q, q, **dict(varlen, cu_seqlens_q=cu_q.long()))
+    assert not gluon_bwd_launch.gluon_bwd_supported(q[None], k[None], k[None], q[None], q[None], **varlen)
+    bias = torch.zeros(3, 4, 400, 504, dtype=torch.bfloat16)[..., :500]  # a bias stays dense-only
+    assert not gluon_bwd_launch.gluon_bwd_supported(q, k, k, q, q, causal=True, attn_bias=bias, **varlen)
 
 
 def test_backward_asks_gluon_for_features_not_for_the_rest():
-    """_flash_attn_backward's gate: windows, softcap, ALiBi and a bias without gradient reach _gluon_backward
-    (which may refuse); varlen, a bias gradient, dropout, mods and deterministic never do."""
+    """_flash_attn_backward's gate: windows, softcap, ALiBi, varlen and a bias without gradient reach
+    _gluon_backward (which may refuse); a bias gradient, dropout, mods and deterministic never do."""
     ok = launch._gluon_bwd_candidate
-    assert ok(None, None, False, 0.0, None, False)
-    assert not ok(torch.zeros(2, dtype=torch.int32), None, False, 0.0, None, False)
-    assert ok(None, torch.zeros(1), False, 0.0, None, False)  # a bias without gradient: gluon_bwd_supported decides
-    assert not ok(None, torch.zeros(1), True, 0.0, None, False)  # bias_grad: dS is written by the portable dQ kernel
-    assert not ok(None, None, True, 0.0, None, False)
-    assert not ok(None, None, False, 0.1, None, False)
-    assert not ok(None, None, False, 0.0, object(), False)
-    assert not ok(None, None, False, 0.0, None, True)
+    assert ok(None, False, 0.0, None, False)
+    assert ok(torch.zeros(1), False, 0.0, None, False)  # a bias without gradient: gluon_bwd_supported decides
+    assert not ok(torch.zeros(1), True, 0.0, None, False)  # bias_grad: dS is written by the portable dQ kernel
+    assert not ok(None, True, 0.0, None, False)
+    assert not ok(None, False, 0.1, None, False)
+    assert not ok(None, False, 0.0, object(), False)
+    assert not ok(None, False, 0.0, None, True)
 
 
 def test_gluon_backward_forwards_features(monkeypatch):
-    """launch._gluon_backward hands window_size / softcap / alibi_slopes to the support check and the launcher,
-    and a window whose right side is 0 takes the causal key threshold."""
+    """launch._gluon_backward hands window_size / softcap / alibi_slopes (and a bias, when given) to the support check
+    and the launcher, and a window whose right side is 0 takes the causal key threshold."""
     q = torch.randn(1, 2048, 2, 128)
     slopes = torch.rand(2)
     seen = []
@@ -198,8 +290,12 @@ def test_gluon_backward_forwards_features(monkeypatch):
     got = launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(256, 0), softcap=30.0,
                                  alibi_slopes=slopes)
     assert got == "grads"
-    features = dict(window_size=(256, 0), softcap=30.0, alibi_slopes=slopes, attn_bias=None)
+    features = dict(window_size=(256, 0), softcap=30.0, alibi_slopes=slopes)
     assert seen == [("s", dict(causal=True, **features)), ("g", True, dict(features, sink=None, sink_parts=None))]
+    bias = torch.zeros(1, 2, 2048, 2048)  # a bias (no gradient) goes to both as well
+    seen.clear()
+    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False, attn_bias=bias) == "grads"
+    assert seen[0][1]["attn_bias"] is bias and seen[1][2]["attn_bias"] is bias
     from flashtile import gluon_launch
 
     wanted = []
@@ -503,3 +599,49 @@ def test_sink_gradient_through_gluon(monkeypatch, causal):
         results.append(torch.autograd.grad(ref, leaves, dout.to(ref.dtype)))
     for name, got, r64, rlow in zip(("dq", "dk", "dv", "dsink"), grads, *results):
         assert_close_rule(name, got, r64, rlow, dtype)
+
+
+# Packed sequences (seqlen_q, seqlen_k): an empty query side, one row, q < k and q > k, tails, a whole tile.
+VARLEN_LENGTHS = [(300, 500), (0, 130), (1000, 1000), (1, 64), (777, 999), (257, 130)]
+VARLEN_FEATURES = [("plain", {}), ("window-256-0", dict(window_size=(256, 0))), ("softcap-30", dict(softcap=30.0)),
+                   ("alibi-bh", dict(alibi_slopes="bh"))]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim,feature", [(64, VARLEN_FEATURES[0]), (256, VARLEN_FEATURES[0])]
+                         + [(128, f) for f in VARLEN_FEATURES], ids=lambda x: x[0] if isinstance(x, tuple) else x)
+def test_varlen_matches_each_sequence(monkeypatch, head_dim, feature, causal):
+    """FLASHTILE_GLUON_BWD=1 with flash_attn_varlen_func: the Gluon backward over packed sequences (GQA), each
+    sequence's dq / dk / dv against the float64 reference of that sequence alone; NaN-poisoned buffers."""
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    calls = []
+    original = gluon_bwd_launch.gluon_backward
+    monkeypatch.setattr(gluon_bwd_launch, "gluon_backward",
+                        lambda *a, **kw: calls.append(kw.get("cu_seqlens_q") is not None) or original(*a, **kw))
+    dtype, heads_q, heads_kv = torch.bfloat16, 4, 2
+    _, kw = feature
+    lens_q, lens_k = [s for s, _ in VARLEN_LENGTHS], [s for _, s in VARLEN_LENGTHS]
+    cu_q = torch.tensor([0] + lens_q, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    cu_k = torch.tensor([0] + lens_k, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(sum(lens_q), heads_q, head_dim, generator=gen).to(dtype=dtype, device="cuda").requires_grad_()
+    k = torch.randn(sum(lens_k), heads_kv, head_dim, generator=gen).to(dtype=dtype, device="cuda").requires_grad_()
+    v = torch.randn(sum(lens_k), heads_kv, head_dim, generator=gen).to(dtype=dtype, device="cuda").requires_grad_()
+    dout = torch.randn(q.shape, generator=gen).to(dtype=dtype, device="cuda")
+    kw = dict(kw, alibi_slopes=_alibi(kw.get("alibi_slopes"), len(lens_q), heads_q))
+    out = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, **kw)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    assert calls == [True]
+    for b, (sq, sk) in enumerate(VARLEN_LENGTHS):
+        rows, keys = slice(int(cu_q[b]), int(cu_q[b]) + sq), slice(int(cu_k[b]), int(cu_k[b]) + sk)
+        if sq == 0:
+            assert torch.all(dk[keys] == 0) and torch.all(dv[keys] == 0)
+            continue
+        slopes = kw["alibi_slopes"][b] if kw["alibi_slopes"] is not None else None
+        ref64, reflow = references(q[None, rows].detach(), k[None, keys].detach(), v[None, keys].detach(),
+                                   dout[None, rows], causal, **dict(kw, alibi_slopes=slopes))
+        for name, got, r64, rlow in zip(("dq", "dk", "dv"), (dq[rows], dk[keys], dv[keys]), ref64[1:], reflow[1:]):
+            assert_close_rule(f"{name} (sequence {b})", got[None], r64, rlow, dtype)

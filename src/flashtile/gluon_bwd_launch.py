@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import fast_launch, launch  # launch: the shared preprocess and the NaN-poisoning allocator
-from .gluon_launch import LOG2E, _supported_device, alibi_ok, mask_mode, tma_descriptor, torch_layout
+from .gluon_launch import LOG2E, _supported_device, _varlen_ok, alibi_ok, mask_mode, tma_descriptor, torch_layout
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -76,13 +76,6 @@ VARIANTS = {
     "stages3": {128: GluonBwdConfig(stages=3)},
     "dq-keys": {128: GluonBwdConfig(stages=2, dq_split_d=False)},
     "dq-split": {64: GluonBwdConfig(stages=3)},
-    # D64 with the dS^T exchange (each warpgroup adds half of dQ's columns over all 128 keys): half the reduce-adds
-    # of the default's per-warpgroup dQ, for a 64-byte slice of K's rows in the dQ wgmma.
-    "dq-split-reduce": {64: GluonBwdConfig(stages=3, dq_tma_reduce=1)},
-    # A deeper Q / dO ring with dQ by reduce-add (D128 230,896 B of 232,448; D64 +16 KB): the atomics' stages3 was
-    # even with two stages, when the atomics were the bottleneck.
-    "stages-reduce": {64: GluonBwdConfig(stages=4, dq_split_d=False, dq_tma_reduce=1),
-                      128: GluonBwdConfig(stages=3, dq_tma_reduce=1)},
     "dq-chunks2": {256: GluonBwdConfig(stages=2, dq_chunks=2)},
     "dq-reduce2": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=2),
                    128: GluonBwdConfig(stages=2, dq_tma_reduce=2)},
@@ -97,22 +90,29 @@ def block_n(head_dim):
 
 
 def _tma_3d_ok(t):
-    """t (B, S, H, D) as a 3-D (B, S, H * D) TMA tensor: heads adjacent, 16-byte aligned strides and base."""
-    _, _, heads, head_dim = t.shape
+    """t (B, S, H, D) as a 3-D (B, S, H * D) TMA tensor, or packed varlen (total, H, D) as (1, total, H * D):
+    heads adjacent, 16-byte aligned strides and base."""
     s, size = t.stride(), t.element_size()  # one read each (host time)
+    if t.dim() == 3:
+        _, heads, head_dim = t.shape
+        return (s[2] == 1 and (s[1] == head_dim or heads == 1) and s[0] * size % 16 == 0
+                and t.data_ptr() % 16 == 0)
+    _, _, heads, head_dim = t.shape
     return (s[3] == 1 and (s[2] == head_dim or heads == 1) and s[0] * size % 16 == 0 and s[1] * size % 16 == 0
             and t.data_ptr() % 16 == 0)
 
 
 def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0,
-                        alibi_slopes=None, attn_bias=None, **other_features):
+                        alibi_slopes=None, attn_bias=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+                        max_seqlen_k=0, **other_features):
     """True when the Gluon backward can compute the gradients of flash_attn_func(q, k, v, causal=causal,
-    window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes): CUDA sm90, no interpreter, fp16/bf16
-    dense (B, S, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0, TMA-compatible strides of q, k, v, dout,
-    ALiBi slopes fp32 (Hq,) or (B, Hq) on q's device; attn_bias (4-D, broadcastable to (B, Hq, Sq, Sk), no
-    gradient) on q's device where bias_tma_ok and bias_shared_ok accept it (D64; D128 with an fp16 / bf16 bias);
-    no dropout, varlen or mods. A bias with a gradient (bias_grad=True) is refused here and in
-    launch._gluon_bwd_candidate."""
+    window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes), or of flash_attn_varlen_func with
+    cu_seqlens_q / cu_seqlens_k (int32 (B + 1,)) and max_seqlen_q / max_seqlen_k: CUDA sm90, no interpreter,
+    fp16/bf16 dense (B, S, H, D) or packed (total, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0,
+    TMA-compatible strides of q, k, v, dout, ALiBi slopes fp32 (Hq,) or (B, Hq) on q's device; attn_bias (dense
+    only: 4-D, broadcastable to (B, Hq, Sq, Sk), no gradient) on q's device where bias_tma_ok and bias_shared_ok
+    accept it (D64; D128 with an fp16 / bf16 bias); no dropout, paged keys or mods. A bias with a gradient
+    (bias_grad=True) is refused here and in launch._gluon_bwd_candidate."""
     if (_attn_bwd_dkdv_hopper is None or _disabled is not None
             or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
         return False
@@ -120,9 +120,10 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
         return False
     if dropout_p or not softcap >= 0:
         return False
+    varlen = cu_seqlens_q is not None
     tensors = (q, k, v, out, dout)
     for t in tensors:  # a loop, not all() over a generator: ~1 us less per call
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+        if not isinstance(t, torch.Tensor) or t.dim() != (3 if varlen else 4):
             return False
     if not _supported_device(*tensors):
         return False
@@ -130,32 +131,51 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     if (dtype not in (torch.float16, torch.bfloat16) or k.dtype != dtype or v.dtype != dtype or out.dtype != dtype
             or dout.dtype != dtype):
         return False
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    if head_dim not in HEAD_DIMS or k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
+    if out.shape != q.shape or dout.shape != q.shape or k.shape != v.shape:
         return False
-    if out.shape != q.shape or dout.shape != q.shape:
-        return False
+    if varlen:
+        if not _varlen_ok(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+            return False
+        # The lengths of the longest sequences stand in for seqlen_q / seqlen_k in the checks below.
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max(max_seqlen_k, 1)
+        _, heads_q, head_dim = q.shape
+        heads_kv = k.shape[1]
+        if head_dim not in HEAD_DIMS or k.shape[2] != head_dim:
+            return False
+    else:
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        seqlen_k, heads_kv = k.shape[1], k.shape[2]
+        if head_dim not in HEAD_DIMS or k.shape[0] != batch or k.shape[3] != head_dim:
+            return False
     if heads_kv == 0 or heads_q % heads_kv or seqlen_q == 0 or seqlen_k == 0 or batch == 0:
         return False
     if not alibi_ok(alibi_slopes, q, batch, heads_q):
         return False
-    if attn_bias is not None and not (
+    if attn_bias is not None and (varlen or not (
             isinstance(attn_bias, torch.Tensor) and attn_bias.device == q.device and attn_bias.dim() == 4
             and attn_bias.shape[0] in (1, batch) and attn_bias.shape[1] in (1, heads_q)
             and bias_tma_ok(attn_bias, seqlen_q, seqlen_k)
-            and bias_shared_ok(head_dim, VARIANTS["default"][head_dim], attn_bias.dtype)):
+            and bias_shared_ok(head_dim, VARIANTS["default"][head_dim], attn_bias.dtype))):
         return False
     if max(seqlen_q, seqlen_k) + BLOCK_N >= 2**31 or batch * heads_q * seqlen_q * head_dim >= 2**31:
         return False  # int32 TMA coordinates and row offsets
+    if varlen and (q.shape[0] + BLOCK_N) * heads_q * head_dim >= 2**31:
+        return False
     return _tma_3d_ok(q) and _tma_3d_ok(k) and _tma_3d_ok(v) and _tma_3d_ok(dout)
 
 
 def _descriptor(t, block_rows):
-    batch, seqlen, heads, head_dim = t.shape
+    """t (B, S, H, D) as a (B, S, H * D) TMA tensor, or packed (total, H, D) as (1, total, H * D); boxes
+    [1, block_rows, D]."""
     strides = t.stride()
-    return tma_descriptor(t, [batch, seqlen, heads * head_dim], [strides[0], strides[1], 1],
-                          [1, block_rows, head_dim], torch_layout((1, block_rows, head_dim), t.dtype))
+    if t.dim() == 3:
+        total, heads, head_dim = t.shape
+        shape, desc_strides = [1, total, heads * head_dim], [total * strides[0], strides[0], 1]
+    else:
+        batch, seqlen, heads, head_dim = t.shape
+        shape, desc_strides = [batch, seqlen, heads * head_dim], [strides[0], strides[1], 1]
+    return tma_descriptor(t, shape, desc_strides, [1, block_rows, head_dim],
+                          torch_layout((1, block_rows, head_dim), t.dtype))
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,9 +184,11 @@ def _row_layout():
 
 
 def _row_descriptor(rows, block_m):
-    """rows (B, Hq, Sq_pad) fp32 as a (B * Hq, Sq_pad) TMA tensor, boxes [1, block_m], unswizzled. The 2-D shape
-    and strides are computed rather than taken from rows.view(-1, Sq_pad) (~2 us of host time per view): the
-    launch reads only the base's address and dtype."""
+    """rows (B, Hq, Sq_pad) fp32 as a (B * Hq, Sq_pad) TMA tensor, or the varlen row layout (Hq, R) as itself;
+    boxes [1, block_m], unswizzled. The 2-D shape and strides are computed rather than taken from
+    rows.view(-1, Sq_pad) (~2 us of host time per view): the launch reads only the base's address and dtype."""
+    if rows.dim() == 2:
+        return tma_descriptor(rows, list(rows.shape), [rows.stride(0), 1], [1, block_m], _row_layout())
     batch, heads, width = rows.shape
     s = rows.stride()
     if s[2] != 1 or s[0] != heads * s[1]:  # what view() would refuse
@@ -257,52 +279,78 @@ def _bias_args(attn_bias, block_m, keys):
 DQ_BOX_N = 32  # fp32 columns of a dQ reduce-add box: one 128-byte swizzle block
 
 
-def _dq_descriptor(dq_accum, block_m):
+def _dq_descriptor(dq_accum, block_m, max_seqlen_q_pad=None):
     """dq_accum (B, Sq_pad, Hq, D) fp32 as a (B, Sq_pad, Hq * D) TMA tensor, boxes [1, block_m, 32] in 128-byte
     swizzled rows. One box per reduce-add: triton 3.6 lowers a TMA reduce to a single message (its loads split a
-    box wider than the swizzle, its reduce does not: a [1, 64, 64] box added only its first 32 columns)."""
-    batch, seqlen_q_pad, heads, head_dim = dq_accum.shape
+    box wider than the swizzle, its reduce does not: a [1, 64, 64] box added only its first 32 columns).
+    Varlen (max_seqlen_q_pad given): dq_accum (total_q + block_m, Hq, D) as (rows, max_seqlen_q_pad, Hq * D) with
+    both row dimensions of stride one row, so the kernel's [q_start, m, col] adds at row q_start + m (the
+    block_m spare rows take the last sequence's tile tail)."""
     layout = _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+    if max_seqlen_q_pad is not None:
+        rows, heads, head_dim = dq_accum.shape
+        row = dq_accum.stride(0)
+        return tma_descriptor(dq_accum, [rows, max_seqlen_q_pad, heads * head_dim], [row, row, 1],
+                              [1, block_m, DQ_BOX_N], layout)
+    batch, seqlen_q_pad, heads, head_dim = dq_accum.shape
     return tma_descriptor(dq_accum, [batch, seqlen_q_pad, heads * head_dim],
                           [dq_accum.stride(0), dq_accum.stride(1), 1], [1, block_m, DQ_BOX_N], layout)
 
 
 def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config,
-                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, attn_bias=None):
+                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                     max_seqlen_q=0, max_seqlen_k=0, attn_bias=None):
     """(grid, args, constexprs, launch options) of the dK/dV kernel; shared with the offline compile check.
     lse2, delta: (B, Hq, Sq_pad) fp32; dq_accum: (B, Sq_pad, Hq, D) fp32, Sq_pad a multiple of config.block_m.
+    Varlen (cu_seqlens_q given): packed q / k / v / dout / dk / dv (total, H, D), lse2 / delta in the varlen row
+    layout (Hq, R) (launch.Geometry.row_buffer_shape), dq_accum (total_q + block_m, Hq, D); the grid covers
+    max_seqlen_k keys of every sequence.
     Features off pass None for their arguments and leave the constexprs at the plain kernel's (same signature,
     same compiled kernel); causal with a left window is the window (left, 0) (gluon_launch.mask_mode).
-    attn_bias: 4-D broadcastable to (B, Hq, Sq, Sk) that bias_tma_ok accepts, or None."""
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    attn_bias (dense only): 4-D broadcastable to (B, Hq, Sq, Sk) that bias_tma_ok accepts, or None."""
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
+        heads_q, head_dim, heads_kv = q.shape[1], q.shape[2], k.shape[1]
+        seqlen_q_pad = -(-seqlen_q // config.block_m) * config.block_m
+        dk_strides, dv_strides = (0, *dk.stride()[:2]), (0, *dv.stride()[:2])
+        dq_desc = _dq_descriptor(dq_accum, config.block_m, seqlen_q_pad) if config.dq_tma_reduce else None
+        dq_row_stride = dq_accum.stride(0)
+    else:
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        seqlen_k, heads_kv = k.shape[1], k.shape[2]
+        seqlen_q_pad = dq_accum.shape[1]
+        dk_strides, dv_strides = dk.stride()[:3], dv.stride()[:3]
+        dq_desc = _dq_descriptor(dq_accum, config.block_m) if config.dq_tma_reduce else None
+        dq_row_stride = dq_accum.stride(1)
     is_causal, is_local, left, right = mask_mode(causal, window_size)
     unbounded = seqlen_q + seqlen_k  # as launch.ScoreArgs: no position difference reaches it
     alibi = alibi_slopes.float().contiguous() if alibi_slopes is not None else None
     keys = block_n(head_dim)
     args = (_descriptor(q, config.block_m), _descriptor(k, keys), _descriptor(v, keys),
             _descriptor(dout, config.block_m), _row_descriptor(lse2, config.block_m),
-            _row_descriptor(delta, config.block_m), dk, dv, dq_accum,
-            _dq_descriptor(dq_accum, config.block_m) if config.dq_tma_reduce else None,
-            *dk.stride()[:3], *dv.stride()[:3], dq_accum.stride(1),
-            seqlen_q, seqlen_k, dq_accum.shape[1], heads_q, heads_kv, heads_q // heads_kv,
+            _row_descriptor(delta, config.block_m), dk, dv, dq_accum, dq_desc,
+            *dk_strides, *dv_strides, dq_row_stride,
+            seqlen_q, seqlen_k, seqlen_q_pad, heads_q, heads_kv, heads_q // heads_kv,
             softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E, softmax_scale,
             alibi, (alibi.stride(0) if alibi.dim() == 2 else 0) if alibi is not None else None,
             float(softcap) * LOG2E if softcap > 0 else None,
             (left if left >= 0 else unbounded) if is_local else None,
             (right if right >= 0 else unbounded) if is_local else None,
+            cu_seqlens_q, cu_seqlens_k,
             *(_bias_args(attn_bias, config.block_m, keys) if attn_bias is not None else (None, None, None)))
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, IS_CAUSAL=is_causal,
                       DQ_SPLIT_D=config.dq_split_d, CONSUMER_REGS=config.consumer_regs,
                       LOADER_REGS=config.loader_regs, IS_LOCAL=is_local, SOFTCAP=softcap > 0,
                       HAS_ALIBI=alibi_slopes is not None, DQ_CHUNKS=config.dq_chunks,
-                      DQ_TMA_REDUCE=config.dq_tma_reduce, HAS_BIAS=attn_bias is not None)
+                      DQ_TMA_REDUCE=config.dq_tma_reduce, VARLEN=varlen, HAS_BIAS=attn_bias is not None)
     grid = (math.ceil(seqlen_k / keys), batch * heads_kv)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
 def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dlse=None, variant="default",
-                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None, sink_parts=None, attn_bias=None):
+                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None, sink_parts=None,
+                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None):
     """dq, dk, dv (the shapes and dtypes of q, k, v) of flash_attn_func(q, k, v, softmax_scale, causal,
     window_size, softcap, alibi_slopes) from its out and lse (B, Hq, Sq) fp32; dlse: the gradient flowing into
     lse (lse's shape) or None. Requires gluon_bwd_supported(q, k, v, out, dout, causal, window_size=...,
@@ -310,29 +358,47 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     one for fp16/bf16 inputs, so P is recomputed as the forward's lse saw it. sink (Hq,) fp32, sink_parts: the
     preprocess writes the sink gradient's pieces there (launch.sink_parts / sink_grad). Launches: the portable
     preprocess (delta, lse2), the Gluon dK/dV kernel (dQ added into an fp32 buffer by TMA reduce-adds, or by
-    atomics in variant "atomics"), and the conversion of that buffer to dq. attn_bias: the forward's additive bias
-    (4-D, broadcastable to (B, Hq, Sq, Sk); no gradient) or None."""
+    atomics in variant "atomics"), and the conversion of that buffer to dq. Varlen (cu_seqlens_q / cu_seqlens_k
+    int32 (B + 1,), max_seqlen_q / max_seqlen_k): packed (total, H, D) tensors and lse (Hq, total_q), as
+    flash_attn_varlen_func's. attn_bias (dense only): the forward's additive bias (4-D, broadcastable to
+    (B, Hq, Sq, Sk); no gradient) or None."""
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     config = VARIANTS[variant][q.shape[-1]]
     if attn_bias is not None and not bias_shared_ok(q.shape[-1], config, attn_bias.dtype):
         raise ValueError(f"variant {variant!r} at head dim {q.shape[-1]} has no shared memory for a "
                          f"{attn_bias.dtype} bias ring (bias_shared_ok)")
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_q_pad = math.ceil(seqlen_q / config.block_m) * config.block_m
-    # Rows padded to whole query tiles (TMA boxes, 16-byte row strides); rows past seqlen_q stay unwritten.
     poison = launch.poison_outputs()  # one environment read for the four buffers (host time)
-    delta = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
-    lse2 = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
-    launch.preprocess_launch(launch.Geometry.of(q, k), out, dout, lse, dlse, delta, lse2, sink, sink_parts).run()
-    dq_accum = torch.zeros((batch, seqlen_q_pad, heads_q, head_dim), dtype=torch.float32, device=q.device)
+    if cu_seqlens_q is not None:
+        geo = launch.Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        # The varlen row layout (rows of sequence b from 16 * (b + q_start // 16), ROW_PAD spare rows at the end).
+        delta = launch._empty(geo.row_buffer_shape(q), q, torch.float32, poison)
+        lse2 = launch._empty(geo.row_buffer_shape(q), q, torch.float32, poison)
+        total_q, heads_q, head_dim = q.shape
+        # block_m spare rows: the last sequence's last tile adds (zeros) past its end.
+        dq_accum = launch._empty((total_q + config.block_m, heads_q, head_dim), q, torch.float32, poison)
+    else:
+        geo = launch.Geometry.of(q, k)
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        seqlen_q_pad = math.ceil(seqlen_q / config.block_m) * config.block_m
+        # Rows padded to whole query tiles (TMA boxes, 16-byte row strides); rows past seqlen_q stay unwritten.
+        delta = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
+        lse2 = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
+        dq_accum = launch._empty((batch, seqlen_q_pad, heads_q, head_dim), q, torch.float32, poison)
+    # The preprocess zeroes dq_accum's rows of real queries; the others (tile tails) only receive adds of zeros and
+    # are never read.
+    launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum).run()
     dk, dv = launch._empty(k.shape, k, poison=poison), launch._empty(v.shape, v, poison=poison)
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,
-                                                       float(softcap), alibi_slopes, attn_bias)
+                                                       float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                                                       max_seqlen_q, max_seqlen_k, attn_bias)
     fast_launch.launch(_attn_bwd_dkdv_hopper, grid, args, {**constexprs, **options})
     dq = launch._empty(q.shape, q, poison=poison)
-    launch.dq_convert_launch(dq_accum, dq, float(softmax_scale)).run()
+    if cu_seqlens_q is not None:  # the conversion's (B, Sq_pad, Hq, D) view: one batch of every packed row
+        launch.dq_convert_launch(dq_accum[None], dq[None], float(softmax_scale)).run()
+    else:
+        launch.dq_convert_launch(dq_accum, dq, float(softmax_scale)).run()
     return dq, dk, dv

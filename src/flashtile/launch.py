@@ -470,17 +470,21 @@ def sink_grad(parts, heads_q):
     return -parts.view(-1, heads_q, parts.shape[-1]).sum((0, 2))
 
 
-def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=None):
+def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=None, dq_accum=None):
     """The backward's preprocess: delta = rowsum(dO * O) - dlse and lse2 = lse * log2(e), both of shape
     geo.row_buffer_shape; dlse (lse's shape) or None; with sink (Hq,) fp32, the sink gradient's pieces into
-    parts (sink_parts). Shared by the portable and the Gluon backward."""
+    parts (sink_parts); with dq_accum (fp32, (B, Sq_pad, Hq, D), or (total_q + pad, Hq, D) for varlen), its rows
+    of real queries zeroed. Shared by the portable and the Gluon backward."""
     return KernelLaunch(
         _attn_bwd_preprocess, (_cdiv(geo.seqlen_q, PRE_BLOCK), geo.batch * geo.heads_q),
         (out, dout, lse, dlse if dlse is not None else lse, delta, lse2, geo.cu_args(lse)[0],
-         sink if sink is not None else lse, parts if parts is not None else lse, *_strides3(out),
-         *_strides3(dout), *geo.lse_strides(lse), *geo.lse_strides(lse2), geo.seqlen_q, geo.heads_q),
+         sink if sink is not None else lse, parts if parts is not None else lse,
+         dq_accum if dq_accum is not None else lse, *_strides3(out), *_strides3(dout), *geo.lse_strides(lse),
+         *geo.lse_strides(lse2), *(_strides3(dq_accum) if dq_accum is not None else (0, 0, 0)), geo.seqlen_q,
+         geo.heads_q),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=_head_dim_padded(geo.head_dim), BLOCK_M=PRE_BLOCK,
-             IS_VARLEN=geo.is_varlen, HAS_DLSE=dlse is not None, HAS_SINK=sink is not None),
+             IS_VARLEN=geo.is_varlen, HAS_DLSE=dlse is not None, HAS_SINK=sink is not None,
+             ZERO_DQ=dq_accum is not None),
     )
 
 
@@ -716,32 +720,41 @@ def _flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqle
 
 
 def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, sink=None, sink_parts=None, attn_bias=None):
+                    alibi_slopes=None, sink=None, sink_parts=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                    max_seqlen_q=0, max_seqlen_k=0, attn_bias=None):
     """(dq, dk, dv) from the Hopper Gluon backward (gluon_bwd_launch.py; plain, causal, sliding window, softcap,
-    ALiBi, a bias without gradient) where configs.py says it is faster on a tested triton, else None. causal /
-    window_size as flash_attn_func's (a causal call with a left window is the window (left, 0)); features follow
-    the plain / causal key thresholds (causal: any window whose right side is 0), and windows narrower than
-    configs.GLUON_BWD_MIN_WINDOW keys keep the portable kernels. FLASHTILE_GLUON_BWD=1 takes it wherever it
-    is supported, =0 never. A launch that fails to build disables it for the process (one warning), returns None."""
+    ALiBi, a bias without gradient (dense); dense or varlen) where configs.py says it is faster on a tested triton,
+    else None. causal / window_size as flash_attn_func's (a causal call with a left window is the window (left,
+    0)); features follow the plain / causal key thresholds (causal: any window whose right side is 0), windows
+    narrower than configs.GLUON_BWD_MIN_WINDOW keys keep the portable kernels, and varlen is keyed by
+    max_seqlen_k. FLASHTILE_GLUON_BWD=1 takes it wherever it is supported, =0 never. A launch that fails to build
+    disables it for the process (one warning), returns None."""
     gluon_launch, gluon_bwd_launch = _gluon_modules()
     left, right = window_size
     span = _window_span(left, right)
-    features = dict(window_size=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias)
+    varlen = cu_seqlens_q is not None
+    keys = max_seqlen_k if varlen else k.shape[1]
+    features = dict(window_size=tuple(window_size), softcap=softcap, alibi_slopes=alibi_slopes)
+    if varlen:
+        features.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                        max_seqlen_k=max_seqlen_k)
+    if attn_bias is not None:
+        features["attn_bias"] = attn_bias
     return _try_gluon(
         "FLASHTILE_GLUON_BWD",
-        lambda: gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, k.shape[1], span),
+        lambda: gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, keys, span),
         lambda: gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal=causal, **features),
         lambda: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, softmax_scale, causal, dlse, **features,
                                                 sink=sink, sink_parts=sink_parts),
         gluon_bwd_launch.disable)
 
 
-def _gluon_bwd_candidate(cu_seqlens_q, attn_bias, bias_grad, dropout_p, mods, deterministic):
-    """Whether _flash_attn_backward asks the Gluon backward at all: dense, no dropout, no bias gradient (the
-    Gluon kernel reads a bias, it writes no dS), no mods, not deterministic (its dQ reductions run in no fixed
-    order). Windows, softcap, ALiBi and the bias's layout (gluon_bwd_launch.bias_tma_ok, bias_shared_ok) are its
+def _gluon_bwd_candidate(attn_bias, bias_grad, dropout_p, mods, deterministic):
+    """Whether _flash_attn_backward asks the Gluon backward at all: no dropout, no bias gradient (the Gluon kernel
+    reads a bias, it writes no dS), no mods, not deterministic (its dQ reductions run in no fixed order). Windows,
+    softcap, ALiBi, varlen and a bias's layout (gluon_bwd_launch.bias_tma_ok, bias_shared_ok; dense only) are its
     own to refuse or take."""
-    return (not deterministic and cu_seqlens_q is None and not bias_grad and not dropout_p and mods is None)
+    return not deterministic and not bias_grad and not dropout_p and mods is None
 
 
 def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
@@ -765,10 +778,11 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
     if sink is not None:
         geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         parts = sink_parts(geo, q)
-    if q.is_cuda and _gluon_bwd_candidate(cu_seqlens_q, attn_bias, bias_grad, dropout_p, mods, deterministic):
+    if q.is_cuda and _gluon_bwd_candidate(attn_bias, bias_grad, dropout_p, mods, deterministic):
         grads = _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_right == 0,
                                 window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
-                                sink=sink, sink_parts=parts, attn_bias=attn_bias)
+                                sink=sink, sink_parts=parts, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, attn_bias=attn_bias)
         if grads is not None:
             return (*grads, q.new_empty(0, dtype=torch.float32), _dsink(parts, q))
     if geo is None:

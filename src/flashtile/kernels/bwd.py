@@ -13,13 +13,15 @@ from .common import (LOG2E, _block_list, _dropout_base, _dropout_keep, _key_rang
 
 
 @triton.jit
-def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, SinkPart,
+def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, SinkPart, DQAccum,
                          stride_ob, stride_om, stride_oh,
                          stride_dob, stride_dom, stride_doh,
                          stride_lse_b, stride_lse_h, stride_row_b, stride_row_h,
+                         stride_dqa_b, stride_dqa_m, stride_dqa_h,
                          seqlen_q, heads_q,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                         IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, HAS_SINK: tl.constexpr):
+                         IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, HAS_SINK: tl.constexpr,
+                         ZERO_DQ: tl.constexpr = False):
     """Delta = rowsum(dO * O) - dLse; Lse2 = lse * log2(e), with +inf for rows that saw no key (so P = 0 there).
 
     Lse and DLse (the gradient flowing into lse, HAS_DLSE) have lse's layout: (B, Hq, Sq), or (Hq, total_q) in
@@ -27,6 +29,8 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
     stride_row_*). Since d lse_i / d s_ij = P_ij, dLse folds into delta: dS = P * (dP - (delta - dlse)).
     HAS_SINK: SinkPart[b * Hq + h, m] = sum over the rows of block m of exp(sink_h - lse) * delta, the sink
     logit's gradient (negated) in per-program pieces that the host sums in a fixed order (deterministic).
+    ZERO_DQ: also zero rows < seqlen_q of DQAccum, the Gluon backward's fp32 dQ buffer ((B, Sq_pad, Hq, D), or
+    (total_q + pad, Hq, D) in varlen mode), in place of a separate memset launch (FA3's preprocess does the same).
     """
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_q).to(tl.int64)
@@ -54,6 +58,11 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
     row_ptrs = _row_base(off_b, off_h, q_start, stride_row_b, stride_row_h, IS_VARLEN) + offs_m
     tl.store(Delta + row_ptrs, delta, mask=offs_m < seqlen_q)
     tl.store(Lse2 + row_ptrs, lse2, mask=offs_m < seqlen_q)
+    if ZERO_DQ:
+        dqa_ptrs = (DQAccum + _seq_offset(off_b, q_start, stride_dqa_b, stride_dqa_m, IS_VARLEN)
+                    + off_h * stride_dqa_h + rows * stride_dqa_m + offs_d[None, :])
+        tl.store(dqa_ptrs, tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32),
+                 mask=(offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :])
     if HAS_SINK:  # lse >= sink on every row, so the exponent is <= 0
         p_sink = tl.exp(tl.load(Sink + off_h).to(tl.float32) - lse)
         part = tl.sum(tl.where(offs_m < seqlen_q, p_sink * delta, 0.0), axis=0)

@@ -68,16 +68,19 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
-                    lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n, kv_col,
-                    off_h0, m_lo, n_tiles, group_size, heads_q, n_lead, n_masked, n_skip, bias_desc, bias_bufs,
-                    bias_b, bias_h0, bias_h_step, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0, kv_r0, row_b,
+                    row_c0, start_n, kv_col, off_h0, m_lo, n_tiles, group_size, n_lead, n_masked, n_skip, bias_desc,
+                    bias_bufs, bias_b, bias_h0, bias_h_step, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                     STAGES: gl.constexpr, IS_LOCAL: gl.constexpr, HAS_BIAS: gl.constexpr = False):
-    # Q with its lse2 row slice (and under HAS_BIAS the [BLOCK_M, BLOCK_N] bias tile at (bias_b, bias_h0 +
-    # g * bias_h_step, row, start_n)) on one barrier, dO with its delta slice on another. IS_LOCAL: the consumers
-    # take the masked tiles first (_tile_row), and so does this ring.
+    # Q with its lse2 row slice on one barrier, dO with its delta slice on another. IS_LOCAL: the consumers take
+    # the masked tiles first (_tile_row), and so does this ring. Boxes at [desc_b, q_r0 + row, col] (Q, dO) and
+    # [desc_b, kv_r0 + start_n, col] (K, V); lse2 / delta at [row_b + query head, row_c0 + row] (dense: batch
+    # desc_b = off_b, row offsets 0, row_b = off_b * Hq; varlen: one packed batch and each sequence's offsets).
+    # HAS_BIAS (dense only): the [BLOCK_M, BLOCK_N] bias tile at (bias_b, bias_h0 + g * bias_h_step, row, start_n)
+    # with Q, on Q's barrier.
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [off_b, start_n, kv_col], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [off_b, start_n, kv_col], kv_bar, v_smem)
+    tma.async_copy_global_to_shared(k_desc, [desc_b, kv_r0 + start_n, kv_col], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [desc_b, kv_r0 + start_n, kv_col], kv_bar, v_smem)
     for it in range(group_size * n_tiles):
         g = it // n_tiles
         if IS_LOCAL:
@@ -85,7 +88,7 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_sm
         else:
             row = m_lo + (it - g * n_tiles) * BLOCK_M
         col = (off_h0 + g) * HEAD_DIM
-        row_bh = off_b * heads_q + off_h0 + g  # the (B * Hq, Sq_pad) row of lse2 / delta
+        row_bh = row_b + off_h0 + g  # the row of lse2 / delta
         stage = it % STAGES
         # Fresh barriers count as having completed phase 1, so the first lap through the ring does not wait.
         empty_phase = ((it // STAGES) & 1) ^ 1
@@ -95,15 +98,18 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_sm
                             + bias_desc.block_type.nbytes)
         else:
             mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes + lse2_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [off_b, row, col], q_ready.index(stage), q_bufs.index(stage))
-        tma.async_copy_global_to_shared(lse2_desc, [row_bh, row], q_ready.index(stage), lse2_bufs.index(stage))
+        tma.async_copy_global_to_shared(q_desc, [desc_b, q_r0 + row, col], q_ready.index(stage), q_bufs.index(stage))
+        tma.async_copy_global_to_shared(lse2_desc, [row_bh, row_c0 + row], q_ready.index(stage),
+                                        lse2_bufs.index(stage))
         if HAS_BIAS:
             tma.async_copy_global_to_shared(bias_desc, [bias_b, bias_h0 + g * bias_h_step, row, start_n],
                                             q_ready.index(stage), bias_bufs.index(stage))
         mbarrier.wait(do_empty.index(stage), empty_phase)
         mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [off_b, row, col], do_ready.index(stage), do_bufs.index(stage))
-        tma.async_copy_global_to_shared(delta_desc, [row_bh, row], do_ready.index(stage), delta_bufs.index(stage))
+        tma.async_copy_global_to_shared(do_desc, [desc_b, q_r0 + row, col], do_ready.index(stage),
+                                        do_bufs.index(stage))
+        tma.async_copy_global_to_shared(delta_desc, [row_bh, row_c0 + row], do_ready.index(stage),
+                                        delta_bufs.index(stage))
 
 
 @gluon.jit
@@ -602,12 +608,12 @@ def _consumer1_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, del
 def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, DK, DV, DQAccum, dq_desc,
                           stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
                           seqlen_q, seqlen_k, seqlen_q_pad, heads_q, heads_kv, group_size, qk_scale, softmax_scale,
-                          Alibi, stride_alibi_b, softcap_log2, window_left, window_right, bias_desc, bias_batch,
-                          bias_heads, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                          IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
+                          Alibi, stride_alibi_b, softcap_log2, window_left, window_right, CuSeqlensQ, CuSeqlensK,
+                          bias_desc, bias_batch, bias_heads, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                          STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
                           CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
                           SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
-                          DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = 0,
+                          DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = 0, VARLEN: gl.constexpr = False,
                           HAS_BIAS: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
@@ -621,13 +627,21 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     DQ_TMA_REDUCE (1 or 2 shared buffers per warpgroup at D64 / D128; 1 at D256: the ring slot): dQ tiles by TMA
     reduce-add through dq_desc, DQAccum as (B, seqlen_q_pad, Hq * D) with boxes [1, BLOCK_M, 32] (one 128-byte
     swizzle block; triton 3.6 issues one message per reduce); else None.
-    HAS_BIAS (D64 / D128 only): bias_desc a 4-D (bias_batch, bias_heads, Sq, Sk) TMA tensor over the additive
+    VARLEN: packed q / k / v / dO (total, H, D) at int32 CuSeqlensQ / CuSeqlensK (B + 1,), seen as one batch
+    (descriptors (1, total, H * D)); seqlen_q / seqlen_k the maxima (the grid); lse2 / delta in the varlen row layout
+    (Hq, R), sequence b's rows from 16 * (b + q_start // 16) (common._row_base); DK / DV packed (stride_dkb unused);
+    DQAccum (total_q + BLOCK_M, Hq, D) and dq_desc over it with two aliased row dimensions (shape (rows, max_q_pad,
+    Hq * D), strides (row, row, 1)), addressed [q_start, m, col]. Tiles reading past a sequence's end read the
+    next sequence's rows: their lse2 / delta are masked (P = 0, dS = 0: nothing flows into dK / dV, and dQ adds
+    zeros to those rows), and keys past seqlen_k are masked in the block that has them.
+    HAS_BIAS (D64 / D128, dense only): bias_desc a 4-D (bias_batch, bias_heads, Sq, Sk) TMA tensor over the additive
     bias (bias_batch 1 or B, bias_heads 1 or Hq: a broadcast dim is read at coordinate 0), boxes [1, 1, BLOCK_M,
     BLOCK_N]; no bias gradient. Else bias_desc, bias_batch, bias_heads are None.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
     gl.static_assert(not (SPLIT_D and HAS_BIAS), "HAS_BIAS: D64 / D128 only")
+    gl.static_assert(not (VARLEN and HAS_BIAS), "HAS_BIAS: dense only")
     gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE) or (DQ_TMA_REDUCE == 1 and DQ_CHUNKS == 1),
                      "DQ_TMA_REDUCE at D256: 1 (the ring slot), with DQ_CHUNKS 1")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
@@ -635,6 +649,13 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     pid_bh = gl.program_id(1)
     off_b = pid_bh // heads_kv
     off_hk = pid_bh % heads_kv
+    q_start = 0
+    k_start = 0
+    if VARLEN:
+        q_start = gl.load(CuSeqlensQ + off_b)
+        seqlen_q = gl.load(CuSeqlensQ + off_b + 1) - q_start
+        k_start = gl.load(CuSeqlensK + off_b)
+        seqlen_k = gl.load(CuSeqlensK + off_b + 1) - k_start
 
     # Query tiles [m_lo, m_lo + n_tiles * BLOCK_M) see some key of the block; the first n_masked need a mask
     # (the causal diagonal, or every tile when the block runs past seqlen_k).
@@ -682,6 +703,15 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     if not IS_LOCAL:
         if start_n + BLOCK_N > seqlen_k:
             n_masked = n_tiles
+    if VARLEN:
+        # The grid covers the longest sequence's keys: a block past this one's has no work and stores nothing (its
+        # dK / dV rows are masked by seqlen_k).
+        live = (start_n < seqlen_k).to(gl.int32)
+        n_tiles = n_tiles * live
+        n_masked = n_masked * live
+        if IS_LOCAL:
+            n_lead = n_lead * live
+            n_skip = n_skip * live
 
     dtype: gl.constexpr = q_desc.dtype
     if SPLIT_D:
@@ -724,7 +754,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
         else:
             DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
             dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * DQ_TMA_REDUCE, 1, BLOCK_M, DQ_N], dq_desc.layout)
-        dq_b = off_b
+        dq_b = q_start if VARLEN else off_b  # varlen: dq_desc's first row dimension aliases its second
         dq_c0 = off_hk * group_size * HEAD_DIM
     else:
         dq_desc = 0
@@ -756,9 +786,24 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
 
-    dk_base = DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh
-    dv_base = DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh
-    dq_base = DQAccum + off_b.to(gl.int64) * seqlen_q_pad * stride_dqm + off_hk * group_size * HEAD_DIM
+    if VARLEN:
+        dk_base = DK + k_start.to(gl.int64) * stride_dkn + off_hk * stride_dkh
+        dv_base = DV + k_start.to(gl.int64) * stride_dvn + off_hk * stride_dvh
+        dq_base = DQAccum + q_start.to(gl.int64) * stride_dqm + off_hk * group_size * HEAD_DIM
+        desc_b = 0
+        q_r0 = q_start
+        kv_r0 = k_start
+        row_b = 0
+        row_c0 = 16 * (off_b + q_start // 16)  # common._row_base
+    else:
+        dk_base = DK + off_b.to(gl.int64) * stride_dkb + off_hk * stride_dkh
+        dv_base = DV + off_b.to(gl.int64) * stride_dvb + off_hk * stride_dvh
+        dq_base = DQAccum + off_b.to(gl.int64) * seqlen_q_pad * stride_dqm + off_hk * group_size * HEAD_DIM
+        desc_b = off_b
+        q_r0 = 0
+        kv_r0 = 0
+        row_b = off_b * heads_q
+        row_c0 = 0
     # Features that are off pass constexpr 0 to the partitions (their None arguments cannot be captured).
     alibi_ptr = 0
     if HAS_ALIBI:
@@ -784,8 +829,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
               STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE)),
             (_load_partition,
              (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem.index(0), v_smem.index(0), q_bufs,
-              do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
-              off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q, n_lead,
+              do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0, kv_r0,
+              row_b, row_c0, start_n, off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, n_lead,
               n_masked if IS_LOCAL else 0, n_skip, 0, 0, 0, 0, 0, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
@@ -805,8 +850,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                     HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                                     DQ_TMA_REDUCE, HAS_BIAS)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
-                               lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, off_b, start_n,
-                               off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, heads_q, n_lead,
-                               n_masked if IS_LOCAL else 0, n_skip, bias_desc, bias_bufs, bias_b, bias_h0,
-                               bias_h_step, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL, HAS_BIAS)),
+                               lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0,
+                               kv_r0, row_b, row_c0, start_n, off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles,
+                               group_size, n_lead, n_masked if IS_LOCAL else 0, n_skip, bias_desc, bias_bufs, bias_b,
+                               bias_h0, bias_h_step, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL, HAS_BIAS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
