@@ -156,20 +156,43 @@ def _bias_tile(bias_bufs, stage, WG: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
+def _issue_s_dp(it, k_view, v_view, q_bufs, do_bufs, q_ready, do_ready, HEAD_DIM: gl.constexpr,
+                BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """Ring slot it's S^T = K Q^T and dP^T = V dO^T ([WG_N, BLOCK_M] fp32) as two async wgmma groups, each after
+    its buffer has arrived: (s_tok, dp_tok) for warpgroup_mma_wait."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    stage = it % STAGES
+    phase = (it // STAGES) & 1
+    s_zero = gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout)
+    mbarrier.wait(q_ready.index(stage), phase)
+    s_tok = warpgroup_mma(k_view, q_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)), s_zero,
+                          use_acc=False, is_async=True)
+    mbarrier.wait(do_ready.index(stage), phase)
+    dp_tok = warpgroup_mma(v_view, do_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)), s_zero,
+                           use_acc=False, is_async=True)
+    return s_tok, dp_tok
+
+
+@gluon.jit
 def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset,
               qk_scale, softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c,
               bias_bufs, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
               IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
-              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = 0,
-              HAS_BIAS: gl.constexpr = False):
+              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = 0, s_tok=0, dp_tok=0,
+              S_GIVEN: gl.constexpr = False, PREFETCH: gl.constexpr = False, HAS_BIAS: gl.constexpr = False):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
     dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm, or under
     DQ_TMA_REDUCE (1 or 2: buffers per warpgroup) through one of this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_bufs
     and TMA reduce-adds into dq_desc at [dq_b, m, dq_c] (dq_desc, dq_bufs, dq_b, dq_c are constexpr 0 otherwise).
     causal_offset is Sk - Sq under IS_CAUSAL, IS_LOCAL or HAS_ALIBI (else 0); the feature scalars are the
-    forward's (gluon_fwd._feature_scores), None when their feature is off. HAS_BIAS: bias_bufs is the loader's
-    [STAGES, 1, 1, BLOCK_M, 2 * WG_N] ring of bias tiles (this warpgroup reads its WG_N key columns), else 0."""
+    forward's (gluon_fwd._feature_scores), None when their feature is off.
+    S_GIVEN: this slot's S^T / dP^T (s_tok, dp_tok) came from the step before; PREFETCH: issue slot it + 1's right
+    after this tile's dQ wgmma, so the tensor cores have them while this warpgroup waits for dQ and hands it to the
+    reduce-add. Returns dk, dv and slot it + 1's S^T / dP^T (0 without PREFETCH). HAS_BIAS (not with S_GIVEN):
+    bias_bufs is the loader's [STAGES, 1, 1, BLOCK_M, 2 * WG_N] ring of bias tiles (this warpgroup reads its WG_N
+    key columns), else 0."""
     dtype: gl.constexpr = q_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -179,24 +202,29 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DQ_N, 16])
     stage = it % STAGES
-    phase = (it // STAGES) & 1
     q_view = q_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
     do_view = do_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
-    s_zero = gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout)
     # HAS_BIAS at D128: dP^T's wgmma is issued once P^T is made, so that the bias tile (16 to 32 registers per
     # thread) is never live beside dP^T's accumulator: with dP^T in flight meanwhile, 49 spill loads / stores came
     # inside the D128 tile loops; under SOFTCAP its 1 - t^2 is folded into P^T before dP^T (bias + softcap: 0). This
     # warpgroup's softmax no longer overlaps its own dP^T wgmma (the other warpgroup's GEMMs still run meanwhile),
     # as under SOFTCAP. D64 (half the dK / dV registers) keeps the plain order without spills.
     LATE_DP: gl.constexpr = HAS_BIAS and HEAD_DIM > 64
-    mbarrier.wait(q_ready.index(stage), phase)
-    s_tok = warpgroup_mma(k_view, q_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    if not LATE_DP:
-        mbarrier.wait(do_ready.index(stage), phase)
-        dp_tok = warpgroup_mma(v_view, do_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    gl.static_assert(not (HAS_BIAS and S_GIVEN), "HAS_BIAS: not with PREFETCH_S")
+    if LATE_DP:
+        s_zero = gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout)
+        phase = (it // STAGES) & 1
+        mbarrier.wait(q_ready.index(stage), phase)
+        s_tok = warpgroup_mma(k_view, q_view.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    elif not S_GIVEN:
+        s_tok, dp_tok = _issue_s_dp(it, k_view, v_view, q_bufs, do_bufs, q_ready, do_ready, HEAD_DIM, BLOCK_M,
+                                    STAGES)
     cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
     in_seq = cols < seqlen_q
-    if LATE_DP:
+    if S_GIVEN:  # the step before waited for them
+        s = s_tok
+        dp = dp_tok
+    elif LATE_DP:
         s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
     elif SOFTCAP:
         # Both first: softcap's 1 - t^2 waits for dP^T in no register of its own (dS^T is made element by element
@@ -245,7 +273,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
         dp = warpgroup_mma_wait(1, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
-    elif not SOFTCAP:
+    elif not SOFTCAP and not S_GIVEN:
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
     if LATE_DP and SOFTCAP:
@@ -290,7 +318,14 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     else:
         gl.thread_barrier()  # this warpgroup's dS^T stores, before its own wgmma reads them
         dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_view, dq_zero, use_acc=False, is_async=True)
-    dq = warpgroup_mma_wait(0, deps=(dq_tok, ))  # [BLOCK_M, DQ_N]
+    s_next = 0
+    dp_next = 0
+    if PREFETCH:
+        s_next, dp_next = _issue_s_dp(it + 1, k_view, v_view, q_bufs, do_bufs, q_ready, do_ready, HEAD_DIM, BLOCK_M,
+                                      STAGES)
+        dq = warpgroup_mma_wait(2, deps=(dq_tok, ))  # [BLOCK_M, DQ_N]; groups retire in order
+    else:
+        dq = warpgroup_mma_wait(0, deps=(dq_tok, ))  # [BLOCK_M, DQ_N]
     if DQ_TMA_REDUCE:
         # The tile by DQ_N / 32 bulk reduce-adds from one thread (a box is one 128-byte swizzle block of 32 fp32
         # columns, at a plain 8 KB offset in dq_smem), in flight while this warpgroup goes on: in place of the
@@ -309,7 +344,11 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         dcols = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
         # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
         gl.atomic_add(dq_ptr + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq, sem="relaxed")
-    return dk, dv
+    if PREFETCH:
+        # Waited here, not in the next step: an accumulator still in flight across the loop's back edge makes
+        # ptxas serialize every wgmma of the loop (C7514).
+        s_next, dp_next = warpgroup_mma_wait(0, deps=(s_next, dp_next))
+    return dk, dv, s_next, dp_next
 
 
 @gluon.jit
@@ -320,13 +359,15 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                         window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, WG: gl.constexpr,
                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-                        HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, HAS_BIAS: gl.constexpr):
+                        HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, PREFETCH_S: gl.constexpr,
+                        HAS_BIAS: gl.constexpr):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
     the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
     _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
     DK / DV; dq_base: the group's first head in DQAccum; alibi_ptr: the group's first head's slope.
     DQ_TMA_REDUCE: dQ by dq_desc (batch dq_b, the group's first head at column dq_c0) from this warpgroup's
-    DQ_TMA_REDUCE buffers of dq_bufs."""
+    DQ_TMA_REDUCE buffers of dq_bufs. PREFETCH_S: each tile's step issues the next tile's S^T / dP^T wgmmas
+    (_bwd_step's PREFETCH); the last tile of a head takes the masked step, whichever segment it is in."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -346,20 +387,52 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
         alibi_log2 = 0.0
         if HAS_ALIBI:
             alibi_log2 = gl.load(alibi_ptr + g) * LOG2E  # query head off_hk * group_size + g
-        for t in range(0, n_masked):
-            dk, dv = _bwd_step(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv,
-                               k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
-                               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
-                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-                               dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                               True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, HAS_BIAS)
-        for t in range(n_masked, n_tiles):
-            dk, dv = _bwd_step(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv,
-                               k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
-                               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k,
-                               causal_offset, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-                               dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                               False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, HAS_BIAS)
+        if PREFETCH_S:
+            if n_tiles > 0:
+                s_tok, dp_tok = _issue_s_dp(it0, k_view, v_view, q_bufs, do_bufs, q_ready, do_ready, HEAD_DIM,
+                                            BLOCK_M, STAGES)
+                s_tok, dp_tok = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
+                for t in range(0, gl.minimum(n_masked, n_tiles - 1)):
+                    dk, dv, s_tok, dp_tok = _bwd_step(
+                        it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv, k_view,
+                        v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready,
+                        do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                        softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs,
+                        WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                        DQ_TMA_REDUCE, s_tok, dp_tok, True, True, HAS_BIAS)
+                for t in range(n_masked, n_tiles - 1):
+                    dk, dv, s_tok, dp_tok = _bwd_step(
+                        it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view,
+                        v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready,
+                        do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                        softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs,
+                        WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                        DQ_TMA_REDUCE, s_tok, dp_tok, True, True, HAS_BIAS)
+                t_last = n_tiles - 1
+                dk, dv, _, _ = _bwd_step(
+                    it0 + t_last, _tile_m(t_last, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 2), dk, dv, k_view,
+                    v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready,
+                    do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                    softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG,
+                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
+                    s_tok, dp_tok, True, False, HAS_BIAS)
+        else:
+            for t in range(0, n_masked):
+                dk, dv, _, _ = _bwd_step(
+                    it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv, k_view, v_view,
+                    k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty,
+                    ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                    alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
+                    BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, 0, 0,
+                    False, False, HAS_BIAS)
+            for t in range(n_masked, n_tiles):
+                dk, dv, _, _ = _bwd_step(
+                    it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view, v_view,
+                    k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty,
+                    ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                    alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
+                    BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, 0, 0,
+                    False, False, HAS_BIAS)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-add has read dq_smem before the program exits
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
@@ -378,13 +451,14 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                          window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-                         HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, HAS_BIAS: gl.constexpr):
+                         HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, PREFETCH_S: gl.constexpr,
+                         HAS_BIAS: gl.constexpr):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
                         stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2, window_left, window_right,
                         dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                        DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, HAS_BIAS)
+                        DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, PREFETCH_S, HAS_BIAS)
 
 
 @gluon.jit
@@ -614,7 +688,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
                           SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
                           DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = 0, VARLEN: gl.constexpr = False,
-                          HAS_BIAS: gl.constexpr = False):
+                          PREFETCH_S: gl.constexpr = False, HAS_BIAS: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -634,14 +708,17 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     Hq * D), strides (row, row, 1)), addressed [q_start, m, col]. Tiles reading past a sequence's end read the
     next sequence's rows: their lse2 / delta are masked (P = 0, dS = 0: nothing flows into dK / dV, and dQ adds
     zeros to those rows), and keys past seqlen_k are masked in the block that has them.
-    HAS_BIAS (D64 / D128, dense only): bias_desc a 4-D (bias_batch, bias_heads, Sq, Sk) TMA tensor over the additive
-    bias (bias_batch 1 or B, bias_heads 1 or Hq: a broadcast dim is read at coordinate 0), boxes [1, 1, BLOCK_M,
-    BLOCK_N]; no bias gradient. Else bias_desc, bias_batch, bias_heads are None.
+    PREFETCH_S (D64; D128 spills): each tile's S^T / dP^T wgmmas issued by the step before, behind its dQ wgmma.
+    HAS_BIAS (D64 / D128, dense, not with PREFETCH_S): bias_desc a 4-D (bias_batch, bias_heads, Sq, Sk) TMA tensor
+    over the additive bias (bias_batch 1 or B, bias_heads 1 or Hq: a broadcast dim is read at coordinate 0), boxes
+    [1, 1, BLOCK_M, BLOCK_N]; no bias gradient. Else bias_desc, bias_batch, bias_heads are None.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
+    gl.static_assert(not (SPLIT_D and PREFETCH_S), "PREFETCH_S: D64 / D128")
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
     gl.static_assert(not (SPLIT_D and HAS_BIAS), "HAS_BIAS: D64 / D128 only")
     gl.static_assert(not (VARLEN and HAS_BIAS), "HAS_BIAS: dense only")
+    gl.static_assert(not (PREFETCH_S and HAS_BIAS), "HAS_BIAS: not with PREFETCH_S")
     gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE) or (DQ_TMA_REDUCE == 1 and DQ_CHUNKS == 1),
                      "DQ_TMA_REDUCE at D256: 1 (the ring slot), with DQ_CHUNKS 1")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
@@ -841,14 +918,14 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                    softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
                                    softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 0,
                                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                   DQ_TMA_REDUCE, HAS_BIAS)),
+                                   DQ_TMA_REDUCE, PREFETCH_S, HAS_BIAS)),
             (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                     q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                     n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                     softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
                                     softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs,
                                     HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                    DQ_TMA_REDUCE, HAS_BIAS)),
+                                    DQ_TMA_REDUCE, PREFETCH_S, HAS_BIAS)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                                lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0,
                                kv_r0, row_b, row_c0, start_n, off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles,
