@@ -22,7 +22,8 @@ killing the child frees the GPU and the run goes on to report it):
            feat:alibi (ALiBi's key-block split: q == k / q < k / q > k, causal both, (H,) / (B, H) slopes, 16
            heads, D64/128/256, with windows, softcap, sinks), feat:bias (additive biases (1, H) / (B, 1) / (B, H) /
            expanded, fp16 / bf16, causal, GQA, odd lengths, D64/128/256, with softcap / ALiBi / windows / sinks, and
-           refused layouts (fp32, Sq broadcast) checked through the dispatcher's portable answer).
+           refused layouts (fp32, Sq broadcast) checked through the dispatcher's portable answer), feat:bias-mix
+           (D64 / D256 and bias with softcap / ALiBi / windows / sinks).
            --correct-groups G1,G2 runs only those groups.
   bench    16K tokens, hidden 2048 (B = 16384 / S, H = 2048 / D), S in --seqlens, D in --bench-dims, causal
            both: TFLOP/s (4 B H S^2 D, halved when causal; median of do_bench) of each Gluon variant, the
@@ -42,9 +43,9 @@ killing the child frees the GPU and the run goes on to report it):
            portable kernel), Gluon against the portable kernel, as ratios to the plain Gluon time (causal+softcap /
            causal+alibi / causal+bias: to the causal one), per unit of work for windows; cuDNN plain and causal for
            scale. With
-           --feature-variants V1,V2 instead: plain, causal, softcap and causal softcap with the default and each
-           of them, as ratios to the default's plain / causal time, at D128 and at D64 (8K, H 32) (the correct
-           phase checks them too).
+           --feature-variants V1,V2 instead: plain, causal, softcap, causal softcap, bias and causal bias with the
+           default and each of them, as ratios to the default's plain / causal time, at D128 and at D64 (8K, H 32)
+           (the correct phase checks them too; feat:bias runs its cases with those that set bias_cvt_asm).
 Every line starts with PASS / FAIL / SKIP / ERROR / TIME / INFO so the log greps well.
 """
 import argparse
@@ -237,7 +238,7 @@ FEATURE_CASES = {
     # Additive bias (HAS_BIAS: a TMA-loaded ring beside K / V): (1, H) / (B, 1) / (B, H) / expanded layouts, fp16
     # bias with bf16 q, causal, GQA, odd lengths and q != k (tile rows past Sq read the next head's bias rows),
     # ragged batches, D64 / D128 / D256, with softcap / ALiBi / windows / sinks; fp32 and Sq-broadcast biases are
-    # refused and checked through the dispatcher (the portable kernel).
+    # refused and checked through the dispatcher (the portable kernel). Two groups (each child has 240 s of compiles).
     "feat:bias": [
         (C1000, 128, False, dict(bias=("h", "bf16")), True),
         (C1000, 128, True, dict(bias=("h", "bf16")), False),
@@ -246,6 +247,10 @@ FEATURE_CASES = {
         (("gqa-q777-k999", 1, 777, 999, 8, 2, BF16, False), 128, False, dict(bias=("bh", "fp16")), True),
         (("b3-q130-k257", 3, 130, 257, 4, 2, BF16, False), 128, False, dict(bias=("expanded", "bf16")), False),
         (("q1000-k300", 1, 1000, 300, 4, 4, BF16, False), 128, False, dict(bias=("h", "bf16")), False),
+        (C1000, 128, False, dict(bias=("h", "fp32")), True),  # refused: fp32 (the dispatcher's portable answer)
+        (C1000, 128, True, dict(bias=("q1", "bf16")), False),  # refused: Sq broadcast
+    ],
+    "feat:bias-mix": [
         (C1000, 64, True, dict(bias=("bh", "bf16")), False),
         (GQA2K, 64, False, dict(bias=("h", "bf16"), softcap=30.0), False),
         (C1000, 256, False, dict(bias=("h", "bf16")), False),
@@ -258,8 +263,6 @@ FEATURE_CASES = {
          dict(bias=("bh", "bf16"), window=(200, 100), softcap=30.0, alibi="bh", sink=True), False),
         (C1000, 128, False, dict(bias=("h", "bf16"), sink=True), False),
         (("fp16-1000", 1, 1000, 1000, 4, 2, torch.float16, False), 128, True, dict(bias=("h", "fp16")), False),
-        (C1000, 128, False, dict(bias=("h", "fp32")), True),  # refused: fp32 (the dispatcher's portable answer)
-        (C1000, 128, True, dict(bias=("q1", "bf16")), False),  # refused: Sq broadcast
     ],
 }
 BACKWARD_FEATURES = dict(window=(256, 0), softcap=30.0, alibi="h", sink=True)
@@ -588,14 +591,22 @@ def phase_correct(variants, head_dim, causal):
     return failed == 0
 
 
-def phase_features(group):
-    """One group of FEATURE_CASES with the default variant; feat:combo adds the backward on a feature forward."""
+def phase_features(group, feature_variants=()):
+    """One group of FEATURE_CASES with the default variant; feat:combo adds the backward on a feature forward.
+    feat:bias(-mix) also runs its cases with each of feature_variants that converts the bias differently
+    (bias_cvt_asm)."""
     os.environ["FLASHTILE_POISON_OUTPUTS"] = "1"
     passed = failed = 0
-    for case, head_dim, causal, spec, compare in FEATURE_CASES[group]:
-        what = f"d{head_dim} causal={causal} {case[0]} {describe(spec)}"
+    variants = ["default"]
+    if group.startswith("feat:bias"):
+        variants += [v_ for v_ in feature_variants if any(c.bias_cvt_asm for c in gluon_launch.VARIANTS[v_].values())]
+    jobs = [(case, head_dim, causal, spec, compare, variant) for variant in variants
+            for case, head_dim, causal, spec, compare in FEATURE_CASES[group]
+            if head_dim in gluon_launch.VARIANTS[variant]]
+    for case, head_dim, causal, spec, compare, variant in jobs:
+        what = f"d{head_dim} causal={causal} {case[0]} {describe(spec)} [{variant}]"
         say(f"INFO {group}: {what} launching")
-        ok = guarded(check_case, case, head_dim, causal, "default", spec, compare, what=what)
+        ok = guarded(check_case, case, head_dim, causal, variant, spec, compare, what=what)
         passed, failed = passed + bool(ok), failed + (not ok)
     if group == "feat:combo":
         ok = guarded(check_backward, 128, False, BACKWARD_FEATURES, what=f"backward d128 {describe(BACKWARD_FEATURES)}")
@@ -700,15 +711,18 @@ def phase_bench_features(feature_variants=()):
 
 
 def variant_feature_times(q, k, v, scale, feature_variants):
-    """Plain / causal / softcap 30 / causal softcap 30 with the default and each variant (those with a config at
-    q's head dim), as ratios to the default's plain or causal time: what a variant does to the softcap cost."""
+    """Plain / causal / softcap 30 / causal softcap 30 / bias (1, H, S, S) bf16 / causal bias with the default and
+    each variant (those with a config at q's head dim), as ratios to the default's plain or causal time: what a
+    variant does to the softcap and bias costs."""
     batch, _, heads, head_dim = q.shape
     base = {}
     names = ["default"] + [v_ for v_ in feature_variants if v_ != "default" and head_dim in gluon_launch.VARIANTS[v_]]
     for variant in names:
         for name, causal, spec in (("plain", False, {}), ("causal", True, {}), ("softcap30", False, dict(softcap=30.0)),
-                                   ("causal+softcap30", True, dict(softcap=30.0))):
-            feats = feature_args(spec, batch, heads)
+                                   ("causal+softcap30", True, dict(softcap=30.0)),
+                                   ("bias", False, dict(bias=("h", "bf16"))),
+                                   ("causal+bias", True, dict(bias=("h", "bf16")))):
+            feats = feature_args(spec, batch, heads, q.shape[1], k.shape[1])
             try:
                 ms = _ms(lambda: gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant, **feats))
             except Exception as exc:  # noqa: BLE001
@@ -766,7 +780,7 @@ def main():
         checked = variants + [v for v in feature_variants if v not in variants]
         sys.exit(0 if phase_correct(checked, int(head_dim), causal == "1") else 1)
     if args.phase == "features":
-        sys.exit(0 if phase_features(args.group) else 1)
+        sys.exit(0 if phase_features(args.group, feature_variants) else 1)
     if args.phase == "bench":
         phase_bench(variants, seqlens, [int(d) for d in args.bench_dims.split(",")])
         return

@@ -617,12 +617,17 @@ def _bias(batch, heads, seqlen_q, seqlen_k, layout, dtype, seed=3):
     return (2 * torch.randn(b, h, seqlen_q, padded, generator=gen, device="cuda")).to(dtype)[..., :seqlen_k]
 
 
+# Every case at D128 on three shapes (tails and q != k; GQA; a ragged batch), two at D64 / D256: each feature
+# combination and head dim is another compile, and the GPU tier is near its time limit (perf-log).
+BIAS_SHAPES = [(1, 1000, 1000, 4, 2), (1, 130, 257, 2, 2), (2, 300, 1000, 4, 2)]
+BIAS_MATRIX = [(c, s, 128) for c in BIAS_CASES for s in BIAS_SHAPES] + [
+    (c, BIAS_SHAPES[0], d) for c in (BIAS_CASES[1], BIAS_CASES[5]) for d in (64, 256)]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
-@pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}" for b, sq, sk, hq, hk in
-                                                       FEATURE_SHAPES])
-@pytest.mark.parametrize("case", BIAS_CASES, ids=[c[0] for c in BIAS_CASES])
+@pytest.mark.parametrize("case,shape,head_dim", BIAS_MATRIX, ids=[
+    f"{c[0]}-b{b}-q{sq}-k{sk}-h{hq}/{hk}-d{d}" for c, (b, sq, sk, hq, hk), d in BIAS_MATRIX])
 def test_bias_matches_reference(monkeypatch, case, shape, head_dim):
     """An additive bias (HAS_BIAS: TMA-loaded ring beside K / V), alone and with causal, windows, softcap, ALiBi
     and sinks, against the float64 reference; outputs NaN-poisoned. Rows of a tile past Sq read the next head's
