@@ -211,9 +211,12 @@ def bias_layout(attn_bias, seqlen_q, seqlen_k):
 
 
 def bias_ok(attn_bias, q, seqlen_q, seqlen_k):
-    """No bias, or one the Gluon forward reads through TMA (bias_layout) on q's device. Refused (the portable
-    kernel serves them): fp32 biases (a second [128, BLOCK_N] fp32 ring does not fit beside K / V at D128 / D256),
-    a broadcast query or key dim, a non-contiguous last dim, row strides that are not multiples of 16 bytes."""
+    """No bias, or one the Gluon forward reads through TMA (bias_layout) on q's device; any 16-bit dtype (an fp16
+    bias with bf16 q too). Refused (the portable kernel serves them): fp32 biases (their [128, BLOCK_N] ring would
+    take 2 x 64 KB, which does not fit beside K / V at D128 / D256), a broadcast query or key dim (size 1 or stride
+    0 where Sq / Sk > 1), a non-contiguous last dim, row strides that are not multiples of 16 bytes, batch / head
+    strides that are not whole rows, a base address off 16 bytes, and over 2**31 rows. Varlen is taken (positions
+    within each sequence index the (B or 1, Hq or 1, max_seqlen_q, max_seqlen_k) bias)."""
     if attn_bias is None:
         return True
     return attn_bias.device == q.device and bias_layout(attn_bias, seqlen_q, seqlen_k) is not None
