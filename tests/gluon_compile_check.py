@@ -2,7 +2,7 @@
 
 Run with the device's triton first on the path (TRITON_INTERPRET unset):
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_compile_check.py [--variant default]
-        [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo,bias,bias-combo | all]
+        [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo,bias,bias-alibi,bias-combo | all]
         [--layouts dense,tail,varlen | all] [--dump DIR] [--sass]
 Per case: registers / spills from ptxas -v, shared memory, and counts of the PTX instructions the schedule
 relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg) and of the softmax's special-function (ex2,
@@ -139,6 +139,7 @@ FEATURES = {
     "combo": dict(window_size=(256, 64), softcap=30.0, alibi_slopes=True, sink=True),
     # A bf16 (1, Hq, Sq, Sk) bias (rows padded to a 16-byte multiple where Sk is not), alone and with the rest.
     "bias": dict(attn_bias=True),
+    "bias-alibi": dict(alibi_slopes=True, attn_bias=True),
     "bias-combo": dict(window_size=(256, 64), softcap=30.0, alibi_slopes=True, sink=True, attn_bias=True),
 }
 
