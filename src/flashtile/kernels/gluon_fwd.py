@@ -391,7 +391,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
             l_i = gl.sum(p_f32, axis=1) + gl.exp2(sink_log2 - m_i)  # [WG_M]
         else:
             if IS_LOCAL or HAS_BIAS:
-                # A window can hide this whole block from a row: m = -inf; subtract 0 so exp2 gives 0, not NaN.
+                # A window (or a -inf bias) can hide this whole block from a row: m = -inf; subtract 0 so exp2
+                # gives 0, not NaN.
                 p_f32 = gl.exp2(s - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])  # [WG_M, BLOCK_N]
             else:
                 p_f32 = gl.exp2(s - m_i[:, None])  # [WG_M, BLOCK_N]
@@ -487,8 +488,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                       softcap_log2, alibi_log2, window_left, window_right,
                                       WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, IS_LOCAL, SOFTCAP,
                                       HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
-                                          b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
-                                          HAS_BIAS=HAS_BIAS)
+                                      b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
+                                      HAS_BIAS=HAS_BIAS)
 
     # The last block's PV.
     last = (n_blocks - 1) % STAGES
@@ -505,8 +506,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     in_seq = rows < seqlen_q
     m_o = gl.convert_layout(m_i, o_row)  # [WG_M]
     if VARLEN or HAS_BIAS:
-        # The host cannot see per-sequence lengths: a row without keys kept m = -inf (its O and l are NaN / 0,
-        # row-local); write what the portable kernel writes.
+        # The host cannot see per-sequence lengths (or a bias's -inf): a row without keys kept m = -inf (its O
+        # and l are NaN / 0, row-local); write what the portable kernel writes.
         seen = m_o > float("-inf")  # [WG_M]
         out = gl.where(seen[:, None], out, 0.0)
     o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
