@@ -142,7 +142,8 @@ def launcher_window(causal, window_size):
 
 
 def feature_forward(q, k, v, scale, causal, feats):
-    """out, lse of flashtile's forward with the features (a bias: the portable forward, the only one with bias)."""
+    """out, lse of flashtile's forward with the features (with a bias: the Gluon forward where gluon_launch.bias_ok
+    takes it and configs.py wants it, else the portable one; both add it after softcap and ALiBi)."""
     return launch._flash_attn_forward(q, k, v, scale, *launcher_window(causal, feats["window_size"]),
                                       feats["softcap"], feats.get("alibi_slopes"), None,
                                       attn_bias=feats.get("attn_bias"))

@@ -20,7 +20,11 @@ killing the child frees the GPU and the run goes on to report it):
            feat:window (sliding windows incl. a refused one), feat:combo (window + softcap + ALiBi + GQA at
            D64/128/256, D256 features, and the backward on a window + softcap + ALiBi + sink forward, dsink too),
            feat:alibi (ALiBi's key-block split: q == k / q < k / q > k, causal both, (H,) / (B, H) slopes, 16
-           heads, D64/128/256, with windows, softcap, sinks). --correct-groups G1,G2 runs only those groups.
+           heads, D64/128/256, with windows, softcap, sinks), feat:bias (additive biases (1, H) / (B, 1) / (B, H) /
+           expanded, fp16 / bf16, causal, GQA, odd lengths, D64/128/256, with softcap / ALiBi / windows / sinks, and
+           refused layouts (fp32, Sq broadcast) checked through the dispatcher's portable answer), feat:bias-mix
+           (D64 / D256 and bias with softcap / ALiBi / windows / sinks).
+           --correct-groups G1,G2 runs only those groups.
   bench    16K tokens, hidden 2048 (B = 16384 / S, H = 2048 / D), S in --seqlens, D in --bench-dims, causal
            both: TFLOP/s (4 B H S^2 D, halved when causal; median of do_bench) of each Gluon variant, the
            flashtile Triton forward and SDPA cuDNN, and the ratios.
@@ -35,12 +39,13 @@ killing the child frees the GPU and the run goes on to report it):
            (equal lengths 2K and 8K), D64/D128, causal both, plus a mixed-length batch, and the portable varlen
            kernel: TFLOP/s and ratios (issue 5: varlen >= 0.90x dense).
   bench-features (--bench-features)  D128 8K B2 H16: plain / causal / softcap / ALiBi / sink / windows
-           (256, 1024, 4096 left, 0 right) / a combination, Gluon against the portable kernel, as ratios to
-           the plain Gluon time (causal+softcap / causal+alibi: to the causal one), per unit of work for
-           windows; cuDNN plain and causal for scale. With
-           --feature-variants V1,V2 instead: plain, causal, softcap and causal softcap with the default and each
-           of them, as ratios to the default's plain / causal time, at D128 and at D64 (8K, H 32) (the correct
-           phase checks them too).
+           (256, 1024, 4096 left, 0 right) / a combination / bias (1, 16, 8K, 8K) bf16 (causal too; fp32: the
+           portable kernel), Gluon against the portable kernel, as ratios to the plain Gluon time (causal+softcap /
+           causal+alibi / causal+bias: to the causal one), per unit of work for windows; cuDNN plain and causal for
+           scale. With
+           --feature-variants V1,V2 instead: plain, causal, softcap, causal softcap, bias and causal bias with the
+           default and each of them, as ratios to the default's plain / causal time, at D128 and at D64 (8K, H 32)
+           (the correct phase checks them too; feat:bias runs its cases with those that set bias_cvt_asm).
 Every line starts with PASS / FAIL / SKIP / ERROR / TIME / INFO so the log greps well.
 """
 import argparse
@@ -71,21 +76,55 @@ def make_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, p
             for b, s, h in ((batch, seqlen_q, heads_q), (batch, seqlen_k, heads_kv), (batch, seqlen_k, heads_kv))]
 
 
-def triton_forward(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None):
+def triton_forward(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None,
+                   attn_bias=None):
     """The portable Triton forward (FLASHTILE_GLUON=0 is set above), with flash-attn's window convention."""
     _, _, left, right = gluon_launch.mask_mode(causal, window_size)
-    return launch._flash_attn_forward(q, k, v, scale, left, right, softcap, alibi_slopes, sink)
+    return launch._flash_attn_forward(q, k, v, scale, left, right, softcap, alibi_slopes, sink, attn_bias=attn_bias)
 
 
-def feature_args(spec, batch, heads_q):
+def dispatched_forward(q, k, v, scale, causal, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None,
+                       attn_bias=None):
+    """launch._flash_attn_forward with FLASHTILE_GLUON=1: the Gluon forward where gluon_supported allows, else the
+    portable one (how a refused bias layout is served)."""
+    os.environ["FLASHTILE_GLUON"] = "1"
+    try:
+        return triton_forward(q, k, v, scale, causal, window_size, softcap, alibi_slopes, sink, attn_bias)
+    finally:
+        os.environ["FLASHTILE_GLUON"] = "0"
+
+
+BIAS_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def make_bias(layout, dtype, batch, heads_q, seqlen_q, seqlen_k, seed=2):
+    """An additive bias N(0, 1) * 2 (dtype a BIAS_DTYPES key): layout 'h' (1, H, Sq, Sk), 'b' (B, 1, Sq, Sk), 'bh'
+    (B, H, Sq, Sk), 'expanded' (1, 1, Sq, Sk) expanded to (B, H, Sq, Sk) (stride 0), 'q1' (1, H, 1, Sk) (Sq
+    broadcast: refused by the Gluon forward); rows padded to a multiple of 8 keys (16-byte rows)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    shape = {"h": (1, heads_q, seqlen_q), "b": (batch, 1, seqlen_q), "bh": (batch, heads_q, seqlen_q),
+             "expanded": (1, 1, seqlen_q), "q1": (1, heads_q, 1)}[layout]
+    padded = -(-seqlen_k // 8) * 8
+    bias = (2 * torch.randn(*shape, padded, generator=gen, device=DEVICE)).to(BIAS_DTYPES[dtype])[..., :seqlen_k]
+    return bias.expand(batch, heads_q, -1, -1) if layout == "expanded" else bias
+
+
+def bias_refused(spec):
+    """Whether gluon_supported must refuse spec's bias (kept on the portable kernel): fp32, or Sq broadcast."""
+    return bool(spec.get("bias")) and (spec["bias"][1] == "fp32" or spec["bias"][0] == "q1")
+
+
+def feature_args(spec, batch, heads_q, seqlen_q=0, seqlen_k=0):
     """gluon_forward / attention_ref keywords of a feature spec: window (left, right), softcap, alibi ('h' for
-    (H,) slopes, 'bh' for (B, H)), sink (True: logits N(0, 1) * 2, seeded)."""
+    (H,) slopes, 'bh' for (B, H)), sink (True: logits N(0, 1) * 2, seeded), bias ((layout, dtype): make_bias)."""
     args = dict(window_size=spec.get("window", (-1, -1)), softcap=spec.get("softcap", 0.0))
     if spec.get("alibi"):
         args["alibi_slopes"] = alibi_slopes(heads_q, batch if spec["alibi"] == "bh" else None)
     if spec.get("sink"):
         args["sink"] = 2 * torch.randn(heads_q, generator=torch.Generator(device=DEVICE).manual_seed(1),
                                        device=DEVICE)
+    if spec.get("bias"):
+        args["attn_bias"] = make_bias(*spec["bias"], batch, heads_q, seqlen_q, seqlen_k)
     return args
 
 
@@ -99,6 +138,8 @@ def describe(spec):
         parts.append(f"alibi-{spec['alibi']}")
     if spec.get("sink"):
         parts.append("sink")
+    if spec.get("bias"):
+        parts.append(f"bias-{spec['bias'][0]}-{spec['bias'][1]}")
     return "+".join(parts) or "plain"
 
 
@@ -194,6 +235,35 @@ FEATURE_CASES = {
          False),
         (("fp16-q777-k999-h16", 1, 777, 999, 16, 16, torch.float16, False), 128, False, dict(alibi="h"), False),
     ],
+    # Additive bias (HAS_BIAS: a TMA-loaded ring beside K / V): (1, H) / (B, 1) / (B, H) / expanded layouts, fp16
+    # bias with bf16 q, causal, GQA, odd lengths and q != k (tile rows past Sq read the next head's bias rows),
+    # ragged batches, D64 / D128 / D256, with softcap / ALiBi / windows / sinks; fp32 and Sq-broadcast biases are
+    # refused and checked through the dispatcher (the portable kernel). Two groups (each child has 240 s of compiles).
+    "feat:bias": [
+        (C1000, 128, False, dict(bias=("h", "bf16")), True),
+        (C1000, 128, True, dict(bias=("h", "bf16")), False),
+        (("b2-1024", 2, 1024, 1024, 4, 4, BF16, False), 128, False, dict(bias=("b", "bf16")), False),
+        (("b2-q300-k1000", 2, 300, 1000, 8, 2, BF16, False), 128, True, dict(bias=("bh", "bf16")), False),
+        (("gqa-q777-k999", 1, 777, 999, 8, 2, BF16, False), 128, False, dict(bias=("bh", "fp16")), True),
+        (("b3-q130-k257", 3, 130, 257, 4, 2, BF16, False), 128, False, dict(bias=("expanded", "bf16")), False),
+        (("q1000-k300", 1, 1000, 300, 4, 4, BF16, False), 128, False, dict(bias=("h", "bf16")), False),
+        (C1000, 128, False, dict(bias=("h", "fp32")), True),  # refused: fp32 (the dispatcher's portable answer)
+        (C1000, 128, True, dict(bias=("q1", "bf16")), False),  # refused: Sq broadcast
+    ],
+    "feat:bias-mix": [
+        (C1000, 64, True, dict(bias=("bh", "bf16")), False),
+        (GQA2K, 64, False, dict(bias=("h", "bf16"), softcap=30.0), False),
+        (C1000, 256, False, dict(bias=("h", "bf16")), False),
+        (C1000, 256, True, dict(bias=("h", "bf16"), alibi="h", sink=True), False),
+        (C1000, 128, False, dict(bias=("h", "bf16"), softcap=30.0), False),
+        (C1000, 128, True, dict(bias=("bh", "bf16"), alibi="bh"), False),
+        (("4K-h16", 1, 4096, 4096, 16, 16, BF16, False), 128, False, dict(bias=("h", "bf16"), alibi="h"), False),
+        (C2K, 128, False, dict(bias=("h", "bf16"), window=(256, 0)), False),
+        (("gqa-q1000-k1200", 1, 1000, 1200, 8, 2, BF16, False), 128, False,
+         dict(bias=("bh", "bf16"), window=(200, 100), softcap=30.0, alibi="bh", sink=True), False),
+        (C1000, 128, False, dict(bias=("h", "bf16"), sink=True), False),
+        (("fp16-1000", 1, 1000, 1000, 4, 2, torch.float16, False), 128, True, dict(bias=("h", "fp16")), False),
+    ],
 }
 BACKWARD_FEATURES = dict(window=(256, 0), softcap=30.0, alibi="h", sink=True)
 
@@ -206,20 +276,25 @@ def check_case(case, head_dim, causal, variant, spec=None, compare_triton=None):
     label = (f"d{head_dim} {'causal' if causal else 'full  '} {name:<16} B{batch} Sq{seqlen_q} Sk{seqlen_k} "
              f"H{heads_q}/{heads_kv} {str(dtype)[6:]} {describe(spec)} [{variant}]")
     q, k, v = make_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, packed)
-    feats = feature_args(spec, batch, heads_q)
+    feats = feature_args(spec, batch, heads_q, seqlen_q, seqlen_k)
     # Every row must see a key: causal needs Sq <= Sk, a window's right side Sq - Sk <= right.
     right = 0 if causal else feats["window_size"][1]
-    expect_supported = not (right >= 0 and seqlen_q - seqlen_k > right)
+    expect_supported = not (right >= 0 and seqlen_q - seqlen_k > right) and not bias_refused(spec)
     supported = gluon_launch.gluon_supported(q, k, v, causal=causal, **feats)
+    scale = head_dim ** -0.5
     if not supported:
         tag = "SKIP" if not expect_supported else "FAIL"
         say(f"{tag} {label}: gluon_supported() is False ({'expected' if not expect_supported else 'UNEXPECTED'})")
-        return expect_supported is False
-    if not expect_supported:
+        if not (expect_supported is False and bias_refused(spec)):
+            return expect_supported is False
+        # A refused bias layout: the dispatcher must still answer correctly (the portable kernel); graded below.
+        label += " [refused: dispatcher]"
+        out, lse = dispatched_forward(q, k, v, scale, causal, **feats)
+    elif not expect_supported:
         say(f"FAIL {label}: gluon_supported() is True for a case it must refuse")
         return False
-    scale = head_dim ** -0.5
-    out, lse = gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant, **feats)
+    else:
+        out, lse = gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant, **feats)
     torch.cuda.synchronize()
     ref_out, ref_lse = attention_ref(q, k, v, causal=causal, softmax_scale=scale, return_lse=True, **feats)
     low_out = attention_ref(q, k, v, causal=causal, softmax_scale=scale, upcast=False, **feats)
@@ -337,7 +412,7 @@ def check_varlen_case(case, head_dim, causal, poison=None, spec=None):
     name, lens_q, lens_k, heads_q, heads_kv = case
     dtype = torch.bfloat16
     spec = spec or {}
-    feats = feature_args(spec, len(lens_q), heads_q)
+    feats = feature_args(spec, len(lens_q), heads_q, max(lens_q), max(lens_k))
     label = (f"d{head_dim} {'causal' if causal else 'full  '} varlen-{name:<14} B{len(lens_q)} maxq{max(lens_q)} "
              f"maxk{max(lens_k)} H{heads_q}/{heads_kv}{' poison-' + poison if poison else ''} {describe(spec)}")
     q, k, v = packed_inputs(lens_q, lens_k, heads_q, heads_kv, head_dim, dtype, pad_k=64 if poison == "tail" else 0)
@@ -366,6 +441,9 @@ def check_varlen_case(case, head_dim, causal, poison=None, spec=None):
         seq_feats = dict(feats)
         if feats.get("alibi_slopes") is not None and feats["alibi_slopes"].dim() == 2:
             seq_feats["alibi_slopes"] = feats["alibi_slopes"][b]
+        if feats.get("attn_bias") is not None:  # (B or 1, H or 1, max_q, max_k): positions within the sequence
+            bias = feats["attn_bias"]
+            seq_feats["attn_bias"] = bias[b if bias.shape[0] > 1 else 0][None, :, :sq, :sk]
         if sk == 0:
             empty_lse = feats["sink"][:, None] if feats.get("sink") is not None else float("-inf")
             if not (torch.all(o == 0) and torch.all(lz == empty_lse)):
@@ -429,6 +507,10 @@ def phase_varlen():
         (VARLEN_CASES[2], 128, dict(window=(100, 20), alibi="h")),
         (VARLEN_CASES[0], 64, dict(softcap=30.0, sink=True)))]
     jobs += [(check_varlen_case, (VARLEN_CASES[2], 256, True, None, dict(alibi="bh", sink=True)))]
+    # A (B, H, max_q, max_k) bias in varlen: rows / keys at positions within each sequence.
+    jobs += [(check_varlen_case, (case, 128, c, None, dict(bias=("bh", "bf16")))) for case, c in (
+        (VARLEN_CASES[0], False), (VARLEN_CASES[2], True))]
+    jobs += [(check_varlen_case, (VARLEN_CASES[0], 64, False, None, dict(bias=("h", "bf16"), softcap=30.0)))]
     jobs += [(check_varlen_backward, (128, c)) for c in (False, True)]
     for fn, job in jobs:
         ok = guarded(fn, *job, what=f"varlen {fn.__name__} {job[1:]}")
@@ -509,14 +591,22 @@ def phase_correct(variants, head_dim, causal):
     return failed == 0
 
 
-def phase_features(group):
-    """One group of FEATURE_CASES with the default variant; feat:combo adds the backward on a feature forward."""
+def phase_features(group, feature_variants=()):
+    """One group of FEATURE_CASES with the default variant; feat:combo adds the backward on a feature forward.
+    feat:bias(-mix) also runs its cases with each of feature_variants that converts the bias differently
+    (bias_cvt_asm)."""
     os.environ["FLASHTILE_POISON_OUTPUTS"] = "1"
     passed = failed = 0
-    for case, head_dim, causal, spec, compare in FEATURE_CASES[group]:
-        what = f"d{head_dim} causal={causal} {case[0]} {describe(spec)}"
+    variants = ["default"]
+    if group.startswith("feat:bias"):
+        variants += [v_ for v_ in feature_variants if any(c.bias_cvt_asm for c in gluon_launch.VARIANTS[v_].values())]
+    jobs = [(case, head_dim, causal, spec, compare, variant) for variant in variants
+            for case, head_dim, causal, spec, compare in FEATURE_CASES[group]
+            if head_dim in gluon_launch.VARIANTS[variant]]
+    for case, head_dim, causal, spec, compare, variant in jobs:
+        what = f"d{head_dim} causal={causal} {case[0]} {describe(spec)} [{variant}]"
         say(f"INFO {group}: {what} launching")
-        ok = guarded(check_case, case, head_dim, causal, "default", spec, compare, what=what)
+        ok = guarded(check_case, case, head_dim, causal, variant, spec, compare, what=what)
         passed, failed = passed + bool(ok), failed + (not ok)
     if group == "feat:combo":
         ok = guarded(check_backward, 128, False, BACKWARD_FEATURES, what=f"backward d128 {describe(BACKWARD_FEATURES)}")
@@ -582,6 +672,9 @@ def phase_bench_features(feature_variants=()):
     # Causal features against the causal plain time (the "causal" row), work 1.
     rows += [("causal+softcap30", True, dict(softcap=30.0), 1.0), ("causal+alibi", True, dict(alibi="h"), 1.0),
              ("alibi-bh", False, dict(alibi="bh"), 1.0)]
+    # Issue 6's bias: (1, 16, 8K, 8K) bf16 (the Gluon ring), and the same bias as fp32 (the portable kernel).
+    rows += [("bias", False, dict(bias=("h", "bf16")), 1.0), ("causal+bias", True, dict(bias=("h", "bf16")), 1.0),
+             ("bias-fp32", False, dict(bias=("h", "fp32")), 1.0)]
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     for causal in (False, True):
         def cudnn(causal=causal):
@@ -594,10 +687,12 @@ def phase_bench_features(feature_variants=()):
             say(f"ERROR time feat cudnn causal={causal}: {type(exc).__name__}: {exc}")
     plain_ms = causal_ms = None
     for name, causal, spec, work in rows:
-        feats = feature_args(spec, batch, heads)
+        feats = feature_args(spec, batch, heads, seqlen, seqlen)
         times = {}
+        # A refused bias (fp32): the dispatcher's answer (the portable kernel) in the gluon column.
+        gluon_fn = dispatched_forward if bias_refused(spec) else gluon_launch.gluon_forward
         for provider, fn in (
-                ("gluon", lambda: gluon_launch.gluon_forward(q, k, v, scale, causal, **feats)),
+                ("gluon", lambda: gluon_fn(q, k, v, scale, causal, **feats)),
                 ("triton", lambda: triton_forward(q, k, v, scale, causal, **feats))):
             try:
                 times[provider] = _ms(fn)
@@ -616,15 +711,18 @@ def phase_bench_features(feature_variants=()):
 
 
 def variant_feature_times(q, k, v, scale, feature_variants):
-    """Plain / causal / softcap 30 / causal softcap 30 with the default and each variant (those with a config at
-    q's head dim), as ratios to the default's plain or causal time: what a variant does to the softcap cost."""
+    """Plain / causal / softcap 30 / causal softcap 30 / bias (1, H, S, S) bf16 / causal bias with the default and
+    each variant (those with a config at q's head dim), as ratios to the default's plain or causal time: what a
+    variant does to the softcap and bias costs."""
     batch, _, heads, head_dim = q.shape
     base = {}
     names = ["default"] + [v_ for v_ in feature_variants if v_ != "default" and head_dim in gluon_launch.VARIANTS[v_]]
     for variant in names:
         for name, causal, spec in (("plain", False, {}), ("causal", True, {}), ("softcap30", False, dict(softcap=30.0)),
-                                   ("causal+softcap30", True, dict(softcap=30.0))):
-            feats = feature_args(spec, batch, heads)
+                                   ("causal+softcap30", True, dict(softcap=30.0)),
+                                   ("bias", False, dict(bias=("h", "bf16"))),
+                                   ("causal+bias", True, dict(bias=("h", "bf16")))):
+            feats = feature_args(spec, batch, heads, q.shape[1], k.shape[1])
             try:
                 ms = _ms(lambda: gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant, **feats))
             except Exception as exc:  # noqa: BLE001
@@ -682,7 +780,7 @@ def main():
         checked = variants + [v for v in feature_variants if v not in variants]
         sys.exit(0 if phase_correct(checked, int(head_dim), causal == "1") else 1)
     if args.phase == "features":
-        sys.exit(0 if phase_features(args.group) else 1)
+        sys.exit(0 if phase_features(args.group, feature_variants) else 1)
     if args.phase == "bench":
         phase_bench(variants, seqlens, [int(d) for d in args.bench_dims.split(",")])
         return

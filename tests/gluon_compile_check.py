@@ -2,7 +2,7 @@
 
 Run with the device's triton first on the path (TRITON_INTERPRET unset):
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_compile_check.py [--variant default]
-        [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo | all]
+        [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo,bias,bias-alibi,bias-combo | all]
         [--layouts dense,tail,varlen | all] [--dump DIR] [--sass]
 Per case: registers / spills from ptxas -v, shared memory, and counts of the PTX instructions the schedule
 relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg) and of the softmax's special-function (ex2,
@@ -137,6 +137,10 @@ FEATURES = {
     "sink": dict(sink=True),
     "window": dict(window_size=(256, 0)),
     "combo": dict(window_size=(256, 64), softcap=30.0, alibi_slopes=True, sink=True),
+    # A bf16 (1, Hq, Sq, Sk) bias (rows padded to a 16-byte multiple where Sk is not), alone and with the rest.
+    "bias": dict(attn_bias=True),
+    "bias-alibi": dict(alibi_slopes=True, attn_bias=True),
+    "bias-combo": dict(window_size=(256, 64), softcap=30.0, alibi_slopes=True, sink=True, attn_bias=True),
 }
 
 
@@ -169,6 +173,9 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1024
         features["alibi_slopes"] = torch.empty(heads_q)
     if features.get("sink"):
         features["sink"] = torch.empty(heads_q)
+    if features.get("attn_bias"):
+        bias_q, bias_k = (1400, 1348) if layout == "varlen" else (seqlen_q, seqlen_k)
+        features["attn_bias"] = torch.empty(1, heads_q, bias_q, -(-bias_k // 8) * 8, dtype=torch.bfloat16)[..., :bias_k]
     if gluon_launch.takes_persistent(config, q, k, causal, **features, cu_seqlens_q=varlen.get("cu_seqlens_q")):
         # The persistent kernel (132 SMs: an H200's), as gluon_forward launches it.
         kernel = gluon_launch._attn_fwd_hopper_persistent

@@ -553,9 +553,9 @@ def _bias(kind, dtype, batch, heads, seqlen_q, seqlen_k):
 @pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
                                                        for b, sq, sk, hq, hk, dt in FEATURE_SHAPES])
 def test_bias_matches_reference(monkeypatch, shape, feature, head_dim):
-    """FLASHTILE_GLUON_BWD=1: gradients of q, k, v with an additive bias (no gradient; the portable forward, the
-    one with bias, makes out / lse) from the Gluon backward against the float64 reference; an fp32 bias at D128 is
-    refused (no shared memory for its ring) and the portable backward answers."""
+    """FLASHTILE_GLUON_BWD=1: gradients of q, k, v with an additive bias (no gradient; flashtile's forward, Gluon or
+    portable as dispatch decides, makes out / lse) from the Gluon backward against the float64 reference; an fp32
+    bias at D128 is refused (no shared memory for its ring) and the portable backward answers."""
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     calls = []

@@ -54,7 +54,7 @@ class GluonBwdConfig:
     maxnreg: int = 168
     dq_chunks: int = 1  # D256 only: dQ's half of the head dim in this many wgmma + atomic pieces
     dq_tma_reduce: int = 0  # dQ tiles through this many shared buffers per warpgroup and TMA reduce-adds; 0: atomics
-    prefetch_s: bool = False  # D64 / D128: the next tile's S^T / dP^T wgmmas issued behind this tile's dQ one
+    prefetch_s: int = 0  # D64 / D128: the next tile's S^T (1), or S^T and dP^T (2), issued behind this tile's dQ
 
 
 # Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
@@ -77,10 +77,12 @@ VARIANTS = {
     "stages3": {128: GluonBwdConfig(stages=3)},
     "dq-keys": {128: GluonBwdConfig(stages=2, dq_split_d=False)},
     "dq-split": {64: GluonBwdConfig(stages=3)},
-    # D64: the next tile's S^T and dP^T wgmmas issued right after this tile's dQ one, so the tensor cores work
-    # while the warpgroup waits for dQ and hands it to the reduce-add (64 more fp32 registers live there; at D128
-    # that spills ~1.2 KB and ptxas serializes the wgmmas, so D64 only).
-    "prefetch": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1, prefetch_s=True)},
+    # The next tile's S^T and dP^T wgmmas (prefetch), or S^T alone (prefetch-s), issued right after this tile's dQ
+    # one, so the tensor cores work while the warpgroup waits for dQ and hands it to the reduce-add (64 / 32 more
+    # fp32 registers live there; both at D128 spill ~1.2 KB and ptxas serializes the wgmmas, so D64 only there).
+    "prefetch": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1, prefetch_s=2)},
+    "prefetch-s": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1, prefetch_s=1),
+                   128: GluonBwdConfig(stages=2, dq_tma_reduce=1, prefetch_s=1)},
     "dq-chunks2": {256: GluonBwdConfig(stages=2, dq_chunks=2)},
     "dq-reduce2": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=2),
                    128: GluonBwdConfig(stages=2, dq_tma_reduce=2)},

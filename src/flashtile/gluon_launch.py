@@ -1,11 +1,11 @@
 """Host side of the Hopper Gluon forward (kernels/gluon_fwd.py): support check, descriptors, launch.
 
-launch.py uses it for the dense and varlen forward without dropout, bias, mods or paged keys (plain, causal,
-sliding window, softcap, ALiBi, sinks) when configs.gluon_fwd_wanted() and gluon_supported() agree;
-FLASHTILE_GLUON=1 takes it wherever it is supported, =0 never. Batch > 1 with Sk % BLOCK_N != 0 and varlen read
-through ragged TMA descriptors (ragged_descriptor), so no key block reads another sequence's rows. Importing
-this module never fails: on a triton without Gluon's Hopper API, or under the interpreter, gluon_supported() is
-False.
+launch.py uses it for the dense and varlen forward without dropout, mods or paged keys (plain, causal, sliding
+window, softcap, ALiBi, sinks, and an additive bias in the layouts bias_ok accepts) when
+configs.gluon_fwd_wanted() and gluon_supported() agree; FLASHTILE_GLUON=1 takes it wherever it is supported,
+=0 never. Batch > 1 with Sk % BLOCK_N != 0 and varlen read through ragged TMA descriptors (ragged_descriptor), so
+no key block reads another sequence's rows. Importing this module never fails: on a triton without Gluon's Hopper
+API, or under the interpreter, gluon_supported() is False.
 """
 import functools
 import math
@@ -64,7 +64,9 @@ class GluonConfig:
     over the tiles; ctas_per_sm CTAs per SM, max_ctas caps the grid, 0 = no cap: a small cap makes every CTA run
     many tiles, for checking the barriers' running phases); the features and varlen still run the one-tile
     kernel with this config. tma_store (persistent): O leaves through shared memory by TMA stores that overlap the
-    next tile's GEMMs (2 x 64 x D x 2 B more shared memory), where batch == 1 or Sq % 64 == 0."""
+    next tile's GEMMs (2 x 64 x D x 2 B more shared memory), where batch == 1 or Sq % 64 == 0.
+    bias_cvt_asm: a bf16 attn_bias becomes fp32 by one shift or mask per element (kernels/gluon_fwd._bias_f32)
+    instead of the compiler's conversion (1.5 per element)."""
     block_n: int
     stages: int
     pingpong: bool = True
@@ -77,6 +79,7 @@ class GluonConfig:
     ctas_per_sm: int = 1
     max_ctas: int = 0
     tma_store: bool = False
+    bias_cvt_asm: bool = False
 
 
 # Variants the check script can compare on the GPU; "default" is what gluon_forward uses. A variant may cover
@@ -112,6 +115,10 @@ VARIANTS = {
                        128: GluonConfig(128, 2, persistent=True, tma_store=True, **_TREE_CVT)},
     "persistent-tma-7cta": {64: GluonConfig(128, 3, persistent=True, tma_store=True, max_ctas=7, **_TREE_CVT),
                             128: GluonConfig(128, 2, persistent=True, tma_store=True, max_ctas=7, **_TREE_CVT)},
+    # The default with a bf16 bias converted by shift / mask (unmeasured: written offline; only attn_bias calls
+    # differ from the default).
+    "bias-cvt": {64: GluonConfig(128, 3, bias_cvt_asm=True, **_TREE_CVT),
+                 128: GluonConfig(128, 2, bias_cvt_asm=True, **_TREE_CVT), 256: GluonConfig(64, 2, bias_cvt_asm=True)},
 }
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -171,6 +178,50 @@ def alibi_ok(alibi_slopes, q, batch, heads_q):
         and alibi_slopes.dtype == torch.float32 and tuple(alibi_slopes.shape) in ((heads_q, ), (batch, heads_q)))
 
 
+BIAS_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def bias_layout(attn_bias, seqlen_q, seqlen_k):
+    """(rows, row stride, rows per batch, rows per head) of the 2-D (rows, Sk) TMA view of a 4-D attn_bias
+    (B or 1, Hq or 1, Sq, Sk) in which query row i of (b, h) is row b * rows_b + h * rows_h + i, or None where
+    there is none: an fp16 / bf16 bias whose last dim is Sk and contiguous, whose query dim is not broadcast
+    (Sq == 1 aside) and whose row stride is a positive multiple of 16 bytes with each batch / head stride a
+    multiple of it (size-1 and expanded (stride 0) dims step by 0: every batch / head reads the first one's
+    rows), 16-byte aligned, under 2**31 rows."""
+    if not (isinstance(attn_bias, torch.Tensor) and attn_bias.dim() == 4 and attn_bias.dtype in BIAS_DTYPES):
+        return None
+    (bb, hb, sq, sk), (sb, sh, sm, sn) = attn_bias.shape, attn_bias.stride()
+    if sq != seqlen_q or sk != seqlen_k or sn != 1 or sm < sk or sm * attn_bias.element_size() % 16:
+        return None
+    if attn_bias.data_ptr() % 16 or attn_bias.numel() == 0:
+        return None
+    steps = []
+    for size, stride in ((bb, sb), (hb, sh)):
+        if size == 1 or stride == 0:  # broadcast (a size-1 dim, or an expanded one): every b / h reads row 0's
+            steps.append(0)
+        elif stride > 0 and stride % sm == 0:
+            steps.append(stride // sm)
+        else:
+            return None
+    rows = (bb - 1) * steps[0] + (hb - 1) * steps[1] + sq
+    # int32 TMA row coordinates, a query tile (BLOCK_M rows) past the last row included.
+    if rows + BLOCK_M >= 2**31:
+        return None
+    return rows, sm, steps[0], steps[1]
+
+
+def bias_ok(attn_bias, q, seqlen_q, seqlen_k):
+    """No bias, or one the Gluon forward reads through TMA (bias_layout) on q's device; any 16-bit dtype (an fp16
+    bias with bf16 q too). Refused (the portable kernel serves them): fp32 biases (their [128, BLOCK_N] ring would
+    take 2 x 64 KB, which does not fit beside K / V at D128 / D256), a broadcast query or key dim (size 1 or stride
+    0 where Sq / Sk > 1), a non-contiguous last dim, row strides that are not multiples of 16 bytes, batch / head
+    strides that are not whole rows, a base address off 16 bytes, and over 2**31 rows. Varlen is taken (positions
+    within each sequence index the (B or 1, Hq or 1, max_seqlen_q, max_seqlen_k) bias)."""
+    if attn_bias is None:
+        return True
+    return attn_bias.device == q.device and bias_layout(attn_bias, seqlen_q, seqlen_k) is not None
+
+
 def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                     attn_bias=None, sink=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
                     **other_features):
@@ -180,13 +231,14 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     with int32 cu_seqlens, head_dim 64, 128 or 256, heads_q % heads_kv == 0, TMA-compatible strides, (dense)
     every query row seeing at least one key (causal: seqlen_q <= seqlen_k; a window's right side:
     seqlen_q - seqlen_k <= right; varlen rows without keys are handled in the kernel), ALiBi slopes fp32 (Hq,)
-    or (B, Hq), sink (Hq,); no dropout, bias, paged keys (block_table) or mods."""
+    or (B, Hq), sink (Hq,), attn_bias fp16 / bf16 (B or 1, Hq or 1, Sq, Sk) in a layout bias_ok accepts (varlen:
+    (B or 1, Hq or 1, max_seqlen_q, max_seqlen_k)); no dropout, paged keys (block_table) or mods."""
     if _attn_fwd_hopper is None or _disabled is not None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
     if other_features and any(v_ is not None and (isinstance(v_, torch.Tensor) or v_)
                               for v_ in other_features.values()):
         return False
-    if dropout_p or attn_bias is not None or softcap < 0:
+    if dropout_p or softcap < 0:
         return False
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen:
@@ -213,6 +265,9 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     if heads_kv == 0 or heads_q % heads_kv or seqlen_q == 0 or seqlen_k == 0 or batch == 0:
         return False
     if not alibi_ok(alibi_slopes, q, batch, heads_q):
+        return False
+    if attn_bias is not None and not bias_ok(attn_bias, q, max_seqlen_q if varlen else seqlen_q,
+                                             max_seqlen_k if varlen else seqlen_k):
         return False
     if sink is not None and not (isinstance(sink, torch.Tensor) and sink.device == q.device
                                  and tuple(sink.shape) == (heads_q, )):
@@ -281,13 +336,23 @@ def ragged_descriptor(t, rows, row_stride, width, block_rows, block_cols, gl_dty
                           [1, 1, block_rows, block_cols], shared_layout((1, 1, block_rows, block_cols), gl_dtype))
 
 
+def bias_descriptor(attn_bias, seqlen_q, seqlen_k, block_n):
+    """(descriptor, rows per batch, rows per head) of attn_bias (bias_layout's 2-D view, boxes [BLOCK_M,
+    block_n])."""
+    rows, row_stride, rows_b, rows_h = bias_layout(attn_bias, seqlen_q, seqlen_k)
+    desc = tma_descriptor(attn_bias, [rows, seqlen_k], [row_stride, 1], [BLOCK_M, block_n],
+                          torch_layout((BLOCK_M, block_n), attn_bias.dtype))
+    return desc, rows_b, rows_h
+
+
 def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_size=(-1, -1), softcap=0.0,
                       alibi_slopes=None, sink=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
-                      max_seqlen_k=0):
+                      max_seqlen_k=0, attn_bias=None):
     """(grid, args, constexprs, launch options) of one launch; shared by gluon_forward and the offline
     compile check so both compile the same kernel. Features off leave the constexprs at the plain kernel's.
     Varlen (cu_seqlens_q given): q / k / v / out packed (total, H, D), lse (Hq, total_q); the grid covers
-    max_seqlen_q rows of every sequence and the kernel reads each one's lengths from cu_seqlens."""
+    max_seqlen_q rows of every sequence and the kernel reads each one's lengths from cu_seqlens.
+    attn_bias: 4-D, as gluon_supported takes it (its 2-D TMA descriptor: bias_descriptor)."""
     varlen = cu_seqlens_q is not None
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
@@ -311,24 +376,27 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
             seqlen_q, seqlen_k, heads_q, heads_q // heads_kv,
             softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E, float(softcap) * LOG2E,
             left if left >= 0 else unbounded, right if right >= 0 else unbounded,
-            cu_seqlens_q if varlen else lse, cu_seqlens_k if varlen else lse)
+            cu_seqlens_q if varlen else lse, cu_seqlens_k if varlen else lse,
+            *(bias_descriptor(attn_bias, seqlen_q, seqlen_k, config.block_n) if attn_bias is not None
+              else (lse, 0, 0)), float(softmax_scale))
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
                       IS_LOCAL=is_local, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                       HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm,
-                      TREE_MAX=config.tree_max)
+                      TREE_MAX=config.tree_max,
+                      HAS_BIAS=(2 if config.bias_cvt_asm else 1) if attn_bias is not None else 0)
     grid = (math.ceil(seqlen_q / BLOCK_M), batch * heads_q)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
 def takes_persistent(config, q, k, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None,
-                     cu_seqlens_q=None):
+                     cu_seqlens_q=None, attn_bias=None):
     """True when a launch with config runs the persistent kernel: config.persistent, dense, plain or causal
-    (no window, softcap, ALiBi or sink; those and varlen run _attn_fwd_hopper with the same config), and not D256
+    (no window, softcap, ALiBi, sink or bias; those and varlen run _attn_fwd_hopper with the same config), and not D256
     through ragged descriptors (batch > 1, Sk % BLOCK_N != 0: ptxas spills 12-56 B there)."""
     _, is_local, _, _ = mask_mode(causal, window_size)
     if not (config.persistent and _attn_fwd_hopper_persistent is not None and cu_seqlens_q is None and not is_local
-            and not softcap and alibi_slopes is None and sink is None):
+            and not softcap and alibi_slopes is None and sink is None and attn_bias is None):
         return False
     return not (q.shape[-1] == 256 and q.shape[0] > 1 and k.shape[1] % config.block_n != 0)
 
@@ -366,12 +434,13 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
 
 def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", window_size=(-1, -1), softcap=0.0,
                   alibi_slopes=None, sink=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
-                  max_seqlen_k=0):
+                  max_seqlen_k=0, attn_bias=None):
     """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), or (Hq, total_q) for packed varlen q / k / v with
     cu_seqlens_q / _k, natural log (as the portable forward writes it, including the sink when there is one, so
     the existing backward runs on them). Requires gluon_supported(q, k, v, causal, window_size=..., softcap=...,
-    alibi_slopes=..., sink=..., cu_seqlens_q=..., ...) and softmax_scale > 0 (without score features the running
-    max is taken before scaling)."""
+    alibi_slopes=..., sink=..., attn_bias=..., cu_seqlens_q=..., ...) and softmax_scale > 0 (without score
+    features the running max is taken before scaling). attn_bias: 4-D (B or 1, Hq or 1, Sq, Sk), added to the
+    scores after softcap and ALiBi, before the masks (kernels/common._scores' order)."""
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     poison = _launch.poison_outputs()  # NaN-poisoned under FLASHTILE_POISON_OUTPUTS=1, as the other launchers
@@ -382,7 +451,7 @@ def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", 
     else:
         lse = _launch._empty((shape[0], shape[2], shape[1]), q, torch.float32, poison)
     config = VARIANTS[variant][q.shape[-1]]
-    if takes_persistent(config, q, k, causal, window_size, softcap, alibi_slopes, sink, cu_seqlens_q):
+    if takes_persistent(config, q, k, causal, window_size, softcap, alibi_slopes, sink, cu_seqlens_q, attn_bias):
         # launch.py says causal as the window (-1, 0): the persistent kernel knows only plain and causal.
         is_causal = mask_mode(causal, window_size)[0]
         grid, args, constexprs, options = persistent_launch_args(q, k, v, out, lse, float(softmax_scale), is_causal,
@@ -391,6 +460,7 @@ def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", 
         return out, lse
     grid, args, constexprs, options = gluon_launch_args(q, k, v, out, lse, float(softmax_scale), causal, config,
                                                         window_size, float(softcap), alibi_slopes, sink,
-                                                        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+                                                        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                        attn_bias)
     fast_launch.launch(_attn_fwd_hopper, grid, args, {**constexprs, **options})
     return out, lse

@@ -605,10 +605,11 @@ def _try_gluon(env_var, wanted, supported, run, disable):
 
 
 def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
-    """(out, lse) from the Hopper Gluon forward (gluon_launch.py; plain, causal, windows, softcap, ALiBi, sinks;
-    dense or varlen) where configs.py says it is faster (keyed by head dim and causal: a window other than
-    (-1, 0) counts as not causal; varlen by max_seqlen_k) on a tested triton, else None. FLASHTILE_GLUON=1 takes
+                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None):
+    """(out, lse) from the Hopper Gluon forward (gluon_launch.py; plain, causal, windows, softcap, ALiBi, sinks,
+    additive biases in the layouts gluon_launch.bias_ok takes; dense or varlen) where configs.py says it is
+    faster (keyed by head dim and causal: a window other than (-1, 0) counts as not causal; varlen by
+    max_seqlen_k; a bias takes the thresholds of its mask) on a tested triton, else None. FLASHTILE_GLUON=1 takes
     it wherever it is supported, =0 never. A launch that fails to build disables it for the process (one
     warning) and returns None."""
     gluon_launch = _gluon_modules()[0]
@@ -617,6 +618,8 @@ def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, a
     varlen = cu_seqlens_q is not None
     keys = max_seqlen_k if varlen else k.shape[1]
     features = dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes, sink=sink)
+    if attn_bias is not None:
+        features["attn_bias"] = attn_bias
     if varlen:
         features.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                         max_seqlen_k=max_seqlen_k)
@@ -638,12 +641,14 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
     dropout_p > 0: rng is the int64 (1,) Philox seed on q's device; the backward gets the same one.
     mods: ModArgs (programmable attention) or None.
     """
-    # The Gluon forward serves dense and varlen calls without bias, dropout or mods (paged varlen has its own
-    # launcher, _flash_attn_forward_varlen_paged, which never comes here).
-    plain = softmax_scale > 0 and attn_bias is None and not dropout_p and mods is None
+    # The Gluon forward serves dense and varlen calls without dropout or mods, biases in the layouts it reads by TMA
+    # (gluon_launch.bias_ok; the others stay here), and its out / lse are what the portable backward expects with
+    # or without a bias (paged varlen has its own launcher, _flash_attn_forward_varlen_paged, which never comes
+    # here).
+    plain = softmax_scale > 0 and not dropout_p and mods is None
     if plain and q.is_cuda:
         result = _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias)
         if result is not None:
             return result
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)

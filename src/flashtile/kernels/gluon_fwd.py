@@ -18,8 +18,10 @@ VARLEN: packed (total, H, D) q/k/v at int32 cu_seqlens, the grid over max_seqlen
 sequence's bounds, leaves at once past its rows, and handles rows that see no key (output 0, lse -inf).
 Score features, each a constexpr (off, the plain kernel compiles as it did without them), in the order of
 kernels/common._scores: SOFTCAP (softcap * tanh(score / softcap), common._tanh's tanh.approx.f32), HAS_ALIBI
-(-slope * |i + Sk - Sq - j|), then the masks (causal, IS_LOCAL window, sequence end); HAS_SINK starts the
-online softmax from one logit per head (m = sink, l = 1), so lse includes the sink as kernels/fwd.py's does.
+(-slope * |i + Sk - Sq - j|), HAS_BIAS (an additive fp16/bf16 bias, TMA-loaded by the load partition into its own
+shared-memory ring next to K / V; gluon_launch.bias_ok says which layouts), then the masks (causal, IS_LOCAL
+window, sequence end); HAS_SINK starts the online softmax from one logit per head (m = sink, l = 1), so lse
+includes the sink as kernels/fwd.py's does.
 Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32 (varlen: Out like q, Lse (Hq, total_q)), natural log, as
 kernels/fwd.py does.
 """
@@ -68,7 +70,11 @@ def _to_p(p_f32, p_prev, P_CVT_ASM: gl.constexpr):
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty,
                     q_row, q_col, kv_row, kv_col, n_blocks, q_end, kv_end,
-                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RAGGED: gl.constexpr = False):
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RAGGED: gl.constexpr = False,
+                    b_desc=None, b_bufs=None, b_ready=None, b_empty=None, b_row=0, b_col=0,
+                    HAS_BIAS: gl.constexpr = False):
+    # HAS_BIAS: the bias box [BLOCK_M, BLOCK_N] at (b_row, b_col + j * BLOCK_N) of the 2-D bias descriptor joins
+    # each key block, in its own ring (b_ready / b_empty), between K (needed first) and V (needed a step later).
     # Both Q halves on one barrier; a box past the tensor's end is zero-filled and still counts its bytes.
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     _tma_load(q_desc, q_row, q_end, q_col, q_bar, q_smem.index(0), RAGGED)
@@ -80,6 +86,11 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_rea
         mbarrier.wait(k_empty.index(stage), empty_phase)
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
         _tma_load(k_desc, kv_row + j * BLOCK_N, kv_end, kv_col, k_ready.index(stage), k_bufs.index(stage), RAGGED)
+        if HAS_BIAS:
+            mbarrier.wait(b_empty.index(stage), empty_phase)
+            mbarrier.expect(b_ready.index(stage), b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(b_desc, [b_row, b_col + j * BLOCK_N], b_ready.index(stage),
+                                            b_bufs.index(stage))
         mbarrier.wait(v_empty.index(stage), empty_phase)
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
         _tma_load(v_desc, kv_row + j * BLOCK_N, kv_end, kv_col, v_ready.index(stage), v_bufs.index(stage), RAGGED)
@@ -99,6 +110,34 @@ def _turn_pass(turn_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
+def _bias_tile(b_bufs, b_ready, j, WG: gl.constexpr, STAGES: gl.constexpr, layout: gl.constexpr):
+    """This warpgroup's [WG_M, BLOCK_N] rows of key block j's bias box, from shared memory into registers in the S
+    accumulator's layout (16-bit; the 128-byte swizzle of the TMA box keeps the 8 rows a warp reads apart in banks)."""
+    stage = j % STAGES
+    mbarrier.wait(b_ready.index(stage), (j // STAGES) & 1)
+    return b_bufs.index(stage).slice(WG * WG_M, WG_M, dim=0).load(layout)  # [WG_M, BLOCK_N]
+
+
+@gluon.jit
+def _bias_f32(bias, HAS_BIAS: gl.constexpr):
+    """A 16-bit bias tile as fp32. HAS_BIAS 2 (bf16): one instruction per element from each packed pair (element 0
+    in the low half: x << 16; element 1: x & 0xffff0000), where the compiler's conversion takes a PRMT and a shift
+    for the high one (1.5 per element, counted in the key loop's SASS)."""
+    if HAS_BIAS == 2 and bias.dtype == gl.bfloat16:
+        return gl.inline_asm_elementwise("{\n shl.b32 $0, $2, 16;\n and.b32 $1, $2, 0xffff0000;\n}", "=r,=r,r",
+                                         [bias], dtype=gl.float32, is_pure=True, pack=2)
+    else:
+        return bias.to(gl.float32)
+
+
+@gluon.jit
+def _bias_release(b_empty, j, STAGES: gl.constexpr):
+    # Every thread's shared-memory reads of the box are done before the one elected thread arrives.
+    gl.thread_barrier()
+    mbarrier.arrive(b_empty.index(j % STAGES))
+
+
+@gluon.jit
 def _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """-inf where key j * BLOCK_N + c is past seqlen_k or (causal) after row r's diagonal r + causal_offset."""
     cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))  # [BLOCK_N]
@@ -113,7 +152,8 @@ def _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N: gl.constexpr, IS_
 def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
                     BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr,
                     SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, MASKED: gl.constexpr,
-                    alibi_cols=0.0, ALIBI_SIDE: gl.constexpr = 0, CAP_SCALED: gl.constexpr = True):
+                    alibi_cols=0.0, ALIBI_SIDE: gl.constexpr = 0, CAP_SCALED: gl.constexpr = True,
+                    bias=0.0, HAS_BIAS: gl.constexpr = False):
     """Raw q.k of keys key0 + [0, BLOCK_N) and rows row0 + [0, WG_M) -> scores in log2 units, as
     kernels/common._scores makes them: softcap, ALiBi, then (MASKED) causal / window / sequence-end masks.
     qk_scale is softmax_scale * log2(e), or softmax_scale / softcap under SOFTCAP (softcap_log2 = softcap * log2(e));
@@ -123,13 +163,17 @@ def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi
     scores come back without the row term (one FFMA per score; alibi_cols = alibi_log2 * [0, BLOCK_N)) and the
     caller adds it to the row max (softmax does not see a per-row constant; m and lse do).
     CAP_SCALED=False (SOFTCAP without ALiBi): tanh(score / softcap) comes back without the factor softcap_log2 > 0,
-    which the caller folds into its exp2 argument (one FFMA) and its row max (max(c t) = c max(t), also rounded)."""
+    which the caller folds into its exp2 argument (one FFMA) and its row max (max(c t) = c max(t), also rounded).
+    HAS_BIAS: bias ([WG_M, BLOCK_N], natural-log units, 16-bit: _bias_f32) * log2(e) is added after ALiBi, before
+    the masks (not with CAP_SCALED=False)."""
     layout: gl.constexpr = s.type.layout
     if HAS_ALIBI and ALIBI_SIDE != 0:
         if SOFTCAP:
             s = _tanh(s * qk_scale, True) * softcap_log2 + ALIBI_SIDE * alibi_cols[None, :]
         else:
             s = s * qk_scale + ALIBI_SIDE * alibi_cols[None, :]
+        if HAS_BIAS:
+            s = s + _bias_f32(bias, HAS_BIAS) * 1.4426950408889634
         return s  # [WG_M, BLOCK_N], the row term left out
     if SOFTCAP:
         # common._tanh (a @triton.jit helper; Gluon can call it) with the GPU's tanh.approx.f32, as the portable
@@ -144,6 +188,8 @@ def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi
     if HAS_ALIBI:
         dist = gl.abs(rows.to(gl.float32)[:, None] - cols.to(gl.float32)[None, :])  # [WG_M, BLOCK_N]
         s = s - alibi_log2 * dist
+    if HAS_BIAS:
+        s = s + _bias_f32(bias, HAS_BIAS) * 1.4426950408889634
     if MASKED:
         visible = (cols < seqlen_k)[None, :]
         if IS_CAUSAL:
@@ -189,12 +235,15 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
              WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
              MASKED: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
              HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr, P_CVT_ASM: gl.constexpr = False,
-             TREE_MAX: gl.constexpr = False, alibi_cols=0.0, ALIBI_SIDE: gl.constexpr = 0):
+             TREE_MAX: gl.constexpr = False, alibi_cols=0.0, ALIBI_SIDE: gl.constexpr = 0,
+             b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False):
     """Key block j >= 1 (keys key_lo + j * BLOCK_N + [0, BLOCK_N)): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1},
     softmax S_j while the PV runs, then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i,
     p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it. P_CVT_ASM: see _to_p. TREE_MAX: see
     _row_max. ALIBI_SIDE (HAS_ALIBI, unmasked blocks wholly on one side of every row's diagonal): the bias as a
-    column vector plus a row term (_feature_scores), the row term added to the row max only."""
+    column vector plus a row term (_feature_scores), the row term added to the row max only.
+    HAS_BIAS: block j's bias rows come from shared memory (_bias_tile; read while S_j runs); sm_scale =
+    softmax_scale. A bias can hide every key of a row (-inf): the row max is then -inf and 0 is subtracted instead."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
     stage = j % STAGES
@@ -206,19 +255,31 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
     o_tok = warpgroup_mma(p, v_bufs.index(prev), o_acc, is_async=True)
     _turn_pass(turn_bars, WG, PINGPONG)
+    bias = 0.0
+    if HAS_BIAS and not (HAS_ALIBI or IS_LOCAL or SOFTCAP):
+        # Read while S_j runs (its latency hidden). With other features, after the wait: 32 more registers
+        # live across it made ptxas spill (D128 window + softcap + ALiBi + sink + bias: 340 B).
+        bias = _bias_tile(b_bufs, b_ready, j, WG, STAGES, s_layout)  # [WG_M, BLOCK_N], 16-bit
     # wgmma groups retire in order: one outstanding means S_j is done and the PV may still run.
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_M, BLOCK_N]
     mbarrier.arrive(k_empty.index(stage))
+    if HAS_BIAS and (HAS_ALIBI or IS_LOCAL or SOFTCAP):
+        bias = _bias_tile(b_bufs, b_ready, j, WG, STAGES, s_layout)  # [WG_M, BLOCK_N], 16-bit
     if HAS_ALIBI and ALIBI_SIDE != 0:
         s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                            False, alibi_cols, ALIBI_SIDE)  # [WG_M, BLOCK_N], score - shift per row
+                            False, alibi_cols, ALIBI_SIDE, bias=bias,
+                            HAS_BIAS=HAS_BIAS)  # [WG_M, BLOCK_N], score - shift per row
         m_layout: gl.constexpr = m_i.type.layout
         shift = _alibi_row_shift(key_lo + j * BLOCK_N, row0, causal_offset, alibi_log2, m_layout, ALIBI_SIDE)
-        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) + shift)  # [WG_M], finite (unmasked block)
-        alpha = gl.exp2(m_i - m_new)  # [WG_M]
-        p_f32 = gl.exp2(s - (m_new - shift)[:, None])  # [WG_M, BLOCK_N]
-    elif SOFTCAP and not HAS_ALIBI:
+        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) + shift)  # [WG_M], finite (unmasked block) without a bias
+        if HAS_BIAS and not HAS_SINK:
+            m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_sub = m_new
+        alpha = gl.exp2(m_i - m_sub)  # [WG_M]
+        p_f32 = gl.exp2(s - (m_sub - shift)[:, None])  # [WG_M, BLOCK_N]
+    elif SOFTCAP and not HAS_ALIBI and not HAS_BIAS:
         s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                             MASKED, CAP_SCALED=False)  # [WG_M, BLOCK_N], tanh(score / softcap) or -inf
@@ -229,18 +290,31 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
             m_sub = m_new
         alpha = gl.exp2(m_i - m_sub)  # [WG_M]
         p_f32 = gl.exp2(s * softcap_log2 - m_sub[:, None])  # [WG_M, BLOCK_N], one FFMA per score
-    elif HAS_ALIBI or IS_LOCAL:
+    elif HAS_ALIBI or IS_LOCAL or SOFTCAP:
         s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                            MASKED)
+                            MASKED, bias=bias, HAS_BIAS=HAS_BIAS)
         m_new = gl.maximum(m_i, _row_max(s, TREE_MAX))  # [WG_M]
-        if IS_LOCAL and MASKED and not HAS_SINK:
+        if (IS_LOCAL and MASKED or HAS_BIAS) and not HAS_SINK:
             # A window can leave a row without a visible key so far: m stays -inf; subtract 0 so exp2 gives 0.
             m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_sub = m_new
         alpha = gl.exp2(m_i - m_sub)  # [WG_M]
         p_f32 = gl.exp2(s - m_sub[:, None])  # [WG_M, BLOCK_N]
+    elif HAS_BIAS:
+        # Bias alone (or with causal): the scores in natural-log units, one FFMA each (s * scale + bias); the
+        # row max before the factor log2(e) > 0, which the exp2 argument folds in (one FFMA), as plain does.
+        s = s * sm_scale + _bias_f32(bias, HAS_BIAS)  # [WG_M, BLOCK_N]
+        if MASKED:
+            s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
+        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * 1.4426950408889634)  # [WG_M], log2 units
+        if HAS_SINK:
+            m_sub = m_new
+        else:
+            m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_sub)  # [WG_M]
+        p_f32 = gl.exp2(s * 1.4426950408889634 - m_sub[:, None])  # [WG_M, BLOCK_N]
     else:
         if MASKED:
             s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
@@ -252,6 +326,8 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     # P_{j-1} (registers) is read by the PV wgmma until it retires: keep it alive through the wait.
     o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
     mbarrier.arrive(v_empty.index(prev))
+    if HAS_BIAS:
+        _bias_release(b_empty, j, STAGES)
     o_acc = o_acc * gl.convert_layout(alpha, o_row)[:, None]
     return o_acc, m_new, l_i, p_next
 
@@ -264,11 +340,13 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr,
                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr,
                         VARLEN: gl.constexpr = False,
-                        P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False):
+                        P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
+                        b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
     of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
-    VARLEN: rows that saw no key (bottom-right causal or a window in a sequence with Sq > Sk) get 0 and lse -inf."""
+    VARLEN: rows that saw no key (bottom-right causal or a window in a sequence with Sq > Sk) get 0 and lse -inf;
+    HAS_BIAS likewise (a bias of -inf on every key a row sees), as the portable kernel writes them."""
     dtype: gl.constexpr = q_smem.dtype
     SCORES: gl.constexpr = SOFTCAP or HAS_ALIBI or IS_LOCAL  # scores pass through _feature_scores
     # One warpgroup, 64 rows: S is [64, BLOCK_N] and O [64, HEAD_DIM] in wgmma accumulator layouts; P feeds
@@ -294,11 +372,17 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
     s_tok = warpgroup_mma(q_view, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     _turn_pass(turn_bars, WG, PINGPONG)
+    bias = 0.0
+    if HAS_BIAS:
+        bias = _bias_tile(b_bufs, b_ready, 0, WG, STAGES, s_layout)  # [WG_M, BLOCK_N], 16-bit
     s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_M, BLOCK_N]
     mbarrier.arrive(k_empty.index(0))
+    if HAS_BIAS:
+        _bias_release(b_empty, 0, STAGES)
     if SCORES:
         s = _feature_scores(s, key_lo, row0, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
-                            window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, True)
+                            window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, True,
+                            bias=bias, HAS_BIAS=HAS_BIAS)
         m_i = gl.max(s, axis=1)  # [WG_M]
         if HAS_SINK:
             # The sink is one more logit of every row: the running max and denominator start from it.
@@ -306,12 +390,26 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
             p_f32 = gl.exp2(s - m_i[:, None])  # [WG_M, BLOCK_N]
             l_i = gl.sum(p_f32, axis=1) + gl.exp2(sink_log2 - m_i)  # [WG_M]
         else:
-            if IS_LOCAL:
-                # A window can hide this whole block from a row: m = -inf; subtract 0 so exp2 gives 0, not NaN.
+            if IS_LOCAL or HAS_BIAS:
+                # A window (or a -inf bias) can hide this whole block from a row: m = -inf; subtract 0 so exp2
+                # gives 0, not NaN.
                 p_f32 = gl.exp2(s - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])  # [WG_M, BLOCK_N]
             else:
                 p_f32 = gl.exp2(s - m_i[:, None])  # [WG_M, BLOCK_N]
             l_i = gl.sum(p_f32, axis=1)  # [WG_M]
+    elif HAS_BIAS:
+        # As _kv_step's bias-alone branch: natural-log scores, the factor log2(e) folded into the exp2 argument.
+        s = _mask_scores(s * sm_scale + _bias_f32(bias, HAS_BIAS), 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
+        m_i = gl.max(s, axis=1) * 1.4426950408889634  # [WG_M]; -inf where the bias hides every key of the block
+        if HAS_SINK:
+            m_i = gl.maximum(m_i, sink_log2)
+            m_sub = m_i
+        else:
+            m_sub = gl.where(m_i == float("-inf"), 0.0, m_i)
+        p_f32 = gl.exp2(s * 1.4426950408889634 - m_sub[:, None])  # [WG_M, BLOCK_N]
+        l_i = gl.sum(p_f32, axis=1)  # [WG_M]
+        if HAS_SINK:
+            l_i = l_i + gl.exp2(sink_log2 - m_i)
     else:
         s = _mask_scores(s, 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
         m_i = gl.max(s, axis=1) * qk_scale  # [WG_M]; finite: every row sees key 0 (host guarantees it)
@@ -332,7 +430,9 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
                                           softcap_log2, alibi_log2, window_left, window_right,
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, IS_LOCAL, SOFTCAP,
-                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX)
+                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
+                                          b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
+                                          HAS_BIAS=HAS_BIAS)
         full_start = gl.maximum(n_lead, 1)
     else:
         full_start = 1
@@ -354,32 +454,42 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
                                           softcap_log2, alibi_log2, window_left, window_right,
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
-                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX, alibi_cols, 1)
+                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX, alibi_cols, 1,
+                                          b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
+                                          HAS_BIAS=HAS_BIAS)
         for j in range(left_end, right_start):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
                                           softcap_log2, alibi_log2, window_left, window_right,
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
-                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX)
+                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
+                                          b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
+                                          HAS_BIAS=HAS_BIAS)
         for j in range(right_start, n_full):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
                                           softcap_log2, alibi_log2, window_left, window_right,
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
-                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX, alibi_cols, -1)
+                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX, alibi_cols, -1,
+                                          b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
+                                          HAS_BIAS=HAS_BIAS)
     else:
         for j in range(full_start, n_full):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
                                           softcap_log2, alibi_log2, window_left, window_right,
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
-                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX)
+                                          HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
+                                          b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
+                                          HAS_BIAS=HAS_BIAS)
     for j in range(gl.maximum(n_full, 1), n_blocks):
         o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                       v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
                                       softcap_log2, alibi_log2, window_left, window_right,
                                       WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, IS_LOCAL, SOFTCAP,
-                                      HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX)
+                                      HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
+                                      b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
+                                      HAS_BIAS=HAS_BIAS)
 
     # The last block's PV.
     last = (n_blocks - 1) % STAGES
@@ -395,15 +505,15 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
     in_seq = rows < seqlen_q
     m_o = gl.convert_layout(m_i, o_row)  # [WG_M]
-    if VARLEN:
-        # The host cannot see per-sequence lengths: a row without keys kept m = -inf (its O and l are NaN / 0,
-        # row-local); write what the portable kernel writes.
+    if VARLEN or HAS_BIAS:
+        # The host cannot see per-sequence lengths (or a bias's -inf): a row without keys kept m = -inf (its O
+        # and l are NaN / 0, row-local); write what the portable kernel writes.
         seen = m_o > float("-inf")  # [WG_M]
         out = gl.where(seen[:, None], out, 0.0)
     o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
     gl.store(o_ptrs, out.to(dtype), mask=in_seq[:, None])
     lse = (m_o + gl.log2(l_o)) * LN2  # [WG_M], natural log
-    if VARLEN:
+    if VARLEN or HAS_BIAS:
         lse = gl.where(seen, lse, float("-inf"))
     gl.store(lse_ptr + rows, lse, mask=in_seq)
 
@@ -416,12 +526,13 @@ def _consumer1_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_read
                          IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr,
                          SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr,
                          VARLEN: gl.constexpr = False,
-                         P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False):
+                         P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
+                         b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False):
     _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                         out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                         qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                         1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_SINK,
-                        VARLEN, P_CVT_ASM, TREE_MAX)
+                        VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale, HAS_BIAS)
 
 
 @gluon.jit
@@ -445,17 +556,19 @@ def _store_rows_without_keys(out_ptr, lse_ptr, stride_om, seqlen_q, start_m, sin
 # Shape-like ints are not specialized (divisibility, == 1): one compiled kernel per (config, head dim, causal,
 # dtype) instead of one per seqlen class. TMA does the loads, so the hints would buy nothing there.
 @gluon.jit(do_not_specialize=["stride_lse_b", "stride_lse_h", "seqlen_q", "seqlen_k", "heads_q",
-                              "group_size", "stride_alibi_b", "window_left", "window_right"])
+                              "group_size", "stride_alibi_b", "window_left", "window_right", "bias_rows_b",
+                              "bias_rows_h"])
 def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h, stride_alibi_b,
                      seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
-                     CuSeqlensQ, CuSeqlensK,
+                     CuSeqlensQ, CuSeqlensK, b_desc, bias_rows_b, bias_rows_h, sm_scale,
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      IS_LOCAL: gl.constexpr = False, SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
                      HAS_SINK: gl.constexpr = False, VARLEN: gl.constexpr = False, RAGGED: gl.constexpr = False,
-                     P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False):
+                     P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
+                     HAS_BIAS: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -465,7 +578,13 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     Alibi: fp32 slopes read at off_b * stride_alibi_b + off_h; Sink: fp32 (Hq,) logits. IS_LOCAL: a window
     (window_left, window_right, Sq + Sk for an unbounded side, as launch.ScoreArgs passes them); causal alone is
     IS_CAUSAL. Launch with num_warps=4 (consumer warpgroup 0) and a grid of (cdiv(Sq, 128), B * Hq).
-    P_CVT_ASM: the key loop's P packed by pairs (_to_p); TREE_MAX: its row maxima as trees (_row_max)."""
+    P_CVT_ASM: the key loop's P packed by pairs (_to_p); TREE_MAX: its row maxima as trees (_row_max).
+    HAS_BIAS: b_desc is a 2-D fp16/bf16 TMA descriptor (rows, Sk) with boxes [BLOCK_M, BLOCK_N] over the bias's
+    storage: query row i of (batch b, head h) is row b * bias_rows_b + h * bias_rows_h + i (0 steps along broadcast
+    dims; varlen: i and the keys are positions in the sequence). Rows of a tile past seqlen_q may read the next
+    head's rows (or the zero fill): they are never stored. Keys past Sk are zero-filled and masked.
+    sm_scale = softmax_scale (the bias-alone path scales by it, not by qk_scale). HAS_BIAS 2: bf16 biases
+    converted to fp32 by _bias_f32's shift / mask (GluonConfig.bias_cvt_asm)."""
     BLOCK_M: gl.constexpr = 2 * WG_M
     pid_m = gl.program_id(0)
     if IS_CAUSAL or IS_LOCAL:
@@ -559,6 +678,20 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
         mbarrier.init(v_empty.index(i), count=2)
     for i in gl.static_range(2):
         mbarrier.init(turn_bars.index(i), count=1)
+    if HAS_BIAS:
+        # The bias ring: one [BLOCK_M, BLOCK_N] box per key block, STAGES deep like K / V (D128: 2 x 32 KB).
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_M, BLOCK_N], b_desc.layout)
+        b_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        b_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(b_ready.index(i), count=1)
+            mbarrier.init(b_empty.index(i), count=2)
+        b_row = off_b * bias_rows_b + off_h * bias_rows_h + start_m
+    else:
+        b_bufs = k_bufs
+        b_ready = k_ready
+        b_empty = k_empty
+        b_row = 0
 
     alibi_ptr = Alibi
     if HAS_ALIBI:
@@ -571,13 +704,16 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                                qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                                0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                               HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX)),
+                               HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale,
+                               HAS_BIAS)),
         (_consumer1_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars, out_ptr,
                                 lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                                 qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
                                 window_right, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
-                                HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX)),
+                                HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
+                                sm_scale, HAS_BIAS)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                            v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
-                           q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED)),
+                           q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
+                           b_ready, b_empty, b_row, key_lo, HAS_BIAS)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
