@@ -240,7 +240,7 @@ def bias_shared_ok(head_dim, config, bias_dtype):
     D128 with an fp32 bias (+64 KB) and D256 (SPLIT_D, 1.5 KB free) do not fit (sm90 compiles, triton 3.6)."""
     if head_dim > 128:
         return False
-    size = bias_dtype.itemsize
+    size = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}[bias_dtype]
     keys = block_n(head_dim)
     used = (2 * keys * head_dim * 2  # K, V
             + config.stages * (2 * config.block_m * head_dim * 2 + 2 * config.block_m * 4)  # Q, dO, lse2, delta
