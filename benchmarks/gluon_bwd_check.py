@@ -15,11 +15,14 @@ the child frees the GPU and the run goes on to report it):
            FLASHTILE_GLUON_BWD=1 (the dispatch).
            Variants after the first get a shorter list; a variant runs only at the head dims it covers
            (gluon_bwd_launch.VARIANTS: e.g. atomics, dQ by red.global.add; dq-reduce2 at D64 / D128).
-  features (unless --skip-features; concurrently with correct, three children per head dim) score features in the
+  features (unless --skip-features; concurrently with correct, five children per head dim) score features in the
            default variant: windows (256, 0), (100, 50), (-1, 64), causal + left window, softcap 30 and 5, ALiBi
-           (H,) and (B, H), combos, with GQA / MQA, odd lengths, Sq != Sk both ways, batch tails and fp16; the
-           forward is flashtile's own with the same features (so lse is the one P is recomputed against),
-           dq / dk / dv NaN-poisoned against the float64 reference with the same features.
+           (H,) and (B, H), combos, an additive bias (1, H, Sq, Sk) / (B, 1, ...) / (B, H, ...) / expanded /
+           fp32 with bf16 q / -inf and -1e9 key masks / with windows, ALiBi and softcap, with GQA / MQA, odd
+           lengths, Sq != Sk both ways, batch tails and fp16; the forward is flashtile's own with the same
+           features (so lse is the one P is recomputed against), dq / dk / dv NaN-poisoned against the float64
+           reference with the same features. Bias cases the Gluon backward refuses by design (D256, an fp32 bias
+           at D128, rows not 16-byte aligned) check that gluon_bwd_supported() says so.
   bench-features (--bench-features) D128 8K B2 H16 bf16: backward time of each feature, Gluon and portable, as
            ratios to the plain Gluon backward (issue 6: <= 1.10x) and Gluon / portable with the same feature;
            windows also per unit of work (the fraction of the score matrix the window keeps).
@@ -91,13 +94,45 @@ def references(q, k, v, dout, scale, causal, **features):
     return results
 
 
-def feature_args(spec, batch, heads_q):
+def feature_args(spec, batch, heads_q, seqlen_q=None, seqlen_k=None, dtype=BF16):
     """flash_attn_func / gluon_backward / attention_ref keywords of a spec: window (left, right), softcap, alibi
-    ('h' for (H,) slopes, 'bh' for (B, H))."""
+    ('h' for (H,) slopes, 'bh' for (B, H)), bias (attn_bias_of; needs seqlen_q, seqlen_k and q's dtype)."""
     args = dict(window_size=spec.get("window", (-1, -1)), softcap=spec.get("softcap", 0.0))
     if spec.get("alibi"):
         args["alibi_slopes"] = alibi_slopes(heads_q, batch if spec["alibi"] == "bh" else None)
+    if spec.get("bias"):
+        args["attn_bias"] = attn_bias_of(spec, batch, heads_q, seqlen_q, seqlen_k, dtype)
     return args
+
+
+def attn_bias_of(spec, batch, heads, seqlen_q, seqlen_k, dtype):
+    """spec["bias"]: "1h" (1, H, Sq, Sk), "b1" (B, 1, ...), "bh" (B, H, ...), "11" (1, 1, ...), "eh" (1, H, ...)
+    expanded to (B, H, ...) (stride 0); values N(0, 1) in q's dtype, or fp32 with spec["bias_dtype"] == "fp32".
+    Rows are padded to 16 bytes (the storage is (.., Sk_pad)[..., :Sk]) unless spec["unaligned"]; spec["keymask"]:
+    this value (-inf, -1e9) on the last 100 keys of every row."""
+    kind = spec["bias"]
+    bias_dtype = torch.float32 if spec.get("bias_dtype") == "fp32" else dtype
+    rows_b = batch if kind[0] == "b" else 1
+    rows_h = heads if kind[1] == "h" else 1
+    align = 1 if spec.get("unaligned") else 16 // torch.empty((), dtype=bias_dtype).element_size()
+    padded = -(-seqlen_k // align) * align
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    bias = torch.randn(rows_b, rows_h, seqlen_q, padded, generator=gen, device=DEVICE).to(bias_dtype)[..., :seqlen_k]
+    if "keymask" in spec:
+        bias[..., max(seqlen_k - 100, 1):] = spec["keymask"]
+    if kind[0] == "e":
+        bias = bias.expand(batch, rows_h, seqlen_q, seqlen_k)
+    return bias
+
+
+def gluon_takes(spec, head_dim):
+    """Whether the Gluon backward should serve a FEATURE_CASES spec at head_dim (gluon_bwd_launch: no bias at D256,
+    nor an fp32 bias at D128, nor bias rows that are not 16-byte aligned)."""
+    if not spec.get("bias"):
+        return True
+    if head_dim > 128 or spec.get("unaligned"):
+        return False
+    return head_dim == 64 or spec.get("bias_dtype") != "fp32"
 
 
 def launcher_window(causal, window_size):
@@ -107,14 +142,17 @@ def launcher_window(causal, window_size):
 
 
 def feature_forward(q, k, v, scale, causal, feats):
+    """out, lse of flashtile's forward with the features (with a bias: the Gluon forward where gluon_launch.bias_ok
+    takes it and configs.py wants it, else the portable one; both add it after softcap and ALiBi)."""
     return launch._flash_attn_forward(q, k, v, scale, *launcher_window(causal, feats["window_size"]),
-                                      feats["softcap"], feats.get("alibi_slopes"), None)
+                                      feats["softcap"], feats.get("alibi_slopes"), None,
+                                      attn_bias=feats.get("attn_bias"))
 
 
 def feature_portable_backward(dout, q, k, v, out, lse, scale, causal, feats):
     return launch._flash_attn_backward(dout, q, k, v, out, lse, None, scale,
                                        *launcher_window(causal, feats["window_size"]), feats["softcap"],
-                                       feats.get("alibi_slopes"))[:3]
+                                       feats.get("alibi_slopes"), attn_bias=feats.get("attn_bias"))[:3]
 
 
 # (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype, causal, spec)
@@ -141,6 +179,23 @@ FEATURE_CASES = [
      dict(window=(300, -1), softcap=20.0, alibi="bh")),
     ("combo-win128,64-cap30-alibi-h-fp16", 1, 1000, 1000, 4, 4, FP16, False,
      dict(window=(128, 64), softcap=30.0, alibi="h")),
+    # Additive bias without gradient (D64 / D128; D256 and the other refusals: gluon_takes). Odd Sk: padded rows.
+    ("bias-1h-gqa-1000", 2, 1000, 1000, 4, 2, BF16, False, dict(bias="1h")),
+    ("bias-b1-causal-q777-k999", 2, 777, 999, 8, 2, BF16, True, dict(bias="b1")),
+    ("bias-bh-q999-k777", 2, 999, 777, 4, 4, BF16, False, dict(bias="bh")),  # rows past Sq in the last tile
+    ("bias-bh-causal-q257-k130", 2, 257, 130, 2, 2, BF16, True, dict(bias="bh")),  # rows with no key
+    ("bias-11-3x1000", 3, 1000, 1000, 4, 2, BF16, False, dict(bias="11")),
+    ("bias-eh-expanded-mqa", 2, 1000, 1000, 4, 1, BF16, True, dict(bias="eh")),
+    ("bias-fp16-1h-causal", 1, 1000, 1000, 4, 2, FP16, True, dict(bias="1h")),
+    ("bias-fp32-bf16q-1h", 2, 1000, 1000, 4, 2, BF16, False, dict(bias="1h", bias_dtype="fp32")),
+    ("bias-keymask-inf", 2, 1000, 1000, 4, 2, BF16, False, dict(bias="b1", keymask=float("-inf"))),
+    ("bias-keymask-1e9-fp32", 1, 1000, 1000, 4, 2, BF16, False, dict(bias="1h", bias_dtype="fp32", keymask=-1e9)),
+    ("bias-win100,50-q777-k999", 1, 777, 999, 8, 2, BF16, False, dict(bias="1h", window=(100, 50))),
+    ("bias-causal+left256-alibi-bh", 2, 777, 999, 8, 2, BF16, True, dict(bias="b1", window=(256, -1), alibi="bh")),
+    ("bias-softcap30", 1, 1000, 1000, 4, 2, BF16, False, dict(bias="1h", softcap=30.0)),
+    ("bias-combo-causal+left300-cap20-alibi-bh", 2, 777, 999, 8, 2, BF16, True,
+     dict(bias="bh", window=(300, -1), softcap=20.0, alibi="bh")),
+    ("bias-unaligned-q33-k41", 1, 33, 41, 2, 2, BF16, False, dict(bias="1h", unaligned=True)),
 ]
 
 
@@ -197,7 +252,12 @@ def check_feature_case(case, head_dim):
              f"H{heads_q}/{heads_kv} {str(dtype)[6:]} [features]")
     q, k, v, dout = make_inputs(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype)
     scale = head_dim ** -0.5
-    feats = feature_args(spec, batch, heads_q)
+    feats = feature_args(spec, batch, heads_q, seqlen_q, seqlen_k, dtype)
+    if not gluon_takes(spec, head_dim):  # q stands in for out (same shape and dtype): no forward to compile
+        supported = gluon_bwd_launch.gluon_bwd_supported(q, k, v, q, dout, causal=causal, **feats)
+        say(f"{'FAIL' if supported else 'PASS'} {label}: gluon_bwd_supported() is {supported}, expected False "
+            f"(the portable backward serves it)")
+        return not supported
     out, lse = feature_forward(q, k, v, scale, causal, feats)
     if not gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal=causal, **feats):
         say(f"FAIL {label}: gluon_bwd_supported() is False (UNEXPECTED)")
@@ -212,7 +272,12 @@ def check_feature_case(case, head_dim):
 
 
 def feature_part(name):
-    """Which child checks a FEATURE_CASES entry: "w" windows, "c" softcap, "a" ALiBi and the combos."""
+    """Which child checks a FEATURE_CASES entry: "w" windows, "c" softcap, "a" ALiBi and the combos, "b" bias alone
+    (layouts, dtypes of q), "x" bias with masks, fp32, other features or a refused layout (two children: each bias
+    case compiles its own portable forward and backward as well)."""
+    if name.startswith("bias"):
+        mixed = ("keymask", "fp32", "win", "left", "softcap", "unaligned")
+        return "x" if any(tag in name for tag in mixed) else "b"
     if name.startswith(("alibi", "combo")):
         return "a"
     return "c" if name.startswith("softcap") else "w"
@@ -231,6 +296,9 @@ def phase_features(head_dim, part):
         passed, failed = passed + bool(ok), failed + (not ok)
     if part == "a":
         ok = guarded(check_dispatch, head_dim, True, DISPATCH_FEATURES, what=f"feature dispatch d{head_dim}")
+        passed, failed = passed + bool(ok), failed + (not ok)
+    if part == "b" and gluon_takes(DISPATCH_BIAS, head_dim):
+        ok = guarded(check_dispatch, head_dim, True, DISPATCH_BIAS, what=f"bias dispatch d{head_dim}")
         passed, failed = passed + bool(ok), failed + (not ok)
     say(f"INFO features d{head_dim} [{part}]: {passed} passed, {failed} failed")
     return failed == 0
@@ -255,9 +323,12 @@ def phase_bench_features():
             ("alibi", False, dict(alibi="h"), 1.0), ("causal+alibi", True, dict(alibi="h"), window_work(seqlen))]
     rows += [(f"win{w},0", False, dict(window=(w, 0)), window_work(w)) for w in (256, 1024, 4096)]
     rows += [("win1024+cap+alibi", False, dict(window=(1024, 0), softcap=30.0, alibi="h"), window_work(1024))]
+    # Issue 6: a bf16 bias, (1, H, S, S) (2 GB) and (B, H, S, S) (4 GB), <= 1.10x the plain / causal backward.
+    rows += [("bias-1h", False, dict(bias="1h"), 1.0), ("causal+bias-1h", True, dict(bias="1h"), window_work(seqlen)),
+             ("bias-bh", False, dict(bias="bh"), 1.0)]
     base = {}
     for name, causal, spec, work in rows:
-        feats = feature_args(spec, batch, heads)
+        feats = feature_args(spec, batch, heads, seqlen, seqlen, BF16)
         out, lse = feature_forward(q, k, v, scale, causal, feats)
         times = {}
         for provider, fn in (
@@ -281,11 +352,11 @@ def phase_bench_features():
 
 def check_dispatch(head_dim, causal, features=None):
     """flash_attn_func with FLASHTILE_GLUON_BWD=1 routes the backward to the Gluon kernel and matches; features:
-    a FEATURE_CASES-style spec (window / softcap / alibi) passed to flash_attn_func, or None."""
+    a FEATURE_CASES-style spec (window / softcap / alibi / bias) passed to flash_attn_func, or None."""
     import flashtile
     q, k, v, dout = make_inputs(2, 1000, 1000, 4, 2, head_dim, BF16)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    feats = feature_args(features, 2, 4) if features else {}
+    feats = feature_args(features, 2, 4, 1000, 1000, BF16) if features else {}
     calls = []
     original = gluon_bwd_launch.gluon_backward
     gluon_bwd_launch.gluon_backward = lambda *a, **kw: calls.append(1) or original(*a, **kw)
@@ -301,14 +372,16 @@ def check_dispatch(head_dim, causal, features=None):
         err, bound = max_err(got, r64), 2 * max_err(rlow, r64) + max_err(r64.to(BF16), r64) + ABS_FLOOR[BF16]
         ok &= bool(torch.isfinite(got).all().item()) and err <= bound
         parts.append(f"{gname} {err:.2e}/{bound:.2e}")
-    mask = ("causal" if causal else "full  ") + (", window + softcap + ALiBi" if features else "")
+    mask = ("causal" if causal else "full  ") + (f", {'+'.join(sorted(features))}" if features else "")
     say(f"{'PASS' if ok else 'FAIL'} d{head_dim} {mask} flash_attn_func dispatch "
         f"(FLASHTILE_GLUON_BWD=1, gluon called: {bool(calls)}): {', '.join(parts)}")
     return ok
 
 
-# The feature dispatch check: causal with a left window, softcap and per-batch ALiBi slopes at once.
+# The feature dispatch check: causal with a left window, softcap and per-batch ALiBi slopes at once; with a bias
+# (no gradient: flash_attn_func's attn_bias does not require grad), a left window and ALiBi.
 DISPATCH_FEATURES = dict(window=(256, -1), softcap=30.0, alibi="bh")
+DISPATCH_BIAS = dict(window=(256, -1), alibi="bh", bias="1h")
 
 
 def phase_smoke(variants, head_dims):
@@ -408,7 +481,7 @@ def main():
         return
     groups = [f"{d}:{c}" for d in check_dims for c in (0, 1)]
     if not args.skip_features:
-        groups += [f"f{d}:{part}" for d in check_dims for part in "wca"]
+        groups += [f"f{d}:{part}" for d in check_dims for part in "wcabx"]
     # Plain groups run the correct phase, feature groups (f<head dim>:<part>) the features phase, concurrently.
     run_children(__file__, "correct", _argv(args), 180, groups,
                  phase_of=lambda group, phase: "features" if group.startswith("f") else phase)

@@ -40,6 +40,15 @@ FEATURES = {
     "window-alibi": (True, dict(window_size=(256, -1), alibi_slopes="alibi")),
     "softcap-alibi": (False, dict(softcap=30.0, alibi_slopes="alibi")),
     "combo": (True, dict(window_size=(256, -1), softcap=30.0, alibi_slopes="alibi")),
+    # "bias": a placeholder for a (1, Hq, Sq, Sk) bf16 bias ("bias32": fp32); cases bias_shared_ok refuses (D256,
+    # fp32 at D128) are skipped: the support check keeps them on the portable backward
+    "bias": (False, dict(attn_bias="bias")),
+    "bias-causal": (True, dict(attn_bias="bias")),
+    "bias32": (False, dict(attn_bias="bias32")),
+    "bias-softcap": (False, dict(softcap=30.0, attn_bias="bias")),
+    "bias-alibi-window": (True, dict(window_size=(256, -1), alibi_slopes="alibi", attn_bias="bias")),
+    "bias-window": (False, dict(window_size=(100, 50), attn_bias="bias")),
+    "bias-combo": (True, dict(window_size=(256, -1), softcap=30.0, alibi_slopes="alibi", attn_bias="bias")),
 }
 
 
@@ -105,6 +114,9 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000
         dq_accum = torch.empty(batch, seqlen_q_pad, heads_q, head_dim)
     if features.get("alibi_slopes") is not None:
         features = dict(features, alibi_slopes=torch.empty(batch, heads_q))
+    if features.get("attn_bias") is not None:
+        dtype = torch.float32 if features["attn_bias"] == "bias32" else torch.bfloat16
+        features = dict(features, attn_bias=torch.empty(1, heads_q, seqlen_q, seqlen_k, dtype=dtype))
     kernel = gluon_bwd_launch._attn_bwd_dkdv_hopper
     _, args, constexprs, options = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, dq_accum, 0.1,
                                                                      causal, config, **features)
@@ -162,8 +174,12 @@ def main():
     for feature in features:
         causal, kwargs = FEATURES[feature]
         for head_dim in map(int, args.head_dims.split(",")):
-            cases.append((f"d{head_dim}-{feature}-default", head_dim, causal,
-                          gluon_bwd_launch.VARIANTS["default"][head_dim], kwargs))
+            config = gluon_bwd_launch.VARIANTS["default"][head_dim]
+            if "attn_bias" in kwargs and (args.varlen or not gluon_bwd_launch.bias_shared_ok(
+                    head_dim, config, torch.float32 if kwargs["attn_bias"] == "bias32" else torch.bfloat16)):
+                print(f"d{head_dim}-{feature}-default: skipped (bias: dense only, where bias_shared_ok takes it)")
+                continue
+            cases.append((f"d{head_dim}-{feature}-default", head_dim, causal, config, kwargs))
     bad = 0
     for name, head_dim, causal, config, kwargs in cases:
         if args.varlen:

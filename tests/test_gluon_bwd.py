@@ -72,12 +72,13 @@ def test_dkdv_launch_args_leave_plain_and_causal_alone():
     def launch_args(causal, **kw):
         _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, causal,
                                                                    config, **kw)
-        return args[-7:-2], constexprs
+        return args[-10:-5], constexprs
 
     for causal in (False, True):
         tail, constexprs = launch_args(causal)
         assert tail == (None,) * 5 and constexprs["IS_CAUSAL"] == causal
-        assert not (constexprs["IS_LOCAL"] or constexprs["SOFTCAP"] or constexprs["HAS_ALIBI"])
+        assert not (constexprs["IS_LOCAL"] or constexprs["SOFTCAP"] or constexprs["HAS_ALIBI"]
+                    or constexprs["HAS_BIAS"])
     tail, constexprs = launch_args(True, window_size=(256, -1))  # causal + left window: the window (256, 0)
     assert tail[3:] == (256, 0) and constexprs["IS_LOCAL"] and not constexprs["IS_CAUSAL"]
     tail, constexprs = launch_args(False, window_size=(-1, 64))
@@ -90,7 +91,37 @@ def test_dkdv_launch_args_leave_plain_and_causal_alone():
     assert softcap_log2 == pytest.approx(30.0 * 1.4426950408889634)
     _, args, _, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, False, config,
                                                       softcap=30.0)
-    assert args[-9] == pytest.approx(0.125 / 30.0)  # qk_scale = softmax_scale / softcap, as the forward's
+    assert args[-12] == pytest.approx(0.125 / 30.0)  # qk_scale = softmax_scale / softcap, as the forward's
+    assert args[-3:] == (None,) * 3  # no bias: bias_desc, bias_batch, bias_heads
+
+
+def test_dkdv_launch_args_bias():
+    """HAS_BIAS: the bias as a 4-D (B or 1, Hq or 1, Sq, Sk) TMA tensor with [1, 1, 64, BLOCK_N] boxes; broadcast
+    dims (size 1 or stride 0) have size 1 and an aligned stride; bias_batch / bias_heads are its first two sizes."""
+    if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
+        pytest.skip("no Gluon Hopper API in this triton")
+    rows = torch.empty(2, 4, 320)
+    for head_dim in (64, 128):
+        q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
+        k = torch.empty(2, 504, 2, head_dim, dtype=torch.bfloat16)
+        acc = torch.empty(2, 320, 4, head_dim)
+        config = gluon_bwd_launch.VARIANTS["default"][head_dim]
+        plane = 300 * 504
+        cases = ((torch.empty(2, 4, 300, 504, dtype=torch.bfloat16), [2, 4, 300, 504], [4 * plane, plane, 504, 1]),
+                 (torch.empty(1, 4, 300, 504, dtype=torch.float16), [1, 4, 300, 504], [4 * plane, plane, 504, 1]),
+                 (torch.empty(2, 1, 300, 504), [2, 1, 300, 504], [plane, plane, 504, 1]),
+                 (torch.empty(300, 512)[:, :504].expand(2, 4, 300, 504), [1, 1, 300, 504],
+                  [300 * 512, 300 * 512, 512, 1]))
+        for bias, shape, strides in cases:
+            _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, True,
+                                                                       config, attn_bias=bias)
+            desc, batch, heads = args[-3:]
+            assert constexprs["HAS_BIAS"] and desc.base is bias and (batch, heads) == tuple(shape[:2])
+            assert list(desc.shape) == shape and list(desc.strides) == strides, (desc.shape, desc.strides)
+            assert list(desc.block_shape) == [1, 1, 64, 128] and desc.layout.swizzle_byte_width == 128
+            # one layout object per (box, dtype): fast_launch keys a descriptor's layout by identity
+            assert desc.layout is gluon_bwd_launch._bias_descriptor(bias, 64, 128).layout
+            assert args[-10:-3] == (None,) * 7  # the other features and varlen stay off
 
 
 def test_dkdv_launch_args_d256_split_d():
@@ -200,7 +231,7 @@ def test_dkdv_launch_args_varlen():
         assert list(args[4].shape) == [4, rows.shape[1]] and list(args[4].strides) == [rows.shape[1], 1]
         assert args[10:17] == (0, 256, 128, 0, 256, 128, 512)  # dK / dV (batch, row, head), dq_accum's row
         assert args[17:20] == (400, 500, 448)  # max lengths, max_seqlen_q in whole 64-row tiles
-        assert args[-2] is cu_q and args[-1] is cu_k
+        assert args[-5] is cu_q and args[-4] is cu_k and args[-3:] == (None,) * 3  # then the bias arguments (off)
         desc = args[9]
         if variant == "atomics":
             assert desc is None
@@ -215,7 +246,7 @@ def test_dkdv_launch_args_varlen():
                                               torch.empty(2, 500, 2, 128, dtype=torch.bfloat16),
                                               torch.empty(2, 320, 4, 128), 0.1, False,
                                               gluon_bwd_launch.VARIANTS["default"][128])
-    assert dense[1][-2:] == (None, None) and not dense[2]["VARLEN"]
+    assert dense[1][-5:] == (None,) * 5 and not dense[2]["VARLEN"]  # cu_seqlens, then the bias arguments
 
 
 @pytest.mark.usefixtures("pretend_hopper")
@@ -230,14 +261,17 @@ def test_supports_varlen():
     assert not gluon_bwd_launch.gluon_bwd_supported(q, k, k, q, q, causal=True)
     assert not gluon_bwd_launch.gluon_bwd_supported(q, k, k, q, q, **dict(varlen, cu_seqlens_q=cu_q.long()))
     assert not gluon_bwd_launch.gluon_bwd_supported(q[None], k[None], k[None], q[None], q[None], **varlen)
+    bias = torch.zeros(3, 4, 400, 504, dtype=torch.bfloat16)[..., :500]  # a bias stays dense-only
+    assert not gluon_bwd_launch.gluon_bwd_supported(q, k, k, q, q, causal=True, attn_bias=bias, **varlen)
 
 
 def test_backward_asks_gluon_for_features_not_for_the_rest():
-    """_flash_attn_backward's gate: windows, softcap, ALiBi and varlen reach _gluon_backward (which may refuse);
-    bias, dropout, mods and deterministic never do."""
+    """_flash_attn_backward's gate: windows, softcap, ALiBi, varlen and a bias without gradient reach
+    _gluon_backward (which may refuse); a bias gradient, dropout, mods and deterministic never do."""
     ok = launch._gluon_bwd_candidate
     assert ok(None, False, 0.0, None, False)
-    assert not ok(torch.zeros(1), False, 0.0, None, False)
+    assert ok(torch.zeros(1), False, 0.0, None, False)  # a bias without gradient: gluon_bwd_supported decides
+    assert not ok(torch.zeros(1), True, 0.0, None, False)  # bias_grad: dS is written by the portable dQ kernel
     assert not ok(None, True, 0.0, None, False)
     assert not ok(None, False, 0.1, None, False)
     assert not ok(None, False, 0.0, object(), False)
@@ -245,8 +279,8 @@ def test_backward_asks_gluon_for_features_not_for_the_rest():
 
 
 def test_gluon_backward_forwards_features(monkeypatch):
-    """launch._gluon_backward hands window_size / softcap / alibi_slopes to the support check and the launcher,
-    and a window whose right side is 0 takes the causal key threshold."""
+    """launch._gluon_backward hands window_size / softcap / alibi_slopes (and a bias, when given) to the support check
+    and the launcher, and a window whose right side is 0 takes the causal key threshold."""
     q = torch.randn(1, 2048, 2, 128)
     slopes = torch.rand(2)
     seen = []
@@ -258,6 +292,10 @@ def test_gluon_backward_forwards_features(monkeypatch):
     assert got == "grads"
     features = dict(window_size=(256, 0), softcap=30.0, alibi_slopes=slopes)
     assert seen == [("s", dict(causal=True, **features)), ("g", True, dict(features, sink=None, sink_parts=None))]
+    bias = torch.zeros(1, 2, 2048, 2048)  # a bias (no gradient) goes to both as well
+    seen.clear()
+    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False, attn_bias=bias) == "grads"
+    assert seen[0][1]["attn_bias"] is bias and seen[1][2]["attn_bias"] is bias
     from flashtile import gluon_launch
 
     wanted = []
@@ -272,10 +310,48 @@ def test_gluon_backward_forwards_features(monkeypatch):
 
 
 @pytest.mark.usefixtures("pretend_hopper")
+def test_bias_layouts_the_tma_path_takes():
+    """A bias without gradient whose rows TMA can read: (B, Hq, Sq, Sk), (1, Hq, ...), (B, 1, ...), expanded
+    batch / heads, fp16 / bf16 (fp32 too at D64), padded rows; with ALiBi, windows, causal, softcap, GQA.
+    The rest stays on the portable backward: query- or key-broadcast, a non-unit key stride, rows not 16-byte
+    aligned or nested out of order, fp32 at D128, any bias at D256, another shape."""
+    q, k, v = make_qkv(2, 300, 504, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
+    q64, k64, v64 = make_qkv(2, 300, 504, 4, 2, 64, torch.bfloat16, "cpu", requires_grad=False)
+    bf16 = dict(dtype=torch.bfloat16)
+    for bias in (torch.zeros(2, 4, 300, 504, **bf16), torch.zeros(1, 4, 300, 504, **bf16),
+                 torch.zeros(2, 1, 300, 504, dtype=torch.float16), torch.zeros(1, 1, 300, 504, **bf16),
+                 torch.zeros(1, 4, 300, 504, **bf16).expand(2, 4, 300, 504),
+                 torch.zeros(2, 4, 300, 512, **bf16)[..., :504]):
+        assert _supported(q, k, v, attn_bias=bias), (bias.shape, bias.stride())
+        assert _supported(q64, k64, v64, attn_bias=bias.float())
+        for kw in (dict(causal=True), dict(window_size=(100, 50)), dict(alibi_slopes=torch.rand(4))):
+            assert _supported(q, k, v, attn_bias=bias, **kw), kw
+    bias = torch.zeros(1, 4, 300, 504, **bf16)
+    assert _supported(q64, k64, v64, attn_bias=bias, softcap=30.0) and _supported(q, k, v, attn_bias=bias, softcap=5.0)
+    assert not _supported(q, k, v, attn_bias=bias.float())
+    assert not _supported(q, k, v, attn_bias=bias, bias_grad=True)
+    q256, k256, v256 = make_qkv(2, 300, 504, 4, 2, 256, torch.bfloat16, "cpu", requires_grad=False)
+    assert _supported(q256, k256, v256) and not _supported(q256, k256, v256, attn_bias=bias)
+    for bad in (torch.zeros(1, 4, 1, 504, **bf16),  # query-broadcast
+                torch.zeros(1, 4, 300, 504, **bf16).expand(1, 4, 300, 504).transpose(2, 3).contiguous()
+                .transpose(2, 3),  # key stride 300
+                torch.zeros(1, 4, 300, 1, **bf16),  # key-broadcast
+                torch.zeros(1, 4, 1, 504, **bf16).expand(1, 4, 300, 504),  # query stride 0
+                torch.zeros(1, 4, 300, 509, **bf16)[..., :504].contiguous()[..., :500],  # wrong key count
+                torch.zeros(1, 3, 300, 504, **bf16),  # heads 3 of 4
+                torch.zeros(1, 300, 4, 504, **bf16).transpose(1, 2),  # heads inside rows: no TMA-safe nesting
+                torch.zeros(2, 1, 4, 300, 504, **bf16)[:, 0].transpose(0, 1).contiguous().transpose(0, 1)):
+        assert not _supported(q, k, v, attn_bias=bad), (bad.shape, bad.stride())
+    qo, ko, vo = make_qkv(1, 33, 41, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
+    assert not _supported(qo, ko, vo, attn_bias=torch.zeros(1, 4, 33, 41, **bf16))  # 82-byte rows
+    assert _supported(qo, ko, vo, attn_bias=torch.zeros(1, 4, 33, 48, **bf16)[..., :41])  # padded to 96 bytes
+
+
+@pytest.mark.usefixtures("pretend_hopper")
 def test_refuses_what_it_cannot_do():
     q, k, v = make_qkv(1, 256, 256, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
     assert not _supported(q, k, v, dropout_p=0.1)
-    assert not _supported(q, k, v, attn_bias=torch.zeros(1, 4, 256, 256))
+    assert not _supported(q, k, v, attn_bias=torch.zeros(1, 4, 256, 256))  # fp32 bias at D128: no shared memory
     assert not _supported(q, k, v, score_mod=lambda s: s)
     for head_dim in (96, 192):
         q2, k2, v2 = make_qkv(1, 256, 256, 4, 2, head_dim, torch.bfloat16, "cpu", requires_grad=False)
@@ -445,6 +521,56 @@ def test_features_match_reference(monkeypatch, shape, feature, head_dim):
     grads = torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=causal, **kw), (q, k, v), dout)
     assert calls
     ref64, reflow = references(q, k, v, dout, causal, **kw)
+    for name, got, r64, rlow in zip(("dq", "dk", "dv"), grads, ref64[1:], reflow[1:]):
+        assert_close_rule(name, got, r64, rlow, dtype)
+
+
+# Additive bias without gradient: (name, causal, bias kind ("1h" (1, Hq, Sq, Sk), "b1", "bh", "eh": (1, Hq, ...)
+# expanded to B), bias dtype (None: q's), flash_attn_func keywords). The fp32 bias runs on Gluon at D64 only.
+BIAS_FEATURES = [("bias-1h", False, "1h", None, {}), ("bias-b1-causal", True, "b1", None, {}),
+                 ("bias-bh", False, "bh", None, {}),
+                 ("bias-eh-causal-alibi", True, "eh", None, dict(alibi_slopes="bh")),
+                 ("bias-1h-window", False, "1h", None, dict(window_size=(100, 50))),
+                 ("bias-softcap-causal", True, "b1", None, dict(softcap=20.0)),
+                 ("bias-fp32", False, "1h", torch.float32, {})]
+
+
+def _bias(kind, dtype, batch, heads, seqlen_q, seqlen_k):
+    """N(0, 1) bias of kind (see BIAS_FEATURES) with rows padded to 16 bytes ((.., Sk_pad)[..., :Sk]): odd key
+    counts keep the TMA layout the Gluon backward needs."""
+    align = 16 // torch.empty((), dtype=dtype).element_size()
+    padded = -(-seqlen_k // align) * align
+    shape = (batch if kind[0] == "b" else 1, heads if kind[1] == "h" else 1, seqlen_q, padded)
+    bias = torch.randn(shape, generator=torch.Generator().manual_seed(3)).to(dtype=dtype, device="cuda")
+    bias = bias[..., :seqlen_k]
+    return bias.expand(batch, *bias.shape[1:]) if kind[0] == "e" else bias
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("feature", BIAS_FEATURES, ids=[f[0] for f in BIAS_FEATURES])
+@pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
+                                                       for b, sq, sk, hq, hk, dt in FEATURE_SHAPES])
+def test_bias_matches_reference(monkeypatch, shape, feature, head_dim):
+    """FLASHTILE_GLUON_BWD=1: gradients of q, k, v with an additive bias (no gradient; flashtile's forward, Gluon or
+    portable as dispatch decides, makes out / lse) from the Gluon backward against the float64 reference; an fp32
+    bias at D128 is refused (no shared memory for its ring) and the portable backward answers."""
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    calls = []
+    original = gluon_bwd_launch.gluon_backward
+    monkeypatch.setattr(gluon_bwd_launch, "gluon_backward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    _, causal, kind, bias_dtype, kw = feature
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
+    kw = dict(kw, alibi_slopes=_alibi(kw.get("alibi_slopes"), batch, heads_q))
+    bias = _bias(kind, bias_dtype or dtype, batch, heads_q, seqlen_q, seqlen_k)
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device="cuda")
+    out = flashtile.flash_attn_func(q, k, v, causal=causal, attn_bias=bias, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert bool(calls) == (bias.dtype != torch.float32 or head_dim == 64)
+    ref64, reflow = references(q, k, v, dout, causal, attn_bias=bias, **kw)
     for name, got, r64, rlow in zip(("dq", "dk", "dv"), grads, ref64[1:], reflow[1:]):
         assert_close_rule(name, got, r64, rlow, dtype)
 

@@ -1,6 +1,7 @@
 """Host side of the Hopper Gluon backward (kernels/gluon_bwd.py): support check, descriptors, launches.
 
-launch._flash_attn_backward uses it for the dense backward (plain, causal, sliding window, softcap, ALiBi) when
+launch._flash_attn_backward uses it for the dense backward (plain, causal, sliding window, softcap, ALiBi, an
+additive bias without gradient whose layout TMA can read: bias_tma_ok, bias_shared_ok) when
 configs.gluon_bwd_wanted() and gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is
 supported, =0 never. Importing this module never fails: without Gluon's Hopper API, or under the interpreter,
 gluon_bwd_supported() is False.
@@ -115,14 +116,16 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes), or of flash_attn_varlen_func with
     cu_seqlens_q / cu_seqlens_k (int32 (B + 1,)) and max_seqlen_q / max_seqlen_k: CUDA sm90, no interpreter,
     fp16/bf16 dense (B, S, H, D) or packed (total, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0,
-    TMA-compatible strides of q, k, v, dout, ALiBi slopes fp32 (Hq,) or (B, Hq) on q's device; no dropout, bias,
-    paged keys or mods."""
+    TMA-compatible strides of q, k, v, dout, ALiBi slopes fp32 (Hq,) or (B, Hq) on q's device; attn_bias (dense
+    only: 4-D, broadcastable to (B, Hq, Sq, Sk), no gradient) on q's device where bias_tma_ok and bias_shared_ok
+    accept it (D64; D128 with an fp16 / bf16 bias); no dropout, paged keys or mods. A bias with a gradient
+    (bias_grad=True) is refused here and in launch._gluon_bwd_candidate."""
     if (_attn_bwd_dkdv_hopper is None or _disabled is not None
             or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
         return False
     if other_features and any(v_ not in (None, False, 0, 0.0) for v_ in other_features.values()):
         return False
-    if dropout_p or attn_bias is not None or not softcap >= 0:
+    if dropout_p or not softcap >= 0:
         return False
     varlen = cu_seqlens_q is not None
     tensors = (q, k, v, out, dout)
@@ -154,6 +157,12 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     if heads_kv == 0 or heads_q % heads_kv or seqlen_q == 0 or seqlen_k == 0 or batch == 0:
         return False
     if not alibi_ok(alibi_slopes, q, batch, heads_q):
+        return False
+    if attn_bias is not None and (varlen or not (
+            isinstance(attn_bias, torch.Tensor) and attn_bias.device == q.device and attn_bias.dim() == 4
+            and attn_bias.shape[0] in (1, batch) and attn_bias.shape[1] in (1, heads_q)
+            and bias_tma_ok(attn_bias, seqlen_q, seqlen_k)
+            and bias_shared_ok(head_dim, VARIANTS["default"][head_dim], attn_bias.dtype))):
         return False
     if max(seqlen_q, seqlen_k) + BLOCK_N >= 2**31 or batch * heads_q * seqlen_q * head_dim >= 2**31:
         return False  # int32 TMA coordinates and row offsets
@@ -194,6 +203,86 @@ def _row_descriptor(rows, block_m):
     return tma_descriptor(rows, [batch * heads, width], [s[1], 1], [1, block_m], _row_layout())
 
 
+def _broadcast(bias, dim):
+    """Whether bias dim `dim` is broadcast: size 1, or expanded (stride 0)."""
+    return bias.shape[dim] == 1 or bias.stride(dim) == 0
+
+
+def bias_tma_ok(attn_bias, seqlen_q, seqlen_k):
+    """Whether the dK/dV kernel reads attn_bias (4-D, broadcastable to (B, Hq, Sq, Sk)) as a 4-D TMA tensor: full
+    Sq and Sk dims (a query- or key-broadcast bias has no TMA form), unit key stride, 16-byte aligned base and
+    strides of the dims it steps (query rows; batch / heads where not broadcast), fp16 / bf16 / fp32. Also, to be
+    safe with the driver's tensor-map checks (a failing launch disables the Gluon backward for the process), each
+    stepped dim's stride covers the dims inside it (a row at least Sk, a head at least Sq rows, a batch at least
+    its heads), as in any slice of a contiguous tensor; a permuted bias stays on the portable kernels."""
+    if attn_bias.dtype not in (torch.float16, torch.bfloat16, torch.float32) or attn_bias.dim() != 4:
+        return False
+    shape, strides, size = attn_bias.shape, attn_bias.stride(), attn_bias.element_size()
+    if shape[2] != seqlen_q or shape[3] != seqlen_k or (strides[3] != 1 and seqlen_k > 1):
+        return False
+    inner = seqlen_k  # elements the dims inside the current one span
+    if seqlen_q > 1:
+        if strides[2] < inner or strides[2] * size % 16:
+            return False
+        inner = strides[2] * seqlen_q
+    for dim in (1, 0):
+        if not _broadcast(attn_bias, dim):
+            if strides[dim] < inner or strides[dim] * size % 16:
+                return False
+            inner = strides[dim] * shape[dim]
+    return attn_bias.data_ptr() % 16 == 0
+
+
+@functools.lru_cache(maxsize=None)  # called per backward with a bias: a dict look-up after the first (host time)
+def bias_shared_ok(head_dim, config, bias_dtype):
+    """Whether the bias ring (a [block_m, BLOCK_N] tile per stage) fits beside config's shared memory at head_dim:
+    D64 (182,336 B with a 16-bit bias, 231,488 B with fp32, of 232,448) and D128 with a 16-bit bias (230,944 B);
+    D128 with an fp32 bias (+64 KB) and D256 (SPLIT_D, 1.5 KB free) do not fit (sm90 compiles, triton 3.6)."""
+    if head_dim > 128:
+        return False
+    size = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}[bias_dtype]
+    keys = block_n(head_dim)
+    used = (2 * keys * head_dim * 2  # K, V
+            + config.stages * (2 * config.block_m * head_dim * 2 + 2 * config.block_m * 4)  # Q, dO, lse2, delta
+            + (2 * keys if config.dq_split_d else 2 * _WG_N) * config.block_m * 2  # dS^T
+            + 2 * config.dq_tma_reduce * config.block_m * (head_dim // 2 if config.dq_split_d else head_dim) * 4
+            + config.stages * config.block_m * keys * size)
+    return used + SHARED_SLACK <= SHARED_LIMIT
+
+
+SHARED_LIMIT = 232_448  # sm90's dynamic shared memory per block
+SHARED_SLACK = 1_024  # barriers and alignment beyond the buffers' bytes (the compiles: 544 B D128, 576 B D64 fp32)
+
+
+def _bias_descriptor(attn_bias, block_m, keys):
+    """attn_bias as a 4-D (B or 1, Hq or 1, Sq, Sk) TMA tensor, boxes [1, 1, block_m, keys]: a broadcast dim has
+    size 1 (read at coordinate 0; its stride is then any aligned value). A box past Sq or Sk is zero-filled."""
+    shape, strides = list(attn_bias.shape), list(attn_bias.stride())
+    aligned = 16 // attn_bias.element_size()  # elements per 16 bytes
+    strides[3] = 1
+    if shape[2] == 1:  # a single query row: its stride is never stepped
+        strides[2] = -(-shape[3] // aligned) * aligned
+    for dim in (1, 0):  # broadcast dims as if contiguous over the dims after them
+        if _broadcast(attn_bias, dim):
+            shape[dim], strides[dim] = 1, strides[dim + 1] * shape[dim + 1]
+    layout = _bias_layout(block_m, keys, attn_bias.dtype)
+    return tma_descriptor(attn_bias, shape, strides, [1, 1, block_m, keys], layout)
+
+
+@functools.lru_cache(maxsize=None)
+def _bias_layout(block_m, keys, dtype):
+    """The bias box's NVMMA layout (128-byte swizzle), one object per (box, torch dtype): fast_launch keys layouts
+    by identity, so a fresh one per call would miss its cache every time."""
+    gl_dtype = {torch.float16: _gl.float16, torch.bfloat16: _gl.bfloat16, torch.float32: _gl.float32}[dtype]
+    return _gl.NVMMASharedLayout.get_default_for([1, 1, block_m, keys], gl_dtype)
+
+
+def _bias_args(attn_bias, block_m, keys):
+    """(bias_desc, bias_batch, bias_heads) of the dK/dV kernel."""
+    desc = _bias_descriptor(attn_bias, block_m, keys)
+    return desc, desc.shape[0], desc.shape[1]
+
+
 DQ_BOX_N = 32  # fp32 columns of a dQ reduce-add box: one 128-byte swizzle block
 
 
@@ -217,14 +306,15 @@ def _dq_descriptor(dq_accum, block_m, max_seqlen_q_pad=None):
 
 def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config,
                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                     max_seqlen_q=0, max_seqlen_k=0):
+                     max_seqlen_q=0, max_seqlen_k=0, attn_bias=None):
     """(grid, args, constexprs, launch options) of the dK/dV kernel; shared with the offline compile check.
     lse2, delta: (B, Hq, Sq_pad) fp32; dq_accum: (B, Sq_pad, Hq, D) fp32, Sq_pad a multiple of config.block_m.
     Varlen (cu_seqlens_q given): packed q / k / v / dout / dk / dv (total, H, D), lse2 / delta in the varlen row
     layout (Hq, R) (launch.Geometry.row_buffer_shape), dq_accum (total_q + block_m, Hq, D); the grid covers
     max_seqlen_k keys of every sequence.
     Features off pass None for their arguments and leave the constexprs at the plain kernel's (same signature,
-    same compiled kernel); causal with a left window is the window (left, 0) (gluon_launch.mask_mode)."""
+    same compiled kernel); causal with a left window is the window (left, 0) (gluon_launch.mask_mode).
+    attn_bias (dense only): 4-D broadcastable to (B, Hq, Sq, Sk) that bias_tma_ok accepts, or None."""
     varlen = cu_seqlens_q is not None
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
@@ -254,19 +344,21 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
             float(softcap) * LOG2E if softcap > 0 else None,
             (left if left >= 0 else unbounded) if is_local else None,
             (right if right >= 0 else unbounded) if is_local else None,
-            cu_seqlens_q, cu_seqlens_k)
+            cu_seqlens_q, cu_seqlens_k,
+            *(_bias_args(attn_bias, config.block_m, keys) if attn_bias is not None else (None, None, None)))
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, IS_CAUSAL=is_causal,
                       DQ_SPLIT_D=config.dq_split_d, CONSUMER_REGS=config.consumer_regs,
                       LOADER_REGS=config.loader_regs, IS_LOCAL=is_local, SOFTCAP=softcap > 0,
                       HAS_ALIBI=alibi_slopes is not None, DQ_CHUNKS=config.dq_chunks,
-                      DQ_TMA_REDUCE=config.dq_tma_reduce, VARLEN=varlen, PREFETCH_S=config.prefetch_s)
+                      DQ_TMA_REDUCE=config.dq_tma_reduce, VARLEN=varlen, PREFETCH_S=config.prefetch_s,
+                      HAS_BIAS=attn_bias is not None)
     grid = (math.ceil(seqlen_k / keys), batch * heads_kv)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
 def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dlse=None, variant="default",
                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None, sink_parts=None,
-                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None):
     """dq, dk, dv (the shapes and dtypes of q, k, v) of flash_attn_func(q, k, v, softmax_scale, causal,
     window_size, softcap, alibi_slopes) from its out and lse (B, Hq, Sq) fp32; dlse: the gradient flowing into
     lse (lse's shape) or None. Requires gluon_bwd_supported(q, k, v, out, dout, causal, window_size=...,
@@ -276,10 +368,14 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     preprocess (delta, lse2), the Gluon dK/dV kernel (dQ added into an fp32 buffer by TMA reduce-adds, or by
     atomics in variant "atomics"), and the conversion of that buffer to dq. Varlen (cu_seqlens_q / cu_seqlens_k
     int32 (B + 1,), max_seqlen_q / max_seqlen_k): packed (total, H, D) tensors and lse (Hq, total_q), as
-    flash_attn_varlen_func's."""
+    flash_attn_varlen_func's. attn_bias (dense only): the forward's additive bias (4-D, broadcastable to
+    (B, Hq, Sq, Sk); no gradient) or None."""
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     config = VARIANTS[variant][q.shape[-1]]
+    if attn_bias is not None and (config.prefetch_s or not bias_shared_ok(q.shape[-1], config, attn_bias.dtype)):
+        raise ValueError(f"variant {variant!r} at head dim {q.shape[-1]} takes no {attn_bias.dtype} bias (the bias "
+                         f"ring needs shared memory (bias_shared_ok) and the plain tile order, not prefetch_s)")
     poison = launch.poison_outputs()  # one environment read for the four buffers (host time)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()
@@ -306,7 +402,7 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,
                                                        float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                                                       max_seqlen_q, max_seqlen_k)
+                                                       max_seqlen_q, max_seqlen_k, attn_bias)
     fast_launch.launch(_attn_bwd_dkdv_hopper, grid, args, {**constexprs, **options})
     dq = launch._empty(q.shape, q, poison=poison)
     if cu_seqlens_q is not None:  # the conversion's (B, Sq_pad, Hq, D) view: one batch of every packed row

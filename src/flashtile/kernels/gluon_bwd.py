@@ -37,7 +37,10 @@ arguments are None then, so the launch signature is unchanged too), in the order
 kernels/gluon_fwd._feature_scores, so P is the one the forward's lse belongs to: SOFTCAP (softcap * tanh(score /
 softcap) with tanh.approx.f32, the Gluon forward's; dS gets the chain rule's 1 - t^2), HAS_ALIBI (-slope *
 |i + Sk - Sq - j|, no gradient to the slopes), IS_LOCAL (a window, bottom-right aligned, causal + left window
-included): each key block visits only the query tiles of common._query_range (masked, full, masked segments).
+included): each key block visits only the query tiles of common._query_range (masked, full, masked segments),
+HAS_BIAS (D64 / D128: an additive bias without gradient, a [BLOCK_M, BLOCK_N] tile per query tile in the Q ring
+from a 4-D TMA tensor, bias * log2(e) added after softcap and ALiBi; at D128 dP^T's wgmma then waits for P^T, which
+keeps the tile's registers clear of dP^T's accumulator, and dV's follows it at once).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -66,12 +69,15 @@ LOG2E = gl.constexpr(1.4426950408889634)
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                     lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0, kv_r0, row_b,
-                    row_c0, start_n, kv_col, off_h0, m_lo, n_tiles, group_size, n_lead, n_masked, n_skip,
-                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_LOCAL: gl.constexpr):
+                    row_c0, start_n, kv_col, off_h0, m_lo, n_tiles, group_size, n_lead, n_masked, n_skip, bias_desc,
+                    bias_bufs, bias_b, bias_h0, bias_h_step, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                    STAGES: gl.constexpr, IS_LOCAL: gl.constexpr, HAS_BIAS: gl.constexpr = False):
     # Q with its lse2 row slice on one barrier, dO with its delta slice on another. IS_LOCAL: the consumers take
     # the masked tiles first (_tile_row), and so does this ring. Boxes at [desc_b, q_r0 + row, col] (Q, dO) and
     # [desc_b, kv_r0 + start_n, col] (K, V); lse2 / delta at [row_b + query head, row_c0 + row] (dense: batch
     # desc_b = off_b, row offsets 0, row_b = off_b * Hq; varlen: one packed batch and each sequence's offsets).
+    # HAS_BIAS (dense only): the [BLOCK_M, BLOCK_N] bias tile at (bias_b, bias_h0 + g * bias_h_step, row, start_n)
+    # with Q, on Q's barrier.
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [desc_b, kv_r0 + start_n, kv_col], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [desc_b, kv_r0 + start_n, kv_col], kv_bar, v_smem)
@@ -87,10 +93,17 @@ def _load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_sm
         # Fresh barriers count as having completed phase 1, so the first lap through the ring does not wait.
         empty_phase = ((it // STAGES) & 1) ^ 1
         mbarrier.wait(q_empty.index(stage), empty_phase)
-        mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes + lse2_desc.block_type.nbytes)
+        if HAS_BIAS:
+            mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes + lse2_desc.block_type.nbytes
+                            + bias_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes + lse2_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [desc_b, q_r0 + row, col], q_ready.index(stage), q_bufs.index(stage))
         tma.async_copy_global_to_shared(lse2_desc, [row_bh, row_c0 + row], q_ready.index(stage),
                                         lse2_bufs.index(stage))
+        if HAS_BIAS:
+            tma.async_copy_global_to_shared(bias_desc, [bias_b, bias_h0 + g * bias_h_step, row, start_n],
+                                            q_ready.index(stage), bias_bufs.index(stage))
         mbarrier.wait(do_empty.index(stage), empty_phase)
         mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(do_desc, [desc_b, q_r0 + row, col], do_ready.index(stage),
@@ -133,6 +146,16 @@ def _row_vector(bufs, stage, valid, other, layout: gl.constexpr):
 
 
 @gluon.jit
+def _bias_tile(bias_bufs, stage, WG: gl.constexpr, layout: gl.constexpr):
+    """Warpgroup WG's key columns of ring slot `stage`'s [BLOCK_M, 2 * WG_N] bias tile, transposed, as fp32
+    [WG_N, BLOCK_M] in `layout`. Rows past seqlen_q and keys past seqlen_k were zero-filled by the 4-D TMA box
+    (bias 0 there; lse2 = +inf and the key mask make P = 0, as in the portable kernels, which load 0 there)."""
+    BLOCK_M: gl.constexpr = bias_bufs.shape[3]
+    tile = bias_bufs.index(stage).reshape([BLOCK_M, 2 * WG_N]).slice(WG * WG_N, WG_N, dim=1)
+    return tile.permute((1, 0)).load(layout).to(gl.float32)
+
+
+@gluon.jit
 def _issue_s(it, k_view, q_bufs, q_ready, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
     """Ring slot it's S^T = K Q^T ([WG_N, BLOCK_M] fp32) as an async wgmma group, once its Q has arrived."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -158,10 +181,10 @@ def _issue_dp(it, v_view, do_bufs, do_ready, HEAD_DIM: gl.constexpr, BLOCK_M: gl
 def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset,
               qk_scale, softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c,
-              WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+              bias_bufs, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
               IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
               SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = 0, s_tok=0, dp_tok=0,
-              S_GIVEN: gl.constexpr = 0, PREFETCH: gl.constexpr = 0):
+              S_GIVEN: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, HAS_BIAS: gl.constexpr = False):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
     dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm, or under
     DQ_TMA_REDUCE (1 or 2: buffers per warpgroup) through one of this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_bufs
@@ -171,7 +194,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     S_GIVEN (0-2): this slot's S^T (1), or S^T and dP^T (2), came finished from the step before (s_tok, dp_tok);
     PREFETCH (0-2): issue slot it + 1's S^T (1), or S^T and dP^T (2), right after this tile's dQ wgmma, so the
     tensor cores have them while this warpgroup waits for dQ and hands it to the reduce-add. Returns dk, dv and
-    slot it + 1's S^T and dP^T (0 where not prefetched)."""
+    slot it + 1's S^T and dP^T (0 where not prefetched). HAS_BIAS (not with S_GIVEN): bias_bufs is the
+    loader's [STAGES, 1, 1, BLOCK_M, 2 * WG_N] ring of bias tiles (this warpgroup reads its WG_N key columns),
+    else 0."""
     dtype: gl.constexpr = q_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -183,15 +208,24 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     stage = it % STAGES
     q_view = q_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
     do_view = do_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM])
+    # HAS_BIAS at D128: dP^T's wgmma is issued once P^T is made, so that the bias tile (16 to 32 registers per
+    # thread) is never live beside dP^T's accumulator: with dP^T in flight meanwhile, 49 spill loads / stores came
+    # inside the D128 tile loops; under SOFTCAP its 1 - t^2 is folded into P^T before dP^T (bias + softcap: 0). This
+    # warpgroup's softmax no longer overlaps its own dP^T wgmma (the other warpgroup's GEMMs still run meanwhile),
+    # as under SOFTCAP. D64 (half the dK / dV registers) keeps the plain order without spills.
+    LATE_DP: gl.constexpr = HAS_BIAS and HEAD_DIM > 64
+    gl.static_assert(not (HAS_BIAS and S_GIVEN), "HAS_BIAS: not with PREFETCH_S")
     if S_GIVEN == 0:
         s_tok = _issue_s(it, k_view, q_bufs, q_ready, HEAD_DIM, BLOCK_M, STAGES)
-    if S_GIVEN < 2:
+    if S_GIVEN < 2 and not LATE_DP:
         dp_tok = _issue_dp(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
     cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
     in_seq = cols < seqlen_q
     if S_GIVEN == 2:  # the step before waited for them
         s = s_tok
         dp = dp_tok
+    elif LATE_DP:
+        s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
     elif S_GIVEN == 1:
         s = s_tok
         if SOFTCAP:
@@ -207,7 +241,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
     # Past seqlen_q: lse2 = +inf makes P = 0 (Q and dO are zero-filled there, so dP = 0 and dS = 0).
     lse2 = _row_vector(lse2_bufs, stage, in_seq, float("inf"), col_layout)
-    if SOFTCAP or HAS_ALIBI:
+    if SOFTCAP or HAS_ALIBI or HAS_BIAS:
         if SOFTCAP:
             t = _tanh(s * qk_scale, True)  # [WG_N, BLOCK_M]; qk_scale = softmax_scale / softcap here
             s = t * softcap_log2
@@ -217,6 +251,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             keys_f = (key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))).to(gl.float32)  # [WG_N]
             rows_f = (cols + causal_offset).to(gl.float32)  # [BLOCK_M] query positions + Sk - Sq
             s = s - alibi_log2 * gl.abs(rows_f[None, :] - keys_f[:, None])
+        if HAS_BIAS:
+            s = s + _bias_tile(bias_bufs, stage, WG, s_layout) * LOG2E  # after softcap and ALiBi, as common._scores
         p = gl.exp2(s - lse2[None, :])  # [WG_N, BLOCK_M]
     else:
         p = gl.exp2(s * qk_scale - lse2[None, :])  # [WG_N, BLOCK_M]
@@ -231,16 +267,28 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             visible = visible & (keys[:, None] <= shifted[None, :] + window_right) & (
                 keys[:, None] >= shifted[None, :] - window_left)
         p = gl.where(visible, p, 0.0)
-    if not SOFTCAP and S_GIVEN < 2:
+    if LATE_DP:
+        if SOFTCAP:
+            p_dt = p * (1.0 - t * t)  # [WG_N, BLOCK_M]: P^T times softcap's derivative, so t dies before dP^T
+        dp_tok = _issue_dp(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
+        # dV^T += P^T dO right behind it: it runs while dS^T is made (groups retire in order: one outstanding
+        # means dP^T is done).
+        p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
+        dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
+        dp = warpgroup_mma_wait(1, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
+    elif not SOFTCAP and S_GIVEN < 2:
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
-    if SOFTCAP:
+    if LATE_DP and SOFTCAP:
+        ds_lp = (p_dt * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
+    elif SOFTCAP:
         # d(softcap * tanh(x / softcap)) / dx = 1 - t^2 (softmax_scale is applied to dK / dQ at the end).
         ds_lp = (p * (dp - delta[None, :]) * (1.0 - t * t)).to(dtype)  # [WG_N, BLOCK_M] = dS^T
     else:
         ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
-    p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
-    dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
+    if not LATE_DP:
+        p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
+        dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
     ds_op = gl.convert_layout(ds_lp, op_layout, assert_trivial=True)
     dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)
     # dS^T to shared memory (written while the dV / dK wgmmas run), for dQ = dS K.
@@ -312,10 +360,11 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked,
                         n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
                         stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2,
-                        window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, WG: gl.constexpr,
+                        window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, WG: gl.constexpr,
                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-                        HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, PREFETCH_S: gl.constexpr):
+                        HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, PREFETCH_S: gl.constexpr,
+                        HAS_BIAS: gl.constexpr):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
     the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
     _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
@@ -356,40 +405,42 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                         it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv, k_view,
                         v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready,
                         do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                        softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, WG,
-                        HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                        DQ_TMA_REDUCE, s_tok, dp_tok, PREFETCH_S, PREFETCH_S)
+                        softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs,
+                        WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                        DQ_TMA_REDUCE, s_tok, dp_tok, PREFETCH_S, PREFETCH_S, HAS_BIAS)
                 for t in range(n_masked, n_tiles - 1):
                     dk, dv, s_tok, dp_tok = _bwd_step(
                         it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view,
                         v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready,
                         do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                        softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, WG,
-                        HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                        DQ_TMA_REDUCE, s_tok, dp_tok, PREFETCH_S, PREFETCH_S)
+                        softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs,
+                        WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                        DQ_TMA_REDUCE, s_tok, dp_tok, PREFETCH_S, PREFETCH_S, HAS_BIAS)
                 t_last = n_tiles - 1
                 dk, dv, _, _ = _bwd_step(
-                    it0 + t_last, _tile_m(t_last, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 2), dk, dv,
-                    k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty,
-                    do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset,
-                    qk_scale, softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, WG,
-                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                    DQ_TMA_REDUCE, s_tok, dp_tok, PREFETCH_S, 0)
+                    it0 + t_last, _tile_m(t_last, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 2), dk, dv, k_view,
+                    v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready,
+                    do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                    softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG,
+                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
+                    s_tok, dp_tok, PREFETCH_S, 0, HAS_BIAS)
         else:
             for t in range(0, n_masked):
                 dk, dv, _, _ = _bwd_step(
-                    it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv, k_view,
-                    v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready,
-                    do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                    softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, WG, HEAD_DIM,
-                    BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE)
+                    it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv, k_view, v_view,
+                    k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty,
+                    ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                    alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
+                    BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, 0, 0,
+                    False, False, HAS_BIAS)
             for t in range(n_masked, n_tiles):
                 dk, dv, _, _ = _bwd_step(
-                    it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view,
-                    v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready,
-                    do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                    softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, WG, HEAD_DIM,
-                    BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE)
+                    it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view, v_view,
+                    k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty,
+                    ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                    alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
+                    BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, 0, 0,
+                    False, False, HAS_BIAS)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-add has read dq_smem before the program exits
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
@@ -405,16 +456,17 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                          q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                          n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
                          stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2,
-                         window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, HEAD_DIM: gl.constexpr,
-                         BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                         window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs,
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-                         HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, PREFETCH_S: gl.constexpr):
+                         HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, PREFETCH_S: gl.constexpr,
+                         HAS_BIAS: gl.constexpr):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
                         stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2, window_left, window_right,
-                        dq_desc, dq_bufs, dq_b, dq_c0, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL,
-                        SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, PREFETCH_S)
+                        dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
+                        DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, PREFETCH_S, HAS_BIAS)
 
 
 @gluon.jit
@@ -634,17 +686,17 @@ def _consumer1_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, del
 
 # Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "seqlen_q_pad", "heads_q", "heads_kv", "group_size",
-                               "stride_alibi_b", "window_left", "window_right"])
+                               "stride_alibi_b", "window_left", "window_right", "bias_batch", "bias_heads"])
 def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, DK, DV, DQAccum, dq_desc,
                           stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
                           seqlen_q, seqlen_k, seqlen_q_pad, heads_q, heads_kv, group_size, qk_scale, softmax_scale,
                           Alibi, stride_alibi_b, softcap_log2, window_left, window_right, CuSeqlensQ, CuSeqlensK,
-                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                          IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
+                          bias_desc, bias_batch, bias_heads, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                          STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
                           CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
                           SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
                           DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = 0, VARLEN: gl.constexpr = False,
-                          PREFETCH_S: gl.constexpr = 0):
+                          PREFETCH_S: gl.constexpr = 0, HAS_BIAS: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -666,9 +718,16 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     zeros to those rows), and keys past seqlen_k are masked in the block that has them.
     PREFETCH_S (0-2, D64 / D128): each tile's S^T (1), or S^T and dP^T (2), issued by the step before, behind its
     dQ wgmma.
+    HAS_BIAS (D64 / D128, dense, not with PREFETCH_S): bias_desc a 4-D (bias_batch, bias_heads, Sq, Sk) TMA tensor
+    over the additive bias (bias_batch 1 or B, bias_heads 1 or Hq: a broadcast dim is read at coordinate 0), boxes
+    [1, 1, BLOCK_M, BLOCK_N]; no bias gradient. Else bias_desc, bias_batch, bias_heads are None.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     gl.static_assert(not (SPLIT_D and PREFETCH_S), "PREFETCH_S: D64 / D128")
+    # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
+    gl.static_assert(not (SPLIT_D and HAS_BIAS), "HAS_BIAS: D64 / D128 only")
+    gl.static_assert(not (VARLEN and HAS_BIAS), "HAS_BIAS: dense only")
+    gl.static_assert(not (PREFETCH_S and HAS_BIAS), "HAS_BIAS: not with PREFETCH_S")
     gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE) or (DQ_TMA_REDUCE == 1 and DQ_CHUNKS == 1),
                      "DQ_TMA_REDUCE at D256: 1 (the ring slot), with DQ_CHUNKS 1")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
@@ -785,6 +844,18 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
         dq_c0 = off_hk * group_size * HEAD_DIM
     else:
         dq_desc = 0
+    # HAS_BIAS: a [BLOCK_M, BLOCK_N] bias tile per ring stage beside Q's (D128, 16-bit bias: +32 KB, 230,896 B).
+    bias_bufs = 0
+    bias_b = 0
+    bias_h0 = 0
+    bias_h_step = 0
+    if HAS_BIAS:
+        bias_bufs = gl.allocate_shared_memory(bias_desc.dtype, [STAGES, 1, 1, BLOCK_M, BLOCK_N], bias_desc.layout)
+        bias_b = gl.minimum(off_b, bias_batch - 1)  # 0 for a batch-broadcast bias
+        bias_h0 = gl.minimum(off_hk * group_size, bias_heads - 1)  # the group's first query head, or 0
+        bias_h_step = gl.minimum(bias_heads - 1, 1)
+    else:
+        bias_desc = 0
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -846,7 +917,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
              (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem.index(0), v_smem.index(0), q_bufs,
               do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0, kv_r0,
               row_b, row_c0, start_n, off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles, group_size, n_lead,
-              n_masked if IS_LOCAL else 0, n_skip, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL)),
+              n_masked if IS_LOCAL else 0, n_skip, 0, 0, 0, 0, 0, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
@@ -854,19 +925,19 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                    q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                    n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                    softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                   softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, 0, HEAD_DIM,
-                                   BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                   DQ_TMA_REDUCE, PREFETCH_S)),
+                                   softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 0,
+                                   HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                                   DQ_TMA_REDUCE, PREFETCH_S, HAS_BIAS)),
             (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                     q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                     n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                     softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
-                                    softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, HEAD_DIM,
-                                    BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                    DQ_TMA_REDUCE, PREFETCH_S)),
+                                    softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs,
+                                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                                    DQ_TMA_REDUCE, PREFETCH_S, HAS_BIAS)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                                lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0,
                                kv_r0, row_b, row_c0, start_n, off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles,
-                               group_size, n_lead, n_masked if IS_LOCAL else 0, n_skip, HEAD_DIM, BLOCK_M, STAGES,
-                               IS_LOCAL)),
+                               group_size, n_lead, n_masked if IS_LOCAL else 0, n_skip, bias_desc, bias_bufs, bias_b,
+                               bias_h0, bias_h_step, HEAD_DIM, BLOCK_M, STAGES, IS_LOCAL, HAS_BIAS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
