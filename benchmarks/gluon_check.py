@@ -45,7 +45,7 @@ killing the child frees the GPU and the run goes on to report it):
            scale. With
            --feature-variants V1,V2 instead: plain, causal, softcap, causal softcap, bias and causal bias with the
            default and each of them, as ratios to the default's plain / causal time, at D128 and at D64 (8K, H 32)
-           (the correct phase checks them too; feat:bias runs its cases with those that set bias_cvt_asm).
+           (the correct phase checks them too).
 Every line starts with PASS / FAIL / SKIP / ERROR / TIME / INFO so the log greps well.
 """
 import argparse
@@ -591,22 +591,14 @@ def phase_correct(variants, head_dim, causal):
     return failed == 0
 
 
-def phase_features(group, feature_variants=()):
-    """One group of FEATURE_CASES with the default variant; feat:combo adds the backward on a feature forward.
-    feat:bias(-mix) also runs its cases with each of feature_variants that converts the bias differently
-    (bias_cvt_asm)."""
+def phase_features(group):
+    """One group of FEATURE_CASES with the default variant; feat:combo adds the backward on a feature forward."""
     os.environ["FLASHTILE_POISON_OUTPUTS"] = "1"
     passed = failed = 0
-    variants = ["default"]
-    if group.startswith("feat:bias"):
-        variants += [v_ for v_ in feature_variants if any(c.bias_cvt_asm for c in gluon_launch.VARIANTS[v_].values())]
-    jobs = [(case, head_dim, causal, spec, compare, variant) for variant in variants
-            for case, head_dim, causal, spec, compare in FEATURE_CASES[group]
-            if head_dim in gluon_launch.VARIANTS[variant]]
-    for case, head_dim, causal, spec, compare, variant in jobs:
-        what = f"d{head_dim} causal={causal} {case[0]} {describe(spec)} [{variant}]"
+    for case, head_dim, causal, spec, compare in FEATURE_CASES[group]:
+        what = f"d{head_dim} causal={causal} {case[0]} {describe(spec)}"
         say(f"INFO {group}: {what} launching")
-        ok = guarded(check_case, case, head_dim, causal, variant, spec, compare, what=what)
+        ok = guarded(check_case, case, head_dim, causal, "default", spec, compare, what=what)
         passed, failed = passed + bool(ok), failed + (not ok)
     if group == "feat:combo":
         ok = guarded(check_backward, 128, False, BACKWARD_FEATURES, what=f"backward d128 {describe(BACKWARD_FEATURES)}")
@@ -780,7 +772,7 @@ def main():
         checked = variants + [v for v in feature_variants if v not in variants]
         sys.exit(0 if phase_correct(checked, int(head_dim), causal == "1") else 1)
     if args.phase == "features":
-        sys.exit(0 if phase_features(args.group, feature_variants) else 1)
+        sys.exit(0 if phase_features(args.group) else 1)
     if args.phase == "bench":
         phase_bench(variants, seqlens, [int(d) for d in args.bench_dims.split(",")])
         return

@@ -609,11 +609,11 @@ def _bias(batch, heads, seqlen_q, seqlen_k, layout, dtype, seed=3):
     """A bias N(0, 2) of layout (batch or 1, heads or 1) ("B", "H": one (1, 1) bias expanded, stride 0), rows padded
     to a multiple of 8 keys, on cuda."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
+    padded = -(-seqlen_k // 8) * 8  # 16-byte rows, as TMA needs
     if layout == ("B", "H"):
-        return (2 * torch.randn(1, 1, seqlen_q, seqlen_k, generator=gen, device="cuda")).to(dtype).expand(
+        return (2 * torch.randn(1, 1, seqlen_q, padded, generator=gen, device="cuda")).to(dtype)[..., :seqlen_k].expand(
             batch, heads, -1, -1)
     b, h = batch if layout[0] == "b" else 1, heads if layout[1] == "h" else 1
-    padded = -(-seqlen_k // 8) * 8
     return (2 * torch.randn(b, h, seqlen_q, padded, generator=gen, device="cuda")).to(dtype)[..., :seqlen_k]
 
 

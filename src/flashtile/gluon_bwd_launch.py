@@ -54,7 +54,6 @@ class GluonBwdConfig:
     maxnreg: int = 168
     dq_chunks: int = 1  # D256 only: dQ's half of the head dim in this many wgmma + atomic pieces
     dq_tma_reduce: int = 0  # dQ tiles through this many shared buffers per warpgroup and TMA reduce-adds; 0: atomics
-    prefetch_s: int = 0  # D64 / D128: the next tile's S^T (1), or S^T and dP^T (2), issued behind this tile's dQ
 
 
 # Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
@@ -77,12 +76,6 @@ VARIANTS = {
     "stages3": {128: GluonBwdConfig(stages=3)},
     "dq-keys": {128: GluonBwdConfig(stages=2, dq_split_d=False)},
     "dq-split": {64: GluonBwdConfig(stages=3)},
-    # The next tile's S^T and dP^T wgmmas (prefetch), or S^T alone (prefetch-s), issued right after this tile's dQ
-    # one, so the tensor cores work while the warpgroup waits for dQ and hands it to the reduce-add (64 / 32 more
-    # fp32 registers live there; both at D128 spill ~1.2 KB and ptxas serializes the wgmmas, so D64 only there).
-    "prefetch": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1, prefetch_s=2)},
-    "prefetch-s": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1, prefetch_s=1),
-                   128: GluonBwdConfig(stages=2, dq_tma_reduce=1, prefetch_s=1)},
     "dq-chunks2": {256: GluonBwdConfig(stages=2, dq_chunks=2)},
     "dq-reduce2": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=2),
                    128: GluonBwdConfig(stages=2, dq_tma_reduce=2)},
@@ -350,7 +343,7 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
                       DQ_SPLIT_D=config.dq_split_d, CONSUMER_REGS=config.consumer_regs,
                       LOADER_REGS=config.loader_regs, IS_LOCAL=is_local, SOFTCAP=softcap > 0,
                       HAS_ALIBI=alibi_slopes is not None, DQ_CHUNKS=config.dq_chunks,
-                      DQ_TMA_REDUCE=config.dq_tma_reduce, VARLEN=varlen, PREFETCH_S=config.prefetch_s,
+                      DQ_TMA_REDUCE=config.dq_tma_reduce, VARLEN=varlen,
                       HAS_BIAS=attn_bias is not None)
     grid = (math.ceil(seqlen_k / keys), batch * heads_kv)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
@@ -373,9 +366,9 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     config = VARIANTS[variant][q.shape[-1]]
-    if attn_bias is not None and (config.prefetch_s or not bias_shared_ok(q.shape[-1], config, attn_bias.dtype)):
+    if attn_bias is not None and not bias_shared_ok(q.shape[-1], config, attn_bias.dtype):
         raise ValueError(f"variant {variant!r} at head dim {q.shape[-1]} takes no {attn_bias.dtype} bias (the bias "
-                         f"ring needs shared memory (bias_shared_ok) and the plain tile order, not prefetch_s)")
+                         f"ring needs shared memory: bias_shared_ok)")
     poison = launch.poison_outputs()  # one environment read for the four buffers (host time)
     if dlse is not None:
         dlse = dlse.to(torch.float32).contiguous()

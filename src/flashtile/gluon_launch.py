@@ -64,9 +64,7 @@ class GluonConfig:
     over the tiles; ctas_per_sm CTAs per SM, max_ctas caps the grid, 0 = no cap: a small cap makes every CTA run
     many tiles, for checking the barriers' running phases); the features and varlen still run the one-tile
     kernel with this config. tma_store (persistent): O leaves through shared memory by TMA stores that overlap the
-    next tile's GEMMs (2 x 64 x D x 2 B more shared memory), where batch == 1 or Sq % 64 == 0.
-    bias_cvt_asm: a bf16 attn_bias becomes fp32 by one shift or mask per element (kernels/gluon_fwd._bias_f32)
-    instead of the compiler's conversion (1.5 per element)."""
+    next tile's GEMMs (2 x 64 x D x 2 B more shared memory), where batch == 1 or Sq % 64 == 0."""
     block_n: int
     stages: int
     pingpong: bool = True
@@ -79,7 +77,6 @@ class GluonConfig:
     ctas_per_sm: int = 1
     max_ctas: int = 0
     tma_store: bool = False
-    bias_cvt_asm: bool = False
 
 
 # Variants the check script can compare on the GPU; "default" is what gluon_forward uses. A variant may cover
@@ -115,10 +112,6 @@ VARIANTS = {
                        128: GluonConfig(128, 2, persistent=True, tma_store=True, **_TREE_CVT)},
     "persistent-tma-7cta": {64: GluonConfig(128, 3, persistent=True, tma_store=True, max_ctas=7, **_TREE_CVT),
                             128: GluonConfig(128, 2, persistent=True, tma_store=True, max_ctas=7, **_TREE_CVT)},
-    # The default with a bf16 bias converted by shift / mask (unmeasured: written offline; only attn_bias calls
-    # differ from the default).
-    "bias-cvt": {64: GluonConfig(128, 3, bias_cvt_asm=True, **_TREE_CVT),
-                 128: GluonConfig(128, 2, bias_cvt_asm=True, **_TREE_CVT), 256: GluonConfig(64, 2, bias_cvt_asm=True)},
 }
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -384,7 +377,7 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
                       IS_LOCAL=is_local, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                       HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm,
                       TREE_MAX=config.tree_max,
-                      HAS_BIAS=(2 if config.bias_cvt_asm else 1) if attn_bias is not None else 0)
+                      HAS_BIAS=attn_bias is not None)
     grid = (math.ceil(seqlen_q / BLOCK_M), batch * heads_q)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 

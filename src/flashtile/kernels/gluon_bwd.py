@@ -183,18 +183,14 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
               qk_scale, softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c,
               bias_bufs, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
               IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
-              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = 0, s_tok=0, dp_tok=0,
-              S_GIVEN: gl.constexpr = 0, PREFETCH: gl.constexpr = 0, HAS_BIAS: gl.constexpr = False):
+              SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = 0,
+              HAS_BIAS: gl.constexpr = False):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
     dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm, or under
     DQ_TMA_REDUCE (1 or 2: buffers per warpgroup) through one of this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_bufs
     and TMA reduce-adds into dq_desc at [dq_b, m, dq_c] (dq_desc, dq_bufs, dq_b, dq_c are constexpr 0 otherwise).
     causal_offset is Sk - Sq under IS_CAUSAL, IS_LOCAL or HAS_ALIBI (else 0); the feature scalars are the
-    forward's (gluon_fwd._feature_scores), None when their feature is off.
-    S_GIVEN (0-2): this slot's S^T (1), or S^T and dP^T (2), came finished from the step before (s_tok, dp_tok);
-    PREFETCH (0-2): issue slot it + 1's S^T (1), or S^T and dP^T (2), right after this tile's dQ wgmma, so the
-    tensor cores have them while this warpgroup waits for dQ and hands it to the reduce-add. Returns dk, dv and
-    slot it + 1's S^T and dP^T (0 where not prefetched). HAS_BIAS (not with S_GIVEN): bias_bufs is the
+    forward's (gluon_fwd._feature_scores), None when their feature is off. HAS_BIAS: bias_bufs is the
     loader's [STAGES, 1, 1, BLOCK_M, 2 * WG_N] ring of bias tiles (this warpgroup reads its WG_N key columns),
     else 0."""
     dtype: gl.constexpr = q_bufs.dtype
@@ -214,22 +210,13 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     # warpgroup's softmax no longer overlaps its own dP^T wgmma (the other warpgroup's GEMMs still run meanwhile),
     # as under SOFTCAP. D64 (half the dK / dV registers) keeps the plain order without spills.
     LATE_DP: gl.constexpr = HAS_BIAS and HEAD_DIM > 64
-    gl.static_assert(not (HAS_BIAS and S_GIVEN), "HAS_BIAS: not with PREFETCH_S")
-    if S_GIVEN == 0:
-        s_tok = _issue_s(it, k_view, q_bufs, q_ready, HEAD_DIM, BLOCK_M, STAGES)
-    if S_GIVEN < 2 and not LATE_DP:
+    s_tok = _issue_s(it, k_view, q_bufs, q_ready, HEAD_DIM, BLOCK_M, STAGES)
+    if not LATE_DP:
         dp_tok = _issue_dp(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
     cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
     in_seq = cols < seqlen_q
-    if S_GIVEN == 2:  # the step before waited for them
-        s = s_tok
-        dp = dp_tok
-    elif LATE_DP:
+    if LATE_DP:
         s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
-    elif S_GIVEN == 1:
-        s = s_tok
-        if SOFTCAP:
-            dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     elif SOFTCAP:
         # Both first: softcap's 1 - t^2 waits for dP^T in no register of its own (dS^T is made element by element
         # from S^T and dP^T). Keeping it from S^T's wait to dP^T's, 32 more fp32 (16 packed fp16) registers per
@@ -276,7 +263,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
         dp = warpgroup_mma_wait(1, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
-    elif not SOFTCAP and S_GIVEN < 2:
+    elif not SOFTCAP:
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
     if LATE_DP and SOFTCAP:
@@ -321,13 +308,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     else:
         gl.thread_barrier()  # this warpgroup's dS^T stores, before its own wgmma reads them
         dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_view, dq_zero, use_acc=False, is_async=True)
-    s_next = 0
-    dp_next = 0
-    if PREFETCH >= 1:
-        s_next = _issue_s(it + 1, k_view, q_bufs, q_ready, HEAD_DIM, BLOCK_M, STAGES)
-    if PREFETCH == 2:
-        dp_next = _issue_dp(it + 1, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
-    dq = warpgroup_mma_wait(PREFETCH, deps=(dq_tok, ))  # [BLOCK_M, DQ_N]; groups retire in order
+    dq = warpgroup_mma_wait(0, deps=(dq_tok, ))  # [BLOCK_M, DQ_N]
     if DQ_TMA_REDUCE:
         # The tile by DQ_N / 32 bulk reduce-adds from one thread (a box is one 128-byte swizzle block of 32 fp32
         # columns, at a plain 8 KB offset in dq_smem), in flight while this warpgroup goes on: in place of the
@@ -346,13 +327,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         dcols = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
         # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
         gl.atomic_add(dq_ptr + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq, sem="relaxed")
-    # Waited here, not in the next step: an accumulator still in flight across the loop's back edge makes ptxas
-    # serialize every wgmma of the loop (C7514).
-    if PREFETCH == 1:
-        s_next = warpgroup_mma_wait(0, deps=(s_next, ))
-    if PREFETCH == 2:
-        s_next, dp_next = warpgroup_mma_wait(0, deps=(s_next, dp_next))
-    return dk, dv, s_next, dp_next
+    return dk, dv
 
 
 @gluon.jit
@@ -363,15 +338,13 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                         window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, WG: gl.constexpr,
                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-                        HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, PREFETCH_S: gl.constexpr,
-                        HAS_BIAS: gl.constexpr):
+                        HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, HAS_BIAS: gl.constexpr):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
     the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
     _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
     DK / DV; dq_base: the group's first head in DQAccum; alibi_ptr: the group's first head's slope.
     DQ_TMA_REDUCE: dQ by dq_desc (batch dq_b, the group's first head at column dq_c0) from this warpgroup's
-    DQ_TMA_REDUCE buffers of dq_bufs. PREFETCH_S (0-2): each tile's step issues the next tile's S^T (1), or S^T
-    and dP^T (2) (_bwd_step's PREFETCH); the last tile of a head takes the masked step, whichever segment it is in."""
+    DQ_TMA_REDUCE buffers of dq_bufs."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -391,56 +364,22 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
         alibi_log2 = 0.0
         if HAS_ALIBI:
             alibi_log2 = gl.load(alibi_ptr + g) * LOG2E  # query head off_hk * group_size + g
-        if PREFETCH_S:
-            if n_tiles > 0:
-                s_tok = _issue_s(it0, k_view, q_bufs, q_ready, HEAD_DIM, BLOCK_M, STAGES)
-                dp_tok = 0
-                if PREFETCH_S == 2:
-                    dp_tok = _issue_dp(it0, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
-                    s_tok, dp_tok = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))
-                else:
-                    s_tok = warpgroup_mma_wait(0, deps=(s_tok, ))
-                for t in range(0, gl.minimum(n_masked, n_tiles - 1)):
-                    dk, dv, s_tok, dp_tok = _bwd_step(
-                        it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv, k_view,
-                        v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready,
-                        do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                        softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs,
-                        WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                        DQ_TMA_REDUCE, s_tok, dp_tok, PREFETCH_S, PREFETCH_S, HAS_BIAS)
-                for t in range(n_masked, n_tiles - 1):
-                    dk, dv, s_tok, dp_tok = _bwd_step(
-                        it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view,
-                        v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready,
-                        do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                        softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs,
-                        WG, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                        DQ_TMA_REDUCE, s_tok, dp_tok, PREFETCH_S, PREFETCH_S, HAS_BIAS)
-                t_last = n_tiles - 1
-                dk, dv, _, _ = _bwd_step(
-                    it0 + t_last, _tile_m(t_last, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 2), dk, dv, k_view,
-                    v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready,
-                    do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale,
-                    softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG,
-                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
-                    s_tok, dp_tok, PREFETCH_S, 0, HAS_BIAS)
-        else:
-            for t in range(0, n_masked):
-                dk, dv, _, _ = _bwd_step(
-                    it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv, k_view, v_view,
-                    k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty,
-                    ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
-                    alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
-                    BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, 0, 0,
-                    False, False, HAS_BIAS)
-            for t in range(n_masked, n_tiles):
-                dk, dv, _, _ = _bwd_step(
-                    it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view, v_view,
-                    k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty,
-                    ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
-                    alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
-                    BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, 0, 0,
-                    False, False, HAS_BIAS)
+        for t in range(0, n_masked):
+            dk, dv = _bwd_step(
+                it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv, k_view, v_view,
+                k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty,
+                ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
+                BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
+                HAS_BIAS)
+        for t in range(n_masked, n_tiles):
+            dk, dv = _bwd_step(
+                it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view, v_view,
+                k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty,
+                ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
+                BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
+                HAS_BIAS)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-add has read dq_smem before the program exits
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
@@ -459,14 +398,13 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                          window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-                         HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, PREFETCH_S: gl.constexpr,
-                         HAS_BIAS: gl.constexpr):
+                         HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, HAS_BIAS: gl.constexpr):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
                         stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2, window_left, window_right,
                         dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                        DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, PREFETCH_S, HAS_BIAS)
+                        DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, HAS_BIAS)
 
 
 @gluon.jit
@@ -696,7 +634,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
                           SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
                           DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = 0, VARLEN: gl.constexpr = False,
-                          PREFETCH_S: gl.constexpr = 0, HAS_BIAS: gl.constexpr = False):
+                          HAS_BIAS: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -716,18 +654,14 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     Hq * D), strides (row, row, 1)), addressed [q_start, m, col]. Tiles reading past a sequence's end read the
     next sequence's rows: their lse2 / delta are masked (P = 0, dS = 0: nothing flows into dK / dV, and dQ adds
     zeros to those rows), and keys past seqlen_k are masked in the block that has them.
-    PREFETCH_S (0-2, D64 / D128): each tile's S^T (1), or S^T and dP^T (2), issued by the step before, behind its
-    dQ wgmma.
-    HAS_BIAS (D64 / D128, dense, not with PREFETCH_S): bias_desc a 4-D (bias_batch, bias_heads, Sq, Sk) TMA tensor
+    HAS_BIAS (D64 / D128, dense): bias_desc a 4-D (bias_batch, bias_heads, Sq, Sk) TMA tensor
     over the additive bias (bias_batch 1 or B, bias_heads 1 or Hq: a broadcast dim is read at coordinate 0), boxes
     [1, 1, BLOCK_M, BLOCK_N]; no bias gradient. Else bias_desc, bias_batch, bias_heads are None.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
-    gl.static_assert(not (SPLIT_D and PREFETCH_S), "PREFETCH_S: D64 / D128")
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
     gl.static_assert(not (SPLIT_D and HAS_BIAS), "HAS_BIAS: D64 / D128 only")
     gl.static_assert(not (VARLEN and HAS_BIAS), "HAS_BIAS: dense only")
-    gl.static_assert(not (PREFETCH_S and HAS_BIAS), "HAS_BIAS: not with PREFETCH_S")
     gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE) or (DQ_TMA_REDUCE == 1 and DQ_CHUNKS == 1),
                      "DQ_TMA_REDUCE at D256: 1 (the ring slot), with DQ_CHUNKS 1")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
@@ -927,14 +861,14 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                    softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
                                    softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 0,
                                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                   DQ_TMA_REDUCE, PREFETCH_S, HAS_BIAS)),
+                                   DQ_TMA_REDUCE, HAS_BIAS)),
             (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                     q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                     n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                     softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
                                     softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs,
                                     HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                    DQ_TMA_REDUCE, PREFETCH_S, HAS_BIAS)),
+                                    DQ_TMA_REDUCE, HAS_BIAS)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                                lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0,
                                kv_r0, row_b, row_c0, start_n, off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles,

@@ -119,18 +119,6 @@ def _bias_tile(b_bufs, b_ready, j, WG: gl.constexpr, STAGES: gl.constexpr, layou
 
 
 @gluon.jit
-def _bias_f32(bias, HAS_BIAS: gl.constexpr):
-    """A 16-bit bias tile as fp32. HAS_BIAS 2 (bf16): one instruction per element from each packed pair (element 0
-    in the low half: x << 16; element 1: x & 0xffff0000), where the compiler's conversion takes a PRMT and a shift
-    for the high one (1.5 per element, counted in the key loop's SASS)."""
-    if HAS_BIAS == 2 and bias.dtype == gl.bfloat16:
-        return gl.inline_asm_elementwise("{\n shl.b32 $0, $2, 16;\n and.b32 $1, $2, 0xffff0000;\n}", "=r,=r,r",
-                                         [bias], dtype=gl.float32, is_pure=True, pack=2)
-    else:
-        return bias.to(gl.float32)
-
-
-@gluon.jit
 def _bias_release(b_empty, j, STAGES: gl.constexpr):
     # Every thread's shared-memory reads of the box are done before the one elected thread arrives.
     gl.thread_barrier()
@@ -164,7 +152,7 @@ def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi
     caller adds it to the row max (softmax does not see a per-row constant; m and lse do).
     CAP_SCALED=False (SOFTCAP without ALiBi): tanh(score / softcap) comes back without the factor softcap_log2 > 0,
     which the caller folds into its exp2 argument (one FFMA) and its row max (max(c t) = c max(t), also rounded).
-    HAS_BIAS: bias ([WG_M, BLOCK_N], natural-log units, 16-bit: _bias_f32) * log2(e) is added after ALiBi, before
+    HAS_BIAS: bias ([WG_M, BLOCK_N], natural-log units, 16-bit) * log2(e) is added after ALiBi, before
     the masks (not with CAP_SCALED=False)."""
     layout: gl.constexpr = s.type.layout
     if HAS_ALIBI and ALIBI_SIDE != 0:
@@ -173,7 +161,7 @@ def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi
         else:
             s = s * qk_scale + ALIBI_SIDE * alibi_cols[None, :]
         if HAS_BIAS:
-            s = s + _bias_f32(bias, HAS_BIAS) * 1.4426950408889634
+            s = s + bias.to(gl.float32) * 1.4426950408889634
         return s  # [WG_M, BLOCK_N], the row term left out
     if SOFTCAP:
         # common._tanh (a @triton.jit helper; Gluon can call it) with the GPU's tanh.approx.f32, as the portable
@@ -189,7 +177,7 @@ def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi
         dist = gl.abs(rows.to(gl.float32)[:, None] - cols.to(gl.float32)[None, :])  # [WG_M, BLOCK_N]
         s = s - alibi_log2 * dist
     if HAS_BIAS:
-        s = s + _bias_f32(bias, HAS_BIAS) * 1.4426950408889634
+        s = s + bias.to(gl.float32) * 1.4426950408889634
     if MASKED:
         visible = (cols < seqlen_k)[None, :]
         if IS_CAUSAL:
@@ -305,7 +293,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     elif HAS_BIAS:
         # Bias alone (or with causal): the scores in natural-log units, one FFMA each (s * scale + bias); the
         # row max before the factor log2(e) > 0, which the exp2 argument folds in (one FFMA), as plain does.
-        s = s * sm_scale + _bias_f32(bias, HAS_BIAS)  # [WG_M, BLOCK_N]
+        s = s * sm_scale + bias.to(gl.float32)  # [WG_M, BLOCK_N]
         if MASKED:
             s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
         m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * 1.4426950408889634)  # [WG_M], log2 units
@@ -399,7 +387,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
             l_i = gl.sum(p_f32, axis=1)  # [WG_M]
     elif HAS_BIAS:
         # As _kv_step's bias-alone branch: natural-log scores, the factor log2(e) folded into the exp2 argument.
-        s = _mask_scores(s * sm_scale + _bias_f32(bias, HAS_BIAS), 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
+        s = _mask_scores(s * sm_scale + bias.to(gl.float32), 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
         m_i = gl.max(s, axis=1) * 1.4426950408889634  # [WG_M]; -inf where the bias hides every key of the block
         if HAS_SINK:
             m_i = gl.maximum(m_i, sink_log2)
@@ -583,8 +571,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     storage: query row i of (batch b, head h) is row b * bias_rows_b + h * bias_rows_h + i (0 steps along broadcast
     dims; varlen: i and the keys are positions in the sequence). Rows of a tile past seqlen_q may read the next
     head's rows (or the zero fill): they are never stored. Keys past Sk are zero-filled and masked.
-    sm_scale = softmax_scale (the bias-alone path scales by it, not by qk_scale). HAS_BIAS 2: bf16 biases
-    converted to fp32 by _bias_f32's shift / mask (GluonConfig.bias_cvt_asm)."""
+    sm_scale = softmax_scale (the bias-alone path scales by it, not by qk_scale)."""
     BLOCK_M: gl.constexpr = 2 * WG_M
     pid_m = gl.program_id(0)
     if IS_CAUSAL or IS_LOCAL:
