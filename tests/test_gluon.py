@@ -135,6 +135,17 @@ FEATURE_SHAPES = [(1, 1000, 1000, 4, 2), (1, 130, 257, 2, 2), (1, 777, 999, 8, 2
                   (2, 300, 1000, 4, 2)]  # the last: key blocks span sequences (ragged descriptors)
 
 
+def _check_gluon_forward(q, k, v, causal, feats):
+    """The Gluon forward takes these features and its out / lse (natural log) match the float64 reference
+    (DESIGN.md's rule; lse within 2e-3)."""
+    assert gluon_launch.gluon_supported(q, k, v, causal=causal, **feats)
+    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, **feats)
+    ref, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True, **feats)
+    assert_close_rule("out", out, ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False, **feats),
+                      torch.bfloat16)
+    torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
@@ -149,12 +160,7 @@ def test_features_match_reference(feature, shape, head_dim):
                        requires_grad=False)
     feats = dict(window_size=window_size, softcap=softcap, sink=torch.randn(heads_q, device="cuda") if sink else None,
                  alibi_slopes=_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None)
-    assert gluon_launch.gluon_supported(q, k, v, causal=causal, **feats)
-    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, **feats)
-    ref, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True, **feats)
-    assert_close_rule("out", out, ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False, **feats),
-                      torch.bfloat16)
-    torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+    _check_gluon_forward(q, k, v, causal, feats)
 
 
 @pytest.mark.gpu
@@ -643,12 +649,7 @@ def test_bias_matches_reference(monkeypatch, case, shape, head_dim):
                  sink=torch.randn(heads_q, device="cuda") if sink else None,
                  alibi_slopes=_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None,
                  attn_bias=_bias(batch, heads_q, seqlen_q, seqlen_k, layout, bias_dtype))
-    assert gluon_launch.gluon_supported(q, k, v, causal=causal, **feats)
-    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, **feats)
-    ref, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True, **feats)
-    assert_close_rule("out", out, ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False, **feats),
-                      torch.bfloat16)
-    torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+    _check_gluon_forward(q, k, v, causal, feats)
 
 
 @pytest.mark.gpu

@@ -156,24 +156,14 @@ def _bias_tile(bias_bufs, stage, WG: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
-def _issue_s(it, k_view, q_bufs, q_ready, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    """Ring slot it's S^T = K Q^T ([WG_N, BLOCK_M] fp32) as an async wgmma group, once its Q has arrived."""
+def _issue_t(it, a_view, bufs, ready, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """A B^T ([WG_N, BLOCK_M] fp32) for B the [BLOCK_M, HEAD_DIM] tile of ring slot it in bufs, as an async wgmma
+    group once the slot's ready barrier has flipped: S^T from K and Q, dP^T from V and dO."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     stage = it % STAGES
-    mbarrier.wait(q_ready.index(stage), (it // STAGES) & 1)
-    return warpgroup_mma(k_view, q_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)),
-                         gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout), use_acc=False, is_async=True)
-
-
-@gluon.jit
-def _issue_dp(it, v_view, do_bufs, do_ready, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    """Ring slot it's dP^T = V dO^T ([WG_N, BLOCK_M] fp32) as an async wgmma group, once its dO has arrived."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    stage = it % STAGES
-    mbarrier.wait(do_ready.index(stage), (it // STAGES) & 1)
-    return warpgroup_mma(v_view, do_bufs.index(stage).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)),
+    mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
+    return warpgroup_mma(a_view, bufs.index(stage).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)),
                          gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout), use_acc=False, is_async=True)
 
 
@@ -210,9 +200,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     # warpgroup's softmax no longer overlaps its own dP^T wgmma (the other warpgroup's GEMMs still run meanwhile),
     # as under SOFTCAP. D64 (half the dK / dV registers) keeps the plain order without spills.
     LATE_DP: gl.constexpr = HAS_BIAS and HEAD_DIM > 64
-    s_tok = _issue_s(it, k_view, q_bufs, q_ready, HEAD_DIM, BLOCK_M, STAGES)
+    s_tok = _issue_t(it, k_view, q_bufs, q_ready, HEAD_DIM, BLOCK_M, STAGES)
     if not LATE_DP:
-        dp_tok = _issue_dp(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
+        dp_tok = _issue_t(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
     cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
     in_seq = cols < seqlen_q
     if LATE_DP:
@@ -257,7 +247,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     if LATE_DP:
         if SOFTCAP:
             p_dt = p * (1.0 - t * t)  # [WG_N, BLOCK_M]: P^T times softcap's derivative, so t dies before dP^T
-        dp_tok = _issue_dp(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
+        dp_tok = _issue_t(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
         # dV^T += P^T dO right behind it: it runs while dS^T is made (groups retire in order: one outstanding
         # means dP^T is done).
         p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
