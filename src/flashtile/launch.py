@@ -754,7 +754,7 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
         gluon_bwd_launch.disable)
 
 
-def _gluon_bwd_candidate(attn_bias, bias_grad, dropout_p, mods, deterministic):
+def _gluon_bwd_candidate(bias_grad, dropout_p, mods, deterministic):
     """Whether _flash_attn_backward asks the Gluon backward at all: no dropout, no bias gradient (the Gluon kernel
     reads a bias, it writes no dS), no mods, not deterministic (its dQ reductions run in no fixed order). Windows,
     softcap, ALiBi, varlen and a bias's layout (gluon_bwd_launch.bias_tma_ok, bias_shared_ok; dense only) are its
@@ -783,7 +783,7 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
     if sink is not None:
         geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         parts = sink_parts(geo, q)
-    if q.is_cuda and _gluon_bwd_candidate(attn_bias, bias_grad, dropout_p, mods, deterministic):
+    if q.is_cuda and _gluon_bwd_candidate(bias_grad, dropout_p, mods, deterministic):
         grads = _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_right == 0,
                                 window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
                                 sink=sink, sink_parts=parts, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
