@@ -47,7 +47,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .common import _tanh
+from .common import LOG2E, _tanh
 
 try:  # triton >= 3.7 names the TMA reduce-add (cp.reduce.async.bulk.tensor ... .add)
     from triton.experimental.gluon.language.nvidia.hopper.tma import async_atomic_add as _tma_reduce_add
@@ -63,7 +63,6 @@ except ImportError:  # triton 3.6: the op and its builder method exist, Gluon's 
                                                   src.handle)
 
 WG_N = gl.constexpr(64)  # keys per consumer warpgroup (the wgmma M of one warpgroup)
-LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit

@@ -29,7 +29,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .common import _tanh
+from .common import LOG2E, _tanh
 
 LN2 = gl.constexpr(0.6931471805599453)
 WG_M = gl.constexpr(64)  # query rows per consumer warpgroup (the wgmma M of one warpgroup)
@@ -161,7 +161,7 @@ def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi
         else:
             s = s * qk_scale + ALIBI_SIDE * alibi_cols[None, :]
         if HAS_BIAS:
-            s = s + bias.to(gl.float32) * 1.4426950408889634
+            s = s + bias.to(gl.float32) * LOG2E
         return s  # [WG_M, BLOCK_N], the row term left out
     if SOFTCAP:
         # common._tanh (a @triton.jit helper; Gluon can call it) with the GPU's tanh.approx.f32, as the portable
@@ -177,7 +177,7 @@ def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi
         dist = gl.abs(rows.to(gl.float32)[:, None] - cols.to(gl.float32)[None, :])  # [WG_M, BLOCK_N]
         s = s - alibi_log2 * dist
     if HAS_BIAS:
-        s = s + bias.to(gl.float32) * 1.4426950408889634
+        s = s + bias.to(gl.float32) * LOG2E
     if MASKED:
         visible = (cols < seqlen_k)[None, :]
         if IS_CAUSAL:
@@ -296,13 +296,13 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         s = s * sm_scale + bias.to(gl.float32)  # [WG_M, BLOCK_N]
         if MASKED:
             s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
-        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * 1.4426950408889634)  # [WG_M], log2 units
+        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * LOG2E)  # [WG_M], log2 units
         if HAS_SINK:
             m_sub = m_new
         else:
             m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_sub)  # [WG_M]
-        p_f32 = gl.exp2(s * 1.4426950408889634 - m_sub[:, None])  # [WG_M, BLOCK_N]
+        p_f32 = gl.exp2(s * LOG2E - m_sub[:, None])  # [WG_M, BLOCK_N]
     else:
         if MASKED:
             s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
@@ -348,10 +348,10 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     row0 = start_m + WG * WG_M
     alibi_log2 = 0.0
     if HAS_ALIBI:
-        alibi_log2 = gl.load(alibi_ptr) * 1.4426950408889634
+        alibi_log2 = gl.load(alibi_ptr) * LOG2E
     sink_log2 = 0.0
     if HAS_SINK:
-        sink_log2 = gl.load(sink_ptr) * 1.4426950408889634
+        sink_log2 = gl.load(sink_ptr) * LOG2E
 
     # Key block 0 (always masked: cheap once, and it is the diagonal block of the first tile).
     mbarrier.wait(q_bar, 0)
@@ -388,13 +388,13 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     elif HAS_BIAS:
         # As _kv_step's bias-alone branch: natural-log scores, the factor log2(e) folded into the exp2 argument.
         s = _mask_scores(s * sm_scale + bias.to(gl.float32), 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
-        m_i = gl.max(s, axis=1) * 1.4426950408889634  # [WG_M]; -inf where the bias hides every key of the block
+        m_i = gl.max(s, axis=1) * LOG2E  # [WG_M]; -inf where the bias hides every key of the block
         if HAS_SINK:
             m_i = gl.maximum(m_i, sink_log2)
             m_sub = m_i
         else:
             m_sub = gl.where(m_i == float("-inf"), 0.0, m_i)
-        p_f32 = gl.exp2(s * 1.4426950408889634 - m_sub[:, None])  # [WG_M, BLOCK_N]
+        p_f32 = gl.exp2(s * LOG2E - m_sub[:, None])  # [WG_M, BLOCK_N]
         l_i = gl.sum(p_f32, axis=1)  # [WG_M]
         if HAS_SINK:
             l_i = l_i + gl.exp2(sink_log2 - m_i)
