@@ -4,8 +4,9 @@ launch.py uses it for the dense and varlen forward without dropout, mods or page
 window, softcap, ALiBi, sinks, and an additive bias in the layouts bias_ok accepts) when
 configs.gluon_fwd_wanted() and gluon_supported() agree; FLASHTILE_GLUON=1 takes it wherever it is supported,
 =0 never. Batch > 1 with Sk % BLOCK_N != 0 and varlen read through ragged TMA descriptors (ragged_descriptor), so
-no key block reads another sequence's rows. Importing this module never fails: on a triton without Gluon's Hopper
-API, or under the interpreter, gluon_supported() is False.
+no key block reads another sequence's rows. Block-sparse flashtile.attention calls (a block mask and its mask_mod,
+sparse_ok) take the same kernel through gluon_sparse_forward. Importing this module never fails: on a triton
+without Gluon's Hopper API, or under the interpreter, gluon_supported() is False.
 """
 import functools
 import math
@@ -358,7 +359,9 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
         seqlen_k, heads_kv = k.shape[1], k.shape[2]
         out_strides, lse_strides = (out.stride(0), out.stride(1), out.stride(2)), (lse.stride(0), lse.stride(1))
     # Zero-filled key blocks past each sequence's end, where a block could reach into the next sequence.
-    ragged = varlen or (batch > 1 and seqlen_k % config.block_n != 0)
+    # Block-sparse: a listed key block of SPARSE_N > BLOCK_N keys can put a whole tile past Sk.
+    key_block = max(config.block_n, mods.block_size[1]) if mods is not None else config.block_n
+    ragged = varlen or (batch > 1 and seqlen_k % key_block != 0)
     is_causal, is_local, left, right = mask_mode(causal, window_size)
     unbounded = seqlen_q + seqlen_k  # as launch.ScoreArgs: no position difference reaches it
     alibi = alibi_slopes.float().contiguous() if alibi_slopes is not None else lse  # lse: an unread placeholder

@@ -22,6 +22,9 @@ kernels/common._scores: SOFTCAP (softcap * tanh(score / softcap), common._tanh's
 shared-memory ring next to K / V; gluon_launch.bias_ok says which layouts), then the masks (causal, IS_LOCAL
 window, sequence end); HAS_SINK starts the online softmax from one logit per head (m = sink, l = 1), so lse
 includes the sink as kernels/fwd.py's does.
+BLOCK_SPARSE (flashtile.attention with a block mask): the loader and both consumer warpgroups walk the same key
+tiles, those of the tile's full key blocks then its partial ones (_sparse_tile_key); partial tiles evaluate the
+user's mask_mod (_mask_mod_scores), full ones run the dense unmasked step, empty blocks are never loaded.
 Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32 (varlen: Out like q, Lse (Hq, total_q)), natural log, as
 kernels/fwd.py does.
 """
