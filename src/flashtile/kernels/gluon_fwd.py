@@ -476,6 +476,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
         if HAS_SINK:
             l_i = l_i + gl.exp2(sink_log2 - m_i)
     elif BLOCK_SPARSE:
+        # Masked even when it is a full block: skipping the mask_mod there behind a run-time branch made ptxas spill
+        # at D128 (window mask 0 -> 88 B).
         s = _mask_mod_scores(s, key0, row0, seqlen_q, seqlen_k, off_b, off_h, aux0, aux1, aux2, aux3, BLOCK_N,
                              MASK_MOD)
         m_i = gl.max(s, axis=1) * qk_scale  # [WG_M]; -inf where the mask hides the whole tile from a row
