@@ -79,7 +79,7 @@ def test_sparse_refused_off_hopper():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}" for b, sq, sk, hq, hk in SHAPES])
 @pytest.mark.parametrize("name", list(MASKS))
 def test_gluon_sparse_matches_reference(name, shape, head_dim, monkeypatch):

@@ -400,13 +400,13 @@ def _sparse_args(mods):
     return (*mods.kv_lists, *strides, *mods.aux, *(None,) * (4 - len(mods.aux)))
 
 
-SPARSE_HEAD_DIMS = (64, 128)
+SPARSE_HEAD_DIMS = (64, 128, 256)  # D256: 64-key tiles, two per 128-key block
 _sparse_failed = {}  # mask_mod adapter -> the exception its Gluon build raised (then the portable kernel serves it)
 
 
 def sparse_ok(q, k, v, window_left, window_right, mods, variant="default"):
     """True when the Gluon forward can run flashtile.attention's block-sparse call: gluon_supported's dense
-    conditions (sm90, fp16 / bf16, TMA-compatible strides, GQA), head dim 64 or 128, no causal / window
+    conditions (sm90, fp16 / bf16, TMA-compatible strides, GQA), head dim 64, 128 or 256, no causal / window
     (flex.attention refuses causal with a block mask; causal with a lone mask_mod stays portable), a block mask whose
     query block is a multiple of the 128-row tile and whose key block a multiple of the variant's BLOCK_N (so a tile
     never straddles two blocks: other block sizes, e.g. (64, 64) or (128, 64), run the portable kernel, which

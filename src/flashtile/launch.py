@@ -635,7 +635,7 @@ def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, a
 
 def _gluon_sparse_forward(q, k, v, softmax_scale, window_left, window_right, mods):
     """(out, lse) of flashtile.attention's block-sparse forward from the Hopper Gluon kernel (gluon_launch.sparse_ok:
-    a block mask with a mask_mod or none, no score_mod, blocks that are multiples of its tiles, D64 / D128) on a
+    a block mask with a mask_mod or none, no score_mod, blocks that are multiples of its tiles, D64 / D128 / D256) on a
     tested triton, else None. FLASHTILE_GLUON_SPARSE (read per call, so a benchmark can time both paths in one
     process): "0" never, "1" wherever supported (any triton), unset: as FLASHTILE_GLUON ("0" turns it off too;
     the dense thresholds of configs.gluon_fwd_wanted are not applied: a block-sparse row visits fewer keys). A
