@@ -6,6 +6,7 @@ only at launch on the GPU). Run: python tests/compile_check.py  (TRITON_INTERPRE
 Prints one line per compiled kernel and exits 1 if any failed.
 """
 import dataclasses
+import inspect
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -39,10 +40,13 @@ def kernel_signature(kernel, args, constexprs):
     (tests/gluon_compile_check.py)."""
     names = kernel.arg_names
     sig, consts, attrs = {}, {}, {}
-    values = dict(zip(names, args), **constexprs)
+    values = {p.name: p.default for p in inspect.signature(kernel.fn).parameters.values()
+              if p.default is not p.empty}  # parameters a launch leaves at their defaults, as the JIT binds them
+    values.update(zip(names, args), **constexprs)
     for i, name in enumerate(names):
         value = values[name]
-        if name in constexprs or value is None:  # the JIT makes a None argument a constexpr None
+        # The JIT makes a None argument a constexpr None; a constexpr left at its default is one too.
+        if name in constexprs or value is None or kernel.params[i].is_constexpr:
             sig[name] = "constexpr"
             consts[(i,)] = value
         elif isinstance(value, torch.Tensor):

@@ -2,7 +2,8 @@
 
 Run with the device's triton first on the path (TRITON_INTERPRET unset):
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_compile_check.py [--variant default]
-        [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo,bias,bias-alibi,bias-combo | all]
+        [--head-dims 64,128,256] [--features plain,softcap,alibi,sink,window,combo,bias,bias-alibi,bias-combo,
+        sparse-window,sparse-causal,sparse-document,sparse-dilated,... | all]
         [--layouts dense,tail,varlen | all] [--dump DIR] [--sass]
 Per case: registers / spills from ptxas -v, shared memory, and counts of the PTX instructions the schedule
 relies on (wgmma, TMA loads, mbarrier waits/arrives, setmaxnreg) and of the softmax's special-function (ex2,
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
 from compile_check import kernel_signature  # this folder: the JIT-faithful signature
@@ -44,7 +46,7 @@ PTX_PATTERNS = {
 # instruction takes an issue slot: one warp instruction / clock / SM sub-partition).
 SASS_FMA = ("FFMA", "FADD", "FMUL", "IMAD")
 SASS_SHOW = ("MUFU.EX2", "MUFU.TANH", "MUFU.RCP", "FFMA", "FADD", "FMUL", "FMNMX", "FSEL", "IMAD", "LEA", "SHF",
-             "LOP3", "F2FP", "PRMT", "SHFL")
+             "LOP3", "F2FP", "PRMT", "SHFL", "ISETP", "LDG", "LDL", "STL")
 
 
 def sass_instructions(cubin):
@@ -141,7 +143,41 @@ FEATURES = {
     "bias": dict(attn_bias=True),
     "bias-alibi": dict(alibi_slopes=True, attn_bias=True),
     "bias-combo": dict(window_size=(256, 64), softcap=30.0, alibi_slopes=True, sink=True, attn_bias=True),
+    # Block-sparse flashtile.attention (128 x 128 block masks; no causal flag: the mask is the mask_mod).
+    "sparse-window": dict(sparse="window"),
+    "sparse-causal": dict(sparse="causal"),
+    "sparse-document": dict(sparse="document"),
+    "sparse-dilated": dict(sparse="dilated"),
+    "sparse-prefix": dict(sparse="prefix"),
+    "sparse-blockdiag": dict(sparse="blockdiag"),
+    "sparse-strided": dict(sparse="strided"),
+    "sparse-aux": dict(sparse="aux"),  # a custom mask_mod reading a per-batch aux table (b * S + q_idx)
+    "sparse-256": dict(sparse="window", sparse_block=(256, 256)),  # two key tiles per listed block
 }
+
+
+@triton.jit
+def _bounded_mask(b, h, q_idx, kv_idx, limits):
+    """A custom mask_mod reading an aux table: causal, at most limits[b * 4 + h % 4] keys back."""
+    return (kv_idx <= q_idx) & (q_idx - kv_idx < tl.load(limits + b * 4 + h % 4))
+
+
+def sparse_mods(kind, batch, seqlen_q, seqlen_k, block=(128, 128)):
+    """launch.ModArgs of a block-sparse flashtile.attention call with one of the ready-made masks (or a custom
+    mask_mod with an aux tensor), its block lists as create_block_mask builds them (on the CPU)."""
+    import flashtile
+    from flashtile.flex.api import _Spec
+    ids = torch.arange(seqlen_k) * 5 // seqlen_k
+    if kind == "aux":
+        mask = flashtile.flex.mods.Mod(_bounded_mask, (torch.full((batch * 4,), 300, dtype=torch.int32),))
+    else:
+        mask = {"window": flashtile.sliding_window_mask(256), "causal": flashtile.causal_mask,
+                "document": flashtile.and_masks(flashtile.causal_mask, flashtile.document_mask(ids)),
+                "dilated": flashtile.dilated_mask(4), "prefix": flashtile.prefix_lm_mask(200),
+                "blockdiag": flashtile.block_diagonal_mask(300), "strided": flashtile.strided_mask(7)}[kind]
+    bm = flashtile.create_block_mask(mask, batch if kind == "aux" else None, None, seqlen_q, seqlen_k,
+                                     block_size=block, device="cpu")
+    return _Spec(None, None, mask, bm).mod_args()
 
 
 # Batch layouts (--layouts): "dense" B 2 with Sk = 1024 (a multiple of every key block: the 2-D descriptors, the
@@ -169,6 +205,9 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1024
     out = torch.empty_like(q)
     kernel = gluon_launch._attn_fwd_hopper
     features = dict(features or {})
+    if features.get("sparse"):
+        block = features.pop("sparse_block", (128, 128))
+        features["mods"] = sparse_mods(features.pop("sparse"), batch, seqlen_q, seqlen_k, block)
     if features.get("alibi_slopes"):
         features["alibi_slopes"] = torch.empty(heads_q)
     if features.get("sink"):
@@ -176,7 +215,8 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1024
     if features.get("attn_bias"):
         bias_q, bias_k = (1400, 1348) if layout == "varlen" else (seqlen_q, seqlen_k)
         features["attn_bias"] = torch.empty(1, heads_q, bias_q, -(-bias_k // 8) * 8, dtype=torch.bfloat16)[..., :bias_k]
-    if gluon_launch.takes_persistent(config, q, k, causal, **features, cu_seqlens_q=varlen.get("cu_seqlens_q")):
+    if "mods" not in features and gluon_launch.takes_persistent(config, q, k, causal, **features,
+                                                                cu_seqlens_q=varlen.get("cu_seqlens_q")):
         # The persistent kernel (132 SMs: an H200's), as gluon_forward launches it.
         kernel = gluon_launch._attn_fwd_hopper_persistent
         _, args, constexprs, options = gluon_launch.persistent_launch_args(q, k, k, out, lse, 0.1, causal, config,
@@ -209,7 +249,8 @@ def main():
         if head_dim not in gluon_launch.VARIANTS[args.variant]:
             continue
         for layout, feature, causal in [(lay, f, c) for lay in layouts for f in features for c in (False, True)
-                                        if not (c and "window_size" in FEATURES[f])]:
+                                        if not (c and ("window_size" in FEATURES[f] or "sparse" in FEATURES[f]))
+                                        and not (lay == "varlen" and "sparse" in FEATURES[f])]:
             config = gluon_launch.VARIANTS[args.variant][head_dim]
             name = f"d{head_dim}-{'causal' if causal else 'full'}-{args.variant}"
             if feature != "plain":

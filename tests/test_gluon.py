@@ -299,7 +299,10 @@ def test_varlen_launch_args():
     assert q_desc.shape[2:] == [2**30, 8 * 64] and q_desc.block_shape == [1, 1, 64, 64]
     assert k_desc.strides == [2**34 - 2 * 64, 2 * 64, 2 * 64, 1] and k_desc.block_shape == [1, 1, config.block_n, 64]
     assert args[7:12] == (0, out.stride(0), out.stride(1), 0, lse.stride(0))  # out / lse strides: no batch
-    # cu_seqlens_q / _k, then the bias arguments (placeholder, 0 rows per batch / head) and softmax_scale.
+    # cu_seqlens_q / _k, then the bias arguments (placeholder, 0 rows per batch / head) and softmax_scale, then
+    # the fourteen block-sparse arguments: None (constexprs) in a dense launch.
+    assert args[-14:] == (None,) * 14
+    args = args[:-14]
     assert args[-6].dtype == torch.int32 and args[-5].dtype == torch.int32 and args[-3:] == (0, 0, 0.125)
     for seqlen_k, ragged in ((1024, False), (1000, True)):
         qd = torch.empty(2, 1000, 4, 64, dtype=torch.bfloat16)
@@ -565,12 +568,13 @@ def test_bias_launch_args():
                               (torch.empty(1, 1, 300, 1000, dtype=torch.bfloat16).expand(2, 4, -1, -1), 300, (0, 0))):
         _, args, constexprs, _ = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.125, False, config,
                                                                 attn_bias=bias)
+        args = args[:-14]  # the block-sparse arguments (None) last
         desc = args[-4]
         assert constexprs["HAS_BIAS"] and args[-3:-1] == steps and args[-1] == 0.125
         assert desc.shape == [rows, 1000] and desc.strides == [bias.stride(2), 1]
         assert desc.block_shape == [128, config.block_n] and desc.base is bias
     _, args, constexprs, _ = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.125, False, config)
-    assert not constexprs["HAS_BIAS"] and args[-4] is lse
+    assert not constexprs["HAS_BIAS"] and args[-18] is lse
     persistent = gluon_launch.VARIANTS["persistent"][128]
     assert gluon_launch.takes_persistent(persistent, q, q)
     assert not gluon_launch.takes_persistent(persistent, q, q, attn_bias=torch.empty(1, 4, 300, 300))

@@ -4,8 +4,9 @@ launch.py uses it for the dense and varlen forward without dropout, mods or page
 window, softcap, ALiBi, sinks, and an additive bias in the layouts bias_ok accepts) when
 configs.gluon_fwd_wanted() and gluon_supported() agree; FLASHTILE_GLUON=1 takes it wherever it is supported,
 =0 never. Batch > 1 with Sk % BLOCK_N != 0 and varlen read through ragged TMA descriptors (ragged_descriptor), so
-no key block reads another sequence's rows. Importing this module never fails: on a triton without Gluon's Hopper
-API, or under the interpreter, gluon_supported() is False.
+no key block reads another sequence's rows. Block-sparse flashtile.attention calls (a block mask and its mask_mod,
+sparse_ok) take the same kernel through gluon_sparse_forward. Importing this module never fails: on a triton
+without Gluon's Hopper API, or under the interpreter, gluon_supported() is False.
 """
 import functools
 import math
@@ -340,9 +341,10 @@ def bias_descriptor(attn_bias, seqlen_q, seqlen_k, block_n):
 
 def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_size=(-1, -1), softcap=0.0,
                       alibi_slopes=None, sink=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
-                      max_seqlen_k=0, attn_bias=None):
+                      max_seqlen_k=0, attn_bias=None, mods=None):
     """(grid, args, constexprs, launch options) of one launch; shared by gluon_forward and the offline
     compile check so both compile the same kernel. Features off leave the constexprs at the plain kernel's.
+    mods: a launch.ModArgs with a block mask (sparse_ok): the block-sparse walk, MASK_MOD in partial blocks.
     Varlen (cu_seqlens_q given): q / k / v / out packed (total, H, D), lse (Hq, total_q); the grid covers
     max_seqlen_q rows of every sequence and the kernel reads each one's lengths from cu_seqlens.
     attn_bias: 4-D, as gluon_supported takes it (its 2-D TMA descriptor: bias_descriptor)."""
@@ -357,7 +359,9 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
         seqlen_k, heads_kv = k.shape[1], k.shape[2]
         out_strides, lse_strides = (out.stride(0), out.stride(1), out.stride(2)), (lse.stride(0), lse.stride(1))
     # Zero-filled key blocks past each sequence's end, where a block could reach into the next sequence.
-    ragged = varlen or (batch > 1 and seqlen_k % config.block_n != 0)
+    # Block-sparse: a listed key block of SPARSE_N > BLOCK_N keys can put a whole tile past Sk.
+    key_block = max(config.block_n, mods.block_size[1]) if mods is not None else config.block_n
+    ragged = varlen or (batch > 1 and seqlen_k % key_block != 0)
     is_causal, is_local, left, right = mask_mode(causal, window_size)
     unbounded = seqlen_q + seqlen_k  # as launch.ScoreArgs: no position difference reaches it
     alibi = alibi_slopes.float().contiguous() if alibi_slopes is not None else lse  # lse: an unread placeholder
@@ -371,15 +375,78 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
             left if left >= 0 else unbounded, right if right >= 0 else unbounded,
             cu_seqlens_q if varlen else lse, cu_seqlens_k if varlen else lse,
             *(bias_descriptor(attn_bias, seqlen_q, seqlen_k, config.block_n) if attn_bias is not None
-              else (lse, 0, 0)), float(softmax_scale))
+              else (lse, 0, 0)), float(softmax_scale), *_sparse_args(mods))
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
                       IS_LOCAL=is_local, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                       HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm,
                       TREE_MAX=config.tree_max,
                       HAS_BIAS=attn_bias is not None)
+    if mods is not None:
+        constexprs.update(MASK_MOD=mods.mask_mod, BLOCK_SPARSE=True, SPARSE_M=mods.block_size[0],
+                          SPARSE_N=mods.block_size[1])
     grid = (math.ceil(seqlen_q / BLOCK_M), batch * heads_q)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
+
+
+def _sparse_args(mods):
+    """The block-sparse arguments of _attn_fwd_hopper: the four block lists, their strides and four aux tensors
+    (None for absent ones); all None without mods, so a dense launch compiles the kernel it always did."""
+    if mods is None:
+        return (None,) * 14
+    num, idx = mods.kv_lists[0], mods.kv_lists[1]
+    strides = [0 if num.shape[i] == 1 else num.stride(i) for i in range(3)]
+    strides += [0 if idx.shape[i] == 1 else idx.stride(i) for i in range(3)]
+    return (*mods.kv_lists, *strides, *mods.aux, *(None,) * (4 - len(mods.aux)))
+
+
+SPARSE_HEAD_DIMS = (64, 128, 256)  # D256: 64-key tiles, two per 128-key block
+_sparse_failed = {}  # mask_mod adapter -> the exception its Gluon build raised (then the portable kernel serves it)
+
+
+def sparse_ok(q, k, v, window_left, window_right, mods, variant="default"):
+    """True when the Gluon forward can run flashtile.attention's block-sparse call: gluon_supported's dense
+    conditions (sm90, fp16 / bf16, TMA-compatible strides, GQA), head dim 64, 128 or 256, no causal / window
+    (flex.attention refuses causal with a block mask; causal with a lone mask_mod stays portable), a block mask whose
+    query block is a multiple of the 128-row tile and whose key block a multiple of the variant's BLOCK_N (so a tile
+    never straddles two blocks: other block sizes, e.g. (64, 64) or (128, 64), run the portable kernel, which
+    shrinks its tiles to the blocks), a mask_mod or none, and no score_mod (kernels/gluon_fwd has no score_mod
+    hook: the portable kernel serves it). A mask_mod whose Gluon build failed once stays portable."""
+    if mods is None or mods.block_size is None or mods.score_mod is not None or mods.score_mod_grad is not None:
+        return False
+    if window_left >= 0 or window_right >= 0 or q.shape[-1] not in SPARSE_HEAD_DIMS:
+        return False
+    config = VARIANTS[variant].get(q.shape[-1])
+    rows, cols = mods.block_size
+    if config is None or rows % BLOCK_M or cols % config.block_n:
+        return False
+    if mods.mask_mod is not None and mods.mask_mod in _sparse_failed:
+        return False
+    return gluon_supported(q, k, v)
+
+
+def sparse_failed(mods, exc):
+    """A block-sparse launch failed to build (e.g. a mask_mod that Gluon cannot compile): that mask_mod runs the
+    portable kernel from now on, with one warning; the dense Gluon forward stays on."""
+    warnings.warn(f"flashtile: the Hopper Gluon block-sparse forward failed for this mask_mod "
+                  f"({type(exc).__name__}: {exc}); it runs the portable Triton kernel from now on "
+                  f"(FLASHTILE_GLUON_SPARSE=0 silences this)", RuntimeWarning, stacklevel=3)
+    _sparse_failed[mods.mask_mod] = exc
+
+
+def gluon_sparse_forward(q, k, v, softmax_scale, mods, variant="default"):
+    """out (q's shape and dtype) and lse fp32 (B, Hq, Sq) of flashtile.attention(q, k, v, block_mask=...) with the
+    block lists and mask_mod in mods (a launch.ModArgs that sparse_ok accepts), natural log, as the portable
+    forward writes them (so the portable block-sparse backward runs on them)."""
+    poison = _launch.poison_outputs()
+    shape = q.shape
+    out = _launch._empty(shape, q, poison=poison)
+    lse = _launch._empty((shape[0], shape[2], shape[1]), q, torch.float32, poison)
+    config = VARIANTS[variant][q.shape[-1]]
+    grid, args, constexprs, options = gluon_launch_args(q, k, v, out, lse, float(softmax_scale), False, config,
+                                                        mods=mods)
+    fast_launch.launch(_attn_fwd_hopper, grid, args, {**constexprs, **options})
+    return out, lse
 
 
 def takes_persistent(config, q, k, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None,

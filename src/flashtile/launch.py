@@ -633,6 +633,22 @@ def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, a
         gluon_launch.disable)
 
 
+def _gluon_sparse_forward(q, k, v, softmax_scale, window_left, window_right, mods):
+    """(out, lse) of flashtile.attention's block-sparse forward from the Hopper Gluon kernel (gluon_launch.sparse_ok:
+    a block mask with a mask_mod or none, no score_mod, blocks that are multiples of its tiles, D64 / D128 / D256) on a
+    tested triton, else None. FLASHTILE_GLUON_SPARSE (read per call, so a benchmark can time both paths in one
+    process): "0" never, "1" wherever supported (any triton), unset: as FLASHTILE_GLUON ("0" turns it off too;
+    the dense thresholds of configs.gluon_fwd_wanted are not applied: a block-sparse row visits fewer keys). A
+    launch that fails to build sends that mask_mod to the portable kernel (gluon_launch.sparse_failed)."""
+    gluon_launch = _gluon_modules()[0]
+    return _try_gluon(
+        "FLASHTILE_GLUON_SPARSE" if "FLASHTILE_GLUON_SPARSE" in os.environ else "FLASHTILE_GLUON",
+        gluon_launch.tested_triton,
+        lambda: gluon_launch.sparse_ok(q, k, v, window_left, window_right, mods),
+        lambda: gluon_launch.gluon_sparse_forward(q, k, v, softmax_scale, mods),
+        lambda exc: gluon_launch.sparse_failed(mods, exc))
+
+
 def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
                         cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None,
                         dropout_p=0.0, rng=None, mods=None):
@@ -646,6 +662,11 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
     # or without a bias (paged varlen has its own launcher, _flash_attn_forward_varlen_paged, which never comes
     # here).
     plain = softmax_scale > 0 and not dropout_p and mods is None
+    if (mods is not None and q.is_cuda and softmax_scale > 0 and not dropout_p and cu_seqlens_q is None
+            and sink is None and attn_bias is None and alibi_slopes is None and not softcap):
+        result = _gluon_sparse_forward(q, k, v, softmax_scale, window_left, window_right, mods)
+        if result is not None:
+            return result
     if plain and q.is_cuda:
         result = _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
                                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias)

@@ -275,8 +275,9 @@ def main(argv=None):
         else:
             providers.append(PROVIDERS[name])
     decoders = decode.available(args.decode_providers, device) if "decode" in args.modes else []
-    sparse_names = [n for n in args.sparse_providers if n != "flex" or device.type == "cuda"] \
-        if "sparse" in args.modes else []
+    # flex and the portable-sparse A/B (the Gluon forward's counterpart) only mean something on a GPU.
+    sparse_names = [n for n in args.sparse_providers if n not in ("flex", "flashtile-sparse-portable")
+                    or device.type == "cuda"] if "sparse" in args.modes else []
     meta = collect_meta(args, argv, device)
     print(f"device {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, dtype {args.dtype}, "
           f"providers: {', '.join(p.name for p in providers) or 'none'}"

@@ -6,6 +6,7 @@ random lengths, causal inside each), dilated:D (block-level dilation, density 1/
 provider's block mask is built outside timing with 128 x 128 blocks. ms are medians; speedup = dense
 flashtile ms / provider ms; flex / flashtile = flex ms / block-sparse flashtile ms (> 1: flashtile faster).
 """
+import os
 import sys
 
 import torch
@@ -17,7 +18,9 @@ from flashtile.bench.timing import bench_ms
 
 GPU_DEFAULTS = dict(sparse_seqlens=[16384], sparse_masks=["window:2048", "document:8", "dilated:4", "causal"])
 CPU_DEFAULTS = dict(sparse_seqlens=[512], sparse_masks=["window:128", "document:4", "dilated:4"])
-PROVIDERS = ("flashtile-sparse", "flashtile-dense", "flex")
+# flashtile-sparse-portable: the same call with FLASHTILE_GLUON_SPARSE=0 (the portable Triton forward; the backward
+# is the portable one either way), so the Hopper Gluon block-sparse forward and the portable one time in one run.
+PROVIDERS = ("flashtile-sparse", "flashtile-sparse-portable", "flashtile-dense", "flex")
 BLOCK = 128
 
 
@@ -59,6 +62,9 @@ def _prepare(name, q, k, v, mask, flex_mask, seqlen):
     if name == "flashtile-sparse":
         bm = flashtile.create_block_mask(mask, None, None, seqlen, seqlen, block_size=(BLOCK, BLOCK), device=q.device)
         return (q, k, v), lambda: flashtile.attention(q, k, v, block_mask=bm)
+    if name == "flashtile-sparse-portable":
+        bm = flashtile.create_block_mask(mask, None, None, seqlen, seqlen, block_size=(BLOCK, BLOCK), device=q.device)
+        return (q, k, v), lambda: _portable(lambda: flashtile.attention(q, k, v, block_mask=bm))
     from torch.nn.attention.flex_attention import create_block_mask
 
     from flashtile.bench.flex import compiled_flex
@@ -67,6 +73,19 @@ def _prepare(name, q, k, v, mask, flex_mask, seqlen):
     flex = compiled_flex()
     leaves = tuple(x.detach().transpose(1, 2).contiguous().requires_grad_(True) for x in (q, k, v))
     return leaves, lambda: flex(*leaves, block_mask=bm).transpose(1, 2)
+
+
+def _portable(fn):
+    """fn() with FLASHTILE_GLUON_SPARSE=0 (launch.py reads it per call), the variable restored after."""
+    old = os.environ.get("FLASHTILE_GLUON_SPARSE")
+    os.environ["FLASHTILE_GLUON_SPARSE"] = "0"
+    try:
+        return fn()
+    finally:
+        if old is None:
+            del os.environ["FLASHTILE_GLUON_SPARSE"]
+        else:
+            os.environ["FLASHTILE_GLUON_SPARSE"] = old
 
 
 def run_sparse(args, names, device):
@@ -116,14 +135,14 @@ def run_sparse(args, names, device):
 
 
 def annotate(records):
-    """speedup (dense flashtile ms / ms) and, on flashtile-sparse rows, flex ms / flashtile ms."""
+    """speedup (dense flashtile ms / ms) and, on flashtile-sparse(-portable) rows, flex ms / flashtile ms."""
     index = {(r["seqlen_q"], r["mask"], r["mode"], r["provider"]): r for r in records}
     for rec in records:
         key = (rec["seqlen_q"], rec["mask"], rec["mode"])
         dense, flex = index.get((*key, "flashtile-dense")), index.get((*key, "flex"))
         rec["speedup_vs_dense"] = dense["ms"] / rec["ms"] if dense and dense["ms"] and rec["ms"] else None
-        rec["flex_over_flashtile"] = (flex["ms"] / rec["ms"] if rec["provider"] == "flashtile-sparse" and flex
-                                      and flex["ms"] and rec["ms"] else None)
+        rec["flex_over_flashtile"] = (flex["ms"] / rec["ms"] if rec["provider"].startswith("flashtile-sparse")
+                                      and flex and flex["ms"] and rec["ms"] else None)
     return records
 
 

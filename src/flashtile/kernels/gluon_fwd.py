@@ -22,6 +22,9 @@ kernels/common._scores: SOFTCAP (softcap * tanh(score / softcap), common._tanh's
 shared-memory ring next to K / V; gluon_launch.bias_ok says which layouts), then the masks (causal, IS_LOCAL
 window, sequence end); HAS_SINK starts the online softmax from one logit per head (m = sink, l = 1), so lse
 includes the sink as kernels/fwd.py's does.
+BLOCK_SPARSE (flashtile.attention with a block mask): the loader and both consumer warpgroups walk the same key
+tiles, those of the tile's full key blocks then its partial ones (_sparse_tile_key); partial tiles evaluate the
+user's mask_mod (_mask_mod_scores), full ones run the dense unmasked step, empty blocks are never loaded.
 Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32 (varlen: Out like q, Lse (Hq, total_q)), natural log, as
 kernels/fwd.py does.
 """
@@ -72,20 +75,32 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_rea
                     q_row, q_col, kv_row, kv_col, n_blocks, q_end, kv_end,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RAGGED: gl.constexpr = False,
                     b_desc=None, b_bufs=None, b_ready=None, b_empty=None, b_row=0, b_col=0,
-                    HAS_BIAS: gl.constexpr = False):
+                    HAS_BIAS: gl.constexpr = False, n_full=0, full_ptr=None, part_ptr=None, list_off=0,
+                    BLOCK_SPARSE: gl.constexpr = False, SPARSE_N: gl.constexpr = 128):
+    # BLOCK_SPARSE: key tile j starts at _sparse_tile_key(j) (kv_row then holds no key offset); the next tile's
+    # index is read one tile ahead, so a TMA's coordinates never wait on a load of the same iteration.
     # HAS_BIAS: the bias box [BLOCK_M, BLOCK_N] at (b_row, b_col + j * BLOCK_N) of the 2-D bias descriptor joins
     # each key block, in its own ring (b_ready / b_empty), between K (needed first) and V (needed a step later).
     # Both Q halves on one barrier; a box past the tensor's end is zero-filled and still counts its bytes.
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     _tma_load(q_desc, q_row, q_end, q_col, q_bar, q_smem.index(0), RAGGED)
     _tma_load(q_desc, q_row + WG_M, q_end, q_col, q_bar, q_smem.index(1), RAGGED)
+    if BLOCK_SPARSE:
+        full_ptr += list_off
+        part_ptr += list_off
+        next_key = _sparse_tile_key(0, n_full, n_blocks, full_ptr, part_ptr, BLOCK_N, SPARSE_N)
     for j in range(n_blocks):
         stage = j % STAGES
+        if BLOCK_SPARSE:
+            key_row = kv_row + next_key
+            next_key = _sparse_tile_key(j + 1, n_full, n_blocks, full_ptr, part_ptr, BLOCK_N, SPARSE_N)
+        else:
+            key_row = kv_row + j * BLOCK_N
         # Fresh barriers count as having completed phase 1, so the first lap through the ring does not wait.
         empty_phase = ((j // STAGES) & 1) ^ 1
         mbarrier.wait(k_empty.index(stage), empty_phase)
         mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        _tma_load(k_desc, kv_row + j * BLOCK_N, kv_end, kv_col, k_ready.index(stage), k_bufs.index(stage), RAGGED)
+        _tma_load(k_desc, key_row, kv_end, kv_col, k_ready.index(stage), k_bufs.index(stage), RAGGED)
         if HAS_BIAS:
             mbarrier.wait(b_empty.index(stage), empty_phase)
             mbarrier.expect(b_ready.index(stage), b_desc.block_type.nbytes)
@@ -93,7 +108,53 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_rea
                                             b_bufs.index(stage))
         mbarrier.wait(v_empty.index(stage), empty_phase)
         mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        _tma_load(v_desc, kv_row + j * BLOCK_N, kv_end, kv_col, v_ready.index(stage), v_bufs.index(stage), RAGGED)
+        _tma_load(v_desc, key_row, kv_end, kv_col, v_ready.index(stage), v_bufs.index(stage), RAGGED)
+
+
+@gluon.jit
+def _list_tile_key(block_list, t, valid, BLOCK_N: gl.constexpr, SPARSE_N: gl.constexpr):
+    """First key of tile t of the key blocks listed at block_list (SPARSE_N // BLOCK_N tiles per block); 0 where
+    not valid."""
+    TILES: gl.constexpr = SPARSE_N // BLOCK_N
+    return gl.load(block_list + t // TILES, mask=valid, other=0) * SPARSE_N + (t % TILES) * BLOCK_N
+
+
+@gluon.jit
+def _sparse_tile_key(j, n_full, n_blocks, full_ptr, part_ptr, BLOCK_N: gl.constexpr, SPARSE_N: gl.constexpr):
+    """First key of the block-sparse walk's key tile j: tiles [0, n_full) cover the full key blocks listed at
+    full_ptr, then [n_full, n_blocks) the partial ones at part_ptr (as kernels/common._sparse_tile_start). Full
+    blocks first, the reverse of the portable kernel's order, so the consumers' dense loop structure (unmasked
+    tiles, then masked ones) walks it unchanged. 0 at j >= n_blocks (the loader's last look-ahead reads nothing)."""
+    if j < n_full:
+        key = _list_tile_key(full_ptr, j, True, BLOCK_N, SPARSE_N)
+    else:
+        key = _list_tile_key(part_ptr, j - n_full, j < n_blocks, BLOCK_N, SPARSE_N)
+    return key
+
+
+@gluon.jit
+def _mask_mod_scores(s, key0, row0, seqlen_q, seqlen_k, off_b, off_h, aux0, aux1, aux2, aux3,
+                     BLOCK_N: gl.constexpr, MASK_MOD: gl.constexpr):
+    """-inf where key key0 + c is past seqlen_k or MASK_MOD(b, h, q_idx, kv_idx, aux0..aux3) is False for row
+    row0 + r (a partial block of a block mask). MASK_MOD is flashtile.flex's generated adapter, a @triton.jit
+    function compiled with the caller's Gluon semantics: its index tensors carry the S accumulator's layout
+    (slices of it, broadcast as [WG_M, 1] and [1, BLOCK_N]). With aux tensors, positions past the ends are clamped to
+    the last one (mods may index aux tensors with them), as kernels/common._scores does; without, they are left as
+    they are (the D64 causal mask's partial loop: 934 -> 706 SASS instructions, the dense causal diagonal's 687)."""
+    layout: gl.constexpr = s.type.layout
+    cols = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))  # [BLOCK_N]
+    rows = row0 + gl.arange(0, WG_M, layout=gl.SliceLayout(1, layout))  # [WG_M]
+    if MASK_MOD is not None:
+        if aux0 is None:
+            # A mask without aux tensors reads no memory: positions past the ends need no clamp (their scores are
+            # masked below, or belong to rows that are never stored), and the compares fold with key0.
+            q_idx = rows[:, None]  # [WG_M, 1]
+            kv_idx = cols[None, :]  # [1, BLOCK_N]
+        else:
+            q_idx = gl.minimum(rows, seqlen_q - 1)[:, None]  # [WG_M, 1]
+            kv_idx = gl.minimum(cols, seqlen_k - 1)[None, :]  # [1, BLOCK_N]
+        s = gl.where(MASK_MOD(off_b, off_h, q_idx, kv_idx, aux0, aux1, aux2, aux3), s, float("-inf"))
+    return gl.where((cols < seqlen_k)[None, :], s, float("-inf"))  # [WG_M, BLOCK_N]
 
 
 @gluon.jit
@@ -224,14 +285,19 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
              MASKED: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
              HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr, P_CVT_ASM: gl.constexpr = False,
              TREE_MAX: gl.constexpr = False, alibi_cols=0.0, ALIBI_SIDE: gl.constexpr = 0,
-             b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False):
+             b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False,
+             key0=0, seqlen_q=0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
+             MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False):
     """Key block j >= 1 (keys key_lo + j * BLOCK_N + [0, BLOCK_N)): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1},
     softmax S_j while the PV runs, then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i,
     p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it. P_CVT_ASM: see _to_p. TREE_MAX: see
     _row_max. ALIBI_SIDE (HAS_ALIBI, unmasked blocks wholly on one side of every row's diagonal): the bias as a
     column vector plus a row term (_feature_scores), the row term added to the row max only.
     HAS_BIAS: block j's bias rows come from shared memory (_bias_tile; read while S_j runs); sm_scale =
-    softmax_scale. A bias can hide every key of a row (-inf): the row max is then -inf and 0 is subtracted instead."""
+    softmax_scale. A bias can hide every key of a row (-inf): the row max is then -inf and 0 is subtracted instead.
+    BLOCK_SPARSE (plain scores only, MASKED tiles: a block mask's partial blocks): the tile's keys are
+    key0 + [0, BLOCK_N), MASK_MOD is evaluated (_mask_mod_scores) and a row may have seen no key so far (0 is
+    subtracted then). The full blocks run the dense unmasked step (every row of the tile real and seeing every key)."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
     stage = j % STAGES
@@ -303,6 +369,13 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
             m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_sub)  # [WG_M]
         p_f32 = gl.exp2(s * LOG2E - m_sub[:, None])  # [WG_M, BLOCK_N]
+    elif BLOCK_SPARSE and MASKED:
+        s = _mask_mod_scores(s, key0, row0, seqlen_q, seqlen_k, off_b, off_h, aux0, aux1, aux2, aux3, BLOCK_N,
+                             MASK_MOD)
+        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)  # [WG_M]; -inf while a row saw no key
+        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_sub)  # [WG_M]
+        p_f32 = gl.exp2(s * qk_scale - m_sub[:, None])  # [WG_M, BLOCK_N]
     else:
         if MASKED:
             s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
@@ -329,12 +402,18 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr,
                         VARLEN: gl.constexpr = False,
                         P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
-                        b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False):
+                        b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False,
+                        full_ptr=None, part_ptr=None, list_off=0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None,
+                        aux3=None, MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
+                        SPARSE_N: gl.constexpr = 128):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
     of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
     VARLEN: rows that saw no key (bottom-right causal or a window in a sequence with Sq > Sk) get 0 and lse -inf;
-    HAS_BIAS likewise (a bias of -inf on every key a row sees), as the portable kernel writes them."""
+    HAS_BIAS likewise (a bias of -inf on every key a row sees), as the portable kernel writes them.
+    BLOCK_SPARSE: the n_blocks key tiles of _sparse_tile_key (full_ptr / part_ptr), the first n_full unmasked (the
+    first one masked anyway, as every block 0), the rest evaluating MASK_MOD(off_b, off_h, q_idx, kv_idx,
+    aux0..aux3); rows that see no key get 0 and lse -inf."""
     dtype: gl.constexpr = q_smem.dtype
     SCORES: gl.constexpr = SOFTCAP or HAS_ALIBI or IS_LOCAL  # scores pass through _feature_scores
     # One warpgroup, 64 rows: S is [64, BLOCK_N] and O [64, HEAD_DIM] in wgmma accumulator layouts; P feeds
@@ -353,6 +432,10 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     if HAS_SINK:
         sink_log2 = gl.load(sink_ptr) * LOG2E
 
+    if BLOCK_SPARSE:
+        full_ptr += list_off
+        part_ptr += list_off
+        key0 = _sparse_tile_key(0, n_full, n_blocks, full_ptr, part_ptr, BLOCK_N, SPARSE_N)  # read before the waits
     # Key block 0 (always masked: cheap once, and it is the diagonal block of the first tile).
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_ready.index(0), 0)
@@ -398,6 +481,14 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
         l_i = gl.sum(p_f32, axis=1)  # [WG_M]
         if HAS_SINK:
             l_i = l_i + gl.exp2(sink_log2 - m_i)
+    elif BLOCK_SPARSE:
+        # Masked even when it is a full block: skipping the mask_mod there behind a run-time branch made ptxas spill
+        # at D128 (window mask 0 -> 88 B).
+        s = _mask_mod_scores(s, key0, row0, seqlen_q, seqlen_k, off_b, off_h, aux0, aux1, aux2, aux3, BLOCK_N,
+                             MASK_MOD)
+        m_i = gl.max(s, axis=1) * qk_scale  # [WG_M]; -inf where the mask hides the whole tile from a row
+        p_f32 = gl.exp2(s * qk_scale - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])  # [WG_M, BLOCK_N]
+        l_i = gl.sum(p_f32, axis=1)  # [WG_M]
     else:
         s = _mask_scores(s, 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
         m_i = gl.max(s, axis=1) * qk_scale  # [WG_M]; finite: every row sees key 0 (host guarantees it)
@@ -471,13 +562,18 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS)
     for j in range(gl.maximum(n_full, 1), n_blocks):
+        key0 = 0
+        if BLOCK_SPARSE:
+            key0 = _list_tile_key(part_ptr, j - n_full, True, BLOCK_N, SPARSE_N)  # read before the step's waits
         o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                       v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
                                       softcap_log2, alibi_log2, window_left, window_right,
                                       WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, IS_LOCAL, SOFTCAP,
                                       HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
                                       b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
-                                      HAS_BIAS=HAS_BIAS)
+                                      HAS_BIAS=HAS_BIAS, key0=key0, seqlen_q=seqlen_q, off_b=off_b, off_h=off_h,
+                                      aux0=aux0, aux1=aux1, aux2=aux2, aux3=aux3, MASK_MOD=MASK_MOD,
+                                      BLOCK_SPARSE=BLOCK_SPARSE)
 
     # The last block's PV.
     last = (n_blocks - 1) % STAGES
@@ -493,15 +589,15 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
     in_seq = rows < seqlen_q
     m_o = gl.convert_layout(m_i, o_row)  # [WG_M]
-    if VARLEN or HAS_BIAS:
-        # The host cannot see per-sequence lengths (or a bias's -inf): a row without keys kept m = -inf (its O
-        # and l are NaN / 0, row-local); write what the portable kernel writes.
+    if VARLEN or HAS_BIAS or BLOCK_SPARSE:
+        # The host cannot see per-sequence lengths (or a bias's -inf, or a mask_mod): a row without keys kept
+        # m = -inf (its O and l are NaN / 0, row-local); write what the portable kernel writes.
         seen = m_o > float("-inf")  # [WG_M]
         out = gl.where(seen[:, None], out, 0.0)
     o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
     gl.store(o_ptrs, out.to(dtype), mask=in_seq[:, None])
     lse = (m_o + gl.log2(l_o)) * LN2  # [WG_M], natural log
-    if VARLEN or HAS_BIAS:
+    if VARLEN or HAS_BIAS or BLOCK_SPARSE:
         lse = gl.where(seen, lse, float("-inf"))
     gl.store(lse_ptr + rows, lse, mask=in_seq)
 
@@ -515,12 +611,16 @@ def _consumer1_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_read
                          SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr,
                          VARLEN: gl.constexpr = False,
                          P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
-                         b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False):
+                         b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False,
+                         full_ptr=None, part_ptr=None, list_off=0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None,
+                         aux3=None, MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
+                         SPARSE_N: gl.constexpr = 128):
     _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                         out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                         qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                         1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_SINK,
-                        VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale, HAS_BIAS)
+                        VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale, HAS_BIAS, full_ptr,
+                        part_ptr, list_off, off_b, off_h, aux0, aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N)
 
 
 @gluon.jit
@@ -550,13 +650,17 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h, stride_alibi_b,
                      seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
                      CuSeqlensQ, CuSeqlensK, b_desc, bias_rows_b, bias_rows_h, sm_scale,
+                     KvNum, KvIdx, FullKvNum, FullKvIdx, stride_bm_b, stride_bm_h, stride_bm_m,
+                     stride_bi_b, stride_bi_h, stride_bi_m, Aux0, Aux1, Aux2, Aux3,
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      IS_LOCAL: gl.constexpr = False, SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
                      HAS_SINK: gl.constexpr = False, VARLEN: gl.constexpr = False, RAGGED: gl.constexpr = False,
                      P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
-                     HAS_BIAS: gl.constexpr = False):
+                     HAS_BIAS: gl.constexpr = False, MASK_MOD: gl.constexpr = None,
+                     BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
+                     SPARSE_N: gl.constexpr = 128):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -571,11 +675,18 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     storage: query row i of (batch b, head h) is row b * bias_rows_b + h * bias_rows_h + i (0 steps along broadcast
     dims; varlen: i and the keys are positions in the sequence). Rows of a tile past seqlen_q may read the next
     head's rows (or the zero fill): they are never stored. Keys past Sk are zero-filled and masked.
-    sm_scale = softmax_scale (the bias-alone path scales by it, not by qk_scale)."""
+    sm_scale = softmax_scale (the bias-alone path scales by it, not by qk_scale).
+    BLOCK_SPARSE (flashtile.flex, plain scores: no causal / window / softcap / ALiBi / sink / bias): the key tiles
+    come from a block mask of (SPARSE_M, SPARSE_N) blocks, SPARSE_M a multiple of the 128-row tile and SPARSE_N of
+    BLOCK_N (gluon_launch.sparse_ok): KvNum / FullKvNum (B, H, Sq / SPARSE_M) count the partial / full key blocks
+    of each query block, KvIdx / FullKvIdx (B, H, Sq / SPARSE_M, Sk / SPARSE_N) list them (strides stride_bm_* and
+    stride_bi_*, 0 along broadcast dims), as kernels/fwd.py reads them; partial blocks evaluate MASK_MOD (flex's
+    adapter, reading Aux0..Aux3). Empty blocks are never loaded; a tile without blocks writes 0 and lse -inf.
+    Dense launches pass None for these fourteen arguments (constexprs: the plain kernel compiles as before)."""
     BLOCK_M: gl.constexpr = 2 * WG_M
     pid_m = gl.program_id(0)
-    if IS_CAUSAL or IS_LOCAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m  # longest rows first
+    if IS_CAUSAL or IS_LOCAL or BLOCK_SPARSE:
+        pid_m = gl.num_programs(0) - 1 - pid_m  # longest rows first (a causal block mask's too)
     pid_bh = gl.program_id(1)
     off_b = pid_bh // heads_q
     off_h = pid_bh % heads_q
@@ -595,7 +706,25 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
 
     # Key blocks [0, n_blocks) from key key_lo are visited; [n_lead, n_full) need no mask (fully visible to
     # every real row of the tile).
-    if IS_LOCAL:
+    # The block-sparse walk's state for the partitions: constants (nothing captured) in dense launches.
+    list_off = 0
+    sparse_b = 0
+    sparse_h = 0
+    loader_full = 0
+    if BLOCK_SPARSE:
+        # Full key blocks, then partial ones (_sparse_tile_key), SPARSE_N // BLOCK_N tiles each; keys from 0.
+        causal_offset = 0
+        num_off = off_b * stride_bm_b + off_h * stride_bm_h + (start_m // SPARSE_M) * stride_bm_m
+        idx_off = off_b * stride_bi_b + off_h * stride_bi_h + (start_m // SPARSE_M) * stride_bi_m
+        n_full = gl.load(FullKvNum + num_off) * (SPARSE_N // BLOCK_N)
+        n_blocks = n_full + gl.load(KvNum + num_off) * (SPARSE_N // BLOCK_N)
+        list_off = idx_off
+        sparse_b = off_b
+        sparse_h = off_h
+        loader_full = n_full
+        key_lo = 0
+        n_lead = 0
+    elif IS_LOCAL:
         # As kernels/common._key_range: row r sees keys r + diag - left <= j <= r + diag + right, j < Sk.
         causal_offset = seqlen_k - seqlen_q
         first_row = start_m + causal_offset
@@ -631,7 +760,9 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     if VARLEN:
         out_ptr += q_start.to(gl.int64) * stride_om
         lse_ptr += q_start
-        if n_blocks <= 0:  # no row of this tile sees a key (Sk = 0, or Sq > Sk under a causal / window mask)
+    if VARLEN or BLOCK_SPARSE:
+        # No row of this tile sees a key (Sk = 0, Sq > Sk under a causal / window mask, or no listed block).
+        if n_blocks <= 0:
             _store_rows_without_keys(out_ptr, lse_ptr, stride_om, seqlen_q, start_m, Sink + off_h, HEAD_DIM,
                                      BLOCK_M, HAS_SINK)
             return
@@ -692,15 +823,18 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                                0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                                HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale,
-                               HAS_BIAS)),
+                               HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
+                               MASK_MOD, BLOCK_SPARSE, SPARSE_N)),
         (_consumer1_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars, out_ptr,
                                 lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                                 qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
                                 window_right, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
                                 HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
-                                sm_scale, HAS_BIAS)),
+                                sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2,
+                                Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N)),
         (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                            v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
                            q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
-                           b_ready, b_empty, b_row, key_lo, HAS_BIAS)),
+                           b_ready, b_empty, b_row, key_lo, HAS_BIAS, loader_full, FullKvIdx, KvIdx, list_off,
+                           BLOCK_SPARSE, SPARSE_N)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
