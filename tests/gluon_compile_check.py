@@ -44,7 +44,7 @@ PTX_PATTERNS = {
 # instruction takes an issue slot: one warp instruction / clock / SM sub-partition).
 SASS_FMA = ("FFMA", "FADD", "FMUL", "IMAD")
 SASS_SHOW = ("MUFU.EX2", "MUFU.TANH", "MUFU.RCP", "FFMA", "FADD", "FMUL", "FMNMX", "FSEL", "IMAD", "LEA", "SHF",
-             "LOP3", "F2FP", "PRMT", "SHFL")
+             "LOP3", "F2FP", "PRMT", "SHFL", "LDL", "STL")
 
 
 def sass_instructions(cubin):
@@ -80,8 +80,10 @@ def backward_branches(labels, ops):
 
 def sass_loops(cubin, scores_per_thread):
     """Per key loop of the cubin (a backward branch whose body has wgmmas, ex2 and 4-48 instructions per score,
-    without the epilogue's rcp): its opcode counts, as 'loop N: instr X (Y / score) MUFU a FMA b ...'."""
+    without the epilogue's rcp): its opcode counts, as 'loop N: instr X (Y / score) MUFU a FMA b ...' (LDL / STL:
+    spill reloads / stores inside the loop), then one 'kernel: LDL a STL b' line for the whole cubin."""
     labels, ops = sass_instructions(cubin)
+    local = {k: sum(op.split(".")[0] == k for op, _ in ops) for k in ("LDL", "STL")}
     # Opcodes without modifiers, but MUFU keeps its function (MUFU.EX2, MUFU.TANH, ...).
     ops = [(".".join(op.split(".")[:2]) if op.startswith("MUFU") else op.split(".")[0], txt) for op, txt in ops]
     loops = backward_branches(labels, ops)
@@ -108,6 +110,7 @@ def sass_loops(cubin, scores_per_thread):
         out.append(f"loop {len(out)}: instr {len(body)} ({len(body) / per:.2f} / score)  MUFU {mufu} "
                    f"({mufu / per:.2f})  FMA-pipe {fma} ({fma / per:.2f})  | "
                    + " ".join(f"{k} {counts[k]}" for k in SASS_SHOW if counts.get(k)) + f"  | FMNMX chain {chain}")
+    out.append(f"kernel: LDL {local['LDL']} STL {local['STL']} (spill reloads / stores, anywhere)")
     return out
 
 
