@@ -15,7 +15,8 @@ killing the child frees the GPU and the run goes on to report it):
            backward run on the Gluon forward's out / lse (FLASHTILE_GLUON=1 through flash_attn_func), checked
            the same way. Variants after the first get a shorter list; a variant runs only at the head dims it
            has a config for. Persistent variants (GluonConfig.persistent) also run PERSISTENT_CASES (many tiles
-           per CTA); a variant with max_ctas is checked, not timed.
+           per CTA); a variant with max_ctas is checked, not timed. A variant with another tile height
+           (GluonConfig.consumers 3: BLOCK_M 192) runs every case, TILE_FEATURE_CASES and VARLEN_CASES.
            Feature groups (FEATURE_CASES, default variant): feat:single (softcap, ALiBi (H,) / (B, H), sinks),
            feat:window (sliding windows incl. a refused one), feat:combo (window + softcap + ALiBi + GQA at
            D64/128/256, D256 features, and the backward on a window + softcap + ALiBi + sink forward, dsink too),
@@ -268,8 +269,8 @@ FEATURE_CASES = {
 BACKWARD_FEATURES = dict(window=(256, 0), softcap=30.0, alibi="h", sink=True)
 # A variant with another tile height (GluonConfig.consumers != 2: BLOCK_M 192) changes the grid, the causal block
 # ranges, the tails and the varlen early exit, so it runs every CASE (not the short list), these score features
-# (its consumers share the default's score code) and VARLEN_CASES at its head dims; the bias case is served by the
-# default config (gluon_launch.takes_config).
+# (its consumers share the default's score code) and VARLEN_CASES at its head dims; the ALiBi and bias cases are
+# served by the default config (gluon_launch.takes_config).
 TILE_FEATURE_CASES = [
     (C1000, False, dict(softcap=30.0)),
     (C1000, True, dict(softcap=30.0)),

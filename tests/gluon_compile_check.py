@@ -213,10 +213,14 @@ def main():
             continue
         for layout, feature, causal in [(lay, f, c) for lay in layouts for f in features for c in (False, True)
                                         if not (c and "window_size" in FEATURES[f])]:
-            config = gluon_launch.VARIANTS[args.variant][head_dim]
-            name = f"d{head_dim}-{'causal' if causal else 'full'}-{args.variant}"
+            # The config the launch would run (gluon_launch.takes_config: a three-consumer variant gives a bias or
+            # ALiBi the default's).
+            config = gluon_launch.takes_config(args.variant, head_dim, FEATURES[feature].get("attn_bias"),
+                                               FEATURES[feature].get("alibi_slopes"))
+            variant = args.variant if config is gluon_launch.VARIANTS[args.variant][head_dim] else "default"
+            name = f"d{head_dim}-{'causal' if causal else 'full'}-{variant}"
             if feature != "plain":
-                name = f"d{head_dim}-{feature}{'-causal' if causal else ''}-{args.variant}"
+                name = f"d{head_dim}-{feature}{'-causal' if causal else ''}-{variant}"
             if layout != "dense":
                 name = f"{layout}-{name}"
             try:

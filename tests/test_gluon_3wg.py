@@ -36,6 +36,8 @@ def test_takes_config_gives_a_bias_the_default():
     assert gluon_launch.takes_config(VARIANT, 64) is gluon_launch.VARIANTS[VARIANT][64]
     assert gluon_launch.takes_config(VARIANT, 64, bias) is gluon_launch.VARIANTS["default"][64]
     assert gluon_launch.takes_config("default", 128, bias) is gluon_launch.VARIANTS["default"][128]
+    slopes = torch.ones(4)
+    assert gluon_launch.takes_config(VARIANT, 64, alibi_slopes=slopes) is gluon_launch.VARIANTS["default"][64]
 
 
 @needs_gluon
@@ -66,8 +68,9 @@ def test_launch_args():
 
 @needs_gluon
 def test_forward_launches_the_variant(monkeypatch):
-    """gluon_forward with the variant launches CONSUMERS=3 on a 192-row grid, never the persistent kernel, and a
-    bias with the default config. The kernel is replaced by a recorder (no GPU here)."""
+    """gluon_forward with the variant launches CONSUMERS=3 on a 192-row grid (softcap, sinks and windows too), never
+    the persistent kernel, and a bias or ALiBi with the default config. The kernel is replaced by a recorder (no GPU
+    here)."""
     seen = []
 
     class Recorder:
@@ -85,6 +88,12 @@ def test_forward_launches_the_variant(monkeypatch):
     gluon_launch.gluon_forward(q, q, q, variant=VARIANT, attn_bias=torch.zeros(1, 4, 1000, 1000, dtype=torch.bfloat16))
     grid, kwargs = seen.pop()
     assert grid == (8, 4) and "CONSUMERS" not in kwargs and kwargs["HAS_BIAS"]
+    gluon_launch.gluon_forward(q, q, q, causal=True, variant=VARIANT, alibi_slopes=torch.ones(4))
+    grid, kwargs = seen.pop()
+    assert grid == (8, 4) and "CONSUMERS" not in kwargs and kwargs["HAS_ALIBI"]
+    gluon_launch.gluon_forward(q, q, q, variant=VARIANT, softcap=30.0, sink=torch.zeros(4), window_size=(256, 0))
+    grid, kwargs = seen.pop()
+    assert grid == (6, 4) and kwargs["CONSUMERS"] == 3 and kwargs["SOFTCAP"] and kwargs["HAS_SINK"]
 
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype): Sq off the 192-row tile (a third / two thirds of the last
@@ -120,7 +129,7 @@ def _slopes(heads, batch=None):
 
 
 # (id, causal, window_size, softcap, alibi: None / "h" / "bh", sink, bias): the score features the three
-# consumers share with the default (a bias runs the default config).
+# consumers share with the default (a bias or ALiBi runs the default config: gluon_launch.takes_config).
 FEATURES = [
     ("softcap-causal", True, (-1, -1), 30.0, None, False, False),
     ("alibi-bh", False, (-1, -1), 0.0, "bh", False, False),

@@ -69,7 +69,7 @@ class GluonConfig:
     consumers: consumer warpgroups of WG_M = 64 query rows, 2 (BLOCK_M 128) or 3 (BLOCK_M 192, FA3's D64 tile:
     each warpgroup's softmax hides behind the two others' GEMMs); 3 needs consumer_regs <= 160 and maxnreg 128
     (16 warps with the loader's warpgroup: 3 x 128 x 160 + 128 x 24 <= 64K registers), and is not persistent and
-    takes no bias (takes_config gives those the default config)."""
+    takes no bias or ALiBi (takes_config gives those the default config)."""
     block_n: int
     stages: int
     pingpong: bool = True
@@ -131,7 +131,8 @@ VARIANTS = {
     # Issue 4 at D64 (0.84-0.97x cuDNN): FA3's hdim-64 tile, three consumer warpgroups (BLOCK_M 192) taking turns
     # round a ring, so a warpgroup's softmax (66 MUFU.EX2 per thread and key block: 528 clocks of the MUFU pipe)
     # hides behind two warpgroups' GEMMs (2 x 512 clocks) instead of one. Shared memory: Q 3 x 8 KB + 3 K / V
-    # stages of 2 x 16 KB = 120 KB. No bias (a [192, 128] box ring would not fit): takes_config gives it the default.
+    # stages of 2 x 16 KB = 120 KB. Softcap, sinks, windows and varlen run in it; a bias (a [192, 128] box ring would
+    # not fit) and ALiBi (ptxas spills at 160 registers) run the default config (takes_config).
     # Registers: the two worker consumers get 160 (the default partition 168); P by pairs (p_cvt_asm) made ptxas
     # spill in their full-block loop (12 LDL + 10 STL per block), so P is rounded per element (+28 instructions).
     "d64-3wg": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128, tree_max=True)},
@@ -402,18 +403,19 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
                       TREE_MAX=config.tree_max,
                       HAS_BIAS=attn_bias is not None)
     if config.consumers != 2:
-        assert attn_bias is None, "a bias runs with two consumer warpgroups (takes_config)"
+        assert attn_bias is None and alibi_slopes is None, "bias / ALiBi run two consumers (takes_config)"
         constexprs["CONSUMERS"] = config.consumers
     grid = (math.ceil(seqlen_q / config.block_m), batch * heads_q)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
-def takes_config(variant, head_dim, attn_bias=None):
+def takes_config(variant, head_dim, attn_bias=None, alibi_slopes=None):
     """VARIANTS[variant][head_dim], or the default's config where that one cannot serve the call: a
-    three-consumer config (192-row tiles) with an attn_bias (the bias ring's [BLOCK_M, BLOCK_N] boxes are sized
-    for 128 rows)."""
+    three-consumer config (192-row tiles, 160 registers per consumer thread) with an attn_bias (the bias ring's
+    [BLOCK_M, BLOCK_N] boxes are sized for 128 rows) or ALiBi slopes (the key loop's per-column ALiBi term, 32
+    more live registers, made ptxas spill 296-608 B: tests/gluon_compile_check.py --variant d64-3wg)."""
     config = VARIANTS[variant][head_dim]
-    if config.consumers != 2 and attn_bias is not None:
+    if config.consumers != 2 and (attn_bias is not None or alibi_slopes is not None):
         return VARIANTS["default"][head_dim]
     return config
 
@@ -480,7 +482,7 @@ def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", 
         lse = _launch._empty((shape[1], shape[0]), q, torch.float32, poison)
     else:
         lse = _launch._empty((shape[0], shape[2], shape[1]), q, torch.float32, poison)
-    config = takes_config(variant, q.shape[-1], attn_bias)
+    config = takes_config(variant, q.shape[-1], attn_bias, alibi_slopes)
     if takes_persistent(config, q, k, causal, window_size, softcap, alibi_slopes, sink, cu_seqlens_q, attn_bias):
         # launch.py says causal as the window (-1, 0): the persistent kernel knows only plain and causal.
         is_causal = mask_mode(causal, window_size)[0]
