@@ -43,7 +43,7 @@ def test_takes_config_gives_a_bias_the_default():
 @needs_gluon
 def test_launch_args():
     """Grid over 192-row tiles (dense and varlen's max_seqlen_q), CONSUMERS=3 and maxnreg 128; the default config
-    passes no CONSUMERS (its kernel compiles as before)."""
+    CONSUMERS=2 (the kernel's default value: it compiles as before)."""
     config = gluon_launch.VARIANTS[VARIANT][64]
     for seqlen_q, causal in ((1000, False), (192, True), (193, True), (1, False)):
         q = torch.empty(2, seqlen_q, 4, 64, dtype=torch.bfloat16)
@@ -56,7 +56,7 @@ def test_launch_args():
         assert args[0].block_shape == [1, 1, 64, 64]  # Q in three [64, D] boxes
         grid, _, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.125, causal,
                                                                       gluon_launch.VARIANTS["default"][64])
-        assert grid == (math.ceil(seqlen_q / 128), 2 * 4) and "CONSUMERS" not in constexprs
+        assert grid == (math.ceil(seqlen_q / 128), 2 * 4) and constexprs["CONSUMERS"] == 2
     lens = [300, 0, 1, 577]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
     qv = torch.empty(sum(lens), 4, 64, dtype=torch.bfloat16)
@@ -87,10 +87,10 @@ def test_forward_launches_the_variant(monkeypatch):
         assert kwargs["IS_CAUSAL"] == causal and kwargs["CONSUMER_REGS"] == 160
     gluon_launch.gluon_forward(q, q, q, variant=VARIANT, attn_bias=torch.zeros(1, 4, 1000, 1000, dtype=torch.bfloat16))
     grid, kwargs = seen.pop()
-    assert grid == (8, 4) and "CONSUMERS" not in kwargs and kwargs["HAS_BIAS"]
+    assert grid == (8, 4) and kwargs["CONSUMERS"] == 2 and kwargs["HAS_BIAS"]
     gluon_launch.gluon_forward(q, q, q, causal=True, variant=VARIANT, alibi_slopes=torch.ones(4))
     grid, kwargs = seen.pop()
-    assert grid == (8, 4) and "CONSUMERS" not in kwargs and kwargs["HAS_ALIBI"]
+    assert grid == (8, 4) and kwargs["CONSUMERS"] == 2 and kwargs["HAS_ALIBI"]
     gluon_launch.gluon_forward(q, q, q, variant=VARIANT, softcap=30.0, sink=torch.zeros(4), window_size=(256, 0))
     grid, kwargs = seen.pop()
     assert grid == (6, 4) and kwargs["CONSUMERS"] == 3 and kwargs["SOFTCAP"] and kwargs["HAS_SINK"]

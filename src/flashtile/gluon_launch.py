@@ -401,10 +401,9 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
                       IS_LOCAL=is_local, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                       HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm,
                       TREE_MAX=config.tree_max,
-                      HAS_BIAS=attn_bias is not None)
+                      HAS_BIAS=attn_bias is not None, CONSUMERS=config.consumers)
     if config.consumers != 2:
         assert attn_bias is None and alibi_slopes is None, "bias / ALiBi run two consumers (takes_config)"
-        constexprs["CONSUMERS"] = config.consumers
     grid = (math.ceil(seqlen_q / config.block_m), batch * heads_q)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
