@@ -154,7 +154,7 @@ def test_features_match_reference(monkeypatch, feature, shape):
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, 64, torch.bfloat16, "cuda", requires_grad=False)
     feats = dict(window_size=window_size, softcap=softcap, sink=torch.randn(heads_q, device="cuda") if sink else None,
                  alibi_slopes=_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None,
-                 attn_bias=torch.randn(1, heads_q, seqlen_q, seqlen_k + 8, device="cuda",
+                 attn_bias=torch.randn(1, heads_q, seqlen_q, -(-seqlen_k // 8) * 8, device="cuda",  # 16-byte rows
                                        dtype=torch.bfloat16)[..., :seqlen_k] if bias else None)
     assert gluon_launch.gluon_supported(q, k, v, causal=causal, **feats)
     out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=VARIANT, **feats)
