@@ -15,7 +15,8 @@ killing the child frees the GPU and the run goes on to report it):
            backward run on the Gluon forward's out / lse (FLASHTILE_GLUON=1 through flash_attn_func), checked
            the same way. Variants after the first get a shorter list; a variant runs only at the head dims it
            has a config for. Persistent variants (GluonConfig.persistent) also run PERSISTENT_CASES (many tiles
-           per CTA); a variant with max_ctas is checked, not timed.
+           per CTA); a variant with max_ctas is checked, not timed. A variant with another tile height
+           (GluonConfig.consumers 3: BLOCK_M 192) runs every case, TILE_FEATURE_CASES and VARLEN_CASES.
            Feature groups (FEATURE_CASES, default variant): feat:single (softcap, ALiBi (H,) / (B, H), sinks),
            feat:window (sliding windows incl. a refused one), feat:combo (window + softcap + ALiBi + GQA at
            D64/128/256, D256 features, and the backward on a window + softcap + ALiBi + sink forward, dsink too),
@@ -266,6 +267,25 @@ FEATURE_CASES = {
     ],
 }
 BACKWARD_FEATURES = dict(window=(256, 0), softcap=30.0, alibi="h", sink=True)
+# A variant with another tile height (GluonConfig.consumers != 2: BLOCK_M 192) changes the grid, the causal block
+# ranges, the tails and the varlen early exit, so it runs every CASE (not the short list), these score features
+# (its consumers share the default's score code) and VARLEN_CASES at its head dims; the ALiBi and bias cases are
+# served by the default config (gluon_launch.takes_config).
+TILE_FEATURE_CASES = [
+    (C1000, False, dict(softcap=30.0)),
+    (C1000, True, dict(softcap=30.0)),
+    (("q130-k257", 1, 130, 257, 2, 2, BF16, False), True, dict(alibi="h", sink=True)),
+    (("2K-h16", 1, 2048, 2048, 16, 16, BF16, False), False, dict(alibi="bh")),
+    (("2K-h16", 1, 2048, 2048, 16, 16, BF16, False), True, dict(alibi="h")),
+    (C2K, False, dict(window=(256, 0))),
+    (C1000, False, dict(window=(100, 50))),
+    (("q300-k200", 1, 300, 200, 2, 2, BF16, False), False, dict(window=(50, 150))),
+    (GQA2K, False, COMBO),
+    (("b2-tail-q300-k1000", 2, 300, 1000, 8, 2, BF16, False), False,
+     dict(window=(200, 100), softcap=30.0, alibi="bh", sink=True)),
+    (C1000, True, dict(sink=True)),
+    (C1000, True, dict(bias=("h", "bf16"))),  # the default config serves it
+]
 
 
 def check_case(case, head_dim, causal, variant, spec=None, compare_triton=None):
@@ -405,7 +425,7 @@ VARLEN_CASES = [
 ]
 
 
-def check_varlen_case(case, head_dim, causal, poison=None, spec=None):
+def check_varlen_case(case, head_dim, causal, poison=None, spec=None, variant="default"):
     """One varlen case against each sequence run alone (float64 reference); poison: None, "next" (inf in the
     values of every sequence after the first: sequence 0 must stay exact) or "tail" (inf in key / value rows
     past the last sequence, which a ragged box must not read); spec: score features (feature_args)."""
@@ -414,7 +434,8 @@ def check_varlen_case(case, head_dim, causal, poison=None, spec=None):
     spec = spec or {}
     feats = feature_args(spec, len(lens_q), heads_q, max(lens_q), max(lens_k))
     label = (f"d{head_dim} {'causal' if causal else 'full  '} varlen-{name:<14} B{len(lens_q)} maxq{max(lens_q)} "
-             f"maxk{max(lens_k)} H{heads_q}/{heads_kv}{' poison-' + poison if poison else ''} {describe(spec)}")
+             f"maxk{max(lens_k)} H{heads_q}/{heads_kv}{' poison-' + poison if poison else ''} {describe(spec)} "
+             f"[{variant}]")
     q, k, v = packed_inputs(lens_q, lens_k, heads_q, heads_kv, head_dim, dtype, pad_k=64 if poison == "tail" else 0)
     cu_q, cu_k = cu_of(lens_q), cu_of(lens_k)
     if poison == "tail":
@@ -425,7 +446,7 @@ def check_varlen_case(case, head_dim, causal, poison=None, spec=None):
     if not gluon_launch.gluon_supported(q, k, v, causal=causal, **varlen, **feats):
         say(f"FAIL {label}: gluon_supported() is False")
         return False
-    out, lse = gluon_launch.gluon_forward(q, k, v, head_dim ** -0.5, causal, **varlen, **feats)
+    out, lse = gluon_launch.gluon_forward(q, k, v, head_dim ** -0.5, causal, variant=variant, **varlen, **feats)
     torch.cuda.synchronize()
     problems, worst = [], 0.0
     if lse.shape != (heads_q, q.shape[0]):
@@ -579,12 +600,26 @@ def phase_correct(variants, head_dim, causal):
     variants = [v for v in variants if head_dim in gluon_launch.VARIANTS[v]]
     for variant in variants:
         persistent = gluon_launch.VARIANTS[variant][head_dim].persistent
+        tile = gluon_launch.VARIANTS[variant][head_dim].consumers != 2  # another BLOCK_M: every case
         for case in CASES + (PERSISTENT_CASES if persistent else []):
-            if variant != variants[0] and case[0] not in SHORT_CASES and not case[0].startswith("p-"):
+            if (variant != variants[0] and not tile and case[0] not in SHORT_CASES
+                    and not case[0].startswith("p-")):
                 continue
             what = f"d{head_dim} causal={causal} {case[0]} [{variant}]"
             ok = guarded(check_case, case, head_dim, causal, variant, what=what)
             passed, failed = passed + bool(ok), failed + (not ok)
+        if tile and variant != "default":
+            jobs = [(check_case, (case, head_dim, causal, variant, spec, False))
+                    for case, c, spec in TILE_FEATURE_CASES if c == causal]
+            jobs += [(check_varlen_case, (case, head_dim, causal, None, None, variant)) for case in VARLEN_CASES]
+            if not causal:
+                jobs += [(check_varlen_case, (VARLEN_CASES[0], head_dim, False, p, None, variant))
+                         for p in ("next", "tail")]
+                jobs += [(check_varlen_case, (VARLEN_CASES[0], head_dim, False, None,
+                                              dict(window=(64, 0), softcap=30.0, alibi="bh", sink=True), variant))]
+            for fn, job in jobs:
+                ok = guarded(fn, *job, what=f"d{head_dim} causal={causal} {fn.__name__} {job[0][0]} [{variant}]")
+                passed, failed = passed + bool(ok), failed + (not ok)
     ok = guarded(check_backward, head_dim, causal, what=f"backward d{head_dim} causal={causal}")
     passed, failed = passed + bool(ok), failed + (not ok)
     say(f"INFO correctness d{head_dim} {'causal' if causal else 'full'}: {passed} passed, {failed} failed")

@@ -82,8 +82,10 @@ def backward_branches(labels, ops):
 
 def sass_loops(cubin, scores_per_thread):
     """Per key loop of the cubin (a backward branch whose body has wgmmas, ex2 and 4-48 instructions per score,
-    without the epilogue's rcp): its opcode counts, as 'loop N: instr X (Y / score) MUFU a FMA b ...'."""
+    without the epilogue's rcp): its opcode counts, as 'loop N: instr X (Y / score) MUFU a FMA b ...' (LDL / STL:
+    spill reloads / stores inside the loop), then one 'kernel: LDL a STL b' line for the whole cubin."""
     labels, ops = sass_instructions(cubin)
+    local = {k: sum(op.split(".")[0] == k for op, _ in ops) for k in ("LDL", "STL")}
     # Opcodes without modifiers, but MUFU keeps its function (MUFU.EX2, MUFU.TANH, ...).
     ops = [(".".join(op.split(".")[:2]) if op.startswith("MUFU") else op.split(".")[0], txt) for op, txt in ops]
     loops = backward_branches(labels, ops)
@@ -110,6 +112,7 @@ def sass_loops(cubin, scores_per_thread):
         out.append(f"loop {len(out)}: instr {len(body)} ({len(body) / per:.2f} / score)  MUFU {mufu} "
                    f"({mufu / per:.2f})  FMA-pipe {fma} ({fma / per:.2f})  | "
                    + " ".join(f"{k} {counts[k]}" for k in SASS_SHOW if counts.get(k)) + f"  | FMNMX chain {chain}")
+    out.append(f"kernel: LDL {local['LDL']} STL {local['STL']} (spill reloads / stores, anywhere)")
     return out
 
 
@@ -251,10 +254,14 @@ def main():
         for layout, feature, causal in [(lay, f, c) for lay in layouts for f in features for c in (False, True)
                                         if not (c and ("window_size" in FEATURES[f] or "sparse" in FEATURES[f]))
                                         and not (lay == "varlen" and "sparse" in FEATURES[f])]:
-            config = gluon_launch.VARIANTS[args.variant][head_dim]
-            name = f"d{head_dim}-{'causal' if causal else 'full'}-{args.variant}"
+            # The config the launch would run (gluon_launch.takes_config: a three-consumer variant gives a bias or
+            # ALiBi the default's).
+            config = gluon_launch.takes_config(args.variant, head_dim, FEATURES[feature].get("attn_bias"),
+                                               FEATURES[feature].get("alibi_slopes"))
+            variant = args.variant if config is gluon_launch.VARIANTS[args.variant][head_dim] else "default"
+            name = f"d{head_dim}-{'causal' if causal else 'full'}-{variant}"
             if feature != "plain":
-                name = f"d{head_dim}-{feature}{'-causal' if causal else ''}-{args.variant}"
+                name = f"d{head_dim}-{feature}{'-causal' if causal else ''}-{variant}"
             if layout != "dense":
                 name = f"{layout}-{name}"
             try:

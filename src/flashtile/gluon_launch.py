@@ -33,7 +33,8 @@ except Exception as exc:  # noqa: BLE001  (any failure means: no Gluon path on t
     GLUON_IMPORT_ERROR = exc
 
 LOG2E = 1.4426950408889634
-BLOCK_M = 128  # two consumer warpgroups of WG_M = 64 rows
+BLOCK_M = 128  # two consumer warpgroups of WG_M = 64 rows (GluonConfig.block_m: the config's own)
+WG_ROWS = 64  # kernels/gluon_fwd.WG_M, for when Gluon is not importable
 # Gluon is experimental and its API moves between triton releases: by default the kernel is used only with the
 # releases it was checked on (the H200 machine's); FLASHTILE_GLUON=1 tries it on any.
 TESTED_TRITON = ("3.6.",)
@@ -65,7 +66,11 @@ class GluonConfig:
     over the tiles; ctas_per_sm CTAs per SM, max_ctas caps the grid, 0 = no cap: a small cap makes every CTA run
     many tiles, for checking the barriers' running phases); the features and varlen still run the one-tile
     kernel with this config. tma_store (persistent): O leaves through shared memory by TMA stores that overlap the
-    next tile's GEMMs (2 x 64 x D x 2 B more shared memory), where batch == 1 or Sq % 64 == 0."""
+    next tile's GEMMs (2 x 64 x D x 2 B more shared memory), where batch == 1 or Sq % 64 == 0.
+    consumers: consumer warpgroups of WG_M = 64 query rows, 2 (BLOCK_M 128) or 3 (BLOCK_M 192, FA3's D64 tile:
+    each warpgroup's softmax hides behind the two others' GEMMs); 3 needs consumer_regs <= 160 and maxnreg 128
+    (16 warps with the loader's warpgroup: 3 x 128 x 160 + 128 x 24 <= 64K registers), and is not persistent and
+    takes no bias or ALiBi (takes_config gives those the default config)."""
     block_n: int
     stages: int
     pingpong: bool = True
@@ -78,6 +83,17 @@ class GluonConfig:
     ctas_per_sm: int = 1
     max_ctas: int = 0
     tma_store: bool = False
+    consumers: int = 2
+
+    def __post_init__(self):
+        if self.consumers not in (2, 3) or (self.consumers == 3 and self.persistent):
+            raise ValueError(f"GluonConfig: consumers must be 2, or 3 without persistent (got {self.consumers}, "
+                             f"persistent={self.persistent}): the persistent kernel has two consumer warpgroups")
+
+    @property
+    def block_m(self):
+        """Query rows per program."""
+        return self.consumers * WG_ROWS
 
 
 # Variants the check script can compare on the GPU; "default" is what gluon_forward uses. A variant may cover
@@ -113,6 +129,14 @@ VARIANTS = {
                        128: GluonConfig(128, 2, persistent=True, tma_store=True, **_TREE_CVT)},
     "persistent-tma-7cta": {64: GluonConfig(128, 3, persistent=True, tma_store=True, max_ctas=7, **_TREE_CVT),
                             128: GluonConfig(128, 2, persistent=True, tma_store=True, max_ctas=7, **_TREE_CVT)},
+    # Issue 4 at D64 (0.84-0.97x cuDNN): FA3's hdim-64 tile, three consumer warpgroups (BLOCK_M 192) taking turns
+    # round a ring, so a warpgroup's softmax (66 MUFU.EX2 per thread and key block: 528 clocks of the MUFU pipe)
+    # hides behind two warpgroups' GEMMs (2 x 512 clocks) instead of one. Shared memory: Q 3 x 8 KB + 3 K / V
+    # stages of 2 x 16 KB = 120 KB. Softcap, sinks, windows and varlen run in it; a bias (a [192, 128] box ring would
+    # not fit) and ALiBi (ptxas spills at 160 registers) run the default config (takes_config).
+    # Registers: the two worker consumers get 160 (the default partition 168); P by pairs (p_cvt_asm) made ptxas
+    # spill in their full-block loop (12 LDL + 10 STL per block), so P is rounded per element (+28 instructions).
+    "d64-3wg": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128, tree_max=True)},
 }
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -381,11 +405,14 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
                       IS_LOCAL=is_local, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                       HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm,
                       TREE_MAX=config.tree_max,
-                      HAS_BIAS=attn_bias is not None)
+                      HAS_BIAS=attn_bias is not None, CONSUMERS=config.consumers)
+    if config.consumers != 2:
+        assert attn_bias is None and alibi_slopes is None and mods is None, \
+            "a bias, ALiBi or a block mask runs two consumers (takes_config, sparse_ok)"
     if mods is not None:
         constexprs.update(MASK_MOD=mods.mask_mod, BLOCK_SPARSE=True, SPARSE_M=mods.block_size[0],
                           SPARSE_N=mods.block_size[1])
-    grid = (math.ceil(seqlen_q / BLOCK_M), batch * heads_q)
+    grid = (math.ceil(seqlen_q / config.block_m), batch * heads_q)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
@@ -418,7 +445,7 @@ def sparse_ok(q, k, v, window_left, window_right, mods, variant="default"):
         return False
     config = VARIANTS[variant].get(q.shape[-1])
     rows, cols = mods.block_size
-    if config is None or rows % BLOCK_M or cols % config.block_n:
+    if config is None or config.consumers != 2 or rows % BLOCK_M or cols % config.block_n:
         return False
     if mods.mask_mod is not None and mods.mask_mod in _sparse_failed:
         return False
@@ -449,14 +476,26 @@ def gluon_sparse_forward(q, k, v, softmax_scale, mods, variant="default"):
     return out, lse
 
 
+def takes_config(variant, head_dim, attn_bias=None, alibi_slopes=None):
+    """VARIANTS[variant][head_dim], or the default's config where that one cannot serve the call: a
+    three-consumer config (192-row tiles, 160 registers per consumer thread) with an attn_bias (the bias ring's
+    [BLOCK_M, BLOCK_N] boxes are sized for 128 rows) or ALiBi slopes (the key loop's per-column ALiBi term, 32
+    more live registers, made ptxas spill 296-608 B: tests/gluon_compile_check.py --variant d64-3wg)."""
+    config = VARIANTS[variant][head_dim]
+    if config.consumers != 2 and (attn_bias is not None or alibi_slopes is not None):
+        return VARIANTS["default"][head_dim]
+    return config
+
+
 def takes_persistent(config, q, k, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None,
                      cu_seqlens_q=None, attn_bias=None):
     """True when a launch with config runs the persistent kernel: config.persistent, dense, plain or causal
     (no window, softcap, ALiBi, sink or bias; those and varlen run _attn_fwd_hopper with the same config), and not D256
     through ragged descriptors (batch > 1, Sk % BLOCK_N != 0: ptxas spills 12-56 B there)."""
     _, is_local, _, _ = mask_mode(causal, window_size)
-    if not (config.persistent and _attn_fwd_hopper_persistent is not None and cu_seqlens_q is None and not is_local
-            and not softcap and alibi_slopes is None and sink is None and attn_bias is None):
+    if not (config.persistent and config.consumers == 2 and _attn_fwd_hopper_persistent is not None
+            and cu_seqlens_q is None and not is_local and not softcap and alibi_slopes is None and sink is None
+            and attn_bias is None):
         return False
     return not (q.shape[-1] == 256 and q.shape[0] > 1 and k.shape[1] % config.block_n != 0)
 
@@ -510,7 +549,7 @@ def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", 
         lse = _launch._empty((shape[1], shape[0]), q, torch.float32, poison)
     else:
         lse = _launch._empty((shape[0], shape[2], shape[1]), q, torch.float32, poison)
-    config = VARIANTS[variant][q.shape[-1]]
+    config = takes_config(variant, q.shape[-1], attn_bias, alibi_slopes)
     if takes_persistent(config, q, k, causal, window_size, softcap, alibi_slopes, sink, cu_seqlens_q, attn_bias):
         # launch.py says causal as the window (-1, 0): the persistent kernel knows only plain and causal.
         is_causal = mask_mode(causal, window_size)[0]

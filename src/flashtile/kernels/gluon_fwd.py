@@ -6,7 +6,10 @@ One program per (128-row query tile, batch * query head), three partitions:
 Each consumer runs the online softmax with intra-warpgroup overlap: the QK^T of block j is issued
 together with the PV of block j-1, and the softmax of block j runs while that PV is in flight. With
 PINGPONG the two warpgroups take turns issuing their GEMMs (two mbarriers pass the turn), so one
-warpgroup's softmax overlaps the other's GEMMs.
+warpgroup's softmax overlaps the other's GEMMs. CONSUMERS=3 (the D64 variant, as FA3's hdim 64): 192-row
+tiles, three consumer warpgroups and three Q boxes, the turn going round a ring of three barriers, so each
+softmax overlaps two other warpgroups' GEMMs (at D64 one warpgroup's two GEMMs take about as long as its
+softmax's MUFU work: docs/perf-log.md).
 
 Dense (B, S, H, D) q/k/v viewed as 2D (B * S, H * D) TMA tensors, head_dim 64/128/256, fp16/bf16; causal
 and sliding windows aligned bottom-right, the host guaranteeing that every real row sees at least one key.
@@ -76,15 +79,18 @@ def _load_partition(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_rea
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, RAGGED: gl.constexpr = False,
                     b_desc=None, b_bufs=None, b_ready=None, b_empty=None, b_row=0, b_col=0,
                     HAS_BIAS: gl.constexpr = False, n_full=0, full_ptr=None, part_ptr=None, list_off=0,
-                    BLOCK_SPARSE: gl.constexpr = False, SPARSE_N: gl.constexpr = 128):
+                    BLOCK_SPARSE: gl.constexpr = False, SPARSE_N: gl.constexpr = 128,
+                    CONSUMERS: gl.constexpr = 2):
     # BLOCK_SPARSE: key tile j starts at _sparse_tile_key(j) (kv_row then holds no key offset); the next tile's
     # index is read one tile ahead, so a TMA's coordinates never wait on a load of the same iteration.
     # HAS_BIAS: the bias box [BLOCK_M, BLOCK_N] at (b_row, b_col + j * BLOCK_N) of the 2-D bias descriptor joins
     # each key block, in its own ring (b_ready / b_empty), between K (needed first) and V (needed a step later).
-    # Both Q halves on one barrier; a box past the tensor's end is zero-filled and still counts its bytes.
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    # Every warpgroup's Q rows on one barrier; a box past the tensor's end is zero-filled and still counts its bytes.
+    mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
     _tma_load(q_desc, q_row, q_end, q_col, q_bar, q_smem.index(0), RAGGED)
     _tma_load(q_desc, q_row + WG_M, q_end, q_col, q_bar, q_smem.index(1), RAGGED)
+    if CONSUMERS == 3:
+        _tma_load(q_desc, q_row + 2 * WG_M, q_end, q_col, q_bar, q_smem.index(2), RAGGED)
     if BLOCK_SPARSE:
         full_ptr += list_off
         part_ptr += list_off
@@ -158,16 +164,23 @@ def _mask_mod_scores(s, key0, row0, seqlen_q, seqlen_k, off_b, off_h, aux0, aux1
 
 
 @gluon.jit
-def _turn_wait(turn_bars, j, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    # Warpgroup 0 issues first: its first wait is on the fresh barrier's (already complete) phase 1.
+def _turn_wait(turn_bars, j, WG: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr = 2):
+    # The turn goes round the ring 0 -> 1 (-> 2) -> 0, one barrier per warpgroup, completed once per key block by
+    # the warpgroup before it. Warpgroup 0 issues first: its first wait is on the fresh barrier's (already
+    # complete) phase 1, so before block j it waits for completion j (parity (j & 1) ^ 1); the others wait for
+    # completion j + 1 (parity j & 1). A barrier cannot complete twice ahead of its waiter: that would take the
+    # warpgroup before it to pass two turns, the second one only after this warpgroup's own pass.
     if PINGPONG:
-        mbarrier.wait(turn_bars.index(WG), (j & 1) ^ (1 - WG))
+        if WG == 0:
+            mbarrier.wait(turn_bars.index(WG), (j & 1) ^ 1)
+        else:
+            mbarrier.wait(turn_bars.index(WG), (j & 1) ^ 0)
 
 
 @gluon.jit
-def _turn_pass(turn_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
+def _turn_pass(turn_bars, WG: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr = 2):
     if PINGPONG:
-        mbarrier.arrive(turn_bars.index(1 - WG))
+        mbarrier.arrive(turn_bars.index((WG + 1) % CONSUMERS))
 
 
 @gluon.jit
@@ -287,7 +300,8 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
              TREE_MAX: gl.constexpr = False, alibi_cols=0.0, ALIBI_SIDE: gl.constexpr = 0,
              b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False,
              key0=0, seqlen_q=0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
-             MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False):
+             MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
+             CONSUMERS: gl.constexpr = 2):
     """Key block j >= 1 (keys key_lo + j * BLOCK_N + [0, BLOCK_N)): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1},
     softmax S_j while the PV runs, then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i,
     p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it. P_CVT_ASM: see _to_p. TREE_MAX: see
@@ -303,12 +317,12 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     stage = j % STAGES
     prev = (j - 1) % STAGES
     mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
-    _turn_wait(turn_bars, j, WG, PINGPONG)
+    _turn_wait(turn_bars, j, WG, PINGPONG, CONSUMERS)
     s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
     s_tok = warpgroup_mma(q_view, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
     o_tok = warpgroup_mma(p, v_bufs.index(prev), o_acc, is_async=True)
-    _turn_pass(turn_bars, WG, PINGPONG)
+    _turn_pass(turn_bars, WG, PINGPONG, CONSUMERS)
     bias = 0.0
     if HAS_BIAS and not (HAS_ALIBI or IS_LOCAL or SOFTCAP):
         # Read while S_j runs (its latency hidden). With other features, after the wait: 32 more registers
@@ -405,7 +419,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False,
                         full_ptr=None, part_ptr=None, list_off=0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None,
                         aux3=None, MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
-                        SPARSE_N: gl.constexpr = 128):
+                        SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
     of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
@@ -439,10 +453,10 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     # Key block 0 (always masked: cheap once, and it is the diagonal block of the first tile).
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_ready.index(0), 0)
-    _turn_wait(turn_bars, 0, WG, PINGPONG)
+    _turn_wait(turn_bars, 0, WG, PINGPONG, CONSUMERS)
     s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
     s_tok = warpgroup_mma(q_view, k_bufs.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    _turn_pass(turn_bars, WG, PINGPONG)
+    _turn_pass(turn_bars, WG, PINGPONG, CONSUMERS)
     bias = 0.0
     if HAS_BIAS:
         bias = _bias_tile(b_bufs, b_ready, 0, WG, STAGES, s_layout)  # [WG_M, BLOCK_N], 16-bit
@@ -511,7 +525,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, IS_LOCAL, SOFTCAP,
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
-                                          HAS_BIAS=HAS_BIAS)
+                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS)
         full_start = gl.maximum(n_lead, 1)
     else:
         full_start = 1
@@ -535,7 +549,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX, alibi_cols, 1,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
-                                          HAS_BIAS=HAS_BIAS)
+                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS)
         for j in range(left_end, right_start):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
@@ -543,7 +557,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
-                                          HAS_BIAS=HAS_BIAS)
+                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS)
         for j in range(right_start, n_full):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
@@ -551,7 +565,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX, alibi_cols, -1,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
-                                          HAS_BIAS=HAS_BIAS)
+                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS)
     else:
         for j in range(full_start, n_full):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
@@ -560,7 +574,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
-                                          HAS_BIAS=HAS_BIAS)
+                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS)
     for j in range(gl.maximum(n_full, 1), n_blocks):
         key0 = 0
         if BLOCK_SPARSE:
@@ -573,7 +587,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                       b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                       HAS_BIAS=HAS_BIAS, key0=key0, seqlen_q=seqlen_q, off_b=off_b, off_h=off_h,
                                       aux0=aux0, aux1=aux1, aux2=aux2, aux3=aux3, MASK_MOD=MASK_MOD,
-                                      BLOCK_SPARSE=BLOCK_SPARSE)
+                                      BLOCK_SPARSE=BLOCK_SPARSE, CONSUMERS=CONSUMERS)
 
     # The last block's PV.
     last = (n_blocks - 1) % STAGES
@@ -614,13 +628,36 @@ def _consumer1_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_read
                          b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False,
                          full_ptr=None, part_ptr=None, list_off=0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None,
                          aux3=None, MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
-                         SPARSE_N: gl.constexpr = 128):
+                         SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2):
     _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                         out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
                         qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
                         1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_SINK,
                         VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale, HAS_BIAS, full_ptr,
-                        part_ptr, list_off, off_b, off_h, aux0, aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N)
+                        part_ptr, list_off, off_b, off_h, aux0, aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N,
+                        CONSUMERS)
+
+
+@gluon.jit
+def _consumer2_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                         out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
+                         qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
+                         HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                         IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, IS_LOCAL: gl.constexpr,
+                         SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, HAS_SINK: gl.constexpr,
+                         VARLEN: gl.constexpr = False,
+                         P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
+                         b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False,
+                         full_ptr=None, part_ptr=None, list_off=0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None,
+                         aux3=None, MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
+                         SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2):
+    _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                        out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
+                        qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
+                        2, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_SINK,
+                        VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale, HAS_BIAS, full_ptr,
+                        part_ptr, list_off, off_b, off_h, aux0, aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N,
+                        CONSUMERS)
 
 
 @gluon.jit
@@ -660,7 +697,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
                      HAS_BIAS: gl.constexpr = False, MASK_MOD: gl.constexpr = None,
                      BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
-                     SPARSE_N: gl.constexpr = 128):
+                     SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -682,8 +719,14 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     of each query block, KvIdx / FullKvIdx (B, H, Sq / SPARSE_M, Sk / SPARSE_N) list them (strides stride_bm_* and
     stride_bi_*, 0 along broadcast dims), as kernels/fwd.py reads them; partial blocks evaluate MASK_MOD (flex's
     adapter, reading Aux0..Aux3). Empty blocks are never loaded; a tile without blocks writes 0 and lse -inf.
-    Dense launches pass None for these fourteen arguments (constexprs: the plain kernel compiles as before)."""
-    BLOCK_M: gl.constexpr = 2 * WG_M
+    Dense launches pass None for these fourteen arguments (constexprs: the plain kernel compiles as before).
+    CONSUMERS: consumer warpgroups of WG_M rows each, 2 (BLOCK_M 128) or 3 (BLOCK_M 192: the D64 variant, whose
+    ping-pong hides each warpgroup's softmax behind the other two's GEMMs; not with HAS_BIAS, whose ring of
+    [BLOCK_M, BLOCK_N] boxes would not fit, nor BLOCK_SPARSE, whose lists are per 128-row tile); the grid's first
+    dim is then cdiv(Sq, 64 * CONSUMERS)."""
+    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not HAS_BIAS and not BLOCK_SPARSE),
+                     "CONSUMERS: 2, or 3 without a bias or a block mask")
+    BLOCK_M: gl.constexpr = CONSUMERS * WG_M
     pid_m = gl.program_id(0)
     if IS_CAUSAL or IS_LOCAL or BLOCK_SPARSE:
         pid_m = gl.num_programs(0) - 1 - pid_m  # longest rows first (a causal block mask's too)
@@ -776,7 +819,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
 
     dtype: gl.constexpr = q_desc.dtype
     # The descriptors' own layouts, as rank 2 (a ragged descriptor's is rank 4 with the same swizzle).
-    q_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM],
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, HEAD_DIM],
                                        gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], dtype))
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
@@ -786,15 +829,15 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        # Both consumer warpgroups release every K and V buffer.
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
-    for i in gl.static_range(2):
+        # Every consumer warpgroup releases every K and V buffer.
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(turn_bars.index(i), count=1)
     if HAS_BIAS:
         # The bias ring: one [BLOCK_M, BLOCK_N] box per key block, STAGES deep like K / V (D128: 2 x 32 KB).
@@ -817,24 +860,58 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     sink_ptr = Sink
     if HAS_SINK:
         sink_ptr = Sink + off_h
-    gl.warp_specialize([
-        (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars, out_ptr,
-                               lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
-                               qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left, window_right,
-                               0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                               HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale,
-                               HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
-                               MASK_MOD, BLOCK_SPARSE, SPARSE_N)),
-        (_consumer1_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars, out_ptr,
-                                lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full, n_blocks,
-                                qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
-                                window_right, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
-                                HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
-                                sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2,
-                                Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N)),
-        (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
-                           v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
-                           q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
-                           b_ready, b_empty, b_row, key_lo, HAS_BIAS, loader_full, FullKvIdx, KvIdx, list_off,
-                           BLOCK_SPARSE, SPARSE_N)),
-    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    if CONSUMERS == 3:
+        # 16 warps with the loader's padded warpgroup: 3 x 128 consumer threads at CONSUMER_REGS (160) and the
+        # loader's 128 at LOADER_REGS (24) fit 64K registers; the default partition gets what is left. The
+        # block-sparse arguments ride along (None here: sparse_ok keeps block masks on two consumers) so that
+        # CONSUMERS lands in its slot.
+        gl.warp_specialize([
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                                   out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
+                                   n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
+                                   window_right, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
+                                   HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale,
+                                   HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
+                                   MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS)),
+            (_consumer1_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
+                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
+                                    window_right, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
+                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
+                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
+                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS)),
+            (_consumer2_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
+                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
+                                    window_right, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
+                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
+                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
+                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
+                               v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
+                               q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
+                               b_ready, b_empty, b_row, key_lo, HAS_BIAS, loader_full, FullKvIdx, KvIdx,
+                               list_off, BLOCK_SPARSE, SPARSE_N, CONSUMERS)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                                   out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
+                                   n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
+                                   window_right, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
+                                   HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale,
+                                   HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
+                                   MASK_MOD, BLOCK_SPARSE, SPARSE_N)),
+            (_consumer1_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
+                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
+                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
+                                    window_right, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
+                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
+                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
+                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N)),
+            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
+                               v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
+                               q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
+                               b_ready, b_empty, b_row, key_lo, HAS_BIAS, loader_full, FullKvIdx, KvIdx,
+                               list_off, BLOCK_SPARSE, SPARSE_N)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

@@ -1,0 +1,204 @@
+"""The D64 Gluon forward with three consumer warpgroups (gluon_launch.VARIANTS["d64-3wg"], BLOCK_M 192): its launch
+arguments and config rules on CPU, and the GPU tier (sm90) against the float64 reference."""
+import math
+
+import pytest
+import torch
+
+import flashtile
+from flashtile import gluon_launch
+from utils import assert_close_rule, make_qkv
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+VARIANT = "d64-3wg"
+needs_gluon = pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
+
+
+def test_config_rules():
+    """Three consumers: BLOCK_M 192, registers that fit 64K with the loader's warpgroup (setmaxnreg takes
+    multiples of 8), D64 only; the persistent kernel (two consumers) refuses them."""
+    config = gluon_launch.VARIANTS[VARIANT][64]
+    assert set(gluon_launch.VARIANTS[VARIANT]) == {64}
+    assert config.consumers == 3 and config.block_m == 192 and not config.persistent
+    assert gluon_launch.VARIANTS["default"][64].block_m == 128
+    assert config.consumer_regs % 8 == 0 and config.loader_regs % 8 == 0
+    assert 3 * 128 * config.consumer_regs + 128 * config.loader_regs <= 65536
+    assert config.maxnreg * 16 * 32 <= 65536  # 16 warps at launch: 3 consumer warpgroups + the loader's
+    with pytest.raises(ValueError, match="consumers"):
+        gluon_launch.GluonConfig(128, 3, consumers=3, persistent=True)
+    with pytest.raises(ValueError, match="consumers"):
+        gluon_launch.GluonConfig(128, 3, consumers=4)
+
+
+def test_takes_config_gives_a_bias_the_default():
+    """The bias ring holds [128, BLOCK_N] boxes: a three-consumer variant serves a bias with the default config."""
+    bias = torch.zeros(1, 4, 300, 300, dtype=torch.bfloat16)
+    assert gluon_launch.takes_config(VARIANT, 64) is gluon_launch.VARIANTS[VARIANT][64]
+    assert gluon_launch.takes_config(VARIANT, 64, bias) is gluon_launch.VARIANTS["default"][64]
+    assert gluon_launch.takes_config("default", 128, bias) is gluon_launch.VARIANTS["default"][128]
+    slopes = torch.ones(4)
+    assert gluon_launch.takes_config(VARIANT, 64, alibi_slopes=slopes) is gluon_launch.VARIANTS["default"][64]
+
+
+@needs_gluon
+def test_launch_args():
+    """Grid over 192-row tiles (dense and varlen's max_seqlen_q), CONSUMERS=3 and maxnreg 128; the default config
+    CONSUMERS=2 (the kernel's default value: it compiles as before)."""
+    config = gluon_launch.VARIANTS[VARIANT][64]
+    for seqlen_q, causal in ((1000, False), (192, True), (193, True), (1, False)):
+        q = torch.empty(2, seqlen_q, 4, 64, dtype=torch.bfloat16)
+        k = torch.empty(2, 1000, 2, 64, dtype=torch.bfloat16)
+        out, lse = torch.empty_like(q), torch.empty(2, 4, seqlen_q)
+        grid, args, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.125, causal, config)
+        assert grid == (math.ceil(seqlen_q / 192), 2 * 4)
+        assert constexprs["CONSUMERS"] == 3 and constexprs["IS_CAUSAL"] == causal and constexprs["RAGGED"]
+        assert options == dict(num_warps=4, maxnreg=128)
+        assert args[0].block_shape == [1, 1, 64, 64]  # Q in three [64, D] boxes
+        grid, _, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.125, causal,
+                                                                      gluon_launch.VARIANTS["default"][64])
+        assert grid == (math.ceil(seqlen_q / 128), 2 * 4) and constexprs["CONSUMERS"] == 2
+    lens = [300, 0, 1, 577]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    qv = torch.empty(sum(lens), 4, 64, dtype=torch.bfloat16)
+    grid, _, constexprs, _ = gluon_launch.gluon_launch_args(qv, qv, qv, torch.empty_like(qv), torch.empty(4, sum(lens)),
+                                                            0.125, True, config, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                                            max_seqlen_q=577, max_seqlen_k=577)
+    assert grid == (4, 4 * 4) and constexprs["VARLEN"] and constexprs["CONSUMERS"] == 3
+
+
+@needs_gluon
+def test_forward_launches_the_variant(monkeypatch):
+    """gluon_forward with the variant launches CONSUMERS=3 on a 192-row grid (softcap, sinks and windows too), never
+    the persistent kernel, and a bias or ALiBi with the default config. The kernel is replaced by a recorder (no GPU
+    here)."""
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append((grid, kwargs))
+
+    monkeypatch.setattr(gluon_launch, "_attn_fwd_hopper", Recorder())
+    monkeypatch.setattr(gluon_launch, "_attn_fwd_hopper_persistent", None)
+    q = torch.empty(1, 1000, 4, 64, dtype=torch.bfloat16)
+    for causal in (False, True):
+        gluon_launch.gluon_forward(q, q, q, causal=causal, variant=VARIANT)
+        grid, kwargs = seen.pop()
+        assert grid == (6, 4) and kwargs["CONSUMERS"] == 3 and kwargs["maxnreg"] == 128
+        assert kwargs["IS_CAUSAL"] == causal and kwargs["CONSUMER_REGS"] == 160
+    gluon_launch.gluon_forward(q, q, q, variant=VARIANT, attn_bias=torch.zeros(1, 4, 1000, 1000, dtype=torch.bfloat16))
+    grid, kwargs = seen.pop()
+    assert grid == (8, 4) and kwargs["CONSUMERS"] == 2 and kwargs["HAS_BIAS"]
+    gluon_launch.gluon_forward(q, q, q, causal=True, variant=VARIANT, alibi_slopes=torch.ones(4))
+    grid, kwargs = seen.pop()
+    assert grid == (8, 4) and kwargs["CONSUMERS"] == 2 and kwargs["HAS_ALIBI"]
+    gluon_launch.gluon_forward(q, q, q, variant=VARIANT, softcap=30.0, sink=torch.zeros(4), window_size=(256, 0))
+    grid, kwargs = seen.pop()
+    assert grid == (6, 4) and kwargs["CONSUMERS"] == 3 and kwargs["SOFTCAP"] and kwargs["HAS_SINK"]
+
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype): Sq off the 192-row tile (a third / two thirds of the last
+# tile), q < k (causal bottom-right), GQA / MQA, ragged batches (Sk % 128 != 0), 1 x 1, fp16.
+SHAPES = [(2, 1024, 1024, 4, 4, torch.bfloat16), (1, 1000, 1000, 4, 2, torch.bfloat16),
+          (1, 130, 257, 2, 2, torch.bfloat16), (1, 777, 999, 8, 1, torch.bfloat16), (1, 1, 1, 2, 1, torch.bfloat16),
+          (1, 1000, 1000, 4, 2, torch.float16), (3, 256, 512, 4, 2, torch.bfloat16),
+          (2, 1000, 1000, 4, 2, torch.bfloat16), (3, 130, 257, 2, 2, torch.bfloat16),
+          (1, 192, 192, 2, 2, torch.bfloat16), (1, 193, 385, 2, 2, torch.bfloat16),
+          (2, 4096, 4096, 2, 1, torch.bfloat16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
+                                               for b, sq, sk, hq, hk, dt in SHAPES])
+def test_matches_reference(monkeypatch, shape, causal):
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, 64, dtype, "cuda", requires_grad=False)
+    assert gluon_launch.gluon_supported(q, k, v, causal=causal)
+    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=VARIANT)
+    ref, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True)
+    assert_close_rule("out", out, ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False), dtype)
+    assert lse.shape == (batch, heads_q, seqlen_q) and lse.dtype == torch.float32
+    torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+
+
+def _slopes(heads, batch=None):
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device="cuda")
+    return slopes if batch is None else torch.stack([slopes * (1.0 + 0.1 * b) for b in range(batch)])
+
+
+# (id, causal, window_size, softcap, alibi: None / "h" / "bh", sink, bias): the score features the three
+# consumers share with the default (a bias or ALiBi runs the default config: gluon_launch.takes_config).
+FEATURES = [
+    ("softcap-causal", True, (-1, -1), 30.0, None, False, False),
+    ("alibi-bh", False, (-1, -1), 0.0, "bh", False, False),
+    ("alibi-causal-sink", True, (-1, -1), 0.0, "h", True, False),
+    ("window-256-0", False, (256, 0), 0.0, None, False, False),
+    ("window-100-50", False, (100, 50), 0.0, None, False, False),
+    ("window-softcap-alibi-sink", False, (200, 100), 30.0, "bh", True, False),
+    ("bias-causal", True, (-1, -1), 0.0, None, False, True),
+]
+FEATURE_SHAPES = [(1, 1000, 1000, 4, 2), (1, 130, 257, 2, 2), (2, 300, 1000, 4, 2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}" for b, sq, sk, hq, hk in
+                                                       FEATURE_SHAPES])
+@pytest.mark.parametrize("feature", FEATURES, ids=[f[0] for f in FEATURES])
+def test_features_match_reference(monkeypatch, feature, shape):
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    _, causal, window_size, softcap, alibi, sink, bias = feature
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, 64, torch.bfloat16, "cuda", requires_grad=False)
+    feats = dict(window_size=window_size, softcap=softcap, sink=torch.randn(heads_q, device="cuda") if sink else None,
+                 alibi_slopes=_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None,
+                 attn_bias=torch.randn(1, heads_q, seqlen_q, -(-seqlen_k // 8) * 8, device="cuda",  # 16-byte rows
+                                       dtype=torch.bfloat16)[..., :seqlen_k] if bias else None)
+    assert gluon_launch.gluon_supported(q, k, v, causal=causal, **feats)
+    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=VARIANT, **feats)
+    ref, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True, **feats)
+    assert_close_rule("out", out, ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False, **feats),
+                      torch.bfloat16)
+    torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+
+
+# (id, sequence lengths q, sequence lengths k, heads_q, heads_kv): empty and single-token sequences, lengths off
+# the 192-row tile, Sq > Sk (causal: rows without keys, whole tiles without keys), GQA / MQA.
+VARLEN_CASES = [
+    ("mixed", [1, 17, 0, 300, 129, 64, 577], [5, 1, 9, 300, 200, 0, 600], 4, 2),
+    ("equal-1000", [1000, 1000], [1000, 1000], 4, 4),
+    ("q-gt-k", [457, 130, 1], [130, 257, 1], 8, 1),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=[c[0] for c in VARLEN_CASES])
+def test_varlen_matches_each_sequence_alone(monkeypatch, case, causal):
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    _, lens_q, lens_k, heads_q, heads_kv = case
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(sum(lens), heads, 64, generator=gen, device="cuda").to(torch.bfloat16)
+               for lens, heads in ((lens_q, heads_q), (lens_k, heads_kv), (lens_k, heads_kv)))
+    cu_q, cu_k = (torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+                  for lens in (lens_q, lens_k))
+    varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    assert gluon_launch.gluon_supported(q, k, v, causal=causal, **varlen)
+    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=VARIANT, **varlen)
+    for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
+        qs, ks = slice(cu_q[b].item(), cu_q[b + 1].item()), slice(cu_k[b].item(), cu_k[b + 1].item())
+        if sq == 0:
+            continue
+        if sk == 0:
+            assert torch.all(out[qs] == 0) and torch.all(lse[:, qs] == float("-inf"))
+            continue
+        seq = [x[s][None] for x, s in ((q, qs), (k, ks), (v, ks))]
+        ref, lse_ref = flashtile.attention_ref(*seq, causal=causal, return_lse=True)
+        if causal and sq > sk:  # rows without keys: the reference's NaN rows are 0 / -inf here
+            ref, lse_ref = ref.nan_to_num(0.0), torch.where(torch.isnan(lse_ref), float("-inf"), lse_ref)
+        low = flashtile.attention_ref(*seq, causal=causal, upcast=False).nan_to_num(0.0)
+        assert_close_rule(f"sequence {b} out", out[qs][None], ref, low, torch.bfloat16)
+        torch.testing.assert_close(lse[:, qs].double(), lse_ref[0], atol=2e-3, rtol=1e-4)
