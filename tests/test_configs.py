@@ -39,7 +39,8 @@ def test_local_backward_has_its_own_table():
 
 def test_gluon_forward_policy():
     """The Gluon forward is wanted only where it measured faster (configs.GLUON_FWD_MIN_KEYS), and short rows take
-    the persistent grid where it measured faster (configs.GLUON_FWD_PERSISTENT)."""
+    the persistent grid where it measured faster (configs.GLUON_FWD_PERSISTENT), long D64 rows three consumer
+    warpgroups (configs.GLUON_FWD_LONG)."""
     assert configs.gluon_fwd_wanted(128, False, 256)
     assert not configs.gluon_fwd_wanted(128, True, 256) and configs.gluon_fwd_wanted(128, True, 512)
     assert not configs.gluon_fwd_wanted(64, False, 256) and configs.gluon_fwd_wanted(64, False, 512)
@@ -55,6 +56,14 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_variant(256, True, 512) == "default" == configs.gluon_fwd_variant(64, True, 512)
     for (head_dim, _), (variant, _) in configs.GLUON_FWD_PERSISTENT.items():
         assert gluon_launch.VARIANTS[variant][head_dim].persistent
+    # Long D64 rows: three consumer warpgroups (configs.GLUON_FWD_LONG), after the persistent grid's 4K.
+    assert configs.gluon_fwd_variant(64, False, 4096) == "persistent-tma"
+    assert configs.gluon_fwd_variant(64, False, 4097) == "d64-3wg"
+    assert configs.gluon_fwd_variant(64, True, 4096) == "default"
+    assert configs.gluon_fwd_variant(64, True, 8192) == "d64-3wg"
+    assert configs.gluon_fwd_variant(128, False, 16384) == "default"
+    for (head_dim, _), (variant, _) in configs.GLUON_FWD_LONG.items():
+        assert gluon_launch.VARIANTS[variant][head_dim].consumers == 3
 
 
 def test_gluon_backward_policy():

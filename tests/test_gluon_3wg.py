@@ -202,3 +202,32 @@ def test_varlen_matches_each_sequence_alone(monkeypatch, case, causal):
         low = flashtile.attention_ref(*seq, causal=causal, upcast=False).nan_to_num(0.0)
         assert_close_rule(f"sequence {b} out", out[qs][None], ref, low, torch.bfloat16)
         torch.testing.assert_close(lse[:, qs].double(), lse_ref[0], atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal, seqlen", [(False, 4200), (True, 8200)], ids=["full-4200", "causal-8200"])
+def test_long_d64_rows_dispatch_to_the_variant(monkeypatch, causal, seqlen):
+    """flash_attn_func at D64 past configs.GLUON_FWD_LONG's thresholds takes the three-consumer forward; output and
+    gradients (the Gluon backward on its out / lse) against the float64 reference."""
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    variants = []
+    forward = gluon_launch.gluon_forward
+
+    def spy(*args, **kwargs):
+        variants.append(kwargs.get("variant"))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(gluon_launch, "gluon_forward", spy)
+    q, k, v = make_qkv(1, seqlen, seqlen, 2, 1, 64, torch.bfloat16, "cuda")
+    out = flashtile.flash_attn_func(q, k, v, causal=causal)
+    assert variants == [VARIANT]
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref = flashtile.attention_ref(q, k, v, causal=causal)
+    low = flashtile.attention_ref(q, k, v, causal=causal, upcast=False)
+    assert_close_rule("out", out, ref, low, torch.bfloat16)
+    refs = torch.autograd.grad(ref, (q, k, v), dout.double())
+    lows = torch.autograd.grad(low, (q, k, v), dout)
+    for name, got, r, lp in zip(("dq", "dk", "dv"), grads, refs, lows):
+        assert_close_rule(name, got, r, lp, torch.bfloat16)

@@ -101,6 +101,11 @@ GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 512, (64, False): 512, (64, 
 # 0.92/0.97/0.99/1.02, causal 1.09-1.17.
 GLUON_FWD_PERSISTENT = {(128, False): ("persistent-tma", 4096), (128, True): ("persistent-tma", 1024),
                         (64, False): ("persistent-tma", 4096), (256, False): ("persistent", 2048)}
+# (head dim, causal) -> (variant, least seqlen_k): the entry that serves longer rows instead of "default". D64: three
+# consumer warpgroups (192-row tiles, FA3's hdim-64 schedule), time d64-3wg / default in one run (session 10,
+# helpers-h200-2026-11-30-s10): 4K 0.95, 16K 0.88; causal 4K 1.03, 16K 0.93 (4K non-causal keeps the persistent
+# grid, which measured as fast as d64-3wg there).
+GLUON_FWD_LONG = {(64, False): ("d64-3wg", 4097), (64, True): ("d64-3wg", 8192)}
 # Sliding windows: the keys a row sees. At D128 8K a 256-key window ran 7 % slower in Gluon than in the portable
 # 64x64 tiles, 1024 and 4096 ran 16-19 % faster (gluon-ext-h200-2026-11-29-s5).
 GLUON_FWD_MIN_WINDOW = 1024
@@ -135,10 +140,15 @@ def gluon_bwd_wanted(head_dim, causal, seqlen_k, window_span=None):
 
 
 def gluon_fwd_variant(head_dim, causal, seqlen_k):
-    """The gluon_launch.VARIANTS entry for a forward the Gluon kernel serves (GLUON_FWD_PERSISTENT); its features
-    (windows, softcap, ALiBi, sinks) and varlen calls run the one-tile kernel with the same tiles whatever it is."""
+    """The gluon_launch.VARIANTS entry for a forward the Gluon kernel serves (GLUON_FWD_PERSISTENT for short rows,
+    GLUON_FWD_LONG for long ones, else "default"); its features (windows, softcap, ALiBi, sinks) and varlen calls
+    run the one-tile kernel with the same tiles whatever it is (gluon_launch.takes_config gives a bias or ALiBi the
+    default's tiles where a variant cannot serve them)."""
     variant, most = GLUON_FWD_PERSISTENT.get((head_dim, causal), ("default", None))
-    return variant if most is not None and seqlen_k <= most else "default"
+    if most is not None and seqlen_k <= most:
+        return variant
+    variant, least = GLUON_FWD_LONG.get((head_dim, causal), ("default", 0))
+    return variant if seqlen_k >= least else "default"
 
 
 def gluon_fwd_wanted(head_dim, causal, seqlen_k, window_span=None):
