@@ -56,9 +56,9 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_variant(256, True, 512) == "default" == configs.gluon_fwd_variant(64, True, 512)
     for (head_dim, _), (variant, _) in configs.GLUON_FWD_PERSISTENT.items():
         assert gluon_launch.VARIANTS[variant][head_dim].persistent
-    # Long D64 rows: three consumer warpgroups (configs.GLUON_FWD_LONG), after the persistent grid's 4K.
-    assert configs.gluon_fwd_variant(64, False, 4096) == "persistent-tma"
-    assert configs.gluon_fwd_variant(64, False, 4097) == "d64-3wg"
+    # Long D64 rows: three consumer warpgroups (configs.GLUON_FWD_LONG), after the persistent grid's 2K.
+    assert configs.gluon_fwd_variant(64, False, 2048) == "persistent-tma"
+    assert configs.gluon_fwd_variant(64, False, 2049) == "d64-3wg"
     assert configs.gluon_fwd_variant(64, True, 4096) == "default"
     assert configs.gluon_fwd_variant(64, True, 8192) == "d64-3wg"
     assert configs.gluon_fwd_variant(128, False, 16384) == "default"

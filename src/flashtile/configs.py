@@ -100,12 +100,13 @@ GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 512, (64, False): 512, (64, 
 # persistent-tma 0.77/0.89/0.96/0.96, causal 0.85/1.00/1.07/1.09; D64 0.74/0.85/0.92/0.95; D256 persistent
 # 0.92/0.97/0.99/1.02, causal 1.09-1.17.
 GLUON_FWD_PERSISTENT = {(128, False): ("persistent-tma", 4096), (128, True): ("persistent-tma", 1024),
-                        (64, False): ("persistent-tma", 4096), (256, False): ("persistent", 2048)}
+                        (64, False): ("persistent-tma", 2048), (256, False): ("persistent", 2048)}
 # (head dim, causal) -> (variant, least seqlen_k): the entry that serves longer rows instead of "default". D64: three
-# consumer warpgroups (192-row tiles, FA3's hdim-64 schedule), time d64-3wg / default in one run (session 10,
-# helpers-h200-2026-11-30-s10): 4K 0.95, 16K 0.88; causal 4K 1.03, 16K 0.93 (4K non-causal keeps the persistent
-# grid, which measured as fast as d64-3wg there).
-GLUON_FWD_LONG = {(64, False): ("d64-3wg", 4097), (64, True): ("d64-3wg", 8192)}
+# consumer warpgroups (192-row tiles, FA3's hdim-64 schedule). Session 10 (d64-3wg-h200-2026-11-30-s10), speed /
+# cuDNN in one run, default / d64-3wg / persistent-tma: 2K 0.85 / 0.93 / 0.94, 3K 0.86 / 0.95 / 0.92, 4K 0.90 / 0.99
+# / 0.96, 8K 0.88 / 0.96 / 0.90, 16K 0.94 / 1.07 (other run); causal 2K 0.82 / 0.70 / 0.85, 3K 0.83 / 0.81 / 0.82,
+# 4K 0.88 / 0.85 / 0.91, 8K 0.93 / 1.00 / 0.86, 16K 0.98 / 1.05.
+GLUON_FWD_LONG = {(64, False): ("d64-3wg", 2049), (64, True): ("d64-3wg", 8192)}
 # Sliding windows: the keys a row sees. At D128 8K a 256-key window ran 7 % slower in Gluon than in the portable
 # 64x64 tiles, 1024 and 4096 ran 16-19 % faster (gluon-ext-h200-2026-11-29-s5).
 GLUON_FWD_MIN_WINDOW = 1024
