@@ -4,7 +4,7 @@ import torch
 
 import flashtile
 from flashtile import gluon_launch
-from utils import assert_close_rule, make_qkv
+from utils import alibi_slopes, assert_close_rule, assert_varlen_matches_each_sequence, make_qkv
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -109,10 +109,6 @@ def test_flash_attn_func_takes_it_by_default(monkeypatch, causal):
         torch.testing.assert_close(g, gp, atol=5e-2, rtol=0)
 
 
-def _slopes(heads, batch=None):
-    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device="cuda")
-    return slopes if batch is None else torch.stack([slopes * (1.0 + 0.1 * b) for b in range(batch)])
-
 
 # (id, causal, window_size, softcap, alibi: None / "h" / "bh", sink)
 FEATURES = [
@@ -159,7 +155,7 @@ def test_features_match_reference(feature, shape, head_dim):
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
                        requires_grad=False)
     feats = dict(window_size=window_size, softcap=softcap, sink=torch.randn(heads_q, device="cuda") if sink else None,
-                 alibi_slopes=_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None)
+                 alibi_slopes=alibi_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None)
     _check_gluon_forward(q, k, v, causal, feats)
 
 
@@ -186,7 +182,7 @@ def test_flash_attn_func_features_backward(monkeypatch, head_dim):
     monkeypatch.setattr(gluon_launch, "gluon_forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     q, k, v = make_qkv(1, 1000, 1000, 4, 2, head_dim, torch.bfloat16, "cuda", requires_grad=True)
     sink = torch.randn(4, device="cuda", requires_grad=True)
-    feats = dict(window_size=(256, 0), softcap=30.0, alibi_slopes=_slopes(4))
+    feats = dict(window_size=(256, 0), softcap=30.0, alibi_slopes=alibi_slopes(4))
     out = flashtile.flash_attn_func(q, k, v, sink=sink, **feats)
     assert calls
     dout = torch.randn_like(out)
@@ -379,20 +375,7 @@ def test_varlen_matches_each_sequence_alone(monkeypatch, case, head_dim, causal)
     assert gluon_launch.gluon_supported(q, k, v, causal=causal, **varlen)
     out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, **varlen)
     assert lse.shape == (heads_q, q.shape[0])
-    for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
-        qs, ks = slice(cu_q[b].item(), cu_q[b + 1].item()), slice(cu_k[b].item(), cu_k[b + 1].item())
-        if sq == 0:
-            continue
-        seq = [x[s][None] for x, s in ((q, qs), (k, ks), (v, ks))]
-        if sk == 0:
-            assert torch.all(out[qs] == 0) and torch.all(lse[:, qs] == float("-inf"))
-            continue
-        ref, lse_ref = flashtile.attention_ref(*seq, causal=causal, return_lse=True)
-        if causal and sq > sk:  # rows without keys: the reference's NaN rows are 0 / -inf here
-            ref, lse_ref = ref.nan_to_num(0.0), torch.where(torch.isnan(lse_ref), float("-inf"), lse_ref)
-        low = flashtile.attention_ref(*seq, causal=causal, upcast=False).nan_to_num(0.0)
-        assert_close_rule(f"sequence {b} out", out[qs][None], ref, low, torch.bfloat16)
-        torch.testing.assert_close(lse[:, qs].double(), lse_ref[0], atol=2e-3, rtol=1e-4)
+    assert_varlen_matches_each_sequence(out, lse, q, k, v, lens_q, lens_k, cu_q, cu_k, causal)
 
 
 @pytest.mark.gpu
@@ -651,7 +634,7 @@ def test_bias_matches_reference(monkeypatch, case, shape, head_dim):
                        requires_grad=False)
     feats = dict(window_size=window_size, softcap=softcap,
                  sink=torch.randn(heads_q, device="cuda") if sink else None,
-                 alibi_slopes=_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None,
+                 alibi_slopes=alibi_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None,
                  attn_bias=_bias(batch, heads_q, seqlen_q, seqlen_k, layout, bias_dtype))
     _check_gluon_forward(q, k, v, causal, feats)
 

@@ -7,7 +7,7 @@ import torch
 
 import flashtile
 from flashtile import gluon_launch
-from utils import assert_close_rule, make_qkv
+from utils import alibi_slopes, assert_close_rule, assert_varlen_matches_each_sequence, make_qkv
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 VARIANT = "d64-3wg"
@@ -123,10 +123,6 @@ def test_matches_reference(monkeypatch, shape, causal):
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
-def _slopes(heads, batch=None):
-    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device="cuda")
-    return slopes if batch is None else torch.stack([slopes * (1.0 + 0.1 * b) for b in range(batch)])
-
 
 # (id, causal, window_size, softcap, alibi: None / "h" / "bh", sink, bias): the score features the three
 # consumers share with the default (a bias or ALiBi runs the default config: gluon_launch.takes_config).
@@ -153,7 +149,7 @@ def test_features_match_reference(monkeypatch, feature, shape):
     batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, 64, torch.bfloat16, "cuda", requires_grad=False)
     feats = dict(window_size=window_size, softcap=softcap, sink=torch.randn(heads_q, device="cuda") if sink else None,
-                 alibi_slopes=_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None,
+                 alibi_slopes=alibi_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None,
                  attn_bias=torch.randn(1, heads_q, seqlen_q, -(-seqlen_k // 8) * 8, device="cuda",  # 16-byte rows
                                        dtype=torch.bfloat16)[..., :seqlen_k] if bias else None)
     assert gluon_launch.gluon_supported(q, k, v, causal=causal, **feats)
@@ -188,20 +184,7 @@ def test_varlen_matches_each_sequence_alone(monkeypatch, case, causal):
     varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
     assert gluon_launch.gluon_supported(q, k, v, causal=causal, **varlen)
     out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=VARIANT, **varlen)
-    for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
-        qs, ks = slice(cu_q[b].item(), cu_q[b + 1].item()), slice(cu_k[b].item(), cu_k[b + 1].item())
-        if sq == 0:
-            continue
-        if sk == 0:
-            assert torch.all(out[qs] == 0) and torch.all(lse[:, qs] == float("-inf"))
-            continue
-        seq = [x[s][None] for x, s in ((q, qs), (k, ks), (v, ks))]
-        ref, lse_ref = flashtile.attention_ref(*seq, causal=causal, return_lse=True)
-        if causal and sq > sk:  # rows without keys: the reference's NaN rows are 0 / -inf here
-            ref, lse_ref = ref.nan_to_num(0.0), torch.where(torch.isnan(lse_ref), float("-inf"), lse_ref)
-        low = flashtile.attention_ref(*seq, causal=causal, upcast=False).nan_to_num(0.0)
-        assert_close_rule(f"sequence {b} out", out[qs][None], ref, low, torch.bfloat16)
-        torch.testing.assert_close(lse[:, qs].double(), lse_ref[0], atol=2e-3, rtol=1e-4)
+    assert_varlen_matches_each_sequence(out, lse, q, k, v, lens_q, lens_k, cu_q, cu_k, causal)
 
 
 @pytest.mark.gpu

@@ -49,3 +49,29 @@ def references(q, k, v, dout, causal, softmax_scale=None, **features):
         grads = torch.autograd.grad(out, leaves, dout.to(out.dtype))
         results.append((out.detach(), *grads))
     return results
+
+
+def alibi_slopes(heads, batch=None, device="cuda"):
+    """ALiBi slopes 2^(-8 (h + 1) / H) of shape (H,), or (B, H) with batch b's scaled by 1 + 0.1 b."""
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=device)
+    return slopes if batch is None else torch.stack([slopes * (1.0 + 0.1 * b) for b in range(batch)])
+
+
+def assert_varlen_matches_each_sequence(out, lse, q, k, v, lens_q, lens_k, cu_q, cu_k, causal):
+    """A packed (varlen) forward's out (total_q, Hq, D) and lse (Hq, total_q) against the float64 reference of each
+    sequence alone (DESIGN.md's rule for out, 2e-3 for lse); a sequence without keys must give 0 and lse -inf, and
+    causal rows without keys (Sq > Sk) likewise, where the reference has NaN."""
+    for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
+        qs, ks = slice(cu_q[b].item(), cu_q[b + 1].item()), slice(cu_k[b].item(), cu_k[b + 1].item())
+        if sq == 0:
+            continue
+        if sk == 0:
+            assert torch.all(out[qs] == 0) and torch.all(lse[:, qs] == float("-inf"))
+            continue
+        seq = [x[s][None] for x, s in ((q, qs), (k, ks), (v, ks))]
+        ref, lse_ref = attention_ref(*seq, causal=causal, return_lse=True)
+        if causal and sq > sk:
+            ref, lse_ref = ref.nan_to_num(0.0), torch.where(torch.isnan(lse_ref), float("-inf"), lse_ref)
+        low = attention_ref(*seq, causal=causal, upcast=False).nan_to_num(0.0)
+        assert_close_rule(f"sequence {b} out", out[qs][None], ref, low, q.dtype)
+        torch.testing.assert_close(lse[:, qs].double(), lse_ref[0], atol=2e-3, rtol=1e-4)
