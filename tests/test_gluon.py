@@ -4,7 +4,7 @@ import torch
 
 import flashtile
 from flashtile import gluon_launch
-from utils import alibi_slopes, assert_close_rule, assert_varlen_matches_each_sequence, make_qkv
+from utils import alibi_slopes, assert_close_rule, assert_varlen_matches_each_sequence, make_qkv, record_calls
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -92,9 +92,7 @@ def test_key_blocks_spanning_two_sequences_stay_in_their_sequence():
 def test_flash_attn_func_takes_it_by_default(monkeypatch, causal):
     """flash_attn_func routes the plain forward to the Gluon kernel where configs.py wants it (D128 from 1K
     keys) unless FLASHTILE_GLUON=0, and the backward runs on its out / lse."""
-    calls = []
-    original = gluon_launch.gluon_forward
-    monkeypatch.setattr(gluon_launch, "gluon_forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    calls = record_calls(monkeypatch, gluon_launch, "gluon_forward")
     q, k, v = make_qkv(2, 1024, 1024, 4, 2, 128, torch.bfloat16, "cuda", requires_grad=True)
     out = flashtile.flash_attn_func(q, k, v, causal=causal)
     assert calls
@@ -177,9 +175,7 @@ def test_flash_attn_func_features_backward(monkeypatch, head_dim):
     """FLASHTILE_GLUON=1 routes a window + softcap + ALiBi + sink forward to the Gluon kernel; the backward (and the
     sink's gradient, computed from lse) matches the portable path's."""
     monkeypatch.setenv("FLASHTILE_GLUON", "1")
-    calls = []
-    original = gluon_launch.gluon_forward
-    monkeypatch.setattr(gluon_launch, "gluon_forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    calls = record_calls(monkeypatch, gluon_launch, "gluon_forward")
     q, k, v = make_qkv(1, 1000, 1000, 4, 2, head_dim, torch.bfloat16, "cuda", requires_grad=True)
     sink = torch.randn(4, device="cuda", requires_grad=True)
     feats = dict(window_size=(256, 0), softcap=30.0, alibi_slopes=alibi_slopes(4))
@@ -384,9 +380,7 @@ def test_varlen_matches_each_sequence_alone(monkeypatch, case, head_dim, causal)
 def test_flash_attn_varlen_func_takes_it_by_default(monkeypatch, causal):
     """flash_attn_varlen_func routes to the Gluon kernel where configs.py wants it (D128 from 1K keys) and the
     varlen backward runs on its out / lse."""
-    calls = []
-    original = gluon_launch.gluon_forward
-    monkeypatch.setattr(gluon_launch, "gluon_forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    calls = record_calls(monkeypatch, gluon_launch, "gluon_forward")
     lens = [1500, 1, 700, 1024]
     q, k, v = (t.requires_grad_() for t in _packed(lens, lens, 4, 2, 128, device="cuda"))
     cu = _cu(lens, "cuda")
@@ -672,9 +666,7 @@ def test_bias_rows_without_keys_and_the_next_heads_rows(monkeypatch, causal):
 def test_flash_attn_func_bias_takes_gluon(monkeypatch):
     """flash_attn_func routes a bf16 bias to the Gluon forward (D128 1K: configs.py wants it) and the portable
     backward (dq, dk, dv, dbias) runs on its out / lse; an fp32 bias stays on the portable forward."""
-    calls = []
-    original = gluon_launch.gluon_forward
-    monkeypatch.setattr(gluon_launch, "gluon_forward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    calls = record_calls(monkeypatch, gluon_launch, "gluon_forward")
     q, k, v = make_qkv(2, 1024, 1024, 4, 2, 128, torch.bfloat16, "cuda", requires_grad=True)
     bias = _bias(2, 4, 1024, 1024, (1, "h"), torch.bfloat16).requires_grad_()
     out = flashtile.flash_attn_func(q, k, v, causal=True, attn_bias=bias)

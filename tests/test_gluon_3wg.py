@@ -7,7 +7,8 @@ import torch
 
 import flashtile
 from flashtile import gluon_launch
-from utils import alibi_slopes, assert_close_rule, assert_varlen_matches_each_sequence, make_qkv
+from utils import (alibi_slopes, assert_close_rule, assert_varlen_matches_each_sequence, make_qkv,
+                   record_calls)
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 VARIANT = "d64-3wg"
@@ -194,17 +195,10 @@ def test_long_d64_rows_dispatch_to_the_variant(monkeypatch, causal, seqlen):
     """flash_attn_func at D64 past configs.GLUON_FWD_LONG's thresholds takes the three-consumer forward; output and
     gradients (the Gluon backward on its out / lse) against the float64 reference."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    variants = []
-    forward = gluon_launch.gluon_forward
-
-    def spy(*args, **kwargs):
-        variants.append(kwargs.get("variant"))
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(gluon_launch, "gluon_forward", spy)
+    calls = record_calls(monkeypatch, gluon_launch, "gluon_forward")
     q, k, v = make_qkv(1, seqlen, seqlen, 2, 1, 64, torch.bfloat16, "cuda")
     out = flashtile.flash_attn_func(q, k, v, causal=causal)
-    assert variants == [VARIANT]
+    assert [call.get("variant") for call in calls] == [VARIANT]
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     ref = flashtile.attention_ref(q, k, v, causal=causal)

@@ -4,7 +4,7 @@ import torch
 
 import flashtile
 from flashtile import configs, gluon_bwd_launch, launch
-from utils import assert_close_rule, make_qkv, references
+from utils import assert_close_rule, make_qkv, record_calls, references
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -465,9 +465,7 @@ def test_matches_reference(monkeypatch, shape, head_dim, causal):
     """FLASHTILE_GLUON_BWD=1: flash_attn_func's gradients from the Gluon backward against the float64 reference."""
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    calls = []
-    original = gluon_bwd_launch.gluon_backward
-    monkeypatch.setattr(gluon_bwd_launch, "gluon_backward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda")
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device="cuda")
@@ -508,9 +506,7 @@ def test_features_match_reference(monkeypatch, shape, feature, head_dim):
     own forward, so lse is the one the kernel recomputes P against) against the float64 reference."""
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    calls = []
-    original = gluon_bwd_launch.gluon_backward
-    monkeypatch.setattr(gluon_bwd_launch, "gluon_backward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
     _, causal, kw = feature
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
     kw = dict(kw, alibi_slopes=_alibi(kw.get("alibi_slopes"), batch, heads_q))
@@ -556,9 +552,7 @@ def test_bias_matches_reference(monkeypatch, shape, feature, head_dim):
     bias at D128 is refused (no shared memory for its ring) and the portable backward answers."""
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    calls = []
-    original = gluon_bwd_launch.gluon_backward
-    monkeypatch.setattr(gluon_bwd_launch, "gluon_backward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
     _, causal, kind, bias_dtype, kw = feature
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
     kw = dict(kw, alibi_slopes=_alibi(kw.get("alibi_slopes"), batch, heads_q))
@@ -580,9 +574,7 @@ def test_sink_gradient_through_gluon(monkeypatch, causal):
     """By default (1K keys, D128) the Gluon backward serves a call with sinks; the sink gradient comes from its
     preprocess (launch.sink_grad): dq, dk, dv and dsink against the float64 reference."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    calls = []
-    original = gluon_bwd_launch.gluon_backward
-    monkeypatch.setattr(gluon_bwd_launch, "gluon_backward", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
     dtype = torch.bfloat16
     q, k, v = make_qkv(2, 1024, 1024, 4, 2, 128, dtype, "cuda")
     sink = torch.tensor([0.5, -1.0, 2.0, 8.0], device="cuda", requires_grad=True)

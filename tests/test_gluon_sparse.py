@@ -9,7 +9,7 @@ import flashtile
 from flashtile import gluon_launch
 from flashtile.launch import ModArgs
 from test_programmable import check, late_rows, per_head
-from utils import assert_close_rule, make_qkv
+from utils import assert_close_rule, make_qkv, record_calls
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -55,11 +55,7 @@ def _mask(name, seqlen_k):
 
 
 def _count_gluon(monkeypatch):
-    calls = []
-    original = gluon_launch.gluon_sparse_forward
-    monkeypatch.setattr(gluon_launch, "gluon_sparse_forward",
-                        lambda *a, **kw: calls.append(1) or original(*a, **kw))
-    return calls
+    return record_calls(monkeypatch, gluon_launch, "gluon_sparse_forward")
 
 
 def test_sparse_refused_off_hopper():

@@ -75,3 +75,12 @@ def assert_varlen_matches_each_sequence(out, lse, q, k, v, lens_q, lens_k, cu_q,
         low = attention_ref(*seq, causal=causal, upcast=False).nan_to_num(0.0)
         assert_close_rule(f"sequence {b} out", out[qs][None], ref, low, q.dtype)
         torch.testing.assert_close(lse[:, qs].double(), lse_ref[0], atol=2e-3, rtol=1e-4)
+
+
+def record_calls(monkeypatch, module, name):
+    """Wrap module.name (for the test's duration) so each call appends its keyword arguments to the returned list,
+    then runs the original: which path a dispatch took, and with what."""
+    calls = []
+    original = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *args, **kwargs: calls.append(kwargs) or original(*args, **kwargs))
+    return calls
