@@ -50,7 +50,7 @@ FEATURES = {
     "bias-window": (False, dict(window_size=(100, 50), attn_bias="bias")),
     "bias-combo": (True, dict(window_size=(256, -1), softcap=30.0, alibi_slopes="alibi", attn_bias="bias")),
     # Block-sparse flashtile.attention (gluon_compile_check.sparse_mods: 128 x 128 block masks, their transposed
-    # lists; no causal flag, the mask is the mask_mod); D64 / D128 only (sparse_ok).
+    # lists; no causal flag, the mask is the mask_mod); dense only (sparse_ok).
     "sparse-window": (False, dict(sparse="window")),
     "sparse-causal": (False, dict(sparse="causal")),
     "sparse-document": (False, dict(sparse="document")),
@@ -192,7 +192,7 @@ def main():
                 print(f"d{head_dim}-{feature}-default: skipped (bias: dense only, where bias_shared_ok takes it)")
                 continue
             if "sparse" in kwargs and (args.varlen or head_dim not in gluon_bwd_launch.SPARSE_HEAD_DIMS):
-                print(f"d{head_dim}-{feature}-default: skipped (block-sparse: dense D64 / D128 only)")
+                print(f"d{head_dim}-{feature}-default: skipped (block-sparse: dense only)")
                 continue
             cases.append((f"d{head_dim}-{feature}-default", head_dim, causal, config, kwargs))
     bad = 0

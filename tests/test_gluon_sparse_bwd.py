@@ -29,22 +29,24 @@ def test_sparse_bwd_refused_off_hopper():
 
 def test_sparse_bwd_support_rules(monkeypatch):
     """With the dense conditions granted (gluon_bwd_supported): block masks whose query blocks are whole 64-row
-    tiles and key blocks whole 128-key programs, D64 / D128, a mask_mod or none; refused: no block mask, a
-    score_mod, a window (causal flag), D256 / other head dims, (64, 64) / (128, 64) blocks, a failed mask_mod."""
+    tiles and key blocks whole key programs (128 keys; 64 at D256), D64 / D128 / D256, a mask_mod or none; refused:
+    no block mask, a score_mod, a window (causal flag), other head dims, (64, 64) / (128, 64) blocks below D256, the
+    atomics variant, a failed mask_mod."""
     monkeypatch.setattr(gluon_bwd_launch, "gluon_bwd_supported", lambda *a, **kw: True)
-    for head_dim in (64, 128):
+    for head_dim in (64, 128, 256):
         q = torch.empty(1, 512, 2, head_dim, dtype=torch.bfloat16)
         for block in ((128, 128), (64, 128), (256, 256), (128, 256), (256, 128)):
             assert gluon_bwd_launch.sparse_ok(q, q, q, q, q, (-1, -1), _mods(block)), (head_dim, block)
-        for block in ((64, 64), (128, 64), (32, 128)):
-            assert not gluon_bwd_launch.sparse_ok(q, q, q, q, q, (-1, -1), _mods(block)), (head_dim, block)
+        for block in ((64, 64), (128, 64)):
+            assert gluon_bwd_launch.sparse_ok(q, q, q, q, q, (-1, -1), _mods(block)) == (head_dim == 256)
+        assert not gluon_bwd_launch.sparse_ok(q, q, q, q, q, (-1, -1), _mods((32, 128)))
+        assert not gluon_bwd_launch.sparse_ok(q, q, q, q, q, (-1, -1), _mods(), variant="atomics")
         assert not gluon_bwd_launch.sparse_ok(q, q, q, q, q, (-1, 0), _mods())
         assert not gluon_bwd_launch.sparse_ok(q, q, q, q, q, (-1, -1), ModArgs.make((), None, None, None))
         assert not gluon_bwd_launch.sparse_ok(q, q, q, q, q, (-1, -1), None)
         assert not gluon_bwd_launch.sparse_ok(q, q, q, q, q, (-1, -1), _mods(score_mod=lambda: 0))
-    for head_dim in (256, 96):
-        q = torch.empty(1, 512, 2, head_dim, dtype=torch.bfloat16)
-        assert not gluon_bwd_launch.sparse_ok(q, q, q, q, q, (-1, -1), _mods())
+    q = torch.empty(1, 512, 2, 96, dtype=torch.bfloat16)
+    assert not gluon_bwd_launch.sparse_ok(q, q, q, q, q, (-1, -1), _mods())
     q = torch.empty(1, 512, 2, 64, dtype=torch.bfloat16)
     mods = _mods()
     monkeypatch.setitem(gluon_bwd_launch._sparse_failed, mods.mask_mod, RuntimeError("x"))
@@ -174,7 +176,7 @@ def _count_gluon_bwd(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}" for b, sq, sk, hq, hk in SHAPES])
 @pytest.mark.parametrize("name", list(MASKS))
 def test_gluon_sparse_bwd_matches_reference(name, shape, head_dim, monkeypatch):
@@ -195,14 +197,15 @@ def test_gluon_sparse_bwd_matches_reference(name, shape, head_dim, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [128, 256], ids=["d128", "d256"])
 @pytest.mark.parametrize("block_size", [(128, 128), (64, 128), (256, 256), (128, 256), (256, 128)],
                          ids=["128x128", "64x128", "256x256", "128x256", "256x128"])
-def test_gluon_sparse_bwd_block_sizes(block_size, dtype, monkeypatch):
-    """Blocks of whole 64-row query tiles and 128-key programs (two programs per listed key block, one to four
+def test_gluon_sparse_bwd_block_sizes(block_size, head_dim, dtype, monkeypatch):
+    """Blocks of whole 64-row query tiles and key programs (two or four programs per listed key block, one to four
     query tiles per listed query block), and a mask_mod without a block mask (every 128 x 128 block partial)."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     calls = _count_gluon_bwd(monkeypatch)
-    q, k, v = make_qkv(2, 1100, 1100, 4, 2, 128, dtype, "cuda")
+    q, k, v = make_qkv(2, 1100, 1100, 4, 2, head_dim, dtype, "cuda")
     mask = flashtile.sliding_window_mask(300)
     block_mask = flashtile.create_block_mask(mask, None, None, 1100, 1100, block_size=block_size)
     check(q, k, v, dtype, mask, block_mask=block_mask)
@@ -212,7 +215,7 @@ def test_gluon_sparse_bwd_block_sizes(block_size, dtype, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
 def test_gluon_sparse_bwd_without_keys(head_dim, monkeypatch):
     """A mask that hides everything (no listed block: dK = dV = 0 for every key block, dQ = 0) and one whose first
     rows see nothing (their dQ rows 0), under NaN-poisoned outputs."""
@@ -234,8 +237,8 @@ def test_gluon_sparse_bwd_without_keys(head_dim, monkeypatch):
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 def test_gluon_sparse_bwd_is_taken_and_can_be_switched_off(monkeypatch):
     """On sm90 the block-sparse backward takes the Gluon kernel by default; FLASHTILE_GLUON_SPARSE=0 or
-    FLASHTILE_GLUON_BWD=0 send it to the portable kernels, which agree; a (64, 64) block mask, a score_mod and D256
-    stay portable."""
+    FLASHTILE_GLUON_BWD=0 send it to the portable kernels, which agree; a (64, 64) block mask and a score_mod stay
+    portable; D256 with (128, 64) blocks (64-key programs) is taken."""
     calls = _count_gluon_bwd(monkeypatch)
     q, k, v = make_qkv(1, 2048, 2048, 8, 8, 128, torch.bfloat16, "cuda")
     bm = flashtile.create_block_mask(flashtile.sliding_window_mask(512), None, None, 2048, 2048)
@@ -257,7 +260,8 @@ def test_gluon_sparse_bwd_is_taken_and_can_be_switched_off(monkeypatch):
                                         block_size=(64, 64))
     grads(small)
     grads(score_mod=lambda score, b, h, q_idx, kv_idx: score * 0.5)
-    q, k, v = make_qkv(1, 512, 512, 2, 2, 256, torch.bfloat16, "cuda")
-    bm = flashtile.create_block_mask(flashtile.causal_mask, None, None, 512, 512)
-    torch.autograd.grad(flashtile.attention(q, k, v, block_mask=bm), (q, k, v), torch.randn_like(q))
     assert calls == [True]
+    q, k, v = make_qkv(1, 512, 512, 2, 2, 256, torch.bfloat16, "cuda")
+    bm = flashtile.create_block_mask(flashtile.causal_mask, None, None, 512, 512, block_size=(128, 64))
+    check(q, k, v, torch.bfloat16, flashtile.causal_mask, block_mask=bm)
+    assert calls == [True, True]

@@ -4,7 +4,7 @@ launch._flash_attn_backward uses it for the dense backward (plain, causal, slidi
 additive bias without gradient whose layout TMA can read: bias_tma_ok, bias_shared_ok) when
 configs.gluon_bwd_wanted() and gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is
 supported, =0 never. flashtile.attention's block-sparse calls (sparse_ok: a block mask, a mask_mod or none, D64 /
-D128) take it through launch._gluon_sparse_backward, switched by FLASHTILE_GLUON_SPARSE as the sparse forward.
+D128 / D256) take it through launch._gluon_sparse_backward, switched by FLASHTILE_GLUON_SPARSE as the sparse forward.
 Importing this module never fails: without Gluon's Hopper API, or under the interpreter, gluon_bwd_supported() is
 False.
 """
@@ -368,15 +368,16 @@ def _sparse_args(mods):
     return (*mods.q_lists, *strides, *mods.aux, *(None,) * (4 - len(mods.aux)))
 
 
-SPARSE_HEAD_DIMS = (64, 128)  # D256 (SPLIT_D: 64-key programs, its own consumer loop) has no block-sparse walk
+SPARSE_HEAD_DIMS = (64, 128, 256)  # D256: SPLIT_D's 64-key programs, two per 128-key block
 _sparse_failed = {}  # mask_mod adapter -> the exception its Gluon backward build raised (then portable)
 
 
 def sparse_ok(q, k, v, out, dout, window_size, mods, variant="default"):
     """True when the Gluon backward can compute the gradients of flashtile.attention's block-sparse call:
-    gluon_bwd_supported's dense conditions (sm90, fp16 / bf16, TMA-compatible strides, GQA), head dim 64 or 128, no
-    window (flex.attention has no causal flag with a block mask), a block mask whose query block is a multiple of
-    the backward's query tile (config.block_m, 64) and whose key block a multiple of its 128-key program (other
+    gluon_bwd_supported's dense conditions (sm90, fp16 / bf16, TMA-compatible strides, GQA), head dim 64, 128 or 256,
+    no window (flex.attention has no causal flag with a block mask), a block mask whose query block is a multiple of
+    the backward's query tile (config.block_m, 64) and whose key block a multiple of its key program (block_n: 128,
+    64 at D256; other
     block sizes, e.g. (64, 64) or (128, 64), run the portable kernels), a mask_mod or none, no score_mod. A
     mask_mod whose Gluon backward build failed once stays portable."""
     if mods is None or mods.block_size is None or mods.score_mod is not None or mods.score_mod_grad is not None:
@@ -387,7 +388,7 @@ def sparse_ok(q, k, v, out, dout, window_size, mods, variant="default"):
     rows, cols = mods.block_size
     # dQ by TMA reduce-adds only: a listed query block may hold tiles wholly past Sq (Sq = 130 in a 256-row block),
     # whose adds (of zeros) TMA drops at the buffer's edge where the atomics variant's would land past it.
-    if config is None or not config.dq_tma_reduce or rows % config.block_m or cols % BLOCK_N:
+    if config is None or not config.dq_tma_reduce or rows % config.block_m or cols % block_n(q.shape[-1]):
         return False
     if mods.mask_mod is not None and mods.mask_mod in _sparse_failed:
         return False

@@ -41,10 +41,12 @@ included): each key block visits only the query tiles of common._query_range (ma
 HAS_BIAS (D64 / D128: an additive bias without gradient, a [BLOCK_M, BLOCK_N] tile per query tile in the Q ring
 from a 4-D TMA tensor, bias * log2(e) added after softcap and ALiBi; at D128 dP^T's wgmma then waits for P^T, which
 keeps the tile's registers clear of dP^T's accumulator, and dV's follows it at once).
-BLOCK_SPARSE (flashtile.attention with a block mask, D64 / D128, plain scores): a key block visits, per query head,
-the query blocks of the block mask's transposed lists (full_q_*, then q_*), full ones with the plain step and
-partial ones evaluating the user's mask_mod on S^T (_sparse_load_partition, _consumer_sparse_walk); empty blocks are
-never loaded. Off, the dense kernels compile to the PTX they did (the sparse arguments are None).
+BLOCK_SPARSE (flashtile.attention with a block mask, plain scores, D64 / D128 / D256): a key block visits, per query
+head, the query blocks of the block mask's transposed lists (full_q_*, then q_*), full ones with the plain step and
+partial ones evaluating the user's mask_mod on S^T (_sparse_load_partition, _consumer_sparse_walk; D256 the same walk
+in _consumer_split_d_partition); empty blocks are never loaded. At D128 a partial tile issues dP^T after P^T (as
+HAS_BIAS: the mask_mod's registers beside dP^T's accumulator spilled). Off, the dense kernels compile to the PTX
+they did (the sparse arguments are None).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -530,7 +532,8 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
                       dq_b, dq_c, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                       STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, IS_LOCAL: gl.constexpr,
                       SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr,
-                      DQ_TMA_REDUCE: gl.constexpr = 0):
+                      DQ_TMA_REDUCE: gl.constexpr = 0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
+                      MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False):
     """SPLIT_D (HEAD_DIM 256): both warpgroups own the same WG_N keys key0 + [0, WG_N); warpgroup WG computes
     S^T / dP^T for query columns WG * BLOCK_M / 2 + [0, BLOCK_M / 2) of the tile, writes its half of P^T and dS^T
     to x_bufs (slots 2 * buf: P^T, 2 * buf + 1: dS^T, each [WG_N, BLOCK_M]), and after both halves are in, adds
@@ -539,7 +542,7 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
     DQ_TMA_REDUCE (DQ_CHUNKS 1): dQ through the tile's own ring slot instead, once both warpgroups' wgmmas on it
     retired (dq_done, count 2): warpgroup 0 in its Q buffer, 1 in its dO buffer (32 KB each: [64, 128] fp32), by
     four TMA reduce-adds into dq_desc at [dq_b, m, dq_c + 32 c]; the slot goes back to the loader during the next
-    tile, once those have read it."""
+    tile, once those have read it. BLOCK_SPARSE and MASKED: MASK_MOD on the half tile, as in _bwd_step."""
     dtype: gl.constexpr = q_bufs.dtype
     HALF_M: gl.constexpr = BLOCK_M // 2
     HALF_D: gl.constexpr = HEAD_DIM // 2
@@ -595,6 +598,14 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
             shifted = cols + causal_offset  # [HALF_M]
             visible = visible & (keys[:, None] <= shifted[None, :] + window_right) & (
                 keys[:, None] >= shifted[None, :] - window_left)
+        if BLOCK_SPARSE and MASK_MOD is not None:
+            if aux0 is None:
+                q_idx = cols[None, :]  # [1, HALF_M]
+                kv_idx = keys[:, None]  # [WG_N, 1]
+            else:
+                q_idx = gl.minimum(cols, seqlen_q - 1)[None, :]
+                kv_idx = gl.minimum(keys, seqlen_k - 1)[:, None]
+            visible = visible & MASK_MOD(off_b, off_h, q_idx, kv_idx, aux0, aux1, aux2, aux3)
         p = gl.where(visible, p, 0.0)
     if not SOFTCAP:
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, HALF_M] = dP^T
@@ -677,9 +688,12 @@ def _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delt
                                 WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                 STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr,
                                 SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr,
-                                DQ_TMA_REDUCE: gl.constexpr):
+                                DQ_TMA_REDUCE: gl.constexpr, sp_num=None, sp_idx=None, sp_full_num=None,
+                                sp_full_idx=None, sp_num_base=0, sp_idx_base=0, sp_num_h=0, sp_idx_h=0, off_b=0,
+                                off_h0=0, aux0=None, aux1=None, aux2=None, aux3=None, MASK_MOD: gl.constexpr = None,
+                                BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128):
     """SPLIT_D: keys start_n + [0, WG_N), head-dim columns WG * HEAD_DIM / 2 + [0, HEAD_DIM / 2) of their dK and
-    dV (and of dQ); otherwise as _consumer_partition."""
+    dV (and of dQ); otherwise as _consumer_partition (BLOCK_SPARSE: _consumer_sparse_walk's order)."""
     dtype: gl.constexpr = q_bufs.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -688,29 +702,56 @@ def _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delt
     dk = gl.zeros([WG_N, HALF_D], gl.float32, acc_layout)
     dv = gl.zeros([WG_N, HALF_D], gl.float32, acc_layout)
     mbarrier.wait(kv_bar, 0)
-    for g in range(group_size):
-        dq_ptr = dq_base + g * HEAD_DIM + WG * HALF_D
-        dq_c = dq_c0 + g * HEAD_DIM + WG * HALF_D
-        it0 = g * n_tiles
-        alibi_log2 = 0.0
-        if HAS_ALIBI:
-            alibi_log2 = gl.load(alibi_ptr + g) * LOG2E  # query head off_hk * group_size + g
-        for t in range(0, n_masked):
-            dk, dv = _bwd_step_split_d(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0),
-                                       dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
-                                       q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
-                                       seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
-                                       window_left, window_right, dq_desc, dq_done, dq_b, dq_c, WG, HEAD_DIM,
-                                       BLOCK_M, STAGES, IS_CAUSAL, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS,
-                                       DQ_TMA_REDUCE)
-        for t in range(n_masked, n_tiles):
-            dk, dv = _bwd_step_split_d(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1),
-                                       dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
-                                       q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
-                                       seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
-                                       window_left, window_right, dq_desc, dq_done, dq_b, dq_c, WG, HEAD_DIM,
-                                       BLOCK_M, STAGES, IS_CAUSAL, False, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS,
-                                       DQ_TMA_REDUCE)
+    if BLOCK_SPARSE:
+        TILES: gl.constexpr = SPARSE_M // BLOCK_M
+        it0 = group_size * 0  # ring position of the head's first tile
+        for g in range(group_size):
+            h = off_h0 + g
+            n_full, n_all, full_ptr, part_ptr = _sparse_head_lists(sp_num, sp_idx, sp_full_num, sp_full_idx,
+                                                                   sp_num_base, sp_idx_base, sp_num_h, sp_idx_h, h,
+                                                                   TILES)
+            dq_ptr = dq_base + g * HEAD_DIM + WG * HALF_D
+            dq_c = dq_c0 + g * HEAD_DIM + WG * HALF_D
+            for t in range(0, n_full):
+                dk, dv = _bwd_step_split_d(it0 + t, _list_tile_key(full_ptr, t, True, BLOCK_M, SPARSE_M), dk, dv,
+                                           k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs, q_ready,
+                                           q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
+                                           seqlen_q, seqlen_k, 0, qk_scale, 0.0, 0.0, 0, 0, dq_desc, dq_done, dq_b,
+                                           dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, False, False, False, False, False,
+                                           DQ_CHUNKS, DQ_TMA_REDUCE)
+            for t in range(n_full, n_all):
+                dk, dv = _bwd_step_split_d(it0 + t, _list_tile_key(part_ptr, t - n_full, True, BLOCK_M, SPARSE_M),
+                                           dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
+                                           q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
+                                           seqlen_q, seqlen_k, 0, qk_scale, 0.0, 0.0, 0, 0, dq_desc, dq_done, dq_b,
+                                           dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, False, True, False, False, False,
+                                           DQ_CHUNKS, DQ_TMA_REDUCE, off_b, h, aux0, aux1, aux2, aux3, MASK_MOD,
+                                           True)
+            it0 += n_all
+    else:
+        for g in range(group_size):
+            dq_ptr = dq_base + g * HEAD_DIM + WG * HALF_D
+            dq_c = dq_c0 + g * HEAD_DIM + WG * HALF_D
+            it0 = g * n_tiles
+            alibi_log2 = 0.0
+            if HAS_ALIBI:
+                alibi_log2 = gl.load(alibi_ptr + g) * LOG2E  # query head off_hk * group_size + g
+            for t in range(0, n_masked):
+                dk, dv = _bwd_step_split_d(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0),
+                                           dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
+                                           q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
+                                           seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
+                                           window_left, window_right, dq_desc, dq_done, dq_b, dq_c, WG, HEAD_DIM,
+                                           BLOCK_M, STAGES, IS_CAUSAL, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS,
+                                           DQ_TMA_REDUCE)
+            for t in range(n_masked, n_tiles):
+                dk, dv = _bwd_step_split_d(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1),
+                                           dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
+                                           q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
+                                           seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
+                                           window_left, window_right, dq_desc, dq_done, dq_b, dq_c, WG, HEAD_DIM,
+                                           BLOCK_M, STAGES, IS_CAUSAL, False, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS,
+                                           DQ_TMA_REDUCE)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-adds have read their slot before the program exits
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
@@ -729,13 +770,19 @@ def _consumer1_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, del
                                  softcap_log2, window_left, window_right, dq_desc, dq_done, dq_b, dq_c0,
                                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                                  IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-                                 HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr):
+                                 HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr,
+                                 sp_num=None, sp_idx=None, sp_full_num=None, sp_full_idx=None, sp_num_base=0,
+                                 sp_idx_base=0, sp_num_h=0, sp_idx_h=0, off_b=0, off_h0=0, aux0=None, aux1=None,
+                                 aux2=None, aux3=None, MASK_MOD: gl.constexpr = None,
+                                 BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128):
     _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs, kv_bar, q_ready,
                                 q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                 n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                 softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
                                 softcap_log2, window_left, window_right, dq_desc, dq_done, dq_b, dq_c0, 1, HEAD_DIM,
-                                BLOCK_M, STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE)
+                                BLOCK_M, STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE,
+                                sp_num, sp_idx, sp_full_num, sp_full_idx, sp_num_base, sp_idx_base, sp_num_h, sp_idx_h,
+                                off_b, off_h0, aux0, aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_M)
 
 
 # Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
@@ -777,9 +824,9 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     HAS_BIAS (D64 / D128, dense): bias_desc a 4-D (bias_batch, bias_heads, Sq, Sk) TMA tensor
     over the additive bias (bias_batch 1 or B, bias_heads 1 or Hq: a broadcast dim is read at coordinate 0), boxes
     [1, 1, BLOCK_M, BLOCK_N]; no bias gradient. Else bias_desc, bias_batch, bias_heads are None.
-    BLOCK_SPARSE (flashtile.attention with a block mask; D64 / D128, dense, plain scores: no causal / window /
+    BLOCK_SPARSE (flashtile.attention with a block mask; dense, plain scores: no causal / window /
     softcap / ALiBi / bias): the query tiles come from the block mask's transposed lists of (SPARSE_M, SPARSE_N)
-    blocks, SPARSE_M a multiple of BLOCK_M and SPARSE_N of the 128-key block (gluon_bwd_launch.sparse_ok):
+    blocks, SPARSE_M a multiple of BLOCK_M and SPARSE_N of BLOCK_N (gluon_bwd_launch.sparse_ok):
     QNum / FullQNum (B, H, Sk / SPARSE_N) count the partial / full query blocks of each key block, QIdx /
     FullQIdx (B, H, Sk / SPARSE_N, Sq / SPARSE_M) list them (strides stride_bm_* and stride_bi_*, 0 along
     broadcast dims; H is 1 or Hq), as kernels/bwd.py's dK/dV kernel reads them. Full blocks run the plain step,
@@ -790,10 +837,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
     gl.static_assert(not (SPLIT_D and HAS_BIAS), "HAS_BIAS: D64 / D128 only")
     gl.static_assert(not (VARLEN and HAS_BIAS), "HAS_BIAS: dense only")
-    gl.static_assert(not BLOCK_SPARSE or not (SPLIT_D or VARLEN or HAS_BIAS or IS_CAUSAL or IS_LOCAL or SOFTCAP
-                                              or HAS_ALIBI), "BLOCK_SPARSE: D64 / D128, dense, plain scores")
-    gl.static_assert(not BLOCK_SPARSE or (SPARSE_M % BLOCK_M == 0 and SPARSE_N % (2 * WG_N) == 0),
-                     "BLOCK_SPARSE: whole query tiles and 128-key blocks per mask block")
+    gl.static_assert(not BLOCK_SPARSE or not (VARLEN or HAS_BIAS or IS_CAUSAL or IS_LOCAL or SOFTCAP or HAS_ALIBI),
+                     "BLOCK_SPARSE: dense, plain scores")
     gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE) or (DQ_TMA_REDUCE == 1 and DQ_CHUNKS == 1),
                      "DQ_TMA_REDUCE at D256: 1 (the ring slot), with DQ_CHUNKS 1")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
@@ -970,6 +1015,33 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
         sp_num_base = off_b * stride_bm_b + (start_n // SPARSE_N) * stride_bm_n
         sp_idx_base = off_b * stride_bi_b + (start_n // SPARSE_N) * stride_bi_n
         off_h0 = off_hk * group_size
+        gl.static_assert(SPARSE_M % BLOCK_M == 0 and SPARSE_N % BLOCK_N == 0,
+                         "BLOCK_SPARSE: whole query tiles and key programs per mask block")
+    if BLOCK_SPARSE and SPLIT_D:
+        gl.warp_specialize([
+            (_consumer_split_d_partition,
+             (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty, do_ready,
+              do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles, group_size, seqlen_q,
+              seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip,
+              alibi_ptr, softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, 0, HEAD_DIM, BLOCK_M,
+              STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE, QNum, QIdx, FullQNum,
+              FullQIdx, sp_num_base, sp_idx_base, stride_bm_h, stride_bi_h, off_b, off_h0, Aux0, Aux1, Aux2, Aux3,
+              MASK_MOD, BLOCK_SPARSE, SPARSE_M)),
+            (_consumer1_split_d_partition,
+             (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty, do_ready,
+              do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles, group_size, seqlen_q,
+              seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip,
+              alibi_ptr, softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, HEAD_DIM, BLOCK_M,
+              STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE, QNum, QIdx, FullQNum,
+              FullQIdx, sp_num_base, sp_idx_base, stride_bm_h, stride_bi_h, off_b, off_h0, Aux0, Aux1, Aux2, Aux3,
+              MASK_MOD, BLOCK_SPARSE, SPARSE_M)),
+            (_sparse_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem.index(0),
+                                      v_smem.index(0), q_bufs, do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready,
+                                      q_empty, do_ready, do_empty, desc_b, row_b, start_n, off_hk * HEAD_DIM, off_h0,
+                                      group_size, QNum, QIdx, FullQNum, FullQIdx, sp_num_base, sp_idx_base,
+                                      stride_bm_h, stride_bi_h, HEAD_DIM, BLOCK_M, STAGES, SPARSE_M)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    elif BLOCK_SPARSE:
         gl.warp_specialize([
             (_consumer_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                    q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
