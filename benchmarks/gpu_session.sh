@@ -23,7 +23,7 @@ case "$phase" in
         shift || true
         gluon_files="tests/test_gluon.py tests/test_gluon_bwd.py tests/test_gluon_alibi_split.py
             tests/test_gluon_persistent_protocol.py tests/test_varlen.py tests/test_fast_launch.py
-            tests/test_gluon_sparse.py tests/test_gluon_3wg.py"
+            tests/test_gluon_sparse.py tests/test_gluon_sparse_bwd.py tests/test_gluon_3wg.py"
         case "$part" in
             1) files="$gluon_files" ;;
             2) files="tests/ $(for f in $gluon_files; do printf -- '--ignore=%s ' "$f"; done)" ;;

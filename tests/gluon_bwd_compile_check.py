@@ -20,7 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from compile_check import kernel_signature  # this folder: the JIT-faithful signature
-from gluon_compile_check import PTX_PATTERNS, backward_branches, dump, ptxas_report, sass_instructions
+from gluon_compile_check import PTX_PATTERNS, backward_branches, dump, ptxas_report, sass_instructions, sparse_mods
 from flashtile import gluon_bwd_launch
 
 PATTERNS = {**PTX_PATTERNS, "atom.add": r"(?:atom|red)\.global[\w.]*\.add",
@@ -49,6 +49,14 @@ FEATURES = {
     "bias-alibi-window": (True, dict(window_size=(256, -1), alibi_slopes="alibi", attn_bias="bias")),
     "bias-window": (False, dict(window_size=(100, 50), attn_bias="bias")),
     "bias-combo": (True, dict(window_size=(256, -1), softcap=30.0, alibi_slopes="alibi", attn_bias="bias")),
+    # Block-sparse flashtile.attention (gluon_compile_check.sparse_mods: 128 x 128 block masks, their transposed
+    # lists; no causal flag, the mask is the mask_mod); dense only (sparse_ok).
+    "sparse-window": (False, dict(sparse="window")),
+    "sparse-causal": (False, dict(sparse="causal")),
+    "sparse-document": (False, dict(sparse="document")),
+    "sparse-aux": (False, dict(sparse="aux")),  # a custom mask_mod reading a per-batch aux table
+    "sparse-256": (False, dict(sparse="window", sparse_block=(256, 256))),  # two key programs per listed block
+    "sparse-64": (False, dict(sparse="causal", sparse_block=(64, 128))),  # one query tile per listed block
 }
 
 
@@ -117,6 +125,10 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000
     if features.get("attn_bias") is not None:
         dtype = torch.float32 if features["attn_bias"] == "bias32" else torch.bfloat16
         features = dict(features, attn_bias=torch.empty(1, heads_q, seqlen_q, seqlen_k, dtype=dtype))
+    if features.get("sparse"):
+        features = dict(features)
+        block = features.pop("sparse_block", (128, 128))
+        features["mods"] = sparse_mods(features.pop("sparse"), batch, seqlen_q, seqlen_k, block)
     kernel = gluon_bwd_launch._attn_bwd_dkdv_hopper
     _, args, constexprs, options = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, dq_accum, 0.1,
                                                                      causal, config, **features)
@@ -178,6 +190,9 @@ def main():
             if "attn_bias" in kwargs and (args.varlen or not gluon_bwd_launch.bias_shared_ok(
                     head_dim, config, torch.float32 if kwargs["attn_bias"] == "bias32" else torch.bfloat16)):
                 print(f"d{head_dim}-{feature}-default: skipped (bias: dense only, where bias_shared_ok takes it)")
+                continue
+            if "sparse" in kwargs and (args.varlen or head_dim not in gluon_bwd_launch.SPARSE_HEAD_DIMS):
+                print(f"d{head_dim}-{feature}-default: skipped (block-sparse: dense only)")
                 continue
             cases.append((f"d{head_dim}-{feature}-default", head_dim, causal, config, kwargs))
     bad = 0

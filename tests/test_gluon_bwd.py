@@ -7,6 +7,9 @@ from flashtile import configs, gluon_bwd_launch, launch
 from utils import assert_close_rule, make_qkv, record_calls, references
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+# dkdv_launch_args' last arguments: the block-sparse ones (4 lists, 6 strides, 4 aux tensors; None when dense,
+# test_gluon_sparse_bwd.py has them); the tests below index the arguments before them from the end.
+SPARSE_TAIL = 14
 
 
 def test_unsupported_without_hopper():
@@ -72,7 +75,7 @@ def test_dkdv_launch_args_leave_plain_and_causal_alone():
     def launch_args(causal, **kw):
         _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, causal,
                                                                    config, **kw)
-        return args[-10:-5], constexprs
+        return args[:-SPARSE_TAIL][-10:-5], constexprs
 
     for causal in (False, True):
         tail, constexprs = launch_args(causal)
@@ -91,6 +94,7 @@ def test_dkdv_launch_args_leave_plain_and_causal_alone():
     assert softcap_log2 == pytest.approx(30.0 * 1.4426950408889634)
     _, args, _, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, False, config,
                                                       softcap=30.0)
+    args = args[:-SPARSE_TAIL]
     assert args[-12] == pytest.approx(0.125 / 30.0)  # qk_scale = softmax_scale / softcap, as the forward's
     assert args[-3:] == (None,) * 3  # no bias: bias_desc, bias_batch, bias_heads
 
@@ -115,6 +119,8 @@ def test_dkdv_launch_args_bias():
         for bias, shape, strides in cases:
             _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, True,
                                                                        config, attn_bias=bias)
+            assert args[-SPARSE_TAIL:] == (None,) * SPARSE_TAIL
+            args = args[:-SPARSE_TAIL]
             desc, batch, heads = args[-3:]
             assert constexprs["HAS_BIAS"] and desc.base is bias and (batch, heads) == tuple(shape[:2])
             assert list(desc.shape) == shape and list(desc.strides) == strides, (desc.shape, desc.strides)
@@ -231,7 +237,8 @@ def test_dkdv_launch_args_varlen():
         assert list(args[4].shape) == [4, rows.shape[1]] and list(args[4].strides) == [rows.shape[1], 1]
         assert args[10:17] == (0, 256, 128, 0, 256, 128, 512)  # dK / dV (batch, row, head), dq_accum's row
         assert args[17:20] == (400, 500, 448)  # max lengths, max_seqlen_q in whole 64-row tiles
-        assert args[-5] is cu_q and args[-4] is cu_k and args[-3:] == (None,) * 3  # then the bias arguments (off)
+        tail = args[:-SPARSE_TAIL]
+        assert tail[-5] is cu_q and tail[-4] is cu_k and tail[-3:] == (None,) * 3  # then the bias arguments (off)
         desc = args[9]
         if variant == "atomics":
             assert desc is None
@@ -246,7 +253,7 @@ def test_dkdv_launch_args_varlen():
                                               torch.empty(2, 500, 2, 128, dtype=torch.bfloat16),
                                               torch.empty(2, 320, 4, 128), 0.1, False,
                                               gluon_bwd_launch.VARIANTS["default"][128])
-    assert dense[1][-5:] == (None,) * 5 and not dense[2]["VARLEN"]  # cu_seqlens, then the bias arguments
+    assert dense[1][:-SPARSE_TAIL][-5:] == (None,) * 5 and not dense[2]["VARLEN"]  # cu_seqlens, then the bias arguments
 
 
 @pytest.mark.usefixtures("pretend_hopper")

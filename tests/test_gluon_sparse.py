@@ -80,7 +80,8 @@ def test_sparse_refused_off_hopper():
 @pytest.mark.parametrize("name", list(MASKS))
 def test_gluon_sparse_matches_reference(name, shape, head_dim, monkeypatch):
     """out, lse, dq, dk, dv of flashtile.attention with a block mask (the forward on the Gluon kernel, the backward
-    on the portable one) against the float64 reference; outputs NaN-poisoned so unwritten rows fail."""
+    on the Gluon one at D64 / D128 (test_gluon_sparse_bwd.py), the portable one at D256) against the float64
+    reference; outputs NaN-poisoned so unwritten rows fail."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     calls = _count_gluon(monkeypatch)
     batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape

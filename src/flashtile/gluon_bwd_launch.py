@@ -3,8 +3,10 @@
 launch._flash_attn_backward uses it for the dense backward (plain, causal, sliding window, softcap, ALiBi, an
 additive bias without gradient whose layout TMA can read: bias_tma_ok, bias_shared_ok) when
 configs.gluon_bwd_wanted() and gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is
-supported, =0 never. Importing this module never fails: without Gluon's Hopper API, or under the interpreter,
-gluon_bwd_supported() is False.
+supported, =0 never. flashtile.attention's block-sparse calls (sparse_ok: a block mask, a mask_mod or none, D64 /
+D128 / D256) take it through launch._gluon_sparse_backward, switched by FLASHTILE_GLUON_SPARSE as the sparse forward.
+Importing this module never fails: without Gluon's Hopper API, or under the interpreter, gluon_bwd_supported() is
+False.
 """
 import functools
 import math
@@ -299,7 +301,7 @@ def _dq_descriptor(dq_accum, block_m, max_seqlen_q_pad=None):
 
 def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config,
                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                     max_seqlen_q=0, max_seqlen_k=0, attn_bias=None):
+                     max_seqlen_q=0, max_seqlen_k=0, attn_bias=None, mods=None):
     """(grid, args, constexprs, launch options) of the dK/dV kernel; shared with the offline compile check.
     lse2, delta: (B, Hq, Sq_pad) fp32; dq_accum: (B, Sq_pad, Hq, D) fp32, Sq_pad a multiple of config.block_m.
     Varlen (cu_seqlens_q given): packed q / k / v / dout / dk / dv (total, H, D), lse2 / delta in the varlen row
@@ -307,7 +309,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
     max_seqlen_k keys of every sequence.
     Features off pass None for their arguments and leave the constexprs at the plain kernel's (same signature,
     same compiled kernel); causal with a left window is the window (left, 0) (gluon_launch.mask_mode).
-    attn_bias (dense only): 4-D broadcastable to (B, Hq, Sq, Sk) that bias_tma_ok accepts, or None."""
+    attn_bias (dense only): 4-D broadcastable to (B, Hq, Sq, Sk) that bias_tma_ok accepts, or None.
+    mods: a launch.ModArgs with a block mask that sparse_ok accepts (plain scores, dense), or None."""
     varlen = cu_seqlens_q is not None
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
@@ -338,20 +341,72 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
             (left if left >= 0 else unbounded) if is_local else None,
             (right if right >= 0 else unbounded) if is_local else None,
             cu_seqlens_q, cu_seqlens_k,
-            *(_bias_args(attn_bias, config.block_m, keys) if attn_bias is not None else (None, None, None)))
+            *(_bias_args(attn_bias, config.block_m, keys) if attn_bias is not None else (None, None, None)),
+            *_sparse_args(mods))
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, IS_CAUSAL=is_causal,
                       DQ_SPLIT_D=config.dq_split_d, CONSUMER_REGS=config.consumer_regs,
                       LOADER_REGS=config.loader_regs, IS_LOCAL=is_local, SOFTCAP=softcap > 0,
                       HAS_ALIBI=alibi_slopes is not None, DQ_CHUNKS=config.dq_chunks,
                       DQ_TMA_REDUCE=config.dq_tma_reduce, VARLEN=varlen,
                       HAS_BIAS=attn_bias is not None)
+    if mods is not None:
+        constexprs.update(MASK_MOD=mods.mask_mod, BLOCK_SPARSE=True, SPARSE_M=mods.block_size[0],
+                          SPARSE_N=mods.block_size[1])
     grid = (math.ceil(seqlen_k / keys), batch * heads_kv)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
+def _sparse_args(mods):
+    """The block-sparse arguments of _attn_bwd_dkdv_hopper: the four transposed block lists (q_num, q_idx,
+    full_q_num, full_q_idx), their (batch, head, key block) strides (0 along broadcast dims) and four aux tensors
+    (None for absent ones); all None without mods, so a dense launch compiles the kernel it always did."""
+    if mods is None:
+        return (None,) * 14
+    num, idx = mods.q_lists[0], mods.q_lists[1]
+    strides = [0 if num.shape[i] == 1 else num.stride(i) for i in range(3)]
+    strides += [0 if idx.shape[i] == 1 else idx.stride(i) for i in range(3)]
+    return (*mods.q_lists, *strides, *mods.aux, *(None,) * (4 - len(mods.aux)))
+
+
+SPARSE_HEAD_DIMS = (64, 128, 256)  # D256: SPLIT_D's 64-key programs, two per 128-key block
+_sparse_failed = {}  # mask_mod adapter -> the exception its Gluon backward build raised (then portable)
+
+
+def sparse_ok(q, k, v, out, dout, window_size, mods, variant="default"):
+    """True when the Gluon backward can compute the gradients of flashtile.attention's block-sparse call:
+    gluon_bwd_supported's dense conditions (sm90, fp16 / bf16, TMA-compatible strides, GQA), head dim 64, 128 or 256,
+    no window (flex.attention has no causal flag with a block mask), a block mask whose query block is a multiple of
+    the backward's query tile (config.block_m, 64) and whose key block a multiple of its key program (block_n: 128,
+    64 at D256; other
+    block sizes, e.g. (64, 64) or (128, 64), run the portable kernels), a mask_mod or none, no score_mod. A
+    mask_mod whose Gluon backward build failed once stays portable."""
+    if mods is None or mods.block_size is None or mods.score_mod is not None or mods.score_mod_grad is not None:
+        return False
+    if tuple(window_size) != (-1, -1) or q.shape[-1] not in SPARSE_HEAD_DIMS:
+        return False
+    config = VARIANTS[variant].get(q.shape[-1])
+    rows, cols = mods.block_size
+    # dQ by TMA reduce-adds only: a listed query block may hold tiles wholly past Sq (Sq = 130 in a 256-row block),
+    # whose adds (of zeros) TMA drops at the buffer's edge where the atomics variant's would land past it.
+    if config is None or not config.dq_tma_reduce or rows % config.block_m or cols % block_n(q.shape[-1]):
+        return False
+    if mods.mask_mod is not None and mods.mask_mod in _sparse_failed:
+        return False
+    return gluon_bwd_supported(q, k, v, out, dout)
+
+
+def sparse_failed(mods, exc):
+    """A block-sparse backward launch failed to build (e.g. a mask_mod Gluon cannot compile): that mask_mod runs
+    the portable backward from now on, with one warning; the dense Gluon backward stays on."""
+    warnings.warn(f"flashtile: the Hopper Gluon block-sparse backward failed for this mask_mod "
+                  f"({type(exc).__name__}: {exc}); it runs the portable Triton kernels from now on "
+                  f"(FLASHTILE_GLUON_SPARSE=0 silences this)", RuntimeWarning, stacklevel=3)
+    _sparse_failed[mods.mask_mod] = exc
+
+
 def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dlse=None, variant="default",
                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None, sink_parts=None,
-                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None):
+                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None, mods=None):
     """dq, dk, dv (the shapes and dtypes of q, k, v) of flash_attn_func(q, k, v, softmax_scale, causal,
     window_size, softcap, alibi_slopes) from its out and lse (B, Hq, Sq) fp32; dlse: the gradient flowing into
     lse (lse's shape) or None. Requires gluon_bwd_supported(q, k, v, out, dout, causal, window_size=...,
@@ -362,7 +417,8 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     atomics in variant "atomics"), and the conversion of that buffer to dq. Varlen (cu_seqlens_q / cu_seqlens_k
     int32 (B + 1,), max_seqlen_q / max_seqlen_k): packed (total, H, D) tensors and lse (Hq, total_q), as
     flash_attn_varlen_func's. attn_bias (dense only): the forward's additive bias (4-D, broadcastable to
-    (B, Hq, Sq, Sk); no gradient) or None."""
+    (B, Hq, Sq, Sk); no gradient) or None. mods: flashtile.attention's block mask and mask_mod (a launch.ModArgs
+    that sparse_ok accepts; plain scores, dense) or None."""
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     config = VARIANTS[variant][q.shape[-1]]
@@ -395,7 +451,7 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,
                                                        float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                                                       max_seqlen_q, max_seqlen_k, attn_bias)
+                                                       max_seqlen_q, max_seqlen_k, attn_bias, mods)
     fast_launch.launch(_attn_bwd_dkdv_hopper, grid, args, {**constexprs, **options})
     dq = launch._empty(q.shape, q, poison=poison)
     if cu_seqlens_q is not None:  # the conversion's (B, Sq_pad, Hq, D) view: one batch of every packed row

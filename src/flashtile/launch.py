@@ -775,6 +775,22 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
         gluon_bwd_launch.disable)
 
 
+def _gluon_sparse_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, mods):
+    """(dq, dk, dv) of flashtile.attention's block-sparse call from the Hopper Gluon backward
+    (gluon_bwd_launch.sparse_ok: a block mask with a mask_mod or none, no score_mod, query blocks a multiple of its
+    64-row tile and key blocks of its 128-key program, D64 / D128) on a tested triton, else None. The forward's
+    switch: FLASHTILE_GLUON_SPARSE, read per call, "0" never (the portable backward, as the sparse bench's
+    flashtile-sparse-portable provider times it), "1" wherever supported; unset: as FLASHTILE_GLUON_BWD. A launch
+    that fails to build sends that mask_mod to the portable kernels (gluon_bwd_launch.sparse_failed)."""
+    gluon_launch, gluon_bwd_launch = _gluon_modules()
+    return _try_gluon(
+        "FLASHTILE_GLUON_SPARSE" if "FLASHTILE_GLUON_SPARSE" in os.environ else "FLASHTILE_GLUON_BWD",
+        gluon_launch.tested_triton,
+        lambda: gluon_bwd_launch.sparse_ok(q, k, v, out, dout, (window_left, window_right), mods),
+        lambda: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, softmax_scale, False, dlse, mods=mods),
+        lambda exc: gluon_bwd_launch.sparse_failed(mods, exc))
+
+
 def _gluon_bwd_candidate(bias_grad, dropout_p, mods, deterministic):
     """Whether _flash_attn_backward asks the Gluon backward at all: no dropout, no bias gradient (the Gluon kernel
     reads a bias, it writes no dS), no mods, not deterministic (its dQ reductions run in no fixed order). Windows,
@@ -804,6 +820,11 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
     if sink is not None:
         geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         parts = sink_parts(geo, q)
+    if (mods is not None and q.is_cuda and not deterministic and not bias_grad and not dropout_p and sink is None
+            and attn_bias is None and alibi_slopes is None and not softcap and cu_seqlens_q is None):
+        grads = _gluon_sparse_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, mods)
+        if grads is not None:
+            return (*grads, q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.float32))
     if q.is_cuda and _gluon_bwd_candidate(bias_grad, dropout_p, mods, deterministic):
         grads = _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_right == 0,
                                 window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,

@@ -18,8 +18,9 @@ from flashtile.bench.timing import bench_ms
 
 GPU_DEFAULTS = dict(sparse_seqlens=[16384], sparse_masks=["window:2048", "document:8", "dilated:4", "causal"])
 CPU_DEFAULTS = dict(sparse_seqlens=[512], sparse_masks=["window:128", "document:4", "dilated:4"])
-# flashtile-sparse-portable: the same call with FLASHTILE_GLUON_SPARSE=0 (the portable Triton forward; the backward
-# is the portable one either way), so the Hopper Gluon block-sparse forward and the portable one time in one run.
+# flashtile-sparse-portable: the same call with FLASHTILE_GLUON_SPARSE=0 (the portable Triton forward, and in
+# fwd_bwd the portable backward: the variable stays set through torch.autograd.grad), so the Hopper Gluon
+# block-sparse forward + backward and the portable ones time in one run.
 PROVIDERS = ("flashtile-sparse", "flashtile-sparse-portable", "flashtile-dense", "flex")
 BLOCK = 128
 
@@ -118,6 +119,8 @@ def run_sparse(args, names, device):
                                 rec["ms"] = bench_ms(fn, device, args.warmup, args.rep)
                         else:
                             step = lambda fn=fn, leaves=leaves: torch.autograd.grad(fn(), leaves, dout)  # noqa: E731
+                            if name == "flashtile-sparse-portable":  # the backward reads the variable too
+                                step = lambda step=step: _portable(step)  # noqa: E731
                             step()
                             rec["ms"] = bench_ms(step, device, args.warmup, args.rep)
                     except Exception as e:

@@ -41,6 +41,12 @@ included): each key block visits only the query tiles of common._query_range (ma
 HAS_BIAS (D64 / D128: an additive bias without gradient, a [BLOCK_M, BLOCK_N] tile per query tile in the Q ring
 from a 4-D TMA tensor, bias * log2(e) added after softcap and ALiBi; at D128 dP^T's wgmma then waits for P^T, which
 keeps the tile's registers clear of dP^T's accumulator, and dV's follows it at once).
+BLOCK_SPARSE (flashtile.attention with a block mask, plain scores, D64 / D128 / D256): a key block visits, per query
+head, the query blocks of the block mask's transposed lists (full_q_*, then q_*), full ones with the plain step and
+partial ones evaluating the user's mask_mod on S^T (_sparse_load_partition, _consumer_sparse_walk; D256 the same walk
+in _consumer_split_d_partition); empty blocks are never loaded. At D128 a partial tile issues dP^T after P^T (as
+HAS_BIAS: the mask_mod's registers beside dP^T's accumulator spilled). Off, the dense kernels compile to the PTX
+they did (the sparse arguments are None).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -48,6 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .common import LOG2E, _tanh
+from .gluon_fwd import _list_tile_key, _sparse_tile_key
 
 try:  # triton >= 3.7 names the TMA reduce-add (cp.reduce.async.bulk.tensor ... .add)
     from triton.experimental.gluon.language.nvidia.hopper.tma import async_atomic_add as _tma_reduce_add
@@ -173,7 +180,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
               bias_bufs, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
               IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
               SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = 0,
-              HAS_BIAS: gl.constexpr = False):
+              HAS_BIAS: gl.constexpr = False, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
+              MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
     dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm, or under
     DQ_TMA_REDUCE (1 or 2: buffers per warpgroup) through one of this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_bufs
@@ -181,7 +189,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     causal_offset is Sk - Sq under IS_CAUSAL, IS_LOCAL or HAS_ALIBI (else 0); the feature scalars are the
     forward's (gluon_fwd._feature_scores), None when their feature is off. HAS_BIAS: bias_bufs is the
     loader's [STAGES, 1, 1, BLOCK_M, 2 * WG_N] ring of bias tiles (this warpgroup reads its WG_N key columns),
-    else 0."""
+    else 0. BLOCK_SPARSE and MASKED (a block mask's partial query block): MASK_MOD(off_b, off_h, q_idx, kv_idx,
+    aux0..aux3) on the transposed tile (kv_idx [WG_N, 1] on rows, q_idx [1, BLOCK_M] on columns; clamped to the
+    last position with aux tensors, as gluon_fwd._mask_mod_scores) beside the key-end mask."""
     dtype: gl.constexpr = q_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -198,7 +208,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     # inside the D128 tile loops; under SOFTCAP its 1 - t^2 is folded into P^T before dP^T (bias + softcap: 0). This
     # warpgroup's softmax no longer overlaps its own dP^T wgmma (the other warpgroup's GEMMs still run meanwhile),
     # as under SOFTCAP. D64 (half the dK / dV registers) keeps the plain order without spills.
-    LATE_DP: gl.constexpr = HAS_BIAS and HEAD_DIM > 64
+    # BLOCK_SPARSE's partial tiles at D128 likewise: a mask_mod evaluated beside dP^T's accumulator spilled 22-54
+    # loads / stores per tile (sparse-window, sparse-aux); full tiles keep the plain order.
+    LATE_DP: gl.constexpr = (HAS_BIAS or (BLOCK_SPARSE and MASKED)) and HEAD_DIM > 64
     s_tok = _issue_t(it, k_view, q_bufs, q_ready, HEAD_DIM, BLOCK_M, STAGES)
     if not LATE_DP:
         dp_tok = _issue_t(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
@@ -242,6 +254,15 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             shifted = cols + causal_offset  # [BLOCK_M]
             visible = visible & (keys[:, None] <= shifted[None, :] + window_right) & (
                 keys[:, None] >= shifted[None, :] - window_left)
+        if BLOCK_SPARSE and MASK_MOD is not None:
+            # S^T: keys on rows, queries on columns; the mod takes (b, h, q_idx, kv_idx) as in the forward.
+            if aux0 is None:
+                q_idx = cols[None, :]  # [1, BLOCK_M]
+                kv_idx = keys[:, None]  # [WG_N, 1]
+            else:
+                q_idx = gl.minimum(cols, seqlen_q - 1)[None, :]
+                kv_idx = gl.minimum(keys, seqlen_k - 1)[:, None]
+            visible = visible & MASK_MOD(off_b, off_h, q_idx, kv_idx, aux0, aux1, aux2, aux3)
         p = gl.where(visible, p, 0.0)
     if LATE_DP:
         if SOFTCAP:
@@ -327,13 +348,18 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                         window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, WG: gl.constexpr,
                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-                        HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, HAS_BIAS: gl.constexpr):
+                        HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, HAS_BIAS: gl.constexpr,
+                        sp_num=None, sp_idx=None, sp_full_num=None, sp_full_idx=None, sp_num_base=0, sp_idx_base=0,
+                        sp_num_h=0, sp_idx_h=0, off_b=0, off_h0=0, aux0=None, aux1=None, aux2=None, aux3=None,
+                        MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
+                        SPARSE_M: gl.constexpr = 128):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
     the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
     _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
     DK / DV; dq_base: the group's first head in DQAccum; alibi_ptr: the group's first head's slope.
     DQ_TMA_REDUCE: dQ by dq_desc (batch dq_b, the group's first head at column dq_c0) from this warpgroup's
-    DQ_TMA_REDUCE buffers of dq_bufs."""
+    DQ_TMA_REDUCE buffers of dq_bufs. BLOCK_SPARSE: the query tiles of the key block's transposed lists instead
+    (_consumer_sparse_walk; m_lo, n_masked, n_tiles, n_lead, n_skip unused)."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -346,29 +372,37 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
     dq_col = WG * DQ_N if DQ_SPLIT_D else 0
     mbarrier.wait(kv_bar, 0)
-    for g in range(group_size):
-        dq_ptr = dq_base + g * HEAD_DIM + dq_col
-        dq_c = dq_c0 + g * HEAD_DIM + dq_col
-        it0 = g * n_tiles
-        alibi_log2 = 0.0
-        if HAS_ALIBI:
-            alibi_log2 = gl.load(alibi_ptr + g) * LOG2E  # query head off_hk * group_size + g
-        for t in range(0, n_masked):
-            dk, dv = _bwd_step(
-                it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv, k_view, v_view,
-                k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty,
-                ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
-                alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
-                BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
-                HAS_BIAS)
-        for t in range(n_masked, n_tiles):
-            dk, dv = _bwd_step(
-                it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view, v_view,
-                k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty,
-                ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
-                alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
-                BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
-                HAS_BIAS)
+    if BLOCK_SPARSE:
+        dk, dv = _consumer_sparse_walk(
+            dk, dv, k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty,
+            do_ready, do_empty, ds_ready, dq_base, dq_col, stride_dqm, key0, seqlen_q, seqlen_k, qk_scale, dq_desc,
+            dq_bufs, dq_b, dq_c0, group_size, sp_num, sp_idx, sp_full_num, sp_full_idx, sp_num_base, sp_idx_base,
+            sp_num_h, sp_idx_h, off_b, off_h0, aux0, aux1, aux2, aux3, WG, HEAD_DIM, BLOCK_M, STAGES, DQ_SPLIT_D,
+            DQ_TMA_REDUCE, MASK_MOD, SPARSE_M)
+    else:
+        for g in range(group_size):
+            dq_ptr = dq_base + g * HEAD_DIM + dq_col
+            dq_c = dq_c0 + g * HEAD_DIM + dq_col
+            it0 = g * n_tiles
+            alibi_log2 = 0.0
+            if HAS_ALIBI:
+                alibi_log2 = gl.load(alibi_ptr + g) * LOG2E  # query head off_hk * group_size + g
+            for t in range(0, n_masked):
+                dk, dv = _bwd_step(
+                    it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv, k_view, v_view,
+                    k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty,
+                    ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                    alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
+                    BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
+                    HAS_BIAS)
+            for t in range(n_masked, n_tiles):
+                dk, dv = _bwd_step(
+                    it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view, v_view,
+                    k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready, q_empty, do_ready, do_empty,
+                    ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                    alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
+                    BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
+                    HAS_BIAS)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-add has read dq_smem before the program exits
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
@@ -387,13 +421,108 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                          window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-                         HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, HAS_BIAS: gl.constexpr):
+                         HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, HAS_BIAS: gl.constexpr,
+                         sp_num=None, sp_idx=None, sp_full_num=None, sp_full_idx=None, sp_num_base=0,
+                         sp_idx_base=0, sp_num_h=0, sp_idx_h=0, off_b=0, off_h0=0, aux0=None, aux1=None, aux2=None,
+                         aux3=None, MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
+                         SPARSE_M: gl.constexpr = 128):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
                         stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2, window_left, window_right,
                         dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                        DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, HAS_BIAS)
+                        DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, HAS_BIAS, sp_num, sp_idx,
+                        sp_full_num, sp_full_idx, sp_num_base, sp_idx_base, sp_num_h, sp_idx_h, off_b, off_h0, aux0,
+                        aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_M)
+
+
+@gluon.jit
+def _sparse_head_lists(sp_num, sp_idx, sp_full_num, sp_full_idx, sp_num_base, sp_idx_base, sp_num_h, sp_idx_h, h,
+                       TILES: gl.constexpr):
+    """BLOCK_SPARSE, query head h: (n_full, n_all, full_ptr, part_ptr): this key block's full query blocks (n_full
+    tiles of BLOCK_M rows, TILES per block) listed at full_ptr, then its partial ones up to n_all at part_ptr (the
+    block mask's transposed lists full_q_* / q_*; a broadcast head has stride 0)."""
+    num_off = sp_num_base + h * sp_num_h
+    idx_off = sp_idx_base + h * sp_idx_h
+    n_full = gl.load(sp_full_num + num_off) * TILES
+    n_all = n_full + gl.load(sp_num + num_off) * TILES
+    return n_full, n_all, sp_full_idx + idx_off, sp_idx + idx_off
+
+
+@gluon.jit
+def _consumer_sparse_walk(dk, dv, k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
+                          q_empty, do_ready, do_empty, ds_ready, dq_base, dq_col, stride_dqm, key0, seqlen_q,
+                          seqlen_k, qk_scale, dq_desc, dq_bufs, dq_b, dq_c0, group_size, sp_num, sp_idx, sp_full_num,
+                          sp_full_idx, sp_num_base, sp_idx_base, sp_num_h, sp_idx_h, off_b, off_h0, aux0, aux1, aux2,
+                          aux3, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                          STAGES: gl.constexpr, DQ_SPLIT_D: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr,
+                          MASK_MOD: gl.constexpr, SPARSE_M: gl.constexpr):
+    """BLOCK_SPARSE: for each query head off_h0 + g of the group, the full query blocks of this key block
+    (plain steps, no mask: a full block never reaches past Sq or Sk) then its partial ones (MASK_MOD and the
+    key-end mask), in the ring order of _sparse_load_partition; empty blocks are never visited (a key block with
+    none keeps dK = dV = 0, and dQ's rows receive nothing)."""
+    TILES: gl.constexpr = SPARSE_M // BLOCK_M
+    it0 = group_size * 0  # ring position of the head's first tile (heads list different counts)
+    for g in range(group_size):
+        h = off_h0 + g
+        n_full, n_all, full_ptr, part_ptr = _sparse_head_lists(sp_num, sp_idx, sp_full_num, sp_full_idx,
+                                                               sp_num_base, sp_idx_base, sp_num_h, sp_idx_h, h,
+                                                               TILES)
+        dq_ptr = dq_base + g * HEAD_DIM + dq_col
+        dq_c = dq_c0 + g * HEAD_DIM + dq_col
+        for t in range(0, n_full):
+            m = _list_tile_key(full_ptr, t, True, BLOCK_M, SPARSE_M)
+            dk, dv = _bwd_step(
+                it0 + t, m, dk, dv, k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
+                q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, 0, qk_scale,
+                0.0, 0.0, 0, 0, dq_desc, dq_bufs, dq_b, dq_c, 0, WG, HEAD_DIM, BLOCK_M, STAGES, False, False,
+                DQ_SPLIT_D, False, False, False, DQ_TMA_REDUCE, False)
+        for t in range(n_full, n_all):
+            m = _list_tile_key(part_ptr, t - n_full, True, BLOCK_M, SPARSE_M)
+            dk, dv = _bwd_step(
+                it0 + t, m, dk, dv, k_view, v_view, k_all, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
+                q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, 0, qk_scale,
+                0.0, 0.0, 0, 0, dq_desc, dq_bufs, dq_b, dq_c, 0, WG, HEAD_DIM, BLOCK_M, STAGES, False, True,
+                DQ_SPLIT_D, False, False, False, DQ_TMA_REDUCE, False, off_b, h, aux0, aux1, aux2, aux3, MASK_MOD,
+                True)
+        it0 += n_all
+    return dk, dv
+
+
+@gluon.jit
+def _sparse_load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
+                           lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, row_b,
+                           start_n, kv_col, off_h0, group_size, sp_num, sp_idx, sp_full_num, sp_full_idx,
+                           sp_num_base, sp_idx_base, sp_num_h, sp_idx_h, HEAD_DIM: gl.constexpr,
+                           BLOCK_M: gl.constexpr, STAGES: gl.constexpr, SPARSE_M: gl.constexpr):
+    """BLOCK_SPARSE (dense tensors): _load_partition's ring over the query tiles of the key block's lists, per
+    query head the full blocks then the partial ones (_consumer_sparse_walk's order)."""
+    TILES: gl.constexpr = SPARSE_M // BLOCK_M
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [desc_b, start_n, kv_col], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [desc_b, start_n, kv_col], kv_bar, v_smem)
+    it = group_size * 0
+    for g in range(group_size):
+        h = off_h0 + g
+        n_full, n_all, full_ptr, part_ptr = _sparse_head_lists(sp_num, sp_idx, sp_full_num, sp_full_idx,
+                                                               sp_num_base, sp_idx_base, sp_num_h, sp_idx_h, h,
+                                                               TILES)
+        col = h * HEAD_DIM
+        row_bh = row_b + h  # the row of lse2 / delta
+        for t in range(n_all):
+            row = _sparse_tile_key(t, n_full, n_all, full_ptr, part_ptr, BLOCK_M, SPARSE_M)
+            stage = it % STAGES
+            empty_phase = ((it // STAGES) & 1) ^ 1  # fresh barriers count as having completed phase 1
+            mbarrier.wait(q_empty.index(stage), empty_phase)
+            mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes + lse2_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [desc_b, row, col], q_ready.index(stage), q_bufs.index(stage))
+            tma.async_copy_global_to_shared(lse2_desc, [row_bh, row], q_ready.index(stage), lse2_bufs.index(stage))
+            mbarrier.wait(do_empty.index(stage), empty_phase)
+            mbarrier.expect(do_ready.index(stage), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(do_desc, [desc_b, row, col], do_ready.index(stage), do_bufs.index(stage))
+            tma.async_copy_global_to_shared(delta_desc, [row_bh, row], do_ready.index(stage),
+                                            delta_bufs.index(stage))
+            it += 1
 
 
 @gluon.jit
@@ -403,7 +532,8 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
                       dq_b, dq_c, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                       STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, IS_LOCAL: gl.constexpr,
                       SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr,
-                      DQ_TMA_REDUCE: gl.constexpr = 0):
+                      DQ_TMA_REDUCE: gl.constexpr = 0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
+                      MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False):
     """SPLIT_D (HEAD_DIM 256): both warpgroups own the same WG_N keys key0 + [0, WG_N); warpgroup WG computes
     S^T / dP^T for query columns WG * BLOCK_M / 2 + [0, BLOCK_M / 2) of the tile, writes its half of P^T and dS^T
     to x_bufs (slots 2 * buf: P^T, 2 * buf + 1: dS^T, each [WG_N, BLOCK_M]), and after both halves are in, adds
@@ -412,7 +542,7 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
     DQ_TMA_REDUCE (DQ_CHUNKS 1): dQ through the tile's own ring slot instead, once both warpgroups' wgmmas on it
     retired (dq_done, count 2): warpgroup 0 in its Q buffer, 1 in its dO buffer (32 KB each: [64, 128] fp32), by
     four TMA reduce-adds into dq_desc at [dq_b, m, dq_c + 32 c]; the slot goes back to the loader during the next
-    tile, once those have read it."""
+    tile, once those have read it. BLOCK_SPARSE and MASKED: MASK_MOD on the half tile, as in _bwd_step."""
     dtype: gl.constexpr = q_bufs.dtype
     HALF_M: gl.constexpr = BLOCK_M // 2
     HALF_D: gl.constexpr = HEAD_DIM // 2
@@ -468,6 +598,14 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
             shifted = cols + causal_offset  # [HALF_M]
             visible = visible & (keys[:, None] <= shifted[None, :] + window_right) & (
                 keys[:, None] >= shifted[None, :] - window_left)
+        if BLOCK_SPARSE and MASK_MOD is not None:
+            if aux0 is None:
+                q_idx = cols[None, :]  # [1, HALF_M]
+                kv_idx = keys[:, None]  # [WG_N, 1]
+            else:
+                q_idx = gl.minimum(cols, seqlen_q - 1)[None, :]
+                kv_idx = gl.minimum(keys, seqlen_k - 1)[:, None]
+            visible = visible & MASK_MOD(off_b, off_h, q_idx, kv_idx, aux0, aux1, aux2, aux3)
         p = gl.where(visible, p, 0.0)
     if not SOFTCAP:
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, HALF_M] = dP^T
@@ -550,9 +688,12 @@ def _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delt
                                 WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                                 STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr,
                                 SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr,
-                                DQ_TMA_REDUCE: gl.constexpr):
+                                DQ_TMA_REDUCE: gl.constexpr, sp_num=None, sp_idx=None, sp_full_num=None,
+                                sp_full_idx=None, sp_num_base=0, sp_idx_base=0, sp_num_h=0, sp_idx_h=0, off_b=0,
+                                off_h0=0, aux0=None, aux1=None, aux2=None, aux3=None, MASK_MOD: gl.constexpr = None,
+                                BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128):
     """SPLIT_D: keys start_n + [0, WG_N), head-dim columns WG * HEAD_DIM / 2 + [0, HEAD_DIM / 2) of their dK and
-    dV (and of dQ); otherwise as _consumer_partition."""
+    dV (and of dQ); otherwise as _consumer_partition (BLOCK_SPARSE: _consumer_sparse_walk's order)."""
     dtype: gl.constexpr = q_bufs.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -561,29 +702,56 @@ def _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delt
     dk = gl.zeros([WG_N, HALF_D], gl.float32, acc_layout)
     dv = gl.zeros([WG_N, HALF_D], gl.float32, acc_layout)
     mbarrier.wait(kv_bar, 0)
-    for g in range(group_size):
-        dq_ptr = dq_base + g * HEAD_DIM + WG * HALF_D
-        dq_c = dq_c0 + g * HEAD_DIM + WG * HALF_D
-        it0 = g * n_tiles
-        alibi_log2 = 0.0
-        if HAS_ALIBI:
-            alibi_log2 = gl.load(alibi_ptr + g) * LOG2E  # query head off_hk * group_size + g
-        for t in range(0, n_masked):
-            dk, dv = _bwd_step_split_d(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0),
-                                       dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
-                                       q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
-                                       seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
-                                       window_left, window_right, dq_desc, dq_done, dq_b, dq_c, WG, HEAD_DIM,
-                                       BLOCK_M, STAGES, IS_CAUSAL, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS,
-                                       DQ_TMA_REDUCE)
-        for t in range(n_masked, n_tiles):
-            dk, dv = _bwd_step_split_d(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1),
-                                       dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
-                                       q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
-                                       seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
-                                       window_left, window_right, dq_desc, dq_done, dq_b, dq_c, WG, HEAD_DIM,
-                                       BLOCK_M, STAGES, IS_CAUSAL, False, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS,
-                                       DQ_TMA_REDUCE)
+    if BLOCK_SPARSE:
+        TILES: gl.constexpr = SPARSE_M // BLOCK_M
+        it0 = group_size * 0  # ring position of the head's first tile
+        for g in range(group_size):
+            h = off_h0 + g
+            n_full, n_all, full_ptr, part_ptr = _sparse_head_lists(sp_num, sp_idx, sp_full_num, sp_full_idx,
+                                                                   sp_num_base, sp_idx_base, sp_num_h, sp_idx_h, h,
+                                                                   TILES)
+            dq_ptr = dq_base + g * HEAD_DIM + WG * HALF_D
+            dq_c = dq_c0 + g * HEAD_DIM + WG * HALF_D
+            for t in range(0, n_full):
+                dk, dv = _bwd_step_split_d(it0 + t, _list_tile_key(full_ptr, t, True, BLOCK_M, SPARSE_M), dk, dv,
+                                           k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs, q_ready,
+                                           q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
+                                           seqlen_q, seqlen_k, 0, qk_scale, 0.0, 0.0, 0, 0, dq_desc, dq_done, dq_b,
+                                           dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, False, False, False, False, False,
+                                           DQ_CHUNKS, DQ_TMA_REDUCE)
+            for t in range(n_full, n_all):
+                dk, dv = _bwd_step_split_d(it0 + t, _list_tile_key(part_ptr, t - n_full, True, BLOCK_M, SPARSE_M),
+                                           dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
+                                           q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
+                                           seqlen_q, seqlen_k, 0, qk_scale, 0.0, 0.0, 0, 0, dq_desc, dq_done, dq_b,
+                                           dq_c, WG, HEAD_DIM, BLOCK_M, STAGES, False, True, False, False, False,
+                                           DQ_CHUNKS, DQ_TMA_REDUCE, off_b, h, aux0, aux1, aux2, aux3, MASK_MOD,
+                                           True)
+            it0 += n_all
+    else:
+        for g in range(group_size):
+            dq_ptr = dq_base + g * HEAD_DIM + WG * HALF_D
+            dq_c = dq_c0 + g * HEAD_DIM + WG * HALF_D
+            it0 = g * n_tiles
+            alibi_log2 = 0.0
+            if HAS_ALIBI:
+                alibi_log2 = gl.load(alibi_ptr + g) * LOG2E  # query head off_hk * group_size + g
+            for t in range(0, n_masked):
+                dk, dv = _bwd_step_split_d(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0),
+                                           dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
+                                           q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
+                                           seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
+                                           window_left, window_right, dq_desc, dq_done, dq_b, dq_c, WG, HEAD_DIM,
+                                           BLOCK_M, STAGES, IS_CAUSAL, True, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS,
+                                           DQ_TMA_REDUCE)
+            for t in range(n_masked, n_tiles):
+                dk, dv = _bwd_step_split_d(it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1),
+                                           dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs,
+                                           q_ready, q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0,
+                                           seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
+                                           window_left, window_right, dq_desc, dq_done, dq_b, dq_c, WG, HEAD_DIM,
+                                           BLOCK_M, STAGES, IS_CAUSAL, False, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS,
+                                           DQ_TMA_REDUCE)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-adds have read their slot before the program exits
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
@@ -602,13 +770,19 @@ def _consumer1_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, del
                                  softcap_log2, window_left, window_right, dq_desc, dq_done, dq_b, dq_c0,
                                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                                  IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
-                                 HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr):
+                                 HAS_ALIBI: gl.constexpr, DQ_CHUNKS: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr,
+                                 sp_num=None, sp_idx=None, sp_full_num=None, sp_full_idx=None, sp_num_base=0,
+                                 sp_idx_base=0, sp_num_h=0, sp_idx_h=0, off_b=0, off_h0=0, aux0=None, aux1=None,
+                                 aux2=None, aux3=None, MASK_MOD: gl.constexpr = None,
+                                 BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128):
     _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs, kv_bar, q_ready,
                                 q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                 n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                 softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
                                 softcap_log2, window_left, window_right, dq_desc, dq_done, dq_b, dq_c0, 1, HEAD_DIM,
-                                BLOCK_M, STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE)
+                                BLOCK_M, STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE,
+                                sp_num, sp_idx, sp_full_num, sp_full_idx, sp_num_base, sp_idx_base, sp_num_h, sp_idx_h,
+                                off_b, off_h0, aux0, aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_M)
 
 
 # Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
@@ -618,12 +792,16 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
                           seqlen_q, seqlen_k, seqlen_q_pad, heads_q, heads_kv, group_size, qk_scale, softmax_scale,
                           Alibi, stride_alibi_b, softcap_log2, window_left, window_right, CuSeqlensQ, CuSeqlensK,
-                          bias_desc, bias_batch, bias_heads, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                          bias_desc, bias_batch, bias_heads, QNum, QIdx, FullQNum, FullQIdx, stride_bm_b,
+                          stride_bm_h, stride_bm_n, stride_bi_b, stride_bi_h, stride_bi_n, Aux0, Aux1, Aux2, Aux3,
+                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                           STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
                           CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
                           SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
                           DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = 0, VARLEN: gl.constexpr = False,
-                          HAS_BIAS: gl.constexpr = False):
+                          HAS_BIAS: gl.constexpr = False, MASK_MOD: gl.constexpr = None,
+                          BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
+                          SPARSE_N: gl.constexpr = 128):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -646,11 +824,21 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     HAS_BIAS (D64 / D128, dense): bias_desc a 4-D (bias_batch, bias_heads, Sq, Sk) TMA tensor
     over the additive bias (bias_batch 1 or B, bias_heads 1 or Hq: a broadcast dim is read at coordinate 0), boxes
     [1, 1, BLOCK_M, BLOCK_N]; no bias gradient. Else bias_desc, bias_batch, bias_heads are None.
+    BLOCK_SPARSE (flashtile.attention with a block mask; dense, plain scores: no causal / window /
+    softcap / ALiBi / bias): the query tiles come from the block mask's transposed lists of (SPARSE_M, SPARSE_N)
+    blocks, SPARSE_M a multiple of BLOCK_M and SPARSE_N of BLOCK_N (gluon_bwd_launch.sparse_ok):
+    QNum / FullQNum (B, H, Sk / SPARSE_N) count the partial / full query blocks of each key block, QIdx /
+    FullQIdx (B, H, Sk / SPARSE_N, Sq / SPARSE_M) list them (strides stride_bm_* and stride_bi_*, 0 along
+    broadcast dims; H is 1 or Hq), as kernels/bwd.py's dK/dV kernel reads them. Full blocks run the plain step,
+    partial ones evaluate MASK_MOD (flex's adapter, or None: the key-end mask only) with Aux0..Aux3 (or None).
+    All of these are None in dense launches (the same compiled kernel as before).
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
     gl.static_assert(not (SPLIT_D and HAS_BIAS), "HAS_BIAS: D64 / D128 only")
     gl.static_assert(not (VARLEN and HAS_BIAS), "HAS_BIAS: dense only")
+    gl.static_assert(not BLOCK_SPARSE or not (VARLEN or HAS_BIAS or IS_CAUSAL or IS_LOCAL or SOFTCAP or HAS_ALIBI),
+                     "BLOCK_SPARSE: dense, plain scores")
     gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE) or (DQ_TMA_REDUCE == 1 and DQ_CHUNKS == 1),
                      "DQ_TMA_REDUCE at D256: 1 (the ring slot), with DQ_CHUNKS 1")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
@@ -822,7 +1010,64 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     if not IS_LOCAL:
         window_left = 0
         window_right = 0
-    if SPLIT_D:
+    if BLOCK_SPARSE:
+        # The transposed lists of this key block (its SPARSE_N-key mask block) and batch; heads in the partitions.
+        sp_num_base = off_b * stride_bm_b + (start_n // SPARSE_N) * stride_bm_n
+        sp_idx_base = off_b * stride_bi_b + (start_n // SPARSE_N) * stride_bi_n
+        off_h0 = off_hk * group_size
+        gl.static_assert(SPARSE_M % BLOCK_M == 0 and SPARSE_N % BLOCK_N == 0,
+                         "BLOCK_SPARSE: whole query tiles and key programs per mask block")
+    if BLOCK_SPARSE and SPLIT_D:
+        gl.warp_specialize([
+            (_consumer_split_d_partition,
+             (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty, do_ready,
+              do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles, group_size, seqlen_q,
+              seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip,
+              alibi_ptr, softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, 0, HEAD_DIM, BLOCK_M,
+              STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE, QNum, QIdx, FullQNum,
+              FullQIdx, sp_num_base, sp_idx_base, stride_bm_h, stride_bi_h, off_b, off_h0, Aux0, Aux1, Aux2, Aux3,
+              MASK_MOD, BLOCK_SPARSE, SPARSE_M)),
+            (_consumer1_split_d_partition,
+             (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty, do_ready,
+              do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles, group_size, seqlen_q,
+              seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip,
+              alibi_ptr, softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, HEAD_DIM, BLOCK_M,
+              STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE, QNum, QIdx, FullQNum,
+              FullQIdx, sp_num_base, sp_idx_base, stride_bm_h, stride_bi_h, off_b, off_h0, Aux0, Aux1, Aux2, Aux3,
+              MASK_MOD, BLOCK_SPARSE, SPARSE_M)),
+            (_sparse_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem.index(0),
+                                      v_smem.index(0), q_bufs, do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready,
+                                      q_empty, do_ready, do_empty, desc_b, row_b, start_n, off_hk * HEAD_DIM, off_h0,
+                                      group_size, QNum, QIdx, FullQNum, FullQIdx, sp_num_base, sp_idx_base,
+                                      stride_bm_h, stride_bi_h, HEAD_DIM, BLOCK_M, STAGES, SPARSE_M)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    elif BLOCK_SPARSE:
+        gl.warp_specialize([
+            (_consumer_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
+                                   q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
+                                   n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                                   softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
+                                   softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 0,
+                                   HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                                   DQ_TMA_REDUCE, HAS_BIAS, QNum, QIdx, FullQNum, FullQIdx, sp_num_base, sp_idx_base,
+                                   stride_bm_h, stride_bi_h, off_b, off_h0, Aux0, Aux1, Aux2, Aux3, MASK_MOD,
+                                   BLOCK_SPARSE, SPARSE_M)),
+            (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
+                                    q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
+                                    n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
+                                    softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
+                                    softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs,
+                                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                                    DQ_TMA_REDUCE, HAS_BIAS, QNum, QIdx, FullQNum, FullQIdx, sp_num_base,
+                                    sp_idx_base, stride_bm_h, stride_bi_h, off_b, off_h0, Aux0, Aux1, Aux2, Aux3,
+                                    MASK_MOD, BLOCK_SPARSE, SPARSE_M)),
+            (_sparse_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs,
+                                      do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty,
+                                      desc_b, row_b, start_n, off_hk * HEAD_DIM, off_h0, group_size, QNum, QIdx,
+                                      FullQNum, FullQIdx, sp_num_base, sp_idx_base, stride_bm_h, stride_bi_h,
+                                      HEAD_DIM, BLOCK_M, STAGES, SPARSE_M)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    elif SPLIT_D:
         gl.warp_specialize([
             (_consumer_split_d_partition,
              (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty, do_ready,
