@@ -9,7 +9,7 @@ The kernels evaluate a mask on a [rows, 1] q_idx and a [1, keys] kv_idx broadcas
 is written with its arithmetic on one side (q_idx - window: once per row) and only compares per score. Arithmetic on
 both indices (q_idx - kv_idx) runs per score, and on the GPU LLVM's SLP vectorizer turns it and its compares into
 64-wide vector ops whose boolean lanes NVPTX packs into bit fields: the Hopper forward's partial tiles of
-sliding_window_mask cost 1027 SASS instructions per key block that way, 768 as written here (docs/perf-log.md).
+sliding_window_mask cost 1027 SASS instructions per key block that way, 727 as written here (docs/perf-log.md).
 """
 import functools
 import numbers
