@@ -43,8 +43,8 @@ MASKS = {
     "custom-aux": (lambda ids, lim: flashtile.flex.mods.Mod(bounded_window, (lim,)), True),
 }
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv): lengths off the 128 grid, Sq != Sk, GQA / MQA, batch 2 with
-# Sk % 128 != 0 (ragged descriptors).
-SHAPES = [(2, 1000, 1000, 8, 2), (1, 777, 1300, 4, 1), (2, 130, 257, 4, 4)]
+# Sk % 128 != 0 (ragged descriptors), and Sk a multiple of 128 (EVEN_N: partial tiles without the sequence-end mask).
+SHAPES = [(2, 1000, 1000, 8, 2), (1, 777, 1300, 4, 1), (2, 130, 257, 4, 4), (2, 400, 768, 4, 2)]
 
 
 def _mask(name, seqlen_k):

@@ -233,6 +233,21 @@ def test_mod_torch_form():
     assert torch.equal(got, torch.tensor([True, False]))
 
 
+@pytest.mark.parametrize("param", [0, 1, 7, 24, 2**30, 2**31 + 5])
+def test_ready_made_masks_keep_their_definitions(param):
+    """Windows and block diagonals are written as per-row bounds compared with kv_idx (the kernels' cheap form):
+    the same masks as the definitions on positions, wide parameters included."""
+    q_idx, kv_idx = torch.arange(200).view(-1, 1), torch.arange(200).view(1, -1)
+    diff = q_idx - kv_idx
+    got = flashtile.sliding_window_mask(param)(0, 0, q_idx, kv_idx)
+    assert torch.equal(got, (diff >= 0) & (diff <= param))
+    got = flashtile.sliding_window_mask(param, causal=False)(0, 0, q_idx, kv_idx)
+    assert torch.equal(got, diff.abs() <= param)
+    if param > 0:
+        got = flashtile.block_diagonal_mask(param)(0, 0, q_idx, kv_idx)
+        assert torch.equal(got, q_idx // param == kv_idx // param)
+
+
 # Bad input: a clear error before any kernel runs.
 
 def _qkv(seqlen=64):

@@ -410,8 +410,9 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
         assert attn_bias is None and alibi_slopes is None and mods is None, \
             "a bias, ALiBi or a block mask runs two consumers (takes_config, sparse_ok)"
     if mods is not None:
+        # EVEN_N: every listed key block lies inside Sk, so partial tiles need no sequence-end mask.
         constexprs.update(MASK_MOD=mods.mask_mod, BLOCK_SPARSE=True, SPARSE_M=mods.block_size[0],
-                          SPARSE_N=mods.block_size[1])
+                          SPARSE_N=mods.block_size[1], EVEN_N=seqlen_k % mods.block_size[1] == 0)
     grid = (math.ceil(seqlen_q / config.block_m), batch * heads_q)
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 

@@ -4,6 +4,12 @@ literals, so the compiler folds them; tensors (document ids) travel as aux tenso
 
 Positions follow FlexAttention: q_idx and kv_idx both count from 0, so causal_mask is q_idx >= kv_idx
 (top-left aligned; flashtile's causal=True is bottom-right aligned, the same when Sq == Sk).
+
+The kernels evaluate a mask on a [rows, 1] q_idx and a [1, keys] kv_idx broadcast to the score tile, so each mask
+is written with its arithmetic on one side (q_idx - window: once per row) and only compares per score. Arithmetic on
+both indices (q_idx - kv_idx) runs per score, and on the GPU LLVM's SLP vectorizer turns it and its compares into
+64-wide vector ops whose boolean lanes NVPTX packs into bit fields: the Hopper forward's partial tiles of
+sliding_window_mask cost 1027 SASS instructions per key block that way, 727 as written here (docs/perf-log.md).
 """
 import functools
 import numbers
@@ -22,6 +28,9 @@ def _mask_fn(name, expression, **constants):
     return generate(source, name, {})
 
 
+_SHIFT_LIMIT = 2 ** 30  # a parameter below it shifts a position (< 2**30 in any sequence) without int32 overflow
+
+
 def _positive(name, value, lowest=1):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lowest:
         raise ValueError(f"{name} must be an int >= {lowest}, got {value!r}")
@@ -36,8 +45,11 @@ def sliding_window_mask(window, causal=True):
     """Query i sees keys i - window <= j <= i (causal), or |i - j| <= window (causal=False)."""
     window = _positive("window", window, 0)
     if causal:
-        return Mod(_mask_fn("sliding_window_mask", "(q_idx >= kv_idx) & (q_idx - kv_idx <= {w})", w=window))
-    return Mod(_mask_fn("sliding_window_mask_both", "(q_idx - kv_idx <= {w}) & (kv_idx - q_idx <= {w})",
+        return Mod(_mask_fn("sliding_window_mask", "(q_idx >= kv_idx) & (kv_idx >= q_idx - {w})", w=window))
+    if window >= _SHIFT_LIMIT:  # q_idx + window could wrap in int32: the difference form
+        return Mod(_mask_fn("sliding_window_mask_wide", "(q_idx - kv_idx <= {w}) & (kv_idx - q_idx <= {w})",
+                            w=window))
+    return Mod(_mask_fn("sliding_window_mask_both", "(kv_idx >= q_idx - {w}) & (kv_idx <= q_idx + {w})",
                         w=window))
 
 
@@ -67,7 +79,11 @@ def prefix_lm_mask(prefix_len):
 def block_diagonal_mask(block):
     """Query i sees key j when both lie in the same run of `block` positions (i // block == j // block)."""
     block = _positive("block", block)
-    return Mod(_mask_fn("block_diagonal_mask", "q_idx // {n} == kv_idx // {n}", n=block))
+    if block >= _SHIFT_LIMIT:
+        return Mod(_mask_fn("block_diagonal_mask_wide", "q_idx // {n} == kv_idx // {n}", n=block))
+    # The run of query i is [i // block * block, i // block * block + block): bounds per query row, compares per score.
+    return Mod(_mask_fn("block_diagonal_mask", "(kv_idx >= q_idx // {n} * {n}) & (kv_idx < q_idx // {n} * {n} + {n})",
+                        n=block))
 
 
 def dilated_mask(dilation, block=128):

@@ -140,16 +140,26 @@ def _sparse_tile_key(j, n_full, n_blocks, full_ptr, part_ptr, BLOCK_N: gl.conste
 
 @gluon.jit
 def _mask_mod_scores(s, key0, row0, seqlen_q, seqlen_k, off_b, off_h, aux0, aux1, aux2, aux3,
-                     BLOCK_N: gl.constexpr, MASK_MOD: gl.constexpr):
+                     BLOCK_N: gl.constexpr, MASK_MOD: gl.constexpr, EVEN_N: gl.constexpr = False):
     """-inf where key key0 + c is past seqlen_k or MASK_MOD(b, h, q_idx, kv_idx, aux0..aux3) is False for row
     row0 + r (a partial block of a block mask). MASK_MOD is flashtile.flex's generated adapter, a @triton.jit
     function compiled with the caller's Gluon semantics: its index tensors carry the S accumulator's layout
     (slices of it, broadcast as [WG_M, 1] and [1, BLOCK_N]). With aux tensors, positions past the ends are clamped to
     the last one (mods may index aux tensors with them), as kernels/common._scores does; without, they are left as
-    they are (the D64 causal mask's partial loop: 934 -> 706 SASS instructions, the dense causal diagonal's 687)."""
+    they are (the D64 causal mask's partial loop: 934 -> 706 SASS instructions, the dense causal diagonal's 687).
+    EVEN_N (Sk a multiple of the block mask's SPARSE_N): no listed tile reaches past seqlen_k, so the sequence-end
+    select and the key clamp are left out (D64 partial loops: causal 706 -> 601, document 1021 -> 807, the
+    unclamped keys' ids loaded in pairs); the row positions then pass through an identity asm (a mov ptxas removes).
+    Why: LLVM's SLP vectorizer turns a mask's per-score compares into one 64-wide vector compare when both of its
+    operand trees are vectorizable (row0 + r and key0 + c are), and NVPTX packs the <64 x i1> result into bit
+    fields (SEL / LOP3 / SHF per score: the causal loop 796 without the asm). Opaque rows leave it nothing to gain;
+    the keys stay transparent, so key-side arithmetic still folds with key0 (dilated: one value per tile)."""
     layout: gl.constexpr = s.type.layout
     cols = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))  # [BLOCK_N]
     rows = row0 + gl.arange(0, WG_M, layout=gl.SliceLayout(1, layout))  # [WG_M]
+    if EVEN_N:
+        rows = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [rows], dtype=gl.int32, is_pure=True,
+                                         pack=1)  # [WG_M]
     if MASK_MOD is not None:
         if aux0 is None:
             # A mask without aux tensors reads no memory: positions past the ends need no clamp (their scores are
@@ -158,9 +168,14 @@ def _mask_mod_scores(s, key0, row0, seqlen_q, seqlen_k, off_b, off_h, aux0, aux1
             kv_idx = cols[None, :]  # [1, BLOCK_N]
         else:
             q_idx = gl.minimum(rows, seqlen_q - 1)[:, None]  # [WG_M, 1]
-            kv_idx = gl.minimum(cols, seqlen_k - 1)[None, :]  # [1, BLOCK_N]
+            if EVEN_N:
+                kv_idx = cols[None, :]  # [1, BLOCK_N], every key < seqlen_k
+            else:
+                kv_idx = gl.minimum(cols, seqlen_k - 1)[None, :]  # [1, BLOCK_N]
         s = gl.where(MASK_MOD(off_b, off_h, q_idx, kv_idx, aux0, aux1, aux2, aux3), s, float("-inf"))
-    return gl.where((cols < seqlen_k)[None, :], s, float("-inf"))  # [WG_M, BLOCK_N]
+    if not EVEN_N:
+        s = gl.where((cols < seqlen_k)[None, :], s, float("-inf"))
+    return s  # [WG_M, BLOCK_N]
 
 
 @gluon.jit
@@ -301,7 +316,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
              b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False,
              key0=0, seqlen_q=0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
              MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
-             CONSUMERS: gl.constexpr = 2):
+             CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False):
     """Key block j >= 1 (keys key_lo + j * BLOCK_N + [0, BLOCK_N)): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1},
     softmax S_j while the PV runs, then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i,
     p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it. P_CVT_ASM: see _to_p. TREE_MAX: see
@@ -385,7 +400,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         p_f32 = gl.exp2(s * LOG2E - m_sub[:, None])  # [WG_M, BLOCK_N]
     elif BLOCK_SPARSE and MASKED:
         s = _mask_mod_scores(s, key0, row0, seqlen_q, seqlen_k, off_b, off_h, aux0, aux1, aux2, aux3, BLOCK_N,
-                             MASK_MOD)
+                             MASK_MOD, EVEN_N)
         m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)  # [WG_M]; -inf while a row saw no key
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_sub)  # [WG_M]
@@ -419,7 +434,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False,
                         full_ptr=None, part_ptr=None, list_off=0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None,
                         aux3=None, MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
-                        SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2):
+                        SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
     of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
@@ -499,7 +514,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
         # Masked even when it is a full block: skipping the mask_mod there behind a run-time branch made ptxas spill
         # at D128 (window mask 0 -> 88 B).
         s = _mask_mod_scores(s, key0, row0, seqlen_q, seqlen_k, off_b, off_h, aux0, aux1, aux2, aux3, BLOCK_N,
-                             MASK_MOD)
+                             MASK_MOD, EVEN_N)
         m_i = gl.max(s, axis=1) * qk_scale  # [WG_M]; -inf where the mask hides the whole tile from a row
         p_f32 = gl.exp2(s * qk_scale - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])  # [WG_M, BLOCK_N]
         l_i = gl.sum(p_f32, axis=1)  # [WG_M]
@@ -587,7 +602,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                       b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                       HAS_BIAS=HAS_BIAS, key0=key0, seqlen_q=seqlen_q, off_b=off_b, off_h=off_h,
                                       aux0=aux0, aux1=aux1, aux2=aux2, aux3=aux3, MASK_MOD=MASK_MOD,
-                                      BLOCK_SPARSE=BLOCK_SPARSE, CONSUMERS=CONSUMERS)
+                                      BLOCK_SPARSE=BLOCK_SPARSE, CONSUMERS=CONSUMERS, EVEN_N=EVEN_N)
 
     # The last block's PV.
     last = (n_blocks - 1) % STAGES
@@ -653,7 +668,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
                      HAS_BIAS: gl.constexpr = False, MASK_MOD: gl.constexpr = None,
                      BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
-                     SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2):
+                     SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -679,7 +694,8 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     CONSUMERS: consumer warpgroups of WG_M rows each, 2 (BLOCK_M 128) or 3 (BLOCK_M 192: the D64 variant, whose
     ping-pong hides each warpgroup's softmax behind the other two's GEMMs; not with HAS_BIAS, whose ring of
     [BLOCK_M, BLOCK_N] boxes would not fit, nor BLOCK_SPARSE, whose lists are per 128-row tile); the grid's first
-    dim is then cdiv(Sq, 64 * CONSUMERS)."""
+    dim is then cdiv(Sq, 64 * CONSUMERS).
+    EVEN_N (BLOCK_SPARSE with Sk % SPARSE_N == 0): no listed key tile reaches past Sk (_mask_mod_scores)."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not HAS_BIAS and not BLOCK_SPARSE),
                      "CONSUMERS: 2, or 3 without a bias or a block mask")
     BLOCK_M: gl.constexpr = CONSUMERS * WG_M
@@ -857,14 +873,14 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    window_right, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale,
                                    HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
-                                   MASK_MOD, BLOCK_SPARSE, SPARSE_N)),
+                                   MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
                                    window_right, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
-                                   Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N)),
+                                   Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                                v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
                                q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
