@@ -10,7 +10,7 @@ import flashtile
 from flashtile import gluon_bwd_launch, gluon_launch, launch
 from flashtile.launch import ModArgs
 from test_gluon_sparse import MASKS, SHAPES, _mask, hide_all
-from test_programmable import check, late_rows
+from test_programmable import check, late_rows, softcap_grad, softcap_mod
 from utils import make_qkv
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -259,7 +259,7 @@ def test_gluon_sparse_bwd_is_taken_and_can_be_switched_off(monkeypatch):
     small = flashtile.create_block_mask(flashtile.sliding_window_mask(512), None, None, 2048, 2048,
                                         block_size=(64, 64))
     grads(small)
-    grads(score_mod=lambda score, b, h, q_idx, kv_idx: score * 0.5)
+    grads(score_mod=softcap_mod, score_mod_grad=softcap_grad)
     assert calls == [True]
     q, k, v = make_qkv(1, 512, 512, 2, 2, 256, torch.bfloat16, "cuda")
     bm = flashtile.create_block_mask(flashtile.causal_mask, None, None, 512, 512, block_size=(128, 64))
