@@ -11,7 +11,7 @@ from flashtile import gluon_bwd_launch, gluon_launch, launch
 from flashtile.launch import ModArgs
 from test_gluon_sparse import MASKS, SHAPES, _mask, hide_all
 from test_programmable import check, late_rows, softcap_grad, softcap_mod
-from utils import make_qkv
+from utils import make_qkv, record_calls
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -166,12 +166,9 @@ def test_failing_sparse_backward_falls_back_for_that_mask(monkeypatch):
     assert calls == [1] and gluon_bwd_launch._disabled is None
 
 
-def _count_gluon_bwd(monkeypatch):
-    calls = []
-    original = gluon_bwd_launch.gluon_backward
-    monkeypatch.setattr(gluon_bwd_launch, "gluon_backward",
-                        lambda *a, **kw: calls.append(kw.get("mods") is not None) or original(*a, **kw))
-    return calls
+def _sparse(calls):
+    """For each recorded gluon_backward call: whether it was the block-sparse one (given mods)."""
+    return [kw.get("mods") is not None for kw in calls]
 
 
 @pytest.mark.gpu
@@ -184,14 +181,14 @@ def test_gluon_sparse_bwd_matches_reference(name, shape, head_dim, monkeypatch):
     against the float64 reference (ready-made masks, per-batch / per-head masks, a custom aux mask, rows without
     keys; lengths off the 128 grid, GQA / MQA); outputs NaN-poisoned so unwritten rows fail."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    calls = _count_gluon_bwd(monkeypatch)
+    calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
     batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
     mask, needs_bh = _mask(name, seqlen_k)
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda")
     block_mask = flashtile.create_block_mask(mask, batch if needs_bh else None, heads_q if needs_bh else None,
                                              seqlen_q, seqlen_k)
     check(q, k, v, torch.bfloat16, mask, block_mask=block_mask)
-    assert calls == [True], "the block-sparse backward did not take the Gluon kernel"
+    assert _sparse(calls) == [True], "the block-sparse backward did not take the Gluon kernel"
 
 
 @pytest.mark.gpu
@@ -204,13 +201,13 @@ def test_gluon_sparse_bwd_block_sizes(block_size, head_dim, dtype, monkeypatch):
     """Blocks of whole 64-row query tiles and key programs (two or four programs per listed key block, one to four
     query tiles per listed query block), and a mask_mod without a block mask (every 128 x 128 block partial)."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    calls = _count_gluon_bwd(monkeypatch)
+    calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
     q, k, v = make_qkv(2, 1100, 1100, 4, 2, head_dim, dtype, "cuda")
     mask = flashtile.sliding_window_mask(300)
     block_mask = flashtile.create_block_mask(mask, None, None, 1100, 1100, block_size=block_size)
     check(q, k, v, dtype, mask, block_mask=block_mask)
     check(q, k, v, dtype, mask)
-    assert calls == [True, True]
+    assert _sparse(calls) == [True, True]
 
 
 @pytest.mark.gpu
@@ -220,7 +217,7 @@ def test_gluon_sparse_bwd_without_keys(head_dim, monkeypatch):
     """A mask that hides everything (no listed block: dK = dV = 0 for every key block, dQ = 0) and one whose first
     rows see nothing (their dQ rows 0), under NaN-poisoned outputs."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    calls = _count_gluon_bwd(monkeypatch)
+    calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
     q, k, v = make_qkv(1, 600, 600, 4, 2, head_dim, torch.bfloat16, "cuda")
     bm = flashtile.create_block_mask(hide_all, None, None, 600, 600)
     out = flashtile.attention(q, k, v, block_mask=bm)
@@ -230,7 +227,7 @@ def test_gluon_sparse_bwd_without_keys(head_dim, monkeypatch):
     out = flashtile.attention(q, k, v, block_mask=bm)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     assert all(torch.isfinite(g).all() for g in (dq, dk, dv)) and torch.equal(dq[:, :40], torch.zeros_like(dq[:, :40]))
-    assert calls == [True, True]
+    assert _sparse(calls) == [True, True]
 
 
 @pytest.mark.gpu
@@ -239,7 +236,7 @@ def test_gluon_sparse_bwd_is_taken_and_can_be_switched_off(monkeypatch):
     """On sm90 the block-sparse backward takes the Gluon kernel by default; FLASHTILE_GLUON_SPARSE=0 or
     FLASHTILE_GLUON_BWD=0 send it to the portable kernels, which agree; a (64, 64) block mask and a score_mod stay
     portable; D256 with (128, 64) blocks (64-key programs) is taken."""
-    calls = _count_gluon_bwd(monkeypatch)
+    calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
     q, k, v = make_qkv(1, 2048, 2048, 8, 8, 128, torch.bfloat16, "cuda")
     bm = flashtile.create_block_mask(flashtile.sliding_window_mask(512), None, None, 2048, 2048)
     dout = torch.randn_like(q)
@@ -248,20 +245,20 @@ def test_gluon_sparse_bwd_is_taken_and_can_be_switched_off(monkeypatch):
         return torch.autograd.grad(flashtile.attention(q, k, v, block_mask=block_mask, **kw), (q, k, v), dout)
 
     ours = grads()
-    assert calls == [True]
+    assert _sparse(calls) == [True]
     for var in ("FLASHTILE_GLUON_SPARSE", "FLASHTILE_GLUON_BWD"):
         monkeypatch.setenv(var, "0")
         portable = grads()
         monkeypatch.delenv(var)
-        assert calls == [True]
+        assert _sparse(calls) == [True]
         for a, b in zip(ours, portable):
             torch.testing.assert_close(a, b, atol=3e-2, rtol=0)
     small = flashtile.create_block_mask(flashtile.sliding_window_mask(512), None, None, 2048, 2048,
                                         block_size=(64, 64))
     grads(small)
     grads(score_mod=softcap_mod, score_mod_grad=softcap_grad)
-    assert calls == [True]
+    assert _sparse(calls) == [True]
     q, k, v = make_qkv(1, 512, 512, 2, 2, 256, torch.bfloat16, "cuda")
     bm = flashtile.create_block_mask(flashtile.causal_mask, None, None, 512, 512, block_size=(128, 64))
     check(q, k, v, torch.bfloat16, flashtile.causal_mask, block_mask=bm)
-    assert calls == [True, True]
+    assert _sparse(calls) == [True, True]

@@ -54,7 +54,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .common import LOG2E, _tanh
-from .gluon_fwd import _list_tile_key, _sparse_tile_key
+from .gluon_sparse import _list_tile_key, _sparse_tile_key
 
 try:  # triton >= 3.7 names the TMA reduce-add (cp.reduce.async.bulk.tensor ... .add)
     from triton.experimental.gluon.language.nvidia.hopper.tma import async_atomic_add as _tma_reduce_add
@@ -191,7 +191,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     loader's [STAGES, 1, 1, BLOCK_M, 2 * WG_N] ring of bias tiles (this warpgroup reads its WG_N key columns),
     else 0. BLOCK_SPARSE and MASKED (a block mask's partial query block): MASK_MOD(off_b, off_h, q_idx, kv_idx,
     aux0..aux3) on the transposed tile (kv_idx [WG_N, 1] on rows, q_idx [1, BLOCK_M] on columns; clamped to the
-    last position with aux tensors, as gluon_fwd._mask_mod_scores) beside the key-end mask."""
+    last position with aux tensors, as gluon_sparse._mask_mod_scores) beside the key-end mask."""
     dtype: gl.constexpr = q_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
