@@ -234,19 +234,6 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
         tma.store_wait(0)  # the last store reads o_smem: the CTA's shared memory must outlive it
 
 
-@gluon.jit
-def _consumer1_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                           o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
-                           seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
-                           HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                           IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, P_CVT_ASM: gl.constexpr,
-                           TREE_MAX: gl.constexpr, O_TMA: gl.constexpr):
-    _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                          o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
-                          seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
-                          1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA)
-
-
 @gluon.jit(do_not_specialize=["stride_lse_b", "stride_lse_h", "seqlen_q", "seqlen_k", "heads_q", "group_size",
                               "n_m", "n_bh", "n_tiles"])
 def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
@@ -293,10 +280,10 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                  turn_bars, o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b,
                                  stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
                                  0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA)),
-        (_consumer1_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                  turn_bars, o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b,
-                                  stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
-                                  HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA)),
+        (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                 turn_bars, o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b,
+                                 stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
+                                 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA)),
         (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
                              HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED)),

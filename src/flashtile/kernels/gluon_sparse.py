@@ -30,9 +30,10 @@ def _sparse_tile_key(j, n_full, n_blocks, full_ptr, part_ptr, BLOCK_N: gl.conste
 def _mask_mod_scores(s, key0, row0, seqlen_q, seqlen_k, off_b, off_h, aux0, aux1, aux2, aux3,
                      BLOCK_N: gl.constexpr, MASK_MOD: gl.constexpr, EVEN_N: gl.constexpr = False):
     """s: a warpgroup's [M, BLOCK_N] fp32 scores (M = its query rows). -inf where key key0 + c is past seqlen_k or
-    MASK_MOD(b, h, q_idx, kv_idx, aux0..aux3) is False for row row0 + r (a partial block of a block mask). MASK_MOD is flashtile.flex's generated adapter, a @triton.jit
-    function compiled with the caller's Gluon semantics: its index tensors carry the S accumulator's layout
-    (slices of it, broadcast as [M, 1] and [1, BLOCK_N]). With aux tensors, positions past the ends are clamped to
+    MASK_MOD(b, h, q_idx, kv_idx, aux0..aux3) is False for row row0 + r (a partial block of a block mask).
+    MASK_MOD is flashtile.flex's generated adapter, a @triton.jit function compiled with the caller's Gluon
+    semantics: its index tensors carry the S accumulator's layout (slices of it, broadcast as [M, 1] and
+    [1, BLOCK_N]). With aux tensors, positions past the ends are clamped to
     the last one (mods may index aux tensors with them), as kernels/common._scores does; without, they are left as
     they are (the D64 causal mask's partial loop: 934 -> 706 SASS instructions, the dense causal diagonal's 687).
     EVEN_N (Sk a multiple of the block mask's SPARSE_N): no listed tile reaches past seqlen_k, so the sequence-end
