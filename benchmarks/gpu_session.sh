@@ -2,6 +2,7 @@
 # One device call per phase (each fits the 10-minute limit), output under $OUT. From the repo root:
 #   bash benchmarks/gpu_session.sh tests 1    # the GPU test tier, part 1: the Gluon kernels' files and varlen
 #   bash benchmarks/gpu_session.sh tests 2    # part 2: every other file (the whole tier no longer fits one call)
+#   bash benchmarks/gpu_session.sh tests both # on a two-GPU machine: part 1 on GPU 0 beside part 2 on GPU 1 (~580 s)
 #   bash benchmarks/gpu_session.sh bench      # the default sweep, all providers (~6 min)
 #   bash benchmarks/gpu_session.sh features   # feature cost and window scaling at head dim 128, 8K (~3 min)
 #   bash benchmarks/gpu_session.sh varlen     # flash_attn_varlen_func vs the dense call on the same tokens
@@ -21,13 +22,20 @@ case "$phase" in
         # groups are CPU-side checks that CI runs.
         part="${1:-}"
         shift || true
+        if [ "$part" = both ]; then  # one call instead of two; each part gets its own GPU and half the CPUs' work
+            (CUDA_VISIBLE_DEVICES=0 OUT="$OUT/part1" bash "$0" tests 1 "$@" > "$OUT/part1.log" 2>&1) &
+            (CUDA_VISIBLE_DEVICES=1 OUT="$OUT/part2" bash "$0" tests 2 "$@" > "$OUT/part2.log" 2>&1) &
+            wait
+            tail -n 4 "$OUT/part1.log" "$OUT/part2.log"
+            exit 0
+        fi
         gluon_files="tests/test_gluon.py tests/test_gluon_bwd.py tests/test_gluon_alibi_split.py
             tests/test_gluon_persistent_protocol.py tests/test_varlen.py tests/test_fast_launch.py
             tests/test_gluon_sparse.py tests/test_gluon_sparse_bwd.py tests/test_gluon_3wg.py"
         case "$part" in
             1) files="$gluon_files" ;;
             2) files="tests/ $(for f in $gluon_files; do printf -- '--ignore=%s ' "$f"; done)" ;;
-            *) echo "tests 1 or tests 2" >&2; exit 2 ;;
+            *) echo "tests 1, tests 2 or tests both" >&2; exit 2 ;;
         esac
         # shellcheck disable=SC2086  # files is a word list
         timeout -k 5 580 python3 -m pytest -v -p no:cacheprovider -n 16 --dist worksteal -rfE --tb=short -W ignore $files \
