@@ -377,9 +377,8 @@ def sparse_ok(q, k, v, out, dout, window_size, mods, variant="default"):
     gluon_bwd_supported's dense conditions (sm90, fp16 / bf16, TMA-compatible strides, GQA), head dim 64, 128 or 256,
     no window (flex.attention has no causal flag with a block mask), a block mask whose query block is a multiple of
     the backward's query tile (config.block_m, 64) and whose key block a multiple of its key program (block_n: 128,
-    64 at D256; other
-    block sizes, e.g. (64, 64) or (128, 64), run the portable kernels), a mask_mod or none, no score_mod. A
-    mask_mod whose Gluon backward build failed once stays portable."""
+    64 at D256; other block sizes, e.g. (64, 64) or (128, 64) below D256, run the portable kernels), a mask_mod or
+    none, no score_mod. A mask_mod whose Gluon backward build failed once stays portable."""
     if mods is None or mods.block_size is None or mods.score_mod is not None or mods.score_mod_grad is not None:
         return False
     if tuple(window_size) != (-1, -1) or q.shape[-1] not in SPARSE_HEAD_DIMS:

@@ -778,7 +778,7 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
 def _gluon_sparse_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, mods):
     """(dq, dk, dv) of flashtile.attention's block-sparse call from the Hopper Gluon backward
     (gluon_bwd_launch.sparse_ok: a block mask with a mask_mod or none, no score_mod, query blocks a multiple of its
-    64-row tile and key blocks of its 128-key program, D64 / D128) on a tested triton, else None. The forward's
+    64-row tile and key blocks of its key program: 128 keys, 64 at D256) on a tested triton, else None. The forward's
     switch: FLASHTILE_GLUON_SPARSE, read per call, "0" never (the portable backward, as the sparse bench's
     flashtile-sparse-portable provider times it), "1" wherever supported; unset: as FLASHTILE_GLUON_BWD. A launch
     that fails to build sends that mask_mod to the portable kernels (gluon_bwd_launch.sparse_failed)."""
