@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from . import fast_launch, launch  # launch: the shared preprocess and the NaN-poisoning allocator
-from .gluon_launch import LOG2E, _supported_device, _varlen_ok, alibi_ok, mask_mode, tma_descriptor, torch_layout
+from .gluon_launch import (LOG2E, _supported_device, _varlen_ok, alibi_ok, block_list_args, mask_mode, tma_descriptor,
+                           torch_layout)
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -357,15 +358,9 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
 
 
 def _sparse_args(mods):
-    """The block-sparse arguments of _attn_bwd_dkdv_hopper: the four transposed block lists (q_num, q_idx,
-    full_q_num, full_q_idx), their (batch, head, key block) strides (0 along broadcast dims) and four aux tensors
-    (None for absent ones); all None without mods, so a dense launch compiles the kernel it always did."""
-    if mods is None:
-        return (None,) * 14
-    num, idx = mods.q_lists[0], mods.q_lists[1]
-    strides = [0 if num.shape[i] == 1 else num.stride(i) for i in range(3)]
-    strides += [0 if idx.shape[i] == 1 else idx.stride(i) for i in range(3)]
-    return (*mods.q_lists, *strides, *mods.aux, *(None,) * (4 - len(mods.aux)))
+    """The block-sparse arguments of _attn_bwd_dkdv_hopper (block_list_args of the transposed lists q_num, q_idx,
+    full_q_num, full_q_idx); all None without mods, so a dense launch compiles the kernel it always did."""
+    return (None,) * 14 if mods is None else block_list_args(mods.q_lists, mods.aux)
 
 
 SPARSE_HEAD_DIMS = (64, 128, 256)  # D256: SPLIT_D's 64-key programs, two per 128-key block

@@ -417,15 +417,20 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
     return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
-def _sparse_args(mods):
-    """The block-sparse arguments of _attn_fwd_hopper: the four block lists, their strides and four aux tensors
-    (None for absent ones); all None without mods, so a dense launch compiles the kernel it always did."""
-    if mods is None:
-        return (None,) * 14
-    num, idx = mods.kv_lists[0], mods.kv_lists[1]
+def block_list_args(lists, aux):
+    """The 14 block-sparse kernel arguments of a block mask's four lists (num, idx, full_num, full_idx; the forward
+    walks kv_lists, the backward the transposed q_lists): the lists, the (batch, head, block) strides of num and idx
+    (0 along broadcast dims) and four aux tensors (None for absent ones)."""
+    num, idx = lists[0], lists[1]
     strides = [0 if num.shape[i] == 1 else num.stride(i) for i in range(3)]
     strides += [0 if idx.shape[i] == 1 else idx.stride(i) for i in range(3)]
-    return (*mods.kv_lists, *strides, *mods.aux, *(None,) * (4 - len(mods.aux)))
+    return (*lists, *strides, *aux, *(None,) * (4 - len(aux)))
+
+
+def _sparse_args(mods):
+    """The block-sparse arguments of _attn_fwd_hopper (block_list_args of the key-block lists); all None without
+    mods, so a dense launch compiles the kernel it always did."""
+    return (None,) * 14 if mods is None else block_list_args(mods.kv_lists, mods.aux)
 
 
 SPARSE_HEAD_DIMS = (64, 128, 256)  # D256: 64-key tiles, two per 128-key block
