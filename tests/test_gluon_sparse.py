@@ -73,11 +73,20 @@ def test_sparse_refused_off_hopper():
     assert not gluon_launch.sparse_ok(q, q, q, -1, -1, ModArgs.make((), None, None, None, small))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}" for b, sq, sk, hq, hk in SHAPES])
-@pytest.mark.parametrize("name", list(MASKS))
+def reference_grid(test):
+    """The GPU grid of the block-sparse reference tests (this file's forward, test_gluon_sparse_bwd's backward):
+    every mask of MASKS x SHAPES x head dims 64 / 128 / 256, on sm90 only."""
+    marks = [pytest.mark.gpu, pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU"),
+             pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"]),
+             pytest.mark.parametrize("shape", SHAPES,
+                                     ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}" for b, sq, sk, hq, hk in SHAPES]),
+             pytest.mark.parametrize("name", list(MASKS))]
+    for mark in reversed(marks):  # as a decorator stack applies them: the innermost (last) first
+        test = mark(test)
+    return test
+
+
+@reference_grid
 def test_gluon_sparse_matches_reference(name, shape, head_dim, monkeypatch):
     """out, lse, dq, dk, dv of flashtile.attention with a block mask (the forward on the Gluon kernel, the backward
     on the Gluon one at D64 / D128 (test_gluon_sparse_bwd.py), the portable one at D256) against the float64

@@ -9,11 +9,10 @@ import torch
 import flashtile
 from flashtile import gluon_bwd_launch, gluon_launch, launch
 from flashtile.launch import ModArgs
-from test_gluon_sparse import MASKS, SHAPES, _mask, hide_all
+from test_gluon_sparse import ON_HOPPER, _mask, hide_all, reference_grid
 from test_programmable import check, late_rows, softcap_grad, softcap_mod
 from utils import make_qkv, record_calls
 
-ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 def _mods(block_size=(128, 128), mask=flashtile.causal_mask, seqlen=512, score_mod=None, aux=()):
@@ -171,11 +170,7 @@ def _sparse(calls):
     return [kw.get("mods") is not None for kw in calls]
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}" for b, sq, sk, hq, hk in SHAPES])
-@pytest.mark.parametrize("name", list(MASKS))
+@reference_grid
 def test_gluon_sparse_bwd_matches_reference(name, shape, head_dim, monkeypatch):
     """dq, dk, dv (and out, lse) of flashtile.attention with a block mask, the backward on the Gluon kernel,
     against the float64 reference (ready-made masks, per-batch / per-head masks, a custom aux mask, rows without
