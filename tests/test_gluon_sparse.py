@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 import flashtile
-from flashtile import gluon_launch
+from flashtile import gluon_bwd_launch, gluon_launch
 from flashtile.launch import ModArgs
 from test_programmable import check, late_rows, per_head
 from utils import assert_close_rule, make_qkv, record_calls
@@ -73,26 +73,18 @@ def test_sparse_refused_off_hopper():
     assert not gluon_launch.sparse_ok(q, q, q, -1, -1, ModArgs.make((), None, None, None, small))
 
 
-def reference_grid(test):
-    """The GPU grid of the block-sparse reference tests (this file's forward, test_gluon_sparse_bwd's backward):
-    every mask of MASKS x SHAPES x head dims 64 / 128 / 256, on sm90 only."""
-    marks = [pytest.mark.gpu, pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU"),
-             pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"]),
-             pytest.mark.parametrize("shape", SHAPES,
-                                     ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}" for b, sq, sk, hq, hk in SHAPES]),
-             pytest.mark.parametrize("name", list(MASKS))]
-    for mark in reversed(marks):  # as a decorator stack applies them: the innermost (last) first
-        test = mark(test)
-    return test
-
-
-@reference_grid
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}" for b, sq, sk, hq, hk in SHAPES])
+@pytest.mark.parametrize("name", list(MASKS))
 def test_gluon_sparse_matches_reference(name, shape, head_dim, monkeypatch):
-    """out, lse, dq, dk, dv of flashtile.attention with a block mask (the forward on the Gluon kernel, the backward
-    on the Gluon one at D64 / D128 (test_gluon_sparse_bwd.py), the portable one at D256) against the float64
-    reference; outputs NaN-poisoned so unwritten rows fail."""
+    """out, lse, dq, dk, dv of flashtile.attention with a block mask, the forward and the backward both on the
+    Gluon kernels, against the float64 reference (ready-made masks, per-batch / per-head masks, a custom aux mask,
+    rows without keys; lengths off the 128 grid, GQA / MQA); outputs NaN-poisoned so unwritten rows fail."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     calls = _count_gluon(monkeypatch)
+    bwd_calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
     batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
     mask, needs_bh = _mask(name, seqlen_k)
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda")
@@ -100,6 +92,8 @@ def test_gluon_sparse_matches_reference(name, shape, head_dim, monkeypatch):
                                              seqlen_q, seqlen_k)
     check(q, k, v, torch.bfloat16, mask, block_mask=block_mask)
     assert calls, "the block-sparse forward did not take the Gluon kernel"
+    assert [kw.get("mods") is not None for kw in bwd_calls] == [True], \
+        "the block-sparse backward did not take the Gluon kernel"
 
 
 @pytest.mark.gpu
