@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from . import fast_launch, launch  # launch: the shared preprocess and the NaN-poisoning allocator
-from .gluon_launch import (LOG2E, _supported_device, _varlen_ok, alibi_ok, block_list_args, mask_mode, tma_descriptor,
-                           torch_layout)
+from .gluon_launch import (LOG2E, _supported_device, _varlen_ok, alibi_ok, block_list_args, mask_mode,
+                           record_sparse_failure, tma_descriptor, torch_layout)
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -390,12 +390,8 @@ def sparse_ok(q, k, v, out, dout, window_size, mods, variant="default"):
 
 
 def sparse_failed(mods, exc):
-    """A block-sparse backward launch failed to build (e.g. a mask_mod Gluon cannot compile): that mask_mod runs
-    the portable backward from now on, with one warning; the dense Gluon backward stays on."""
-    warnings.warn(f"flashtile: the Hopper Gluon block-sparse backward failed for this mask_mod "
-                  f"({type(exc).__name__}: {exc}); it runs the portable Triton kernels from now on "
-                  f"(FLASHTILE_GLUON_SPARSE=0 silences this)", RuntimeWarning, stacklevel=3)
-    _sparse_failed[mods.mask_mod] = exc
+    """A block-sparse backward launch failed to build: that mask_mod runs the portable backward from now on."""
+    record_sparse_failure(_sparse_failed, "backward", mods, exc)
 
 
 def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dlse=None, variant="default",

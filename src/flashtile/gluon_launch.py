@@ -458,19 +458,25 @@ def sparse_ok(q, k, v, window_left, window_right, mods, variant="default"):
     return gluon_supported(q, k, v)
 
 
+def record_sparse_failure(failed, direction, mods, exc):
+    """A block-sparse launch of the Gluon `direction` ("forward" / "backward") failed to build (e.g. a mask_mod that
+    Gluon cannot compile): one warning, and failed (that module's registry) sends the mask_mod to the portable
+    kernels from now on; the dense Gluon kernels stay on."""
+    warnings.warn(f"flashtile: the Hopper Gluon block-sparse {direction} failed for this mask_mod "
+                  f"({type(exc).__name__}: {exc}); it runs the portable Triton kernels from now on "
+                  f"(FLASHTILE_GLUON_SPARSE=0 silences this)", RuntimeWarning, stacklevel=4)
+    failed[mods.mask_mod] = exc
+
+
 def sparse_failed(mods, exc):
-    """A block-sparse launch failed to build (e.g. a mask_mod that Gluon cannot compile): that mask_mod runs the
-    portable kernel from now on, with one warning; the dense Gluon forward stays on."""
-    warnings.warn(f"flashtile: the Hopper Gluon block-sparse forward failed for this mask_mod "
-                  f"({type(exc).__name__}: {exc}); it runs the portable Triton kernel from now on "
-                  f"(FLASHTILE_GLUON_SPARSE=0 silences this)", RuntimeWarning, stacklevel=3)
-    _sparse_failed[mods.mask_mod] = exc
+    """A block-sparse forward launch failed to build: that mask_mod runs the portable forward from now on."""
+    record_sparse_failure(_sparse_failed, "forward", mods, exc)
 
 
 def gluon_sparse_forward(q, k, v, softmax_scale, mods, variant="default"):
     """out (q's shape and dtype) and lse fp32 (B, Hq, Sq) of flashtile.attention(q, k, v, block_mask=...) with the
     block lists and mask_mod in mods (a launch.ModArgs that sparse_ok accepts), natural log, as the portable
-    forward writes them (so the portable block-sparse backward runs on them)."""
+    forward writes them (so either block-sparse backward, Gluon or portable, runs on them)."""
     poison = _launch.poison_outputs()
     shape = q.shape
     out = _launch._empty(shape, q, poison=poison)
