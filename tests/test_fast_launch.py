@@ -310,3 +310,50 @@ def test_gpu_fast_path_matches_triton_path():
                 torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
             else:
                 assert torch.equal(a, b), name
+
+
+def _launch_key(kernel, args, kwargs):
+    rt = fast_launch._runtime()
+    plan_key = (id(kernel), len(args), tuple(kwargs))
+    plan = fast_launch._plans.setdefault(plan_key, fast_launch._Plan(kernel, len(args), tuple(kwargs)))
+    bound = fast_launch.bound_args(plan, args, kwargs)
+    return fast_launch.call_key(plan, bound, (0, fast_launch.option_values(plan, kwargs, rt.knobs)), rt)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_gluon_launch_keys_stable_across_calls(head_dim):
+    """Two calls of one shape on fresh tensors give the Gluon launches one fast_launch key (descriptor layouts are
+    keyed by identity, so a layout object built per call would miss the cache on every call: the backward's dQ
+    descriptor did until session 12)."""
+    from flashtile import gluon_bwd_launch, gluon_launch
+    if gluon_bwd_launch._attn_bwd_dkdv_hopper is None or gluon_launch._attn_fwd_hopper is None:
+        pytest.skip("no Gluon Hopper API in this triton")
+
+    def backward_key(variant):
+        q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
+        k = torch.empty(2, 500, 2, head_dim, dtype=torch.bfloat16)
+        rows, acc = torch.empty(2, 4, 320), torch.empty(2, 320, 4, head_dim)
+        _, args, constexprs, options = gluon_bwd_launch.dkdv_launch_args(
+            q, k, k, q, rows, rows, torch.empty_like(k), torch.empty_like(k), acc, 0.1, False,
+            gluon_bwd_launch.VARIANTS[variant][head_dim])
+        return _launch_key(gluon_bwd_launch._attn_bwd_dkdv_hopper, args, {**constexprs, **options})
+
+    def forward_keys(batch):
+        q = torch.empty(batch, 512, 4, head_dim, dtype=torch.bfloat16)
+        k = torch.empty(batch, 500, 2, head_dim, dtype=torch.bfloat16)  # batch 2: ragged descriptors
+        out, lse = torch.empty_like(q), torch.empty(batch, 4, 512)
+        config = gluon_launch.VARIANTS["default"][head_dim]
+        _, args, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.1, False, config)
+        keys = [_launch_key(gluon_launch._attn_fwd_hopper, args, {**constexprs, **options})]
+        config = gluon_launch.VARIANTS["persistent"][head_dim]
+        _, args, constexprs, options = gluon_launch.persistent_launch_args(q, k, k, out, lse, 0.1, False, config,
+                                                                           sm_count=132)
+        return keys + [_launch_key(gluon_launch._attn_fwd_hopper_persistent, args, {**constexprs, **options})]
+
+    variants = [v for v in ("default", "atomics") if head_dim in gluon_bwd_launch.VARIANTS[v]]
+    for variant in variants:
+        first = backward_key(variant)
+        assert first is not None and backward_key(variant) == first, variant
+    for batch in (1, 2):
+        first = forward_keys(batch)
+        assert None not in first and forward_keys(batch) == first

@@ -279,6 +279,13 @@ def _bias_args(attn_bias, block_m, keys):
     return desc, desc.shape[0], desc.shape[1]
 
 
+@functools.lru_cache(maxsize=None)
+def _dq_layout():
+    """The dQ reduce-add box's layout (128-byte swizzle), one object per process: fast_launch keys a descriptor's
+    layout by identity, so a fresh one per call (as before) sent every dK/dV launch through JITFunction.run."""
+    return _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+
+
 DQ_BOX_N = 32  # fp32 columns of a dQ reduce-add box: one 128-byte swizzle block
 
 
@@ -289,7 +296,7 @@ def _dq_descriptor(dq_accum, block_m, max_seqlen_q_pad=None):
     Varlen (max_seqlen_q_pad given): dq_accum (total_q + block_m, Hq, D) as (rows, max_seqlen_q_pad, Hq * D) with
     both row dimensions of stride one row, so the kernel's [q_start, m, col] adds at row q_start + m (the
     block_m spare rows take the last sequence's tile tail)."""
-    layout = _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=3)
+    layout = _dq_layout()
     if max_seqlen_q_pad is not None:
         rows, heads, head_dim = dq_accum.shape
         row = dq_accum.stride(0)
