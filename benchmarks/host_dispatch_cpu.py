@@ -1,6 +1,15 @@
 """Host time of flashtile's own Python on the attention path, measured on a CPU box (no GPU needed).
 
     env -u TRITON_INTERPRET PYTHONPATH=src python benchmarks/host_dispatch_cpu.py [--reps 7] [--calls 2000]
+    env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python benchmarks/host_dispatch_cpu.py --e2e [--reps 7]
+
+--e2e: the whole call instead, flash_attn_func's forward (no grad, and with grad) and forward + .backward(), through
+fast_launch and triton 3.6's own JITFunction / CompiledKernel / CudaLauncher objects: a stub driver (device 0,
+stream 0, sm90), each kernel's JITFunction.run answered by a CompiledKernel whose CudaLauncher.launch (the C
+function on a GPU) does nothing, and the launchers' CUDA checks routed to CPU tensors. So each number is all the
+host's Python of a call, triton's included, short of the C launch (and of the tensor-map encoding that triton's
+wrap_handle_tensordesc does around it for descriptors), with CPU torch.empty for the allocations (B1 H1 D128 bf16:
+S512 forward, S1024 backward, the Gluon backward's threshold). FLASHTILE_FAST_LAUNCH=0 / 1 as on the GPU.
 
 The kernels are replaced by recorders (kernel[grid](...) does nothing), the device is declared a Hopper with
 132 SMs, and CPU tensors stand in for CUDA ones, as tests/test_gluon.py does; so each number is the Python of
@@ -182,13 +191,89 @@ def stages(calls, reps):
     return results
 
 
+class _StubDriver:
+    """triton's active driver on a machine without a GPU: device 0, stream 0, an sm90 target."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget("cuda", 90, 32)
+
+
+def _stub_kernel(kernel):
+    """kernel.run (JITFunction.run: binder, cache, compile) answers with a CompiledKernel whose launcher is a real
+    CudaLauncher but for its C launch function, which does nothing."""
+    from triton.backends.nvidia.driver import CudaLauncher
+    from triton.compiler import CompiledKernel
+    launcher = CudaLauncher.__new__(CudaLauncher)
+    launcher.launch = _noop
+    launcher.num_ctas, launcher.launch_cooperative_grid, launcher.launch_pdl = 1, False, False
+    launcher.global_scratch_size = launcher.profile_scratch_size = 0
+    launcher.global_scratch_align = launcher.profile_scratch_align = 1
+    compiled = CompiledKernel.__new__(CompiledKernel)
+    compiled.module, compiled.function, compiled.packed_metadata, compiled._run = "stub", 0, (4, 1, 0), launcher
+    compiled.name, compiled.src = kernel.__name__, None
+    kernel.run = lambda *args, grid, warmup, **kwargs: compiled
+
+
+def e2e(calls, reps):
+    """Rows of the whole call (--e2e)."""
+    from triton.runtime.driver import driver
+
+    from flashtile import fast_launch
+    if gluon_launch._attn_fwd_hopper is None or not gluon_launch.tested_triton():
+        raise SystemExit(f"--e2e needs triton 3.6 with Gluon (PYTHONPATH=/tmp/t36:src); got "
+                         f"{__import__('triton').__version__} {gluon_launch.GLUON_IMPORT_ERROR or ''}")
+    driver.set_active(_StubDriver())
+    for kernel in (gluon_launch._attn_fwd_hopper, gluon_launch._attn_fwd_hopper_persistent,
+                   gluon_bwd_launch._attn_bwd_dkdv_hopper, launch._attn_bwd_preprocess, launch._attn_bwd_dq_convert,
+                   launch._attn_fwd):
+        _stub_kernel(kernel)
+    gluon_launch._supported_device = gluon_bwd_launch._supported_device = lambda *tensors: True
+    gluon_launch._sm_count = lambda device_index: 132
+    torch.cuda.current_device = lambda: 0
+    launch._arch = lambda device: (9, 0)
+    torch.Tensor.is_cuda = property(lambda self: True)  # the launchers' Gluon gates (as tests/test_gluon.py)
+    ops._runs_triton = lambda t: True
+    dt = torch.bfloat16
+    q = torch.randn(1, 512, 1, 128, dtype=dt)
+    q1, k1, v1 = (torch.randn(1, 1024, 1, 128, dtype=dt, requires_grad=True) for _ in range(3))
+    grad = torch.randn_like(q1)
+
+    def fwd_bwd():
+        q1.grad = k1.grad = v1.grad = None
+        flashtile.flash_attn_func(q1, k1, v1).backward(grad)
+
+    rows = [("e2e forward, no grad, S512", lambda: flashtile.flash_attn_func(q, q, q)),
+            ("e2e forward, grad, S1024", lambda: flashtile.flash_attn_func(q1, k1, v1)),
+            ("e2e forward + backward, S1024", fwd_bwd)]
+    results = [(name, *_time(fn, calls, reps)) for name, fn in rows]
+    results.append(("  backward alone (difference of the two above)", results[2][1] - results[1][1],
+                    results[2][2] - results[1][2]))
+    results.append((f"  fast_launch [fast, recorded] launches: {fast_launch.counts}", 0.0, 0.0))
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--calls", type=int, default=1000)
+    ap.add_argument("--e2e", action="store_true", help="the whole call with triton 3.6's launch path (see above)")
     args = ap.parse_args()
-    _patch()
     torch.set_num_threads(1)
+    if args.e2e:
+        print(f"torch {torch.__version__}, triton {__import__('triton').__version__}, FLASHTILE_FAST_LAUNCH="
+              f"{os.environ.get('FLASHTILE_FAST_LAUNCH', '1')}; us per call: min of {args.reps} x {args.calls} "
+              f"calls (median)")
+        for name, low, med in e2e(args.calls, args.reps):
+            print(f"{name:52s} {low:8.1f} ({med:.1f})")
+        return
+    _patch()
     print(f"torch {torch.__version__}, triton {__import__('triton').__version__}; us per call: min of "
           f"{args.reps} x {args.calls} calls (median)")
     for name, low, med in stages(args.calls, args.reps):
