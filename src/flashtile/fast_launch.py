@@ -20,6 +20,12 @@ device and the launch options, so two calls with one key get one triton kernel. 
 type, tuples included, a callable grid, hooks, debug) takes the normal path. A key finer than triton's only costs
 a normal launch.
 
+On a hit the launch goes straight to the C function of triton 3.6's CudaLauncher (its `launch`, the tensor-map
+wrapper included) with the arguments CudaLauncher.__call__ would give it (_Entry.direct), where the launcher needs
+no scratch memory and its calling convention is the one checked here (_direct_launch); else through
+CudaLauncher.__call__. launch() returns the cache entry it used, so a caller that replays one call signature
+(plans.py) can launch it again through replay() without computing the key.
+
 Only on the triton this was checked against (gluon_launch.TESTED_TRITON), never under the interpreter, and
 FLASHTILE_FAST_LAUNCH=0 turns it off. Launch hooks (profilers such as proton), pre-run hooks, TRITON_DEBUG and
 instrumentation send every call through triton, which then sees and reports everything as before.
@@ -31,11 +37,12 @@ from operator import and_, attrgetter, eq, itemgetter, methodcaller, not_
 import torch
 
 _MAX_ENTRIES = 1024  # a bound on the cache; keys from ever-new layouts or kernels would otherwise grow it
-_cache = {}  # key -> (CompiledKernel, its launcher, function, packed_metadata, the layouts whose ids the key holds)
+_cache = {}  # key -> _Entry
 _plans = {}  # (id(kernel), number of positional args, kwarg names) -> _Plan
 _on = None  # FLASHTILE_FAST_LAUNCH != 0 and the tested triton, read at the first launch (os.environ costs ~1 us)
 _rt = None  # triton pieces used on every fast call (imported once)
 counts = [0, 0]  # [fast launches, recorded launches] in this process (tests and host_time.py read them)
+recorder = None  # a list while plans.py records a call: launch() appends (kernel, grid, args, kwargs, entry)
 
 
 def enabled():
@@ -290,6 +297,70 @@ def _hooks_idle(knobs):
     return not (rt.debug or knobs.compilation.instrumentation_mode)
 
 
+# triton 3.6's CudaLauncher (backends/nvidia/driver.py): __call__(gridX, gridY, gridZ, stream, function, *args)
+# allocates the global / profile scratch (None when their sizes are 0) and calls self.launch(gridX, gridY, gridZ,
+# stream, function, launch_cooperative_grid, launch_pdl, global_scratch, profile_scratch, *args), where args are
+# (kernel_metadata, launch_metadata, launch_enter_hook, launch_exit_hook, *kernel arguments): the C function parses
+# its arguments with _BASE_ARGS_FORMAT (13 base arguments) and the kernel's own format.
+_LAUNCHER_FORMAT = "iiiKKppOOOOOO"
+_LAUNCHER_CALL = ("self", "gridX", "gridY", "gridZ", "stream", "function")
+_direct_ok = None  # the installed triton's CudaLauncher has that calling convention (checked once)
+
+
+def _direct_launch(launcher):
+    """launcher.launch when calling it directly does what launcher(...) would: triton 3.6's CudaLauncher (the
+    calling convention above, checked by the C parser's format string and __call__'s parameters) with no scratch
+    memory to allocate; None otherwise (then the launcher is called as JITFunction.run calls it)."""
+    global _direct_ok
+    if _direct_ok is None:
+        try:
+            from triton.backends.nvidia import driver as nvidia_driver
+            code = nvidia_driver.CudaLauncher.__call__.__code__
+            _direct_ok = (getattr(nvidia_driver, "_BASE_ARGS_FORMAT", None) == _LAUNCHER_FORMAT
+                          and code.co_argcount == len(_LAUNCHER_CALL)
+                          and code.co_varnames[:len(_LAUNCHER_CALL)] == _LAUNCHER_CALL
+                          and bool(code.co_flags & 0x04))  # CO_VARARGS: the *args after function
+            _direct_ok = _direct_ok and nvidia_driver.CudaLauncher
+        except Exception:  # noqa: BLE001  (no NVIDIA backend, another layout: the launcher's own __call__)
+            _direct_ok = False
+    if not _direct_ok or type(launcher) is not _direct_ok:
+        return None
+    if getattr(launcher, "global_scratch_size", 1) != 0 or getattr(launcher, "profile_scratch_size", 1) != 0:
+        return None
+    coop, pdl = getattr(launcher, "launch_cooperative_grid", None), getattr(launcher, "launch_pdl", None)
+    if type(coop) is not bool or type(pdl) is not bool or not callable(getattr(launcher, "launch", None)):
+        return None
+    return launcher.launch
+
+
+class _Entry:
+    """A recorded launch: the CompiledKernel, how to call it (direct: launcher.launch, or None: the launcher), the
+    device whose cache it came from, the layouts whose ids its key holds (kept alive), and tail: the parameters
+    after the positional arguments (all constexprs, so one per key; None where a tail parameter is not a
+    constexpr: then replay() cannot rebuild the call)."""
+    __slots__ = ("compiled", "run", "direct", "function", "packed_metadata", "coop", "pdl", "layouts", "device",
+                 "tail", "kernel")
+
+    def __init__(self, compiled, kernel, plan, bound, device, layouts):
+        self.compiled, self.kernel, self.device, self.layouts = compiled, kernel, device, layouts
+        self.run, self.function, self.packed_metadata = compiled.run, compiled.function, compiled.packed_metadata
+        self.direct = _direct_launch(self.run)
+        self.coop, self.pdl = (self.run.launch_cooperative_grid, self.run.launch_pdl) if self.direct else (0, 0)
+        n_args = len(plan.modes) - len(plan.tail_names)
+        self.tail = (bound[n_args:] if all(m == _CONSTEXPR for m in plan.modes[n_args:]) else None)
+
+    def __call__(self, grid, stream, bound):
+        n = len(grid)
+        gx, gy, gz = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+        if self.direct is not None:
+            # CudaLauncher.__call__'s call with no scratch: launch_metadata and both hooks None (none is set)
+            self.direct(gx, gy, gz, stream, self.function, self.coop, self.pdl, None, None, self.packed_metadata,
+                        None, None, None, *bound)
+        else:
+            # As JITFunction.run: grid, stream, function, metadata; launch_metadata and the hooks are None.
+            self.run(gx, gy, gz, stream, self.function, self.packed_metadata, None, None, None, *bound)
+
+
 def _globals_unchanged(kernel):
     # JITFunction.run raises when a global the kernel read changed since compilation; the normal path says so.
     missing = object()
@@ -309,22 +380,30 @@ def call_key(plan, bound, options, rt):
 
 
 def launch(kernel, grid, args, kwargs):
-    """kernel[grid](*args, **kwargs), through the fast path where a previous call proved the specialization."""
+    """kernel[grid](*args, **kwargs), through the fast path where a previous call proved the specialization.
+    Returns the cache entry it launched or recorded, else None (the normal path)."""
+    entry = _launch(kernel, grid, args, kwargs)
+    if recorder is not None:
+        recorder.append((kernel, grid, args, kwargs, entry))
+    return entry
+
+
+def _launch(kernel, grid, args, kwargs):
     if not enabled():
         kernel[grid](*args, **kwargs)
-        return
+        return None
     rt = _runtime()
     if (getattr(type(kernel), "run", None) is not rt.JITFunction.run or kernel.pre_run_hooks or type(grid) is not tuple
             or not _hooks_idle(rt.knobs) or "debug" in kwargs):
         kernel[grid](*args, **kwargs)
-        return
+        return None
     kw_names = tuple(kwargs)
     plan = _plans.get((id(kernel), len(args), kw_names))
     if plan is None:
         plan = _plans[(id(kernel), len(args), kw_names)] = _Plan(kernel, len(args), kw_names)
     if not plan.ok or plan.debug:
         kernel[grid](*args, **kwargs)
-        return
+        return None
     device = rt.driver.active.get_current_device()
     bound = bound_args(plan, args, kwargs)
     try:
@@ -338,16 +417,35 @@ def launch(kernel, grid, args, kwargs):
             if len(_cache) >= _MAX_ENTRIES:
                 _cache.clear()
             layouts = tuple(v.layout for v in bound if type(v) is rt.GluonDescriptor)
-            _cache[key] = (compiled, compiled.run, compiled.function, compiled.packed_metadata, layouts)
+            entry = _cache[key] = _Entry(compiled, kernel, plan, bound, device, layouts)
             counts[1] += 1
-        return
+            return entry
+        return None
     counts[0] += 1
-    _, run, function, packed_metadata, _ = entry
-    stream = rt.driver.active.get_current_stream(device)
-    n = len(grid)
-    # As JITFunction.run: grid, stream, function, metadata; launch_metadata and the hooks are None (none is set).
-    run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, packed_metadata, None, None,
-        None, *bound)
+    entry(grid, rt.driver.active.get_current_stream(device), bound)
+    return entry
+
+
+def replay(entry, grid, args):
+    """Launch entry's kernel (a launch() of the same key returned it) with args, the call's positional arguments,
+    without computing the key: the caller (plans.py) guarantees that args have the types, specialization (int
+    residues, tensor dtypes and 16-byte alignment, descriptor block shapes and layouts) and constexprs of the
+    recorded call. False, launching nothing, where launch() must decide: the fast path is off, a launch hook,
+    debug knob or pre-run hook is set, the current device is another, a global the kernel read has changed, or the
+    entry cannot rebuild the call."""
+    if not _on or entry.tail is None:
+        return False
+    rt = _rt
+    kernel = entry.kernel
+    if (not _hooks_idle(rt.knobs) or kernel.pre_run_hooks
+            or (kernel.used_global_vals and not _globals_unchanged(kernel))):
+        return False
+    device = rt.driver.active.get_current_device()
+    if device != entry.device:
+        return False
+    counts[0] += 1
+    entry(grid, rt.driver.active.get_current_stream(device), args + entry.tail if entry.tail else args)
+    return True
 
 
 def clear():
