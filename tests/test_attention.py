@@ -275,3 +275,23 @@ def test_d256_bwd_variants(monkeypatch, variant, batch, seqlen_q, seqlen_k, head
         assert all((d is not None) == (head_dim == 256) for d in built)
     else:
         assert not built  # the pointer tiles build no descriptor
+
+
+@pytest.mark.parametrize("used", ["out", "lse"])
+def test_unused_output_gets_no_materialized_gradient(used, backend):
+    """The forward's autograd Function leaves an unused output's gradient None (no zero-filled dlse per backward);
+    the backward gives what an explicit zero gradient gives."""
+    _, device = backend
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 33, 2, 16, device=device, requires_grad=True) for _ in range(3))
+
+    def grads(explicit_zero):
+        out, lse, _ = flashtile.flash_attn_func(q, k, v, return_attn_probs=True)
+        loss = out.sum() if used == "out" else lse.sum()
+        if explicit_zero:
+            loss = loss + (lse if used == "out" else out).sum() * 0
+        return torch.autograd.grad(loss, (q, k, v))
+
+    for a, b in zip(grads(False), grads(True)):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b)

@@ -29,7 +29,11 @@ def _bias_grad(dscores, attn_bias):
 
 
 def _backward(ctx, dout, dlse):
+    # dout / dlse None: that output took no part in the loss (_EagerForward does not materialize zero gradients:
+    # a zero-filled dlse cost an allocation, a fill and the preprocess's dlse term on every backward).
     q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k, attn_bias, rng = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
     bias_grad = attn_bias is not None and ctx.needs_input_grad[13]
     sink_grad = sink is not None and ctx.needs_input_grad[8]
     dq, dk, dv, dscores, dsink = ops.call(ops.bwd, dout, q, k, v, out, lse, dlse, *ctx.scalars, alibi_slopes,
@@ -52,6 +56,7 @@ class _EagerForward(torch.autograd.Function):
     def forward(ctx, *inputs):
         output = ops.eager_call(ops.fwd, *inputs)  # only applied in eager mode (forward below)
         _setup_context(ctx, inputs, output)
+        ctx.set_materialize_grads(False)  # _backward takes None for an unused output's gradient
         return output
 
     @staticmethod
