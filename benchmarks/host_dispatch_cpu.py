@@ -256,6 +256,9 @@ def e2e(calls, reps):
     results.append(("  backward alone (difference of the two above)", results[2][1] - results[1][1],
                     results[2][2] - results[1][2]))
     results.append((f"  fast_launch [fast, recorded] launches: {fast_launch.counts}", 0.0, 0.0))
+    plans = getattr(flashtile, "plans", None)  # imported by launch.py where it exists (older trees: A / B runs)
+    if plans is not None:
+        results.append((f"  plans [replayed, recorded]: {plans.counts}", 0.0, 0.0))
     return results
 
 

@@ -30,3 +30,11 @@ def backend(request, monkeypatch):
         monkeypatch.setenv("TRITON_INTERPRET", "0")
         return "cpu", "cpu"
     return "triton", DEVICE
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_plans():
+    """Each test starts without launch plans (flashtile/plans.py): a replayed call skips the launcher functions
+    that tests wrap (record_calls) or patch to see which path a call took."""
+    from flashtile import plans
+    plans.clear()

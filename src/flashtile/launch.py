@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import configs, fast_launch, philox
+from . import configs, fast_launch, philox, plans
 from .kernels.bwd import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_dq_convert, _attn_bwd_preprocess
 from .kernels.decode import _attn_combine, _attn_fwd_splitkv
 from .kernels.fwd import _attn_fwd, _attn_probs
@@ -39,8 +39,12 @@ def _empty(shape, like, dtype=None, poison=None):
     if poison is None:
         poison = poison_outputs()
     if poison:
-        return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
-    return torch.empty(shape, dtype=dtype, device=like.device)
+        t = torch.full(shape, float("nan"), dtype=dtype, device=like.device)
+    else:
+        t = torch.empty(shape, dtype=dtype, device=like.device)
+    if plans._allocs is not None:  # recording a plan (plans.record)
+        plans._allocs.append(t)
+    return t
 
 
 @functools.lru_cache(maxsize=None)  # per device: the property lookups cost several us of host time per call
@@ -633,6 +637,44 @@ def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, a
         gluon_launch.disable)
 
 
+def _signature(t):
+    """What a plan's key holds of one input tensor (plans.py)."""
+    return t.shape, t.stride(), t.dtype, t.get_device()
+
+
+def _replay(plan, inputs, like, gluon_module):
+    """plans.replay of plan on inputs, buffers on like's device; a failing launch disables gluon_module's kernels
+    as _try_gluon would (None: the caller takes the normal path)."""
+    poison = poison_outputs()
+    try:
+        return plans.replay(plan, inputs, lambda shape, dtype: _empty(shape, like, dtype, poison),
+                            _gluon_modules()[0].tma_descriptor)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (as _try_gluon: the portable kernels still serve)
+        plans.clear()
+        gluon_module.disable(exc)
+        return None
+
+
+def _planned_gluon_forward(q, k, v, softmax_scale, window_left, window_right):
+    """_gluon_forward of a call without optional features (no softcap, ALiBi, sink, bias, varlen), replayed from
+    its plan after the first call of its signature (plans.py; the key: the inputs' shapes, strides, dtypes and
+    devices, which of them alias, the scale, the window, FLASHTILE_GLUON)."""
+    gluon_launch = _gluon_modules()[0]
+    inputs = (q, k, v)
+    key = ("fwd", os.environ.get("FLASHTILE_GLUON"), _signature(q), _signature(k), _signature(v),
+           plans.aliasing(inputs), softmax_scale, window_left, window_right)
+    plan = plans.get(key)
+    if plan is not None and gluon_launch._disabled is None:
+        result = _replay(plan, inputs, q, gluon_launch)
+        if result is not None:
+            return result
+    return plans.record(key, inputs, lambda: _gluon_forward(q, k, v, softmax_scale, window_left, window_right, 0.0,
+                                                            None, None),
+                        getattr(gluon_launch, "_GluonDescriptor", None))
+
+
 def _gluon_sparse_forward(q, k, v, softmax_scale, window_left, window_right, mods):
     """(out, lse) of flashtile.attention's block-sparse forward from the Hopper Gluon kernel (gluon_launch.sparse_ok:
     a block mask with a mask_mod or none, no score_mod, blocks that are multiples of its tiles, D64 / D128 / D256) on a
@@ -668,8 +710,11 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
         if result is not None:
             return result
     if plain and q.is_cuda:
-        result = _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias)
+        if (alibi_slopes is None and sink is None and cu_seqlens_q is None and attn_bias is None and not softcap):
+            result = _planned_gluon_forward(q, k, v, softmax_scale, window_left, window_right)
+        else:
+            result = _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
+                                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias)
         if result is not None:
             return result
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -775,6 +820,25 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
         gluon_bwd_launch.disable)
 
 
+def _planned_gluon_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right):
+    """_gluon_backward of a call without optional features (no dlse, softcap, ALiBi, sink, bias, varlen), replayed
+    from its plan after the first call of its signature (as _planned_gluon_forward; FLASHTILE_GLUON_BWD)."""
+    gluon_bwd_launch = _gluon_modules()[1]
+    inputs = (dout, q, k, v, out, lse)
+    key = ("bwd", os.environ.get("FLASHTILE_GLUON_BWD"), _signature(dout), _signature(q), _signature(k),
+           _signature(v), _signature(out), _signature(lse), plans.aliasing(inputs), softmax_scale, window_left,
+           window_right)
+    plan = plans.get(key)
+    if plan is not None and gluon_bwd_launch._disabled is None:
+        grads = _replay(plan, inputs, q, gluon_bwd_launch)
+        if grads is not None:
+            return grads
+    return plans.record(key, inputs, lambda: _gluon_backward(dout, q, k, v, out, lse, None, softmax_scale,
+                                                             window_right == 0,
+                                                             window_size=(window_left, window_right)),
+                        getattr(_gluon_modules()[0], "_GluonDescriptor", None))
+
+
 def _gluon_sparse_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, mods):
     """(dq, dk, dv) of flashtile.attention's block-sparse call from the Hopper Gluon backward
     (gluon_bwd_launch.sparse_ok: a block mask with a mask_mod or none, no score_mod, query blocks a multiple of its
@@ -826,10 +890,15 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
         if grads is not None:
             return (*grads, q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.float32))
     if q.is_cuda and _gluon_bwd_candidate(bias_grad, dropout_p, mods, deterministic):
-        grads = _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_right == 0,
-                                window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
-                                sink=sink, sink_parts=parts, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, attn_bias=attn_bias)
+        if (dlse is None and sink is None and alibi_slopes is None and not softcap and attn_bias is None
+                and cu_seqlens_q is None):
+            grads = _planned_gluon_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right)
+        else:
+            grads = _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_right == 0,
+                                    window_size=(window_left, window_right), softcap=softcap,
+                                    alibi_slopes=alibi_slopes, sink=sink, sink_parts=parts, cu_seqlens_q=cu_seqlens_q,
+                                    cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                    attn_bias=attn_bias)
         if grads is not None:
             return (*grads, q.new_empty(0, dtype=torch.float32), _dsink(parts, q))
     if geo is None:

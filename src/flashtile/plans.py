@@ -1,0 +1,143 @@
+"""Launch plans: a plain Gluon forward or backward replayed per call signature (host time).
+
+The first call of a signature runs the launchers as always (launch._gluon_forward / _gluon_backward) while record()
+watches: the buffers they allocate (launch._empty) and the launches they make (fast_launch.launch). When every
+launch went through fast_launch's cache and every argument is an input, one of those buffers, a TMA descriptor of
+one of them, or a plain scalar, the call becomes a Plan: the arguments as a template with the tensors' and
+descriptors' places marked. A later call with the same key only allocates the buffers, rebuilds the descriptors
+on the new tensors (they hold the pointers), and launches each kernel through fast_launch.replay: no support
+checks, config choice, grid or argument building, and no fast_launch key.
+
+The key (launch.py builds it) holds everything the launchers read besides the tensors' addresses: every input's
+shape, strides, dtype and device, the scalars (scale, window) and the environment switch that chose the Gluon
+kernel; replay() checks the addresses' 16-byte alignment (TMA and triton's specialization read it) and gives up
+(None: the caller takes the normal path) where any tensor is misaligned. Plans exist only while fast_launch is on
+(FLASHTILE_FAST_LAUNCH=0 turns both off) and only for calls without optional features (launch.py decides).
+"""
+import torch
+
+from . import fast_launch
+
+_MAX_PLANS = 256  # call signatures kept (first in, first out): a model has a handful
+_plans = {}  # key -> Plan
+counts = [0, 0]  # [replayed calls, recorded plans] (tests and benchmarks read them)
+_allocs = None  # a list while recording: launch._empty appends each buffer it returns
+
+
+class _Launch:
+    """One recorded launch: kernel, grid, the positional arguments as a template (None at the tensors' and
+    descriptors' places), tensors: (position, tensor index), descs: (position, tensor index, shape, strides, block
+    shape, layout), kwargs (constexprs and options) and fast_launch's entry."""
+    __slots__ = ("kernel", "grid", "template", "tensors", "descs", "kwargs", "entry")
+
+
+class Plan:
+    """A call signature's launches. Tensors are indexed: the inputs first, then the buffers in allocation order
+    (allocs: (shape, dtype) each); outputs: the indices of the returned tensors."""
+    __slots__ = ("n_inputs", "allocs", "launches", "outputs")
+
+
+def get(key):
+    return _plans.get(key)
+
+
+def aliasing(tensors):
+    """What the key records of which inputs are one tensor: None when all are distinct (the usual case, in C),
+    else each one's first place."""
+    ids = tuple(map(id, tensors))
+    if len(set(ids)) == len(ids):
+        return None
+    return tuple(ids.index(i) for i in ids)
+
+
+def clear():
+    _plans.clear()
+
+
+def record(key, inputs, run, descriptor_type):
+    """run() (the launcher of one call on inputs, returning a tuple of tensors or None), kept as a plan under key
+    when every launch it made can be replayed. descriptor_type: Gluon's TensorDescriptor class."""
+    global _allocs
+    if not fast_launch.enabled():
+        return run()
+    allocs, launches = [], []
+    _allocs, fast_launch.recorder = allocs, launches
+    try:
+        result = run()
+    finally:
+        _allocs = fast_launch.recorder = None
+    if result is not None:
+        plan = _build(inputs, allocs, launches, result, descriptor_type)
+        if plan is not None:
+            if len(_plans) >= _MAX_PLANS:
+                del _plans[next(iter(_plans))]
+            _plans[key] = plan
+            counts[1] += 1
+    return result
+
+
+def _build(inputs, allocs, launches, result, descriptor_type):
+    """The Plan of one recorded call, or None where an argument is not one a replay can rebuild."""
+    index = {}
+    for i, t in enumerate((*inputs, *allocs)):
+        index.setdefault(id(t), i)  # an input passed twice (q is k) is its first place (the key holds the aliasing)
+    if not all(t.is_contiguous() for t in allocs):
+        return None  # launch._empty's buffers are; anything else is not what a replay allocates
+    plan = Plan()
+    plan.n_inputs = len(inputs)
+    plan.allocs = tuple((tuple(t.shape), t.dtype) for t in allocs)
+    plan.outputs = tuple(index.get(id(t)) for t in result)
+    if None in plan.outputs or not launches:
+        return None
+    plan.launches = []
+    for kernel, grid, args, kwargs, entry in launches:
+        if entry is None or entry.tail is None or type(grid) is not tuple:
+            return None
+        launch = _Launch()
+        launch.kernel, launch.grid, launch.kwargs, launch.entry = kernel, grid, kwargs, entry
+        template, launch.tensors, launch.descs = list(args), [], []
+        for pos, a in enumerate(args):
+            t = type(a)
+            if t is torch.Tensor:
+                i = index.get(id(a))
+                if i is None:
+                    return None
+                launch.tensors.append((pos, i))
+                template[pos] = None
+            elif t is descriptor_type:
+                i = index.get(id(a.base))
+                if i is None or a.padding != "zero":
+                    return None
+                launch.descs.append((pos, i, a.shape, a.strides, a.block_shape, a.layout))
+                template[pos] = None
+            elif t not in (int, float, bool, type(None)):
+                return None
+        launch.template = tuple(template)
+        plan.launches.append(launch)
+    plan.launches = tuple(plan.launches)
+    return plan
+
+
+def replay(plan, inputs, alloc, make_descriptor):
+    """The outputs of plan's call on inputs, or None (nothing launched) where an input is not 16-byte aligned.
+    alloc(shape, dtype): a new buffer; make_descriptor(tensor, shape, strides, block_shape, layout)."""
+    for t in inputs:
+        if t.data_ptr() & 15:
+            return None
+    tensors = list(inputs)
+    for shape, dtype in plan.allocs:
+        t = alloc(shape, dtype)
+        if t.data_ptr() & 15:
+            return None
+        tensors.append(t)
+    for launch in plan.launches:
+        args = list(launch.template)
+        for pos, i in launch.tensors:
+            args[pos] = tensors[i]
+        for pos, i, shape, strides, block_shape, layout in launch.descs:
+            args[pos] = make_descriptor(tensors[i], shape, strides, block_shape, layout)
+        args = tuple(args)
+        if not fast_launch.replay(launch.entry, launch.grid, args):
+            fast_launch.launch(launch.kernel, launch.grid, args, launch.kwargs)
+    counts[0] += 1
+    return tuple(tensors[i] for i in plan.outputs)

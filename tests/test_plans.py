@@ -1,0 +1,268 @@
+"""Launch plans (plans.py) and fast_launch's direct launcher, on CPU: the Gluon launchers run on CPU tensors
+declared CUDA on an sm90, their kernels' JITFunction.run answered by a stub CompiledKernel whose launcher records
+what it is given (as benchmarks/host_dispatch_cpu.py --e2e)."""
+import types
+
+import pytest
+import torch
+from triton.compiler import CompiledKernel
+from triton.runtime.jit import JITFunction
+
+import flashtile
+from flashtile import fast_launch, gluon_bwd_launch, gluon_launch, launch, plans
+
+
+class _Launcher:
+    """A CompiledKernel's launcher: records the kernel's arguments (after grid, stream, function, metadata, hooks)."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __call__(self, *args):
+        self.calls.append(args[9:])
+
+
+def _stub(monkeypatch, module, name, calls):
+    kernel = getattr(module, name)
+    if not isinstance(kernel, JITFunction):  # the interpreter's function: a JITFunction of the same source
+        kernel = JITFunction(kernel.fn)
+        monkeypatch.setattr(module, name, kernel)
+    compiled = CompiledKernel.__new__(CompiledKernel)
+    compiled.module, compiled.function, compiled.packed_metadata = None, name, (4, 1, 0)
+    compiled._run = _Launcher(calls)
+
+    def run(*args, grid, warmup, **kwargs):  # JITFunction.run: a normal launch (the arguments, no tail)
+        calls.append(args)
+        return compiled
+    monkeypatch.setattr(kernel, "run", run, raising=False)
+
+
+@pytest.fixture
+def gluon_on_cpu(monkeypatch):
+    """Launcher calls (name, args) of the Gluon forward / backward on CPU tensors."""
+    if gluon_launch._attn_fwd_hopper is None or gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
+        pytest.skip("no Gluon Hopper API in this triton")
+    calls = []
+    for module, name in ((gluon_launch, "_attn_fwd_hopper"), (gluon_launch, "_attn_fwd_hopper_persistent"),
+                         (gluon_bwd_launch, "_attn_bwd_dkdv_hopper"), (launch, "_attn_bwd_preprocess"),
+                         (launch, "_attn_bwd_dq_convert")):
+        _stub(monkeypatch, module, name, calls)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
+    monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for module in (gluon_launch, gluon_bwd_launch):
+        monkeypatch.setattr(module, "_supported_device", lambda *tensors: True)
+        monkeypatch.setattr(module, "_disabled", None)
+    monkeypatch.setattr(gluon_launch, "tested_triton", lambda: True)
+    monkeypatch.setattr(gluon_launch, "_sm_count", lambda device_index: 132)
+    rt = fast_launch._Runtime()
+    rt.driver = types.SimpleNamespace(active=types.SimpleNamespace(get_current_device=lambda: 0,
+                                                                   get_current_stream=lambda dev: 7))
+    monkeypatch.setattr(fast_launch, "_rt", rt)
+    monkeypatch.setattr(fast_launch, "_on", True)
+    fast_launch.clear()
+    plans.clear()
+    yield calls
+    fast_launch.clear()
+    plans.clear()
+
+
+def _normal(call, tensors):
+    """A launch's arguments with its tensors named by their place in `tensors` (the call's inputs and outputs) or by
+    shape / dtype / strides (buffers), descriptors by base, shape, strides, block shape and layout object."""
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            for i, t in enumerate(tensors):
+                if a is t:
+                    return ("tensor", i)
+            return ("buffer", tuple(a.shape), a.dtype, a.stride())
+        if type(a).__name__ == "TensorDescriptor":
+            return ("desc", one(a.base), list(a.shape), list(a.strides), list(a.block_shape), id(a.layout),
+                    a.padding)
+        return a
+    return tuple(map(one, call))
+
+
+def _forward(q, k, v, scale=0.125, left=-1, right=-1):
+    return launch._flash_attn_forward(q, k, v, scale, left, right, 0.0, None, None)
+
+
+def _qkv(shape=(2, 512, 4, 128), dtype=torch.bfloat16):
+    return tuple(torch.randn(shape, dtype=dtype) for _ in range(3))
+
+
+def test_forward_replays_the_recorded_launch(gluon_on_cpu):
+    calls = gluon_on_cpu
+    q, k, v = _qkv()
+    replayed, recorded = plans.counts[0], plans.counts[1]
+    out1, lse1 = _forward(q, k, v)
+    assert plans.counts[1] == recorded + 1 and len(calls) == 1
+    q2, k2, v2 = _qkv()
+    out2, lse2 = _forward(q2, k2, v2)
+    assert plans.counts[0] == replayed + 1 and len(calls) == 2
+    assert out2 is not out1 and out2.shape == q.shape and lse2.shape == (2, 4, 512)
+    first = _normal(calls[0], (q, k, v, out1, lse1))
+    assert first == _normal(calls[1][:len(first)], (q2, k2, v2, out2, lse2))
+
+
+def test_backward_replays_the_recorded_launches(gluon_on_cpu):
+    calls = gluon_on_cpu
+    args = []
+    for _ in range(2):
+        q, k, v = _qkv((2, 1024, 4, 128))
+        out, dout = torch.randn_like(q), torch.randn_like(q)
+        lse = torch.randn(2, 4, 1024)
+        grads = launch._flash_attn_backward(dout, q, k, v, out, lse, None, 0.125, -1, -1, 0.0, None)
+        args.append((dout, q, k, v, out, lse, *grads[:3]))
+    assert len(calls) == 6  # preprocess, dK / dV, dQ conversion, twice
+    assert plans.counts[1] >= 1
+    for first, second in zip(calls[:3], calls[3:]):
+        first = _normal(first, args[0])
+        assert first == _normal(second[:len(first)], args[1])
+
+
+@pytest.mark.parametrize("change", ["strides", "dtype", "causal", "scale", "window", "aliasing", "env"])
+def test_what_changes_a_launch_gets_its_own_plan(gluon_on_cpu, monkeypatch, change):
+    """Each of these changes the launch (strides and dtypes its arguments and descriptors, causal and the window
+    its constexprs, the scale an argument, aliasing which tensor goes where, FLASHTILE_GLUON the kernel choice):
+    the call must not replay the other's plan."""
+    calls = gluon_on_cpu
+    q, k, v = _qkv()
+    _forward(q, k, v)
+    recorded, replayed = plans.counts[1], plans.counts[0]
+    kw = {}
+    if change == "strides":  # the same shape, rows twice as far apart: half the heads of a wider tensor
+        q = torch.randn(2, 512, 8, 128, dtype=torch.bfloat16)[:, :, :4]
+    elif change == "dtype":
+        q, k, v = (t.half() for t in (q, k, v))
+    elif change == "causal":
+        kw = dict(right=0)
+    elif change == "scale":
+        kw = dict(scale=0.25)
+    elif change == "window":
+        kw = dict(left=2048, right=2048)
+    elif change == "aliasing":
+        k = v = q
+    else:
+        monkeypatch.setenv("FLASHTILE_GLUON", "1")
+    out, lse = _forward(q, k, v, **kw)
+    assert plans.counts[0] == replayed, "replayed another signature's plan"
+    assert plans.counts[1] == recorded + 1 and len(calls) == 2
+    if change == "aliasing":
+        assert all(desc.base is q for desc in calls[1][:3])  # q, k, v descriptors
+    _forward(q, k, v, **kw)
+    assert plans.counts[0] == replayed + 1 and len(calls) == 3
+
+
+def test_misaligned_input_takes_the_normal_path(gluon_on_cpu):
+    q, k, v = _qkv()
+    _forward(q, k, v)
+    plan = next(iter(plans._plans.values()))
+    flat = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)  # 2 bytes off 16
+    assert plans.replay(plan, (flat, k, v), lambda shape, dtype: torch.empty(shape, dtype=dtype),
+                        gluon_launch.tma_descriptor) is None
+
+
+def test_features_are_not_planned(gluon_on_cpu):
+    q, k, v = _qkv()
+    for _ in range(2):
+        launch._flash_attn_forward(q, k, v, 0.125, -1, -1, 30.0, None, None)  # softcap
+    assert not plans._plans and len(gluon_on_cpu) == 2
+
+
+def test_plans_are_bounded(gluon_on_cpu, monkeypatch):
+    monkeypatch.setattr(plans, "_MAX_PLANS", 3)
+    q, k, v = _qkv()
+    for i in range(5):
+        _forward(q, k, v, scale=0.1 + i)
+    assert len(plans._plans) == 3
+
+
+def test_no_plans_without_fast_launch(gluon_on_cpu, monkeypatch):
+    monkeypatch.setattr(fast_launch, "_on", False)
+    q, k, v = _qkv()
+    for _ in range(2):
+        _forward(q, k, v)
+    assert not plans._plans
+
+
+def test_replay_gives_way_to_launch_hooks(gluon_on_cpu):
+    """A profiler's launch hook installed after the plan was made: the replayed launch goes through triton's
+    JITFunction.run (here the stub's, which records it), so the hook sees it."""
+    from triton import knobs
+    calls = gluon_on_cpu
+    q, k, v = _qkv()
+    _forward(q, k, v)
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        fast = fast_launch.counts[0]
+        _forward(q, k, v)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert fast_launch.counts[0] == fast and len(calls) == 2
+
+
+def _cuda_launcher(calls, **sizes):
+    from triton.backends.nvidia.driver import CudaLauncher
+    launcher = CudaLauncher.__new__(CudaLauncher)
+    launcher.launch = lambda *args: calls.append(args)
+    launcher.num_ctas, launcher.launch_cooperative_grid, launcher.launch_pdl = 1, False, True
+    launcher.global_scratch_size = sizes.get("global_scratch", 0)
+    launcher.profile_scratch_size = sizes.get("profile_scratch", 0)
+    launcher.global_scratch_align = launcher.profile_scratch_align = 1
+    return launcher
+
+
+def test_direct_launch_passes_what_the_launcher_would():
+    """On triton 3.6 the fast path calls CudaLauncher.launch (the C function) itself, with the arguments
+    CudaLauncher.__call__ gives it; elsewhere, with scratch memory, or for another launcher type, the launcher."""
+    pytest.importorskip("triton.backends.nvidia.driver")
+    from triton.backends.nvidia import driver as nvidia_driver
+    calls = []
+    launcher = _cuda_launcher(calls)
+    fast_launch._direct_ok = None
+    direct = fast_launch._direct_launch(launcher)
+    if getattr(nvidia_driver, "_BASE_ARGS_FORMAT", None) != fast_launch._LAUNCHER_FORMAT:
+        assert direct is None  # another triton: its launcher's own __call__
+        return
+    assert direct is not None
+    x = torch.empty(4)
+    launcher(3, 2, 1, 99, "function", (4, 1, 0), None, None, None, x, 16, 0.5)  # as JITFunction.run calls it
+    entry = fast_launch._Entry.__new__(fast_launch._Entry)
+    entry.run, entry.direct, entry.function, entry.packed_metadata = launcher, direct, "function", (4, 1, 0)
+    entry.coop, entry.pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+    entry((3, 2), 99, (x, 16, 0.5))
+    assert len(calls) == 2 and calls[0] == calls[1]
+    assert fast_launch._direct_launch(_cuda_launcher(calls, global_scratch=64)) is None
+    assert fast_launch._direct_launch(_cuda_launcher(calls, profile_scratch=64)) is None
+    assert fast_launch._direct_launch(_Launcher(calls)) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_replayed_call_matches_the_recorded_one(causal):
+    """On an H200: the second call of a signature (replayed from its plan) gives bitwise the forward output and
+    dK / dV of the first (run by the launchers), dQ to rounding (reduce-adds in no fixed order), and it did replay."""
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)) or not fast_launch.enabled():
+        pytest.skip("needs an sm90 GPU and the fast launch path (triton 3.6, FLASHTILE_FAST_LAUNCH unset)")
+
+    def run():
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        out = flashtile.flash_attn_func(q, k, v, causal=causal)
+        out.backward(torch.ones_like(out))
+        return out, q.grad, k.grad, v.grad
+
+    recorded = run()
+    replayed_before = plans.counts[0]
+    replayed = run()
+    assert plans.counts[0] == replayed_before + 2, "forward and backward should both replay"
+    for name, a, b in zip(("out", "dq", "dk", "dv"), replayed, recorded):
+        if name == "dq":
+            torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+        else:
+            assert torch.equal(a, b), name
