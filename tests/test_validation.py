@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import flashtile
+from flashtile import checks
 
 
 def qkv(shape_q=(2, 16, 4, 32), shape_kv=(2, 16, 2, 32), dtype=torch.float16):
@@ -118,3 +119,59 @@ def test_bad_sink():
     expect(TypeError, "sink has dtype torch.int64; expected", q, k, v, sink=torch.ones(4, dtype=torch.long))
     expect(TypeError, "sink must be a torch.Tensor or None, got float", q, k, v, sink=1.0)
     expect(ValueError, "sink is on meta but q is on cpu", q, k, v, sink=torch.ones(4, device="meta"))
+
+
+def _dense(shape=(2, 17, 4, 64), dtype=torch.float16, **kw):
+    return torch.randn(shape, **kw).to(dtype)
+
+
+@pytest.mark.parametrize("case", ["ok", "ok-gqa", "rank", "dtype", "mixed-dtype", "empty", "stride", "batch",
+                                  "head-dim", "heads", "kv-shape", "subclass", "int-dtype", "not-tensor"])
+def test_plain_qkv_ok_agrees_with_check_qkv(case):
+    """The one-pass check of the plain call accepts only what check_qkv accepts; what it refuses goes to check_qkv."""
+    q, k, v = _dense(), _dense(), _dense()
+    if case == "ok-gqa":
+        k, v = _dense((2, 9, 2, 64)), _dense((2, 9, 2, 64))
+    elif case == "rank":
+        q = q[0]
+    elif case == "dtype":
+        q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    elif case == "mixed-dtype":
+        k = k.float()
+    elif case == "empty":
+        q = _dense((2, 0, 4, 64))
+    elif case == "stride":
+        v = _dense((2, 17, 4, 128))[..., ::2]
+    elif case == "batch":
+        k, v = _dense((1, 17, 4, 64)), _dense((1, 17, 4, 64))
+    elif case == "head-dim":
+        q, k, v = _dense((2, 17, 4, 60)), _dense((2, 17, 4, 60)), _dense((2, 17, 4, 60))
+    elif case == "heads":
+        k, v = _dense((2, 17, 3, 64)), _dense((2, 17, 3, 64))
+    elif case == "kv-shape":
+        v = _dense((2, 18, 4, 64))
+    elif case == "subclass":
+        q = torch.nn.Parameter(q)
+    elif case == "int-dtype":
+        q, k, v = (torch.zeros(2, 17, 4, 64, dtype=torch.int32) for _ in range(3))
+    elif case == "not-tensor":
+        q = q.numpy()
+    ok = checks.plain_qkv_ok(q, k, v)
+    assert ok == case.startswith("ok")
+    if ok:
+        checks.check_qkv(q, k, v)
+
+
+def test_plain_call_reaches_the_op_as_the_checked_one(monkeypatch):
+    """flash_attn_func's fast path for the plain call hands autograd.forward what the full checks would."""
+    from flashtile import autograd
+    seen = []
+    monkeypatch.setattr(autograd, "forward", lambda *inputs: seen.append(inputs) or (inputs[0], None))
+    q, k, v = _dense(), _dense(), _dense()
+    for causal in (False, True):
+        for scale in (None, 0.3):
+            flashtile.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)  # fast path
+            flashtile.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=[-1, -1])  # checked
+            fast, checked = seen[-2:]
+            assert len(fast) == len(checked) and all(
+                a is b or (type(a) is type(b) and a == b) for a, b in zip(fast, checked)), (fast, checked)

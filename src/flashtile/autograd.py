@@ -75,7 +75,9 @@ def forward(*inputs):
     flash_attn_func and the op's implementation on the H200 machine, benchmarks/host_time.py --parts)."""
     if not ops.eager():
         return ops.fwd(*inputs)
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                       for t in (inputs[i] for i in _FLOAT_TENSOR_INPUTS)):
-        return _EagerForward.apply(*inputs)
+    if torch.is_grad_enabled():
+        for i in _FLOAT_TENSOR_INPUTS:  # a loop, not any() over a generator (host time); each a tensor or None
+            t = inputs[i]
+            if t is not None and t.requires_grad:
+                return _EagerForward.apply(*inputs)
     return ops.eager_call(ops.fwd, *inputs)

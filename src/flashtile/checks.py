@@ -34,6 +34,29 @@ def check_tensor(name, t, rank, layout):
                          f"call .contiguous() first")
 
 
+def plain_qkv_ok(q, k, v):
+    """True when dense q, k, v pass check_qkv: the common call checked in one pass of exact-type and size tests
+    (host time); False sends the call to check_qkv, which raises the error or accepts what this does not test for
+    (tensor subclasses)."""
+    T = torch.Tensor
+    if type(q) is not T or type(k) is not T or type(v) is not T:
+        return False
+    qs, ks = q.shape, k.shape
+    if len(qs) != 4 or len(ks) != 4 or v.shape != ks or 0 in qs or 0 in ks:
+        return False
+    dtype = q.dtype
+    if k.dtype != dtype or v.dtype != dtype or dtype not in SUPPORTED_DTYPES:
+        return False
+    if q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1:
+        return False
+    head_dim, heads_kv = qs[3], ks[2]
+    if ks[0] != qs[0] or ks[3] != head_dim or qs[2] % heads_kv or head_dim % 8 or head_dim > MAX_HEAD_DIM:
+        return False
+    if q.is_cuda:  # one CUDA device (get_device: an int, where .device builds an object)
+        return k.is_cuda and v.is_cuda and k.get_device() == q.get_device() and v.get_device() == q.get_device()
+    return q.is_cpu and k.is_cpu and v.is_cpu
+
+
 def check_qkv(q, k, v, varlen=False, same_batch=True):
     """Validate q, k, v against each other: dense (B, S, H, D), or varlen (total, H, D) packed tokens.
     same_batch=False for a paged KV cache, whose first dim counts pages."""
