@@ -8,6 +8,8 @@ Per case (provider x grad x shape) it prints:
            keeps ahead, else the host time;
   bench_us triton's do_bench median (the bench command's number: L2 flushed before each call, so host time
            beyond the flush's own ~80 us shows up in it).
+--passes N runs the sweep N times in one process: a row that moves between passes (no code changes between them)
+measures the machine's state, not the call (the no-grad / grad inversion at D128 S512 in session 11's log).
 Run in a fresh process without torch.profiler (a CPU-activity profile slows every later call in the process).
 --profile writes cProfile's top functions of 200 flashtile calls with grad (B32 S512 H16 D128).
 --parts prints the host time of each stage of the forward's call path at B32 S512 H16 D128 (the Gluon persistent
@@ -131,13 +133,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", help="write a cProfile of 200 flashtile calls with grad here")
     ap.add_argument("--parts", help="time the forward's stages; write a cProfile of 300 forward calls here")
+    ap.add_argument("--passes", type=int, default=1, help="run the sweep this many times")
     args = ap.parse_args()
     if args.parts:
         parts(args.parts)
         return
     print(f"{'provider':10} {'grad':5} {'B':>3} {'S':>5} {'H':>3} {'D':>4} {'causal':6} "
           f"{'host_us':>8} {'gpu_us':>8} {'bench_us':>8}")
-    for b, s, h, d, causal in SHAPES:
+    for b, s, h, d, causal in SHAPES * args.passes:
         for grad in (False, True):
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
                        for _ in range(3))
