@@ -266,3 +266,11 @@ def test_gpu_replayed_call_matches_the_recorded_one(causal):
             torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
         else:
             assert torch.equal(a, b), name
+
+
+def test_other_dtypes_and_head_dims_build_no_key():
+    """fp32 or a head dim the Gluon kernels lack: the launchers as before, without a plan's key."""
+    assert launch._plannable(_qkv()[0]) and launch._plannable(_qkv(dtype=torch.float16)[0])
+    assert not launch._plannable(_qkv(dtype=torch.float32)[0])
+    assert not launch._plannable(_qkv((2, 512, 4, 96))[0])
+    assert gluon_bwd_launch.HEAD_DIMS == gluon_launch.HEAD_DIMS  # _plannable serves both directions

@@ -642,6 +642,13 @@ def _signature(t):
     return t.shape, t.stride(), t.dtype, t.get_device()
 
 
+def _plannable(q):
+    """q has a dtype and head dim of the Gluon kernels (forward and backward alike), so a plan may exist: other
+    calls go to the launchers without building a plan's key (host time of the portable path)."""
+    gluon_launch = _gluon_modules()[0]
+    return q.dtype in gluon_launch._DTYPES and q.shape[-1] in gluon_launch.HEAD_DIMS
+
+
 def _replay(plan, inputs, like, gluon_module):
     """plans.replay of plan on inputs, buffers on like's device; a failing launch disables gluon_module's kernels
     as _try_gluon would (None: the caller takes the normal path)."""
@@ -710,7 +717,8 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
         if result is not None:
             return result
     if plain and q.is_cuda:
-        if (alibi_slopes is None and sink is None and cu_seqlens_q is None and attn_bias is None and not softcap):
+        if (alibi_slopes is None and sink is None and cu_seqlens_q is None and attn_bias is None and not softcap
+                and _plannable(q)):
             result = _planned_gluon_forward(q, k, v, softmax_scale, window_left, window_right)
         else:
             result = _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
@@ -891,7 +899,7 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
             return (*grads, q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.float32))
     if q.is_cuda and _gluon_bwd_candidate(bias_grad, dropout_p, mods, deterministic):
         if (dlse is None and sink is None and alibi_slopes is None and not softcap and attn_bias is None
-                and cu_seqlens_q is None):
+                and cu_seqlens_q is None and _plannable(q)):
             grads = _planned_gluon_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right)
         else:
             grads = _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_right == 0,
