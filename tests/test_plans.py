@@ -172,6 +172,22 @@ def test_features_are_not_planned(gluon_on_cpu):
     assert not plans._plans and len(gluon_on_cpu) == 2
 
 
+def test_declined_signature_skips_the_launcher_next_time(gluon_on_cpu, monkeypatch):
+    """A signature the Gluon launcher declines (D64 causal at 512 keys: configs sends it to the portable kernels) is
+    remembered: the next call of it returns None at once. A declined misaligned call is not remembered (the address,
+    not the signature, decided it)."""
+    q, k, v = _qkv((2, 512, 4, 64))
+    assert launch._planned_gluon_forward(q, k, v, 0.125, -1, 0) is None
+    ran = []
+    real = launch._gluon_forward
+    monkeypatch.setattr(launch, "_gluon_forward", lambda *a: ran.append(a) or real(*a))
+    assert launch._planned_gluon_forward(q, k, v, 0.125, -1, 0) is None and not ran
+    flat = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)  # 2 bytes off 16
+    for _ in range(2):
+        assert launch._planned_gluon_forward(flat, k, v, 0.125, -1, -1) is None
+    assert len(ran) == 2
+
+
 def test_plans_are_bounded(gluon_on_cpu, monkeypatch):
     monkeypatch.setattr(plans, "_MAX_PLANS", 3)
     q, k, v = _qkv()

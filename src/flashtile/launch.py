@@ -673,6 +673,8 @@ def _planned_gluon_forward(q, k, v, softmax_scale, window_left, window_right):
     key = ("fwd", os.environ.get("FLASHTILE_GLUON"), _signature(q), _signature(k), _signature(v),
            plans.aliasing(inputs), softmax_scale, window_left, window_right)
     plan = plans.get(key)
+    if plan is plans.DECLINED:
+        return None
     if plan is not None and gluon_launch._disabled is None:
         result = _replay(plan, inputs, q, gluon_launch)
         if result is not None:
@@ -837,6 +839,8 @@ def _planned_gluon_backward(dout, q, k, v, out, lse, softmax_scale, window_left,
            _signature(v), _signature(out), _signature(lse), plans.aliasing(inputs), softmax_scale, window_left,
            window_right)
     plan = plans.get(key)
+    if plan is plans.DECLINED:
+        return None
     if plan is not None and gluon_bwd_launch._disabled is None:
         grads = _replay(plan, inputs, q, gluon_bwd_launch)
         if grads is not None:

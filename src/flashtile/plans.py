@@ -37,7 +37,11 @@ class Plan:
     __slots__ = ("n_inputs", "allocs", "launches", "outputs")
 
 
+DECLINED = "declined"  # _plans[key] of a signature whose launcher returned None (the portable kernels serve it)
+
+
 def get(key):
+    """key's Plan, DECLINED, or None (not seen yet)."""
     return _plans.get(key)
 
 
@@ -69,11 +73,19 @@ def record(key, inputs, run, descriptor_type):
     if result is not None:
         plan = _build(inputs, allocs, launches, result, descriptor_type)
         if plan is not None:
-            if len(_plans) >= _MAX_PLANS:
-                del _plans[next(iter(_plans))]
-            _plans[key] = plan
+            _keep(key, plan)
             counts[1] += 1
+    elif all(t.data_ptr() & 15 == 0 for t in inputs):
+        # Declined for what the key holds (shape thresholds, dtype, strides, device), not for an address: later
+        # calls of this signature go straight to the portable path without running the launcher's checks again.
+        _keep(key, DECLINED)
     return result
+
+
+def _keep(key, value):
+    if len(_plans) >= _MAX_PLANS:
+        del _plans[next(iter(_plans))]
+    _plans[key] = value
 
 
 def _build(inputs, allocs, launches, result, descriptor_type):
