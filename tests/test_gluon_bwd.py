@@ -219,8 +219,8 @@ def test_bm128_variants_refuse_features(variant):
 
 @pytest.mark.parametrize("variant", BM128)
 def test_bm128_variants_fill_padded_rows(monkeypatch, variant):
-    """ROWS_ZERO_FILL: gluon_backward fills lse2 / delta past seqlen_q with +inf / 0 (the kernel reads them
-    unmasked); the rows the preprocess wrote stay as written. The default variant leaves them alone."""
+    """ROWS_IN_ACC / ROWS_ZERO_FILL: gluon_backward hands the kernel -lse2 / qk_scale and -delta, with -inf / 0
+    past seqlen_q (the kernel reads them unmasked). The default variant leaves the preprocess's rows as written."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     seen = {}
 
@@ -248,10 +248,13 @@ def test_bm128_variants_fill_padded_rows(monkeypatch, variant):
             gluon_bwd_launch.gluon_backward(q, q, q, q, q, lse, 0.125, False, variant=name)
         lse2, delta = seen["lse2"], seen["delta"]
         assert lse2.shape == delta.shape == (2, 4, pad)
-        assert torch.all(lse2[..., :333] == 3.0) and torch.all(delta[..., :333] == -2.0)
         if name == variant:
-            assert torch.all(lse2[..., 333:] == float("inf")) and torch.all(delta[..., 333:] == 0)
+            qk_scale = 0.125 * 1.4426950408889634
+            assert torch.allclose(lse2[..., :333], torch.tensor(-3.0 / qk_scale), rtol=1e-6)
+            assert torch.all(delta[..., :333] == 2.0)
+            assert torch.all(lse2[..., 333:] == float("-inf")) and torch.all(delta[..., 333:] == 0)
         else:
+            assert torch.all(lse2[..., :333] == 3.0) and torch.all(delta[..., :333] == -2.0)
             assert torch.all(lse2[..., 333:].isnan()) and torch.all(delta[..., 333:].isnan())
 
 
@@ -270,7 +273,7 @@ def test_rows_in_acc_algebra():
     lse2[96:], delta[96:] = float("inf"), 0.0  # the launcher's fill past seqlen_q
     s[:, 96:112], dp[:, 96:112] = 0.0, 0.0  # zero-filled Q / dO rows past seqlen_q
     # rows 112..127: lse2 = +inf with finite S / dP (rows that see no key)
-    acc_s = (-lse2 / qk_scale)[None, :] + s  # the wgmma's fp32 sum from its starting tile
+    acc_s = (lse2 * (-1.0 / qk_scale))[None, :] + s  # the host's fold, then the wgmma's fp32 sum from it
     acc_dp = (-delta)[None, :] + dp
     p = torch.exp2(acc_s * qk_scale)
     ds = p * acc_dp

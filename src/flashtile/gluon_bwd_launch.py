@@ -58,8 +58,8 @@ class GluonBwdConfig:
     dq_chunks: int = 1  # D256 only: dQ's half of the head dim in this many wgmma + atomic pieces
     dq_tma_reduce: int = 0  # dQ tiles through this many shared buffers per warpgroup and TMA reduce-adds; 0: atomics
     # Plain / causal dense calls only (gluon_backward refuses the rest): the S^T / dP^T wgmmas start from -lse2 /
-    # qk_scale and -delta (kernel ROWS_IN_ACC), and lse2 / delta past seqlen_q are filled (+inf / 0) on the host so
-    # the kernel reads them unmasked (ROWS_ZERO_FILL).
+    # qk_scale and -delta (kernel ROWS_IN_ACC; gluon_backward folds the row buffers), and their rows past seqlen_q
+    # are filled (-inf / 0) on the host so the kernel reads them unmasked (ROWS_ZERO_FILL).
     rows_in_acc: bool = False
 
     @property
@@ -464,14 +464,19 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
         delta = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
         lse2 = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
         if config.rows_in_acc and seqlen_q_pad > seqlen_q:
-            # ROWS_ZERO_FILL: the last tile's rows past seqlen_q read lse2 = +inf (P = 0) and delta = 0 (dS = 0)
-            # unmasked; the preprocess writes rows < seqlen_q only.
+            # ROWS_ZERO_FILL: the last tile's rows past seqlen_q read lse2 = +inf (P = 0; -inf once folded below) and
+            # delta = 0 (dS = 0) unmasked; the preprocess writes rows < seqlen_q only.
             lse2[..., seqlen_q:].fill_(float("inf"))
             delta[..., seqlen_q:].zero_()
         dq_accum = launch._empty((batch, seqlen_q_pad, heads_q, head_dim), q, torch.float32, poison)
     # The preprocess zeroes dq_accum's rows of real queries; the others (tile tails) only receive adds of zeros and
     # are never read.
     launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum).run()
+    if config.rows_in_acc:
+        # ROWS_IN_ACC: the S^T / dP^T wgmmas start from these rows as they are (two elementwise launches over
+        # B * Hq * Sq_pad floats; in the kernel the scale and sign cost 46 more instructions per tile and thread).
+        lse2.mul_(-1.0 / (softmax_scale * LOG2E))
+        delta.neg_()
     dk, dv = launch._empty(k.shape, k, poison=poison), launch._empty(v.shape, v, poison=poison)
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,

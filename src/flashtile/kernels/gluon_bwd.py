@@ -48,8 +48,9 @@ in _consumer_split_d_partition); empty blocks are never loaded. At D128 a partia
 HAS_BIAS: the mask_mod's registers beside dP^T's accumulator spilled). Off, the dense kernels compile to the PTX
 they did (the sparse arguments are None).
 ROWS_IN_ACC / ROWS_ZERO_FILL (variants d64-bm128, d64-bm128-split: BLOCK_M = 128 at D64, plain / causal dense calls
-only): the S^T / dP^T wgmmas start from -lse2 / qk_scale and -delta, so no [BLOCK_M] row vector stays live beside
-the [64, 128] accumulators, and the launcher fills lse2 / delta past seqlen_q (+inf / 0) so they are read unmasked.
+only): the S^T / dP^T wgmmas start from -lse2 / qk_scale and -delta (the launcher folds the row buffers), so no
+[BLOCK_M] row vector stays live beside the [64, 128] accumulators, and the launcher fills the rows past seqlen_q
+(-inf / 0) so they are read unmasked.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -177,12 +178,13 @@ def _issue_t(it, a_view, bufs, ready, HEAD_DIM: gl.constexpr, BLOCK_M: gl.conste
 
 
 @gluon.jit
-def _issue_rows_t(it, a_view, bufs, ready, row_bufs, factor, valid, other, HEAD_DIM: gl.constexpr,
-                  BLOCK_M: gl.constexpr, STAGES: gl.constexpr, ROWS_ZERO_FILL: gl.constexpr):
-    """ROWS_IN_ACC: _issue_t's A B^T plus factor * r broadcast over the rows, r ring slot it's [BLOCK_M] row slice
-    of row_bufs (lse2 or delta, loaded with B on the same barrier): the wgmma starts from that tile instead of
-    zeros. ROWS_ZERO_FILL: the slice is read as it is (the launcher filled the rows past seqlen_q); else `other`
-    where not `valid`."""
+def _issue_rows_t(it, a_view, bufs, ready, row_bufs, valid, other, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                  STAGES: gl.constexpr, ROWS_ZERO_FILL: gl.constexpr):
+    """ROWS_IN_ACC: _issue_t's A B^T plus r broadcast over the rows, r ring slot it's [BLOCK_M] row slice of row_bufs
+    (-lse2 / qk_scale or -delta, folded on the host; loaded with B on the same barrier): the wgmma starts from that
+    tile instead of zeros. ROWS_ZERO_FILL: the slice is read as it is (the launcher filled the rows past seqlen_q);
+    else `other` where not `valid`. Folding the scale and sign on the host instead of here: 573 instead of 619 SASS
+    instructions per full-loop iteration (the loaded values go to the accumulator with copies only)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -193,7 +195,7 @@ def _issue_rows_t(it, a_view, bufs, ready, row_bufs, factor, valid, other, HEAD_
         r = row_bufs.index(stage)._reinterpret(gl.float32, [BLOCK_M], flat).load(col_layout)
     else:
         r = _row_vector(row_bufs, stage, valid, other, col_layout)
-    init, _ = gl.broadcast((r * factor)[None, :], gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout))
+    init, _ = gl.broadcast(r[None, :], gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout))
     return warpgroup_mma(a_view, bufs.index(stage).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)), init,
                          use_acc=True, is_async=True)
 
@@ -218,10 +220,11 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     else 0. BLOCK_SPARSE and MASKED (a block mask's partial query block): MASK_MOD(off_b, off_h, q_idx, kv_idx,
     aux0..aux3) on the transposed tile (kv_idx [WG_N, 1] on rows, q_idx [1, BLOCK_M] on columns; clamped to the
     last position with aux tensors, as gluon_sparse._mask_mod_scores) beside the key-end mask.
-    ROWS_IN_ACC (plain / causal only; variants d64-bm128*): the S^T wgmma starts from -lse2 / qk_scale and the dP^T
-    one from -delta (_issue_rows_t), so P^T = exp2(acc * qk_scale) and dS^T = P^T * acc: no [BLOCK_M] row vector
-    is live beside the accumulators (at BLOCK_M 128 each is 32 registers per thread). ROWS_ZERO_FILL: the
-    launcher filled lse2 / delta past seqlen_q with +inf / 0 (P = 0, dS = 0 there), so the slices need no mask."""
+    ROWS_IN_ACC (plain / causal only; variants d64-bm128*): lse2_bufs / delta_bufs hold -lse2 / qk_scale and -delta
+    (folded by the launcher); the S^T wgmma starts from the first and the dP^T one from the second (_issue_rows_t),
+    so P^T = exp2(acc * qk_scale) and dS^T = P^T * acc: no [BLOCK_M] row vector is live beside the accumulators
+    (at BLOCK_M 128 each is 32 registers per thread). ROWS_ZERO_FILL: the launcher filled the rows past seqlen_q
+    with -inf / 0 (P = 0, dS = 0 there), so the slices need no mask."""
     dtype: gl.constexpr = q_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -245,10 +248,10 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
         in_seq = cols < seqlen_q
         # S^T - lse2 / qk_scale and dP^T - delta straight out of the wgmmas (past seqlen_q: -inf and 0).
-        s_tok = _issue_rows_t(it, k_view, q_bufs, q_ready, lse2_bufs, -1.0 / qk_scale, in_seq, float("inf"),
-                              HEAD_DIM, BLOCK_M, STAGES, ROWS_ZERO_FILL)
-        dp_tok = _issue_rows_t(it, v_view, do_bufs, do_ready, delta_bufs, -1.0, in_seq, 0.0, HEAD_DIM, BLOCK_M,
-                               STAGES, ROWS_ZERO_FILL)
+        s_tok = _issue_rows_t(it, k_view, q_bufs, q_ready, lse2_bufs, in_seq, float("-inf"), HEAD_DIM, BLOCK_M,
+                              STAGES, ROWS_ZERO_FILL)
+        dp_tok = _issue_rows_t(it, v_view, do_bufs, do_ready, delta_bufs, in_seq, 0.0, HEAD_DIM, BLOCK_M, STAGES,
+                               ROWS_ZERO_FILL)
         s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T - lse2 / qk_scale
         p = gl.exp2(s * qk_scale)  # [WG_N, BLOCK_M]
     else:
@@ -288,11 +291,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     if MASKED:
         keys = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))  # [WG_N]
         visible = (keys < seqlen_k)[:, None]
-        if IS_CAUSAL and ROWS_IN_ACC and not DQ_SPLIT_D:
+        if IS_CAUSAL and ROWS_IN_ACC:
             # The same test against the tile's column index: one [WG_N] threshold per tile, no [BLOCK_M] vector
-            # offset by m. d64-bm128 causal: masked loop 947 instead of 1118 SASS instructions, spill loads in its
-            # full loops 2 instead of 8; d64-bm128-split compiles better with the plain form (1 spill load in all
-            # its loops, 12 with this one).
+            # offset by m (causal masked loops 874-890 instead of 1063-1105 SASS instructions at BLOCK_M 128).
             first = keys - causal_offset - m  # [WG_N]: the first column of the tile that sees each key
             visible = visible & (gl.arange(0, BLOCK_M, layout=col_layout)[None, :] >= first[:, None])
         elif IS_CAUSAL:
@@ -886,8 +887,9 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     broadcast dims; H is 1 or Hq), as kernels/bwd.py's dK/dV kernel reads them. Full blocks run the plain step,
     partial ones evaluate MASK_MOD (flex's adapter, or None: the key-end mask only) with Aux0..Aux3 (or None).
     All of these are None in dense launches (the same compiled kernel as before).
-    ROWS_IN_ACC (dense, plain or causal): S^T and dP^T accumulate onto -lse2 / qk_scale and -delta (_issue_rows_t);
-    ROWS_ZERO_FILL: lse2 / delta past seqlen_q hold +inf / 0 (gluon_backward fills them), read without a mask.
+    ROWS_IN_ACC (dense, plain or causal): lse2_desc / delta_desc hold -lse2 / qk_scale and -delta (gluon_backward
+    folds them), onto which S^T and dP^T accumulate (_issue_rows_t); ROWS_ZERO_FILL: their rows past seqlen_q hold
+    -inf / 0, read without a mask.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
