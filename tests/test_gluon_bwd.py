@@ -176,6 +176,115 @@ def test_dkdv_launch_args_dq_reduce():
     assert 256 not in gluon_bwd_launch.VARIANTS["dq-reduce2"]  # D256's single staging place is the ring slot
 
 
+BM128 = ("d64-bm128", "d64-bm128-split")
+
+
+def test_bm128_variants_launch_args():
+    """d64-bm128 / d64-bm128-split: 128-row query tiles at D64 (Q / dO / lse2 / delta / dQ boxes of 128 rows, 2
+    stages), ROWS_IN_ACC and ROWS_ZERO_FILL on, dQ per warpgroup or split over the head dim; the default's
+    constexprs do not name the two (its kernel compiles as before)."""
+    if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
+        pytest.skip("no Gluon Hopper API in this triton")
+    q = torch.empty(2, 333, 4, 64, dtype=torch.bfloat16)
+    k = torch.empty(2, 1000, 2, 64, dtype=torch.bfloat16)
+    rows, acc = torch.empty(2, 4, 384), torch.empty(2, 384, 4, 64)
+    for variant, split in zip(BM128, (False, True)):
+        config = gluon_bwd_launch.VARIANTS[variant][64]
+        assert set(gluon_bwd_launch.VARIANTS[variant]) == {64} and config.plain_only
+        for causal in (False, True):
+            grid, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1,
+                                                                          causal, config)
+            assert grid == (8, 4) and constexprs["IS_CAUSAL"] == causal
+            assert constexprs["BLOCK_M"] == 128 and constexprs["STAGES"] == 2 and constexprs["DQ_TMA_REDUCE"] == 1
+            assert constexprs["ROWS_IN_ACC"] and constexprs["ROWS_ZERO_FILL"] and constexprs["DQ_SPLIT_D"] == split
+            assert list(args[0].block_shape) == [1, 128, 64] and list(args[4].block_shape) == [1, 128]
+            assert list(args[9].block_shape) == [1, 128, 32]
+    _, _, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, torch.empty(2, 4, 384), rows, k, k, acc,
+                                                            0.1, True, gluon_bwd_launch.VARIANTS["default"][64])
+    assert "ROWS_IN_ACC" not in constexprs and "ROWS_ZERO_FILL" not in constexprs
+
+
+@pytest.mark.parametrize("variant", BM128)
+def test_bm128_variants_refuse_features(variant):
+    """The plain-only variants raise a ValueError naming each feature they do not take (their loops would spill),
+    before anything is allocated or launched; block-sparse calls never pick them."""
+    q = torch.empty(1, 256, 2, 64, dtype=torch.bfloat16)
+    for kw, name in ((dict(window_size=(128, 0)), "window_size"), (dict(softcap=30.0), "softcap"),
+                     (dict(alibi_slopes=torch.ones(2)), "alibi_slopes"),
+                     (dict(attn_bias=torch.zeros(1, 2, 256, 256)), "attn_bias"), (dict(mods=object()), "mods"),
+                     (dict(cu_seqlens_q=torch.zeros(2, dtype=torch.int32)), "cu_seqlens_q")):
+        with pytest.raises(ValueError, match=f"{variant}.*plain or causal.*{name}"):
+            gluon_bwd_launch.gluon_backward(q, q, q, q, q, None, 0.125, True, variant=variant, **kw)
+
+
+@pytest.mark.parametrize("variant", BM128)
+def test_bm128_variants_fill_padded_rows(monkeypatch, variant):
+    """ROWS_IN_ACC / ROWS_ZERO_FILL: gluon_backward hands the kernel -lse2 / qk_scale and -delta, with -inf / 0
+    past seqlen_q (the kernel reads them unmasked). The default variant leaves the preprocess's rows as written."""
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    seen = {}
+
+    class Preprocess:
+        def __init__(self, geo, out, dout, lse, dlse, delta, lse2, *rest):
+            self.delta, self.lse2, self.seqlen_q = delta, lse2, geo.seqlen_q
+
+        def run(self):
+            self.lse2[..., :self.seqlen_q] = 3.0
+            self.delta[..., :self.seqlen_q] = -2.0
+
+    class Stop(Exception):
+        pass
+
+    def capture(q, k, v, dout, lse2, delta, *rest):
+        seen.update(lse2=lse2.clone(), delta=delta.clone())
+        raise Stop
+
+    monkeypatch.setattr(launch, "preprocess_launch", Preprocess)
+    monkeypatch.setattr(gluon_bwd_launch, "dkdv_launch_args", capture)
+    q = torch.randn(2, 333, 4, 64)
+    lse = torch.zeros(2, 4, 333)
+    for name, pad in ((variant, 384), ("default", 384)):
+        with pytest.raises(Stop):
+            gluon_bwd_launch.gluon_backward(q, q, q, q, q, lse, 0.125, False, variant=name)
+        lse2, delta = seen["lse2"], seen["delta"]
+        assert lse2.shape == delta.shape == (2, 4, pad)
+        if name == variant:
+            qk_scale = 0.125 * 1.4426950408889634
+            assert torch.allclose(lse2[..., :333], torch.tensor(-3.0 / qk_scale), rtol=1e-6)
+            assert torch.all(delta[..., :333] == 2.0)
+            assert torch.all(lse2[..., 333:] == float("-inf")) and torch.all(delta[..., 333:] == 0)
+        else:
+            assert torch.all(lse2[..., :333] == 3.0) and torch.all(delta[..., :333] == -2.0)
+            assert torch.all(lse2[..., 333:].isnan()) and torch.all(delta[..., 333:].isnan())
+
+
+def test_rows_in_acc_algebra():
+    """The fold ROWS_IN_ACC makes, in fp32 on the CPU: a wgmma starting from -lse2 / qk_scale then scaled by qk_scale
+    gives exp2(S qk_scale - lse2) (to fp32 rounding at lse2's magnitude), one starting from -delta gives dP - delta;
+    for the filled rows (lse2 = +inf, delta = 0, Q = dO = 0 so S = dP = 0) P and dS are exactly 0, never NaN (the
+    -inf starting value times qk_scale > 0 is -inf, exp2(-inf) = 0, 0 * (0 - 0) = 0), as for rows that see no key
+    (lse2 = +inf, any finite S and dP)."""
+    gen = torch.Generator().manual_seed(5)
+    qk_scale = 64 ** -0.5 * 1.4426950408889634
+    s = torch.randn(64, 128, generator=gen) * 20  # [keys, rows] = S^T
+    dp = torch.randn(64, 128, generator=gen)
+    lse2 = (s * qk_scale).logsumexp(0) * 1.4426950408889634 + torch.rand(128, generator=gen)
+    delta = torch.randn(128, generator=gen)
+    lse2[96:], delta[96:] = float("inf"), 0.0  # the launcher's fill past seqlen_q
+    s[:, 96:112], dp[:, 96:112] = 0.0, 0.0  # zero-filled Q / dO rows past seqlen_q
+    # rows 112..127: lse2 = +inf with finite S / dP (rows that see no key)
+    acc_s = (lse2 * (-1.0 / qk_scale))[None, :] + s  # the host's fold, then the wgmma's fp32 sum from it
+    acc_dp = (-delta)[None, :] + dp
+    p = torch.exp2(acc_s * qk_scale)
+    ds = p * acc_dp
+    p_ref = torch.exp2(s.double() * qk_scale - lse2.double())
+    ds_ref = p_ref * (dp.double() - delta.double())
+    assert not p.isnan().any() and not ds.isnan().any()
+    assert torch.all(p[:, 96:] == 0) and torch.all(ds[:, 96:] == 0)
+    assert torch.allclose(p.double(), p_ref, rtol=1e-4, atol=1e-7)
+    assert torch.allclose(ds.double(), ds_ref, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("varlen", [False, True])
 def test_preprocess_zeroes_dq_accum(varlen):
     """The preprocess zeroes the Gluon backward's fp32 dQ buffer (ZERO_DQ, no memset launch): every row of a real
@@ -642,3 +751,33 @@ def test_varlen_matches_each_sequence(monkeypatch, head_dim, feature, causal):
                                    dout[None, rows], causal, **dict(kw, alibi_slopes=slopes))
         for name, got, r64, rlow in zip(("dq", "dk", "dv"), (dq[rows], dk[keys], dv[keys]), ref64[1:], reflow[1:]):
             assert_close_rule(f"{name} (sequence {b})", got[None], r64, rlow, dtype)
+
+
+# Every variant besides the default (gluon_bwd_launch.VARIANTS), at each head dim it has, against the float64
+# reference, both masks: the check script times them; this keeps them correct. Tails of a 128-row tile (333,
+# 1000), q != k both ways, GQA, two batches; the plain-only variants (d64-bm128*) take these plain / causal calls.
+OTHER_VARIANTS = [(name, head_dim) for name, configs_ in gluon_bwd_launch.VARIANTS.items() if name != "default"
+                  for head_dim in sorted(configs_)]
+OTHER_SHAPES = [(2, 1000, 1000, 4, 2, torch.bfloat16), (1, 333, 333, 2, 2, torch.bfloat16),
+                (1, 333, 1000, 4, 1, torch.bfloat16), (1, 1000, 333, 2, 2, torch.float16)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("variant,head_dim", OTHER_VARIANTS, ids=[f"{v}-d{d}" for v, d in OTHER_VARIANTS])
+@pytest.mark.parametrize("shape", OTHER_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
+                                                     for b, sq, sk, hq, hk, dt in OTHER_SHAPES])
+def test_other_bwd_variant(monkeypatch, shape, variant, head_dim, causal):
+    """gluon_backward(variant=...) from flashtile's forward (out, lse) against the float64 reference, outputs and
+    row buffers NaN-poisoned."""
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda", requires_grad=False)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device="cuda")
+    scale = head_dim ** -0.5
+    out, lse = launch._flash_attn_forward(q, k, v, scale, -1, 0 if causal else -1, 0.0, None, None)[:2]
+    grads = gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, scale, causal, variant=variant)
+    ref64, reflow = references(q, k, v, dout, causal)
+    for name, got, r64, rlow in zip(("dq", "dk", "dv"), grads, ref64[1:], reflow[1:]):
+        assert_close_rule(name, got, r64, rlow, dtype)

@@ -57,6 +57,14 @@ class GluonBwdConfig:
     maxnreg: int = 168
     dq_chunks: int = 1  # D256 only: dQ's half of the head dim in this many wgmma + atomic pieces
     dq_tma_reduce: int = 0  # dQ tiles through this many shared buffers per warpgroup and TMA reduce-adds; 0: atomics
+    # Plain / causal dense calls only (gluon_backward refuses the rest): the S^T / dP^T wgmmas start from -lse2 /
+    # qk_scale and -delta (kernel ROWS_IN_ACC; gluon_backward folds the row buffers), and their rows past seqlen_q
+    # are filled (-inf / 0) on the host so the kernel reads them unmasked (ROWS_ZERO_FILL).
+    rows_in_acc: bool = False
+
+    @property
+    def plain_only(self):
+        return self.rows_in_acc
 
 
 # Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
@@ -82,6 +90,17 @@ VARIANTS = {
     "dq-chunks2": {256: GluonBwdConfig(stages=2, dq_chunks=2)},
     "dq-reduce2": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=2),
                    128: GluonBwdConfig(stages=2, dq_tma_reduce=2)},
+    # D64 query tiles of 128 rows (session 12, offline): half the per-tile overhead (barriers, row slices, dQ
+    # reduce issue) per score; plain / causal only (rows_in_acc). Shared memory per stage: Q + dO 2 x 16 KB, lse2 +
+    # delta 1 KB. d64-bm128 (dQ per warpgroup over its 64 keys): K + V 32 KB, 2 stages 66 KB, dS^T 2 x [64, 128]
+    # bf16 32 KB, dQ 2 x [128, 64] fp32 64 KB = 194 KB (3 stages: 227 KB + barriers, over the 227 KB limit).
+    # d64-bm128-split (DQ_SPLIT_D: the warpgroups exchange dS^T and each adds dQ's 32 columns of its half over all
+    # 128 keys): dS^T 2 x [128, 128] 64 KB, dQ 2 x [128, 32] fp32 32 KB, the same 194 KB; dQ's accumulator 32
+    # instead of 64 registers per thread beside dK / dV, and half the reduce-add bytes (16 KB per warpgroup and
+    # tile, 3.1 KB per MFLOP instead of 6.2), for one mbarrier exchange per tile.
+    "d64-bm128": {64: GluonBwdConfig(block_m=128, stages=2, dq_split_d=False, dq_tma_reduce=1, rows_in_acc=True)},
+    "d64-bm128-split": {64: GluonBwdConfig(block_m=128, stages=2, dq_split_d=True, dq_tma_reduce=1,
+                                           rows_in_acc=True)},
 }
 HEAD_DIMS = (64, 128, 256)
 
@@ -357,6 +376,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
                       HAS_ALIBI=alibi_slopes is not None, DQ_CHUNKS=config.dq_chunks,
                       DQ_TMA_REDUCE=config.dq_tma_reduce, VARLEN=varlen,
                       HAS_BIAS=attn_bias is not None)
+    if config.rows_in_acc:  # only then: the other launches keep the constexprs (and kernels) they had
+        constexprs.update(ROWS_IN_ACC=True, ROWS_ZERO_FILL=not varlen)
     if mods is not None:
         constexprs.update(MASK_MOD=mods.mask_mod, BLOCK_SPARSE=True, SPARSE_M=mods.block_size[0],
                           SPARSE_N=mods.block_size[1])
@@ -389,7 +410,8 @@ def sparse_ok(q, k, v, out, dout, window_size, mods, variant="default"):
     rows, cols = mods.block_size
     # dQ by TMA reduce-adds only: a listed query block may hold tiles wholly past Sq (Sq = 130 in a 256-row block),
     # whose adds (of zeros) TMA drops at the buffer's edge where the atomics variant's would land past it.
-    if config is None or not config.dq_tma_reduce or rows % config.block_m or cols % block_n(q.shape[-1]):
+    if (config is None or not config.dq_tma_reduce or config.plain_only or rows % config.block_m
+            or cols % block_n(q.shape[-1])):
         return False
     if mods.mask_mod is not None and mods.mask_mod in _sparse_failed:
         return False
@@ -419,6 +441,14 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     config = VARIANTS[variant][q.shape[-1]]
+    if config.plain_only:
+        refused = [name for name, on in (
+            ("window_size", tuple(window_size) != (-1, -1)), ("softcap", bool(softcap)),
+            ("alibi_slopes", alibi_slopes is not None), ("attn_bias", attn_bias is not None),
+            ("mods", mods is not None), ("cu_seqlens_q", cu_seqlens_q is not None)) if on]
+        if refused:
+            raise ValueError(f"variant {variant!r} takes plain or causal dense calls only, not {', '.join(refused)} "
+                             f"(its tile loops would spill: gluon_bwd_launch.GluonBwdConfig.rows_in_acc)")
     if attn_bias is not None and not bias_shared_ok(q.shape[-1], config, attn_bias.dtype):
         raise ValueError(f"variant {variant!r} at head dim {q.shape[-1]} takes no {attn_bias.dtype} bias (the bias "
                          f"ring needs shared memory: bias_shared_ok)")
@@ -440,10 +470,20 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
         # Rows padded to whole query tiles (TMA boxes, 16-byte row strides); rows past seqlen_q stay unwritten.
         delta = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
         lse2 = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
+        if config.rows_in_acc and seqlen_q_pad > seqlen_q:
+            # ROWS_ZERO_FILL: the last tile's rows past seqlen_q read lse2 = +inf (P = 0; -inf once folded below) and
+            # delta = 0 (dS = 0) unmasked; the preprocess writes rows < seqlen_q only.
+            lse2[..., seqlen_q:].fill_(float("inf"))
+            delta[..., seqlen_q:].zero_()
         dq_accum = launch._empty((batch, seqlen_q_pad, heads_q, head_dim), q, torch.float32, poison)
     # The preprocess zeroes dq_accum's rows of real queries; the others (tile tails) only receive adds of zeros and
     # are never read.
     launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum).run()
+    if config.rows_in_acc:
+        # ROWS_IN_ACC: the S^T / dP^T wgmmas start from these rows as they are (two elementwise launches over
+        # B * Hq * Sq_pad floats; in the kernel the scale and sign cost 46 more instructions per tile and thread).
+        lse2.mul_(-1.0 / (softmax_scale * LOG2E))
+        delta.neg_()
     dk, dv = launch._empty(k.shape, k, poison=poison), launch._empty(v.shape, v, poison=poison)
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,

@@ -47,6 +47,10 @@ partial ones evaluating the user's mask_mod on S^T (_sparse_load_partition, _con
 in _consumer_split_d_partition); empty blocks are never loaded. At D128 a partial tile issues dP^T after P^T (as
 HAS_BIAS: the mask_mod's registers beside dP^T's accumulator spilled). Off, the dense kernels compile to the PTX
 they did (the sparse arguments are None).
+ROWS_IN_ACC / ROWS_ZERO_FILL (variants d64-bm128, d64-bm128-split: BLOCK_M = 128 at D64, plain / causal dense calls
+only): the S^T / dP^T wgmmas start from -lse2 / qk_scale and -delta (the launcher folds the row buffers), so no
+[BLOCK_M] row vector stays live beside the [64, 128] accumulators, and the launcher fills the rows past seqlen_q
+(-inf / 0) so they are read unmasked.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -174,6 +178,29 @@ def _issue_t(it, a_view, bufs, ready, HEAD_DIM: gl.constexpr, BLOCK_M: gl.conste
 
 
 @gluon.jit
+def _issue_rows_t(it, a_view, bufs, ready, row_bufs, valid, other, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                  STAGES: gl.constexpr, ROWS_ZERO_FILL: gl.constexpr):
+    """ROWS_IN_ACC: _issue_t's A B^T plus r broadcast over the rows, r ring slot it's [BLOCK_M] row slice of row_bufs
+    (-lse2 / qk_scale or -delta, folded on the host; loaded with B on the same barrier): the wgmma starts from that
+    tile instead of zeros. ROWS_ZERO_FILL: the slice is read as it is (the launcher filled the rows past seqlen_q);
+    else `other` where not `valid`. Folding the scale and sign on the host instead of here: 573 instead of 619 SASS
+    instructions per full-loop iteration (the loaded values go to the accumulator with copies only)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    stage = it % STAGES
+    mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
+    if ROWS_ZERO_FILL:
+        flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        r = row_bufs.index(stage)._reinterpret(gl.float32, [BLOCK_M], flat).load(col_layout)
+    else:
+        r = _row_vector(row_bufs, stage, valid, other, col_layout)
+    init, _ = gl.broadcast(r[None, :], gl.zeros([WG_N, BLOCK_M], gl.float32, s_layout))
+    return warpgroup_mma(a_view, bufs.index(stage).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)), init,
+                         use_acc=True, is_async=True)
+
+
+@gluon.jit
 def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, q_ready,
               q_empty, do_ready, do_empty, ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset,
               qk_scale, softcap_log2, alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c,
@@ -181,7 +208,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
               IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr,
               SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = 0,
               HAS_BIAS: gl.constexpr = False, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
-              MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False):
+              MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False, ROWS_IN_ACC: gl.constexpr = False,
+              ROWS_ZERO_FILL: gl.constexpr = False):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
     dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm, or under
     DQ_TMA_REDUCE (1 or 2: buffers per warpgroup) through one of this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_bufs
@@ -191,7 +219,12 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     loader's [STAGES, 1, 1, BLOCK_M, 2 * WG_N] ring of bias tiles (this warpgroup reads its WG_N key columns),
     else 0. BLOCK_SPARSE and MASKED (a block mask's partial query block): MASK_MOD(off_b, off_h, q_idx, kv_idx,
     aux0..aux3) on the transposed tile (kv_idx [WG_N, 1] on rows, q_idx [1, BLOCK_M] on columns; clamped to the
-    last position with aux tensors, as gluon_sparse._mask_mod_scores) beside the key-end mask."""
+    last position with aux tensors, as gluon_sparse._mask_mod_scores) beside the key-end mask.
+    ROWS_IN_ACC (plain / causal only; variants d64-bm128*): lse2_bufs / delta_bufs hold -lse2 / qk_scale and -delta
+    (folded by the launcher); the S^T wgmma starts from the first and the dP^T one from the second (_issue_rows_t),
+    so P^T = exp2(acc * qk_scale) and dS^T = P^T * acc: no [BLOCK_M] row vector is live beside the accumulators
+    (at BLOCK_M 128 each is 32 registers per thread). ROWS_ZERO_FILL: the launcher filled the rows past seqlen_q
+    with -inf / 0 (P = 0, dS = 0 there), so the slices need no mask."""
     dtype: gl.constexpr = q_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -211,43 +244,59 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     # BLOCK_SPARSE's partial tiles at D128 likewise: a mask_mod evaluated beside dP^T's accumulator spilled 22-54
     # loads / stores per tile (sparse-window, sparse-aux); full tiles keep the plain order.
     LATE_DP: gl.constexpr = (HAS_BIAS or (BLOCK_SPARSE and MASKED)) and HEAD_DIM > 64
-    s_tok = _issue_t(it, k_view, q_bufs, q_ready, HEAD_DIM, BLOCK_M, STAGES)
-    if not LATE_DP:
-        dp_tok = _issue_t(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
-    cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
-    in_seq = cols < seqlen_q
-    if LATE_DP:
-        s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
-    elif SOFTCAP:
-        # Both first: softcap's 1 - t^2 waits for dP^T in no register of its own (dS^T is made element by element
-        # from S^T and dP^T). Keeping it from S^T's wait to dP^T's, 32 more fp32 (16 packed fp16) registers per
-        # thread spilled inside the D128 tile loop; this warpgroup's tanh and exp2 no longer overlap its dP^T
-        # wgmma (the other warpgroup's GEMMs still run meanwhile).
-        s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))  # [WG_N, BLOCK_M] = S^T, dP^T
+    if ROWS_IN_ACC:
+        cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
+        in_seq = cols < seqlen_q
+        # S^T - lse2 / qk_scale and dP^T - delta straight out of the wgmmas (past seqlen_q: -inf and 0).
+        s_tok = _issue_rows_t(it, k_view, q_bufs, q_ready, lse2_bufs, in_seq, float("-inf"), HEAD_DIM, BLOCK_M,
+                              STAGES, ROWS_ZERO_FILL)
+        dp_tok = _issue_rows_t(it, v_view, do_bufs, do_ready, delta_bufs, in_seq, 0.0, HEAD_DIM, BLOCK_M, STAGES,
+                               ROWS_ZERO_FILL)
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T - lse2 / qk_scale
+        p = gl.exp2(s * qk_scale)  # [WG_N, BLOCK_M]
     else:
-        # wgmma groups retire in order: one outstanding means S^T is done and dP^T may still run.
-        s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
-    # Past seqlen_q: lse2 = +inf makes P = 0 (Q and dO are zero-filled there, so dP = 0 and dS = 0).
-    lse2 = _row_vector(lse2_bufs, stage, in_seq, float("inf"), col_layout)
-    if SOFTCAP or HAS_ALIBI or HAS_BIAS:
-        if SOFTCAP:
-            t = _tanh(s * qk_scale, True)  # [WG_N, BLOCK_M]; qk_scale = softmax_scale / softcap here
-            s = t * softcap_log2
+        s_tok = _issue_t(it, k_view, q_bufs, q_ready, HEAD_DIM, BLOCK_M, STAGES)
+        if not LATE_DP:
+            dp_tok = _issue_t(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
+        cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
+        in_seq = cols < seqlen_q
+        if LATE_DP:
+            s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
+        elif SOFTCAP:
+            # Both first: softcap's 1 - t^2 waits for dP^T in no register of its own (dS^T is made element by element
+            # from S^T and dP^T). Keeping it from S^T's wait to dP^T's, 32 more fp32 (16 packed fp16) registers per
+            # thread spilled inside the D128 tile loop; this warpgroup's tanh and exp2 no longer overlap its dP^T
+            # wgmma (the other warpgroup's GEMMs still run meanwhile).
+            s, dp = warpgroup_mma_wait(0, deps=(s_tok, dp_tok))  # [WG_N, BLOCK_M] = S^T, dP^T
         else:
-            s = s * qk_scale
-        if HAS_ALIBI:
-            keys_f = (key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))).to(gl.float32)  # [WG_N]
-            rows_f = (cols + causal_offset).to(gl.float32)  # [BLOCK_M] query positions + Sk - Sq
-            s = s - alibi_log2 * gl.abs(rows_f[None, :] - keys_f[:, None])
-        if HAS_BIAS:
-            s = s + _bias_tile(bias_bufs, stage, WG, s_layout) * LOG2E  # after softcap and ALiBi, as common._scores
-        p = gl.exp2(s - lse2[None, :])  # [WG_N, BLOCK_M]
-    else:
-        p = gl.exp2(s * qk_scale - lse2[None, :])  # [WG_N, BLOCK_M]
+            # wgmma groups retire in order: one outstanding means S^T is done and dP^T may still run.
+            s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
+        # Past seqlen_q: lse2 = +inf makes P = 0 (Q and dO are zero-filled there, so dP = 0 and dS = 0).
+        lse2 = _row_vector(lse2_bufs, stage, in_seq, float("inf"), col_layout)
+        if SOFTCAP or HAS_ALIBI or HAS_BIAS:
+            if SOFTCAP:
+                t = _tanh(s * qk_scale, True)  # [WG_N, BLOCK_M]; qk_scale = softmax_scale / softcap here
+                s = t * softcap_log2
+            else:
+                s = s * qk_scale
+            if HAS_ALIBI:
+                keys_f = (key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))).to(gl.float32)  # [WG_N]
+                rows_f = (cols + causal_offset).to(gl.float32)  # [BLOCK_M] query positions + Sk - Sq
+                s = s - alibi_log2 * gl.abs(rows_f[None, :] - keys_f[:, None])
+            if HAS_BIAS:
+                s = s + _bias_tile(bias_bufs, stage, WG, s_layout) * LOG2E  # after softcap and ALiBi, as common._scores
+            p = gl.exp2(s - lse2[None, :])  # [WG_N, BLOCK_M]
+        else:
+            p = gl.exp2(s * qk_scale - lse2[None, :])  # [WG_N, BLOCK_M]
     if MASKED:
         keys = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))  # [WG_N]
         visible = (keys < seqlen_k)[:, None]
-        if IS_CAUSAL:
+        if IS_CAUSAL and ROWS_IN_ACC:
+            # The same test against the tile's column index: one [WG_N] threshold per tile, no [BLOCK_M] vector
+            # offset by m (causal masked loops 874-890 instead of 1063-1105 SASS instructions at BLOCK_M 128).
+            first = keys - causal_offset - m  # [WG_N]: the first column of the tile that sees each key
+            visible = visible & (gl.arange(0, BLOCK_M, layout=col_layout)[None, :] >= first[:, None])
+        elif IS_CAUSAL:
             visible = visible & (keys[:, None] <= cols[None, :] + causal_offset)
         if IS_LOCAL:
             # Query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right.
@@ -275,14 +324,17 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         dp = warpgroup_mma_wait(1, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     elif not SOFTCAP:
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
-    delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
-    if LATE_DP and SOFTCAP:
-        ds_lp = (p_dt * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
-    elif SOFTCAP:
-        # d(softcap * tanh(x / softcap)) / dx = 1 - t^2 (softmax_scale is applied to dK / dQ at the end).
-        ds_lp = (p * (dp - delta[None, :]) * (1.0 - t * t)).to(dtype)  # [WG_N, BLOCK_M] = dS^T
+    if ROWS_IN_ACC:
+        ds_lp = (p * dp).to(dtype)  # [WG_N, BLOCK_M] = dS^T (dp is dP^T - delta)
     else:
-        ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
+        delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
+        if LATE_DP and SOFTCAP:
+            ds_lp = (p_dt * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
+        elif SOFTCAP:
+            # d(softcap * tanh(x / softcap)) / dx = 1 - t^2 (softmax_scale is applied to dK / dQ at the end).
+            ds_lp = (p * (dp - delta[None, :]) * (1.0 - t * t)).to(dtype)  # [WG_N, BLOCK_M] = dS^T
+        else:
+            ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
     if not LATE_DP:
         p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
@@ -349,10 +401,10 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                         DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
                         HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, HAS_BIAS: gl.constexpr,
-                        sp_num=None, sp_idx=None, sp_full_num=None, sp_full_idx=None, sp_num_base=0, sp_idx_base=0,
-                        sp_num_h=0, sp_idx_h=0, off_b=0, off_h0=0, aux0=None, aux1=None, aux2=None, aux3=None,
-                        MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
-                        SPARSE_M: gl.constexpr = 128):
+                        ROWS_IN_ACC: gl.constexpr, ROWS_ZERO_FILL: gl.constexpr, sp_num=None, sp_idx=None,
+                        sp_full_num=None, sp_full_idx=None, sp_num_base=0, sp_idx_base=0, sp_num_h=0, sp_idx_h=0,
+                        off_b=0, off_h0=0, aux0=None, aux1=None, aux2=None, aux3=None, MASK_MOD: gl.constexpr = None,
+                        BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
     the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
     _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
@@ -394,7 +446,7 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                     ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
                     alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
                     BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
-                    HAS_BIAS)
+                    HAS_BIAS, ROWS_IN_ACC=ROWS_IN_ACC, ROWS_ZERO_FILL=ROWS_ZERO_FILL)
             for t in range(n_masked, n_tiles):
                 dk, dv = _bwd_step(
                     it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view, v_view,
@@ -402,7 +454,7 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                     ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
                     alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
                     BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
-                    HAS_BIAS)
+                    HAS_BIAS, ROWS_IN_ACC=ROWS_IN_ACC, ROWS_ZERO_FILL=ROWS_ZERO_FILL)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-add has read dq_smem before the program exits
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
@@ -422,16 +474,18 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
                          DQ_SPLIT_D: gl.constexpr, IS_LOCAL: gl.constexpr, SOFTCAP: gl.constexpr,
                          HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr, HAS_BIAS: gl.constexpr,
-                         sp_num=None, sp_idx=None, sp_full_num=None, sp_full_idx=None, sp_num_base=0,
-                         sp_idx_base=0, sp_num_h=0, sp_idx_h=0, off_b=0, off_h0=0, aux0=None, aux1=None, aux2=None,
-                         aux3=None, MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
+                         ROWS_IN_ACC: gl.constexpr, ROWS_ZERO_FILL: gl.constexpr, sp_num=None, sp_idx=None,
+                         sp_full_num=None, sp_full_idx=None, sp_num_base=0, sp_idx_base=0, sp_num_h=0, sp_idx_h=0,
+                         off_b=0, off_h0=0, aux0=None, aux1=None, aux2=None, aux3=None,
+                         MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
                          SPARSE_M: gl.constexpr = 128):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
                         stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr, softcap_log2, window_left, window_right,
                         dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 1, HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL,
-                        DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, HAS_BIAS, sp_num, sp_idx,
+                        DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, HAS_BIAS, ROWS_IN_ACC,
+                        ROWS_ZERO_FILL, sp_num, sp_idx,
                         sp_full_num, sp_full_idx, sp_num_base, sp_idx_base, sp_num_h, sp_idx_h, off_b, off_h0, aux0,
                         aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_M)
 
@@ -801,7 +855,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           DQ_CHUNKS: gl.constexpr = 1, DQ_TMA_REDUCE: gl.constexpr = 0, VARLEN: gl.constexpr = False,
                           HAS_BIAS: gl.constexpr = False, MASK_MOD: gl.constexpr = None,
                           BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
-                          SPARSE_N: gl.constexpr = 128):
+                          SPARSE_N: gl.constexpr = 128, ROWS_IN_ACC: gl.constexpr = False,
+                          ROWS_ZERO_FILL: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -832,6 +887,9 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     broadcast dims; H is 1 or Hq), as kernels/bwd.py's dK/dV kernel reads them. Full blocks run the plain step,
     partial ones evaluate MASK_MOD (flex's adapter, or None: the key-end mask only) with Aux0..Aux3 (or None).
     All of these are None in dense launches (the same compiled kernel as before).
+    ROWS_IN_ACC (dense, plain or causal): lse2_desc / delta_desc hold -lse2 / qk_scale and -delta (gluon_backward
+    folds them), onto which S^T and dP^T accumulate (_issue_rows_t); ROWS_ZERO_FILL: their rows past seqlen_q hold
+    -inf / 0, read without a mask.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
@@ -841,6 +899,9 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                      "BLOCK_SPARSE: dense, plain scores")
     gl.static_assert(not (SPLIT_D and DQ_TMA_REDUCE) or (DQ_TMA_REDUCE == 1 and DQ_CHUNKS == 1),
                      "DQ_TMA_REDUCE at D256: 1 (the ring slot), with DQ_CHUNKS 1")
+    gl.static_assert(not (ROWS_IN_ACC or ROWS_ZERO_FILL) or not (
+        SPLIT_D or VARLEN or HAS_BIAS or BLOCK_SPARSE or IS_LOCAL or SOFTCAP or HAS_ALIBI),
+        "ROWS_IN_ACC / ROWS_ZERO_FILL: dense plain or causal scores, D64 / D128")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
     start_n = gl.program_id(0) * BLOCK_N
     pid_bh = gl.program_id(1)
@@ -1049,16 +1110,16 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                    softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
                                    softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 0,
                                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                   DQ_TMA_REDUCE, HAS_BIAS, QNum, QIdx, FullQNum, FullQIdx, sp_num_base, sp_idx_base,
-                                   stride_bm_h, stride_bi_h, off_b, off_h0, Aux0, Aux1, Aux2, Aux3, MASK_MOD,
-                                   BLOCK_SPARSE, SPARSE_M)),
+                                   DQ_TMA_REDUCE, HAS_BIAS, False, False, QNum, QIdx, FullQNum, FullQIdx,
+                                   sp_num_base, sp_idx_base, stride_bm_h, stride_bi_h, off_b, off_h0, Aux0, Aux1,
+                                   Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_M)),
             (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                     q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                     n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                     softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
                                     softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs,
                                     HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                    DQ_TMA_REDUCE, HAS_BIAS, QNum, QIdx, FullQNum, FullQIdx, sp_num_base,
+                                    DQ_TMA_REDUCE, HAS_BIAS, False, False, QNum, QIdx, FullQNum, FullQIdx, sp_num_base,
                                     sp_idx_base, stride_bm_h, stride_bi_h, off_b, off_h0, Aux0, Aux1, Aux2, Aux3,
                                     MASK_MOD, BLOCK_SPARSE, SPARSE_M)),
             (_sparse_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs,
@@ -1095,14 +1156,14 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                    softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
                                    softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 0,
                                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                   DQ_TMA_REDUCE, HAS_BIAS)),
+                                   DQ_TMA_REDUCE, HAS_BIAS, ROWS_IN_ACC, ROWS_ZERO_FILL)),
             (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                     q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                     n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                     softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
                                     softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs,
                                     HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                    DQ_TMA_REDUCE, HAS_BIAS)),
+                                    DQ_TMA_REDUCE, HAS_BIAS, ROWS_IN_ACC, ROWS_ZERO_FILL)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                                lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0,
                                kv_r0, row_b, row_c0, start_n, off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles,
