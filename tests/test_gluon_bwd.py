@@ -219,18 +219,11 @@ def test_bm128_variants_refuse_features(variant):
 
 @pytest.mark.parametrize("variant", BM128)
 def test_bm128_variants_fill_padded_rows(monkeypatch, variant):
-    """ROWS_IN_ACC / ROWS_ZERO_FILL: gluon_backward hands the kernel -lse2 / qk_scale and -delta, with -inf / 0
-    past seqlen_q (the kernel reads them unmasked). The default variant leaves the preprocess's rows as written."""
+    """ROWS_IN_ACC / ROWS_ZERO_FILL: the preprocess (kernels/bwd.py, run here by the interpreter) hands the kernel
+    -lse2 / qk_scale and -delta, with -inf / 0 past seqlen_q (the kernel reads them unmasked), and -inf on a row that
+    saw no key. The default variant's rows are the preprocess's usual ones, the padding left as allocated."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     seen = {}
-
-    class Preprocess:
-        def __init__(self, geo, out, dout, lse, dlse, delta, lse2, *rest):
-            self.delta, self.lse2, self.seqlen_q = delta, lse2, geo.seqlen_q
-
-        def run(self):
-            self.lse2[..., :self.seqlen_q] = 3.0
-            self.delta[..., :self.seqlen_q] = -2.0
 
     class Stop(Exception):
         pass
@@ -239,22 +232,27 @@ def test_bm128_variants_fill_padded_rows(monkeypatch, variant):
         seen.update(lse2=lse2.clone(), delta=delta.clone())
         raise Stop
 
-    monkeypatch.setattr(launch, "preprocess_launch", Preprocess)
     monkeypatch.setattr(gluon_bwd_launch, "dkdv_launch_args", capture)
-    q = torch.randn(2, 333, 4, 64)
-    lse = torch.zeros(2, 4, 333)
-    for name, pad in ((variant, 384), ("default", 384)):
+    gen = torch.Generator().manual_seed(0)
+    q, out, dout = (torch.randn(2, 333, 4, 64, generator=gen) for _ in range(3))
+    lse = torch.randn(2, 4, 333, generator=gen)
+    lse[0, 1, 5] = float("-inf")  # a row that saw no key
+    delta_ref = (out * dout).sum(-1).transpose(1, 2)  # (B, Hq, Sq)
+    lse2_ref = torch.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    for name in (variant, "default"):
         with pytest.raises(Stop):
-            gluon_bwd_launch.gluon_backward(q, q, q, q, q, lse, 0.125, False, variant=name)
+            gluon_bwd_launch.gluon_backward(dout, q, q, q, out, lse, 0.125, False, variant=name)
         lse2, delta = seen["lse2"], seen["delta"]
-        assert lse2.shape == delta.shape == (2, 4, pad)
+        assert lse2.shape == delta.shape == (2, 4, 384)
         if name == variant:
             qk_scale = 0.125 * 1.4426950408889634
-            assert torch.allclose(lse2[..., :333], torch.tensor(-3.0 / qk_scale), rtol=1e-6)
-            assert torch.all(delta[..., :333] == 2.0)
+            torch.testing.assert_close(lse2[..., :333], -lse2_ref / qk_scale, rtol=1e-6, atol=0)
+            torch.testing.assert_close(delta[..., :333], -delta_ref, rtol=1e-5, atol=1e-5)
+            assert lse2[0, 1, 5] == float("-inf")
             assert torch.all(lse2[..., 333:] == float("-inf")) and torch.all(delta[..., 333:] == 0)
         else:
-            assert torch.all(lse2[..., :333] == 3.0) and torch.all(delta[..., :333] == -2.0)
+            torch.testing.assert_close(lse2[..., :333], lse2_ref, rtol=1e-6, atol=0)
+            torch.testing.assert_close(delta[..., :333], delta_ref, rtol=1e-5, atol=1e-5)
             assert torch.all(lse2[..., 333:].isnan()) and torch.all(delta[..., 333:].isnan())
 
 
@@ -421,6 +419,34 @@ def test_gluon_backward_forwards_features(monkeypatch):
     assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(-1, 0)) is None
     assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False, softcap=30.0) is None
     assert wanted == [(True, 257), (True, None), (False, None)]
+
+
+def test_plain_calls_take_the_measured_variant(monkeypatch):
+    """configs.GLUON_BWD_PLAIN's variant serves plain and causal dense calls (the causal mask as causal=True or as the
+    window (-1, 0)); a window, softcap, ALiBi, a bias or varlen keep the default variant, as do other head dims."""
+    seen = []
+    monkeypatch.setattr(gluon_bwd_launch, "gluon_bwd_supported", lambda *a, **kw: True)
+    monkeypatch.setattr(gluon_bwd_launch, "gluon_backward", lambda *a, **kw: seen.append(a[9]) or "grads")
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    q = torch.randn(1, 1024, 2, 64)
+    cu = torch.tensor([0, 1024], dtype=torch.int32)
+    calls = [(dict(causal=False), configs.GLUON_BWD_PLAIN[(64, False)]),
+             (dict(causal=True), configs.GLUON_BWD_PLAIN[(64, True)]),
+             (dict(causal=True, window_size=(-1, 0)), configs.GLUON_BWD_PLAIN[(64, True)]),
+             (dict(causal=True, window_size=(256, 0)), "default"), (dict(causal=False, softcap=30.0), "default"),
+             (dict(causal=False, alibi_slopes=torch.rand(2)), "default"),
+             (dict(causal=False, attn_bias=torch.zeros(1, 2, 1024, 1024)), "default")]
+    for kw, _ in calls:
+        causal = kw.pop("causal")
+        assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, causal, **kw) == "grads"
+    packed = q[0]
+    launch._gluon_backward(packed, packed, packed, packed, packed, None, None, 0.1, False, cu_seqlens_q=cu,
+                           cu_seqlens_k=cu, max_seqlen_q=1024, max_seqlen_k=1024)
+    q128 = torch.randn(1, 1024, 2, 128)
+    launch._gluon_backward(q128, q128, q128, q128, q128, None, None, 0.1, False)
+    assert seen == [variant for _, variant in calls] + ["default", "default"]
+    assert all(v in gluon_bwd_launch.VARIANTS and 64 in gluon_bwd_launch.VARIANTS[v]
+               for v in configs.GLUON_BWD_PLAIN.values())
 
 
 @pytest.mark.usefixtures("pretend_hopper")

@@ -126,6 +126,12 @@ GLUON_FWD_MIN_WINDOW = 1024
 GLUON_BWD_MIN_KEYS = {(64, False): 1024, (64, True): 1024, (128, False): 1024, (128, True): 1024,
                       (256, False): 1024, (256, True): 1024}
 GLUON_BWD_MIN_WINDOW = 1024
+# (head dim, causal) -> the gluon_bwd_launch.VARIANTS entry for plain and causal dense calls (no window, softcap,
+# ALiBi, bias or varlen: these variants refuse them, their tile loops would spill); "default" elsewhere. D64: 128-row
+# query tiles with the row vectors folded into the accumulators. Session 12 (gluon-bwd-d64-bm128-h200-2026-11-30-s12),
+# speed / cuDNN at 1K / 4K / 16K, default / d64-bm128 / d64-bm128-split: 0.87 / 0.89 / 0.92, 0.91 / 0.98 / 0.99,
+# 0.92 / 0.98 / 1.01; causal 0.93 / 0.98 / 0.96, 0.93 / 1.02 / 1.00, 0.95 / 1.05 / 1.05.
+GLUON_BWD_PLAIN = {(64, False): "d64-bm128-split", (64, True): "d64-bm128"}
 # Varlen (packed sequences) follows the same table by max_seqlen_k: session 9 (varlen-bwd-h200-2026-11-30-s9, 2K / 8K
 # keys, D64 / D128, causal both) timed it 1.19-1.38x faster than the portable varlen backward, within 6 % of the
 # dense Gluon backward on the same tokens.
@@ -138,6 +144,12 @@ def gluon_bwd_wanted(head_dim, causal, seqlen_k, window_span=None):
     if window_span is not None and window_span < GLUON_BWD_MIN_WINDOW:
         return False
     return least is not None and seqlen_k >= least
+
+
+def gluon_bwd_variant(head_dim, causal, plain):
+    """The gluon_bwd_launch.VARIANTS entry for a backward the Gluon kernel serves: GLUON_BWD_PLAIN's for plain /
+    causal dense calls (plain: no window, softcap, ALiBi, bias or varlen), "default" for the rest."""
+    return GLUON_BWD_PLAIN.get((head_dim, causal), "default") if plain else "default"
 
 
 def gluon_fwd_variant(head_dim, causal, seqlen_k):

@@ -443,7 +443,7 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     config = VARIANTS[variant][q.shape[-1]]
     if config.plain_only:
         refused = [name for name, on in (
-            ("window_size", tuple(window_size) != (-1, -1)), ("softcap", bool(softcap)),
+            ("window_size", mask_mode(causal, window_size)[1]), ("softcap", bool(softcap)),
             ("alibi_slopes", alibi_slopes is not None), ("attn_bias", attn_bias is not None),
             ("mods", mods is not None), ("cu_seqlens_q", cu_seqlens_q is not None)) if on]
         if refused:
@@ -467,23 +467,18 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
         geo = launch.Geometry.of(q, k)
         batch, seqlen_q, heads_q, head_dim = q.shape
         seqlen_q_pad = math.ceil(seqlen_q / config.block_m) * config.block_m
-        # Rows padded to whole query tiles (TMA boxes, 16-byte row strides); rows past seqlen_q stay unwritten.
+        # Rows padded to whole query tiles (TMA boxes, 16-byte row strides); rows past seqlen_q stay unwritten
+        # (rows_in_acc variants: see fold below).
         delta = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
         lse2 = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
-        if config.rows_in_acc and seqlen_q_pad > seqlen_q:
-            # ROWS_ZERO_FILL: the last tile's rows past seqlen_q read lse2 = +inf (P = 0; -inf once folded below) and
-            # delta = 0 (dS = 0) unmasked; the preprocess writes rows < seqlen_q only.
-            lse2[..., seqlen_q:].fill_(float("inf"))
-            delta[..., seqlen_q:].zero_()
         dq_accum = launch._empty((batch, seqlen_q_pad, heads_q, head_dim), q, torch.float32, poison)
     # The preprocess zeroes dq_accum's rows of real queries; the others (tile tails) only receive adds of zeros and
     # are never read.
-    launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum).run()
-    if config.rows_in_acc:
-        # ROWS_IN_ACC: the S^T / dP^T wgmmas start from these rows as they are (two elementwise launches over
-        # B * Hq * Sq_pad floats; in the kernel the scale and sign cost 46 more instructions per tile and thread).
-        lse2.mul_(-1.0 / (softmax_scale * LOG2E))
-        delta.neg_()
+    # ROWS_IN_ACC: the S^T / dP^T wgmmas start from the preprocess's folded rows (-lse2 / (scale * log2 e), -delta;
+    # in the dK/dV kernel the scale and sign cost 46 more instructions per tile and thread), and read the padded
+    # rows past seqlen_q unmasked (ROWS_ZERO_FILL: the preprocess writes lse2 -inf and delta 0 there).
+    fold = (seqlen_q_pad, float(softmax_scale)) if config.rows_in_acc else None
+    launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum, fold).run()
     dk, dv = launch._empty(k.shape, k, poison=poison), launch._empty(v.shape, v, poison=poison)
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,

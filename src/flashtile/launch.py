@@ -474,21 +474,24 @@ def sink_grad(parts, heads_q):
     return -parts.view(-1, heads_q, parts.shape[-1]).sum((0, 2))
 
 
-def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=None, dq_accum=None):
+def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=None, dq_accum=None, fold=None):
     """The backward's preprocess: delta = rowsum(dO * O) - dlse and lse2 = lse * log2(e), both of shape
     geo.row_buffer_shape; dlse (lse's shape) or None; with sink (Hq,) fp32, the sink gradient's pieces into
     parts (sink_parts); with dq_accum (fp32, (B, Sq_pad, Hq, D), or (total_q + pad, Hq, D) for varlen), its rows
-    of real queries zeroed. Shared by the portable and the Gluon backward."""
+    of real queries zeroed. Shared by the portable and the Gluon backward. fold (dense only): (rows_pad, scale)
+    for kernels/bwd.py's ROWS_IN_ACC (-lse2 / (scale * log2 e) and -delta on rows_pad rows: delta and lse2 are
+    (B, Hq, rows_pad))."""
+    rows_pad, fold_scale = (fold[0], -1.0 / (fold[1] * LOG2E)) if fold is not None else (geo.seqlen_q, 0.0)
     return KernelLaunch(
-        _attn_bwd_preprocess, (_cdiv(geo.seqlen_q, PRE_BLOCK), geo.batch * geo.heads_q),
+        _attn_bwd_preprocess, (_cdiv(rows_pad, PRE_BLOCK), geo.batch * geo.heads_q),
         (out, dout, lse, dlse if dlse is not None else lse, delta, lse2, geo.cu_args(lse)[0],
          sink if sink is not None else lse, parts if parts is not None else lse,
          dq_accum if dq_accum is not None else lse, *_strides3(out), *_strides3(dout), *geo.lse_strides(lse),
          *geo.lse_strides(lse2), *(_strides3(dq_accum) if dq_accum is not None else (0, 0, 0)), geo.seqlen_q,
-         geo.heads_q),
+         geo.heads_q, rows_pad, fold_scale),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=_head_dim_padded(geo.head_dim), BLOCK_M=PRE_BLOCK,
              IS_VARLEN=geo.is_varlen, HAS_DLSE=dlse is not None, HAS_SINK=sink is not None,
-             ZERO_DQ=dq_accum is not None),
+             ZERO_DQ=dq_accum is not None, **({"ROWS_IN_ACC": True} if fold is not None else {})),
     )
 
 
@@ -821,12 +824,15 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
                         max_seqlen_k=max_seqlen_k)
     if attn_bias is not None:
         features["attn_bias"] = attn_bias
+    is_causal, is_local = gluon_launch.mask_mode(causal, window_size)[:2]
+    plain = not (is_local or softcap or alibi_slopes is not None or attn_bias is not None or varlen)
+    variant = configs.gluon_bwd_variant(q.shape[-1], is_causal, plain)
     return _try_gluon(
         "FLASHTILE_GLUON_BWD",
         lambda: gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, keys, span),
         lambda: gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal=causal, **features),
-        lambda: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, softmax_scale, causal, dlse, **features,
-                                                sink=sink, sink_parts=sink_parts),
+        lambda: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, softmax_scale, causal, dlse, variant,
+                                                **features, sink=sink, sink_parts=sink_parts),
         gluon_bwd_launch.disable)
 
 

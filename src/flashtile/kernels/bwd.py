@@ -18,10 +18,10 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
                          stride_dob, stride_dom, stride_doh,
                          stride_lse_b, stride_lse_h, stride_row_b, stride_row_h,
                          stride_dqa_b, stride_dqa_m, stride_dqa_h,
-                         seqlen_q, heads_q,
+                         seqlen_q, heads_q, rows_pad, fold_scale,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                          IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, HAS_SINK: tl.constexpr,
-                         ZERO_DQ: tl.constexpr = False):
+                         ZERO_DQ: tl.constexpr = False, ROWS_IN_ACC: tl.constexpr = False):
     """Delta = rowsum(dO * O) - dLse; Lse2 = lse * log2(e), with +inf for rows that saw no key (so P = 0 there).
 
     Lse and DLse (the gradient flowing into lse, HAS_DLSE) have lse's layout: (B, Hq, Sq), or (Hq, total_q) in
@@ -31,6 +31,9 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
     logit's gradient (negated) in per-program pieces that the host sums in a fixed order (deterministic).
     ZERO_DQ: also zero rows < seqlen_q of DQAccum, the Gluon backward's fp32 dQ buffer ((B, Sq_pad, Hq, D), or
     (total_q + pad, Hq, D) in varlen mode), in place of a separate memset launch (FA3's preprocess does the same).
+    ROWS_IN_ACC (dense; the Gluon backward's rows_in_acc variants start their S^T / dP^T accumulators from these
+    rows): Lse2 * fold_scale (-1 / (scale * log2 e)) and -Delta, written for every row below rows_pad (the padded
+    row count the kernel reads unmasked), with Lse2 = +inf and Delta = 0 past seqlen_q so P and dS are 0 there.
     """
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_q).to(tl.int64)
@@ -56,8 +59,13 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
         delta -= tl.load(DLse + lse_ptrs, mask=offs_m < seqlen_q, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
     row_ptrs = _row_base(off_b, off_h, q_start, stride_row_b, stride_row_h, IS_VARLEN) + offs_m
-    tl.store(Delta + row_ptrs, delta, mask=offs_m < seqlen_q)
-    tl.store(Lse2 + row_ptrs, lse2, mask=offs_m < seqlen_q)
+    if ROWS_IN_ACC:
+        lse2 = tl.where(offs_m < seqlen_q, lse2, float("inf")) * fold_scale
+        tl.store(Delta + row_ptrs, -delta, mask=offs_m < rows_pad)  # delta is 0 past seqlen_q (masked loads)
+        tl.store(Lse2 + row_ptrs, lse2, mask=offs_m < rows_pad)
+    else:
+        tl.store(Delta + row_ptrs, delta, mask=offs_m < seqlen_q)
+        tl.store(Lse2 + row_ptrs, lse2, mask=offs_m < seqlen_q)
     if ZERO_DQ:
         dqa_ptrs = (DQAccum + _seq_offset(off_b, q_start, stride_dqa_b, stride_dqa_m, IS_VARLEN)
                     + off_h * stride_dqa_h + rows * stride_dqa_m + offs_d[None, :])
