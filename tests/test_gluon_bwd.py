@@ -4,6 +4,7 @@ import torch
 
 import flashtile
 from flashtile import configs, gluon_bwd_launch, launch
+from conftest import DEVICE
 from utils import assert_close_rule, make_qkv, record_calls, references
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -219,7 +220,7 @@ def test_bm128_variants_refuse_features(variant):
 
 @pytest.mark.parametrize("variant", BM128)
 def test_bm128_variants_fill_padded_rows(monkeypatch, variant):
-    """ROWS_IN_ACC / ROWS_ZERO_FILL: the preprocess (kernels/bwd.py, run here by the interpreter) hands the kernel
+    """ROWS_IN_ACC / ROWS_ZERO_FILL: the preprocess (kernels/bwd.py; on CPU, by the interpreter) hands the kernel
     -lse2 / qk_scale and -delta, with -inf / 0 past seqlen_q (the kernel reads them unmasked), and -inf on a row that
     saw no key. The default variant's rows are the preprocess's usual ones, the padding left as allocated."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
@@ -234,8 +235,8 @@ def test_bm128_variants_fill_padded_rows(monkeypatch, variant):
 
     monkeypatch.setattr(gluon_bwd_launch, "dkdv_launch_args", capture)
     gen = torch.Generator().manual_seed(0)
-    q, out, dout = (torch.randn(2, 333, 4, 64, generator=gen) for _ in range(3))
-    lse = torch.randn(2, 4, 333, generator=gen)
+    q, out, dout = (torch.randn(2, 333, 4, 64, generator=gen).to(DEVICE) for _ in range(3))
+    lse = torch.randn(2, 4, 333, generator=gen).to(DEVICE)
     lse[0, 1, 5] = float("-inf")  # a row that saw no key
     delta_ref = (out * dout).sum(-1).transpose(1, 2)  # (B, Hq, Sq)
     lse2_ref = torch.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
