@@ -29,7 +29,8 @@ from triton.testing import do_bench
 
 import flashtile
 
-SHAPES = [(32, 512, 16, 128, False), (32, 512, 16, 128, True), (16, 1024, 16, 128, True), (32, 512, 32, 64, False)]
+SHAPES = [(32, 512, 16, 128, False), (32, 512, 16, 128, True), (16, 1024, 16, 128, True), (32, 512, 32, 64, False),
+          (32, 512, 32, 64, True), (16, 1024, 32, 64, True)]  # D64 causal: the portable forward below 4K keys
 
 
 def _cudnn(q, k, v, causal):
