@@ -166,6 +166,35 @@ def _bias_tile(bias_bufs, stage, WG: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
+def _visible_t(keys, cols, seqlen_q, seqlen_k, causal_offset, window_left, window_right, off_b, off_h, aux0, aux1,
+               aux2, aux3, IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr, BLOCK_SPARSE: gl.constexpr,
+               MASK_MOD: gl.constexpr, causal_cols=None):
+    """Which scores of a transposed tile a masked step keeps: [len(keys), len(cols)], keys on rows and query rows on
+    columns. Keys past Sk drop; IS_CAUSAL: key <= query + Sk - Sq; IS_LOCAL: query i sees keys i + Sk - Sq - left
+    <= j <= i + Sk - Sq + right; BLOCK_SPARSE with a MASK_MOD: MASK_MOD(b, h, q_idx, kv_idx) as in the forward (with
+    aux tensors, positions clamped to the last one). causal_cols: a causal test the caller made another way (the
+    rows_in_acc variants), anded in where IS_CAUSAL's would be."""
+    visible = (keys < seqlen_k)[:, None]
+    if causal_cols is not None:
+        visible = visible & causal_cols
+    if IS_CAUSAL:
+        visible = visible & (keys[:, None] <= cols[None, :] + causal_offset)
+    if IS_LOCAL:
+        shifted = cols + causal_offset
+        visible = visible & (keys[:, None] <= shifted[None, :] + window_right) & (
+            keys[:, None] >= shifted[None, :] - window_left)
+    if BLOCK_SPARSE and MASK_MOD is not None:
+        if aux0 is None:
+            q_idx = cols[None, :]
+            kv_idx = keys[:, None]
+        else:
+            q_idx = gl.minimum(cols, seqlen_q - 1)[None, :]
+            kv_idx = gl.minimum(keys, seqlen_k - 1)[:, None]
+        visible = visible & MASK_MOD(off_b, off_h, q_idx, kv_idx, aux0, aux1, aux2, aux3)
+    return visible
+
+
+@gluon.jit
 def _issue_t(it, a_view, bufs, ready, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
     """A B^T ([WG_N, BLOCK_M] fp32) for B the [BLOCK_M, HEAD_DIM] tile of ring slot it in bufs, as an async wgmma
     group once the slot's ready barrier has flipped: S^T from K and Q, dP^T from V and dO."""
@@ -290,28 +319,16 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             p = gl.exp2(s * qk_scale - lse2[None, :])  # [WG_N, BLOCK_M]
     if MASKED:
         keys = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))  # [WG_N]
-        visible = (keys < seqlen_k)[:, None]
         if IS_CAUSAL and ROWS_IN_ACC:
-            # The same test against the tile's column index: one [WG_N] threshold per tile, no [BLOCK_M] vector
+            # The causal test against the tile's column index: one [WG_N] threshold per tile, no [BLOCK_M] vector
             # offset by m (causal masked loops 874-890 instead of 1063-1105 SASS instructions at BLOCK_M 128).
             first = keys - causal_offset - m  # [WG_N]: the first column of the tile that sees each key
-            visible = visible & (gl.arange(0, BLOCK_M, layout=col_layout)[None, :] >= first[:, None])
-        elif IS_CAUSAL:
-            visible = visible & (keys[:, None] <= cols[None, :] + causal_offset)
-        if IS_LOCAL:
-            # Query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right.
-            shifted = cols + causal_offset  # [BLOCK_M]
-            visible = visible & (keys[:, None] <= shifted[None, :] + window_right) & (
-                keys[:, None] >= shifted[None, :] - window_left)
-        if BLOCK_SPARSE and MASK_MOD is not None:
-            # S^T: keys on rows, queries on columns; the mod takes (b, h, q_idx, kv_idx) as in the forward.
-            if aux0 is None:
-                q_idx = cols[None, :]  # [1, BLOCK_M]
-                kv_idx = keys[:, None]  # [WG_N, 1]
-            else:
-                q_idx = gl.minimum(cols, seqlen_q - 1)[None, :]
-                kv_idx = gl.minimum(keys, seqlen_k - 1)[:, None]
-            visible = visible & MASK_MOD(off_b, off_h, q_idx, kv_idx, aux0, aux1, aux2, aux3)
+            visible = _visible_t(keys, cols, seqlen_q, seqlen_k, causal_offset, window_left, window_right, off_b, off_h,
+                                 aux0, aux1, aux2, aux3, False, IS_LOCAL, BLOCK_SPARSE, MASK_MOD,
+                                 gl.arange(0, BLOCK_M, layout=col_layout)[None, :] >= first[:, None])
+        else:
+            visible = _visible_t(keys, cols, seqlen_q, seqlen_k, causal_offset, window_left, window_right, off_b, off_h,
+                                 aux0, aux1, aux2, aux3, IS_CAUSAL, IS_LOCAL, BLOCK_SPARSE, MASK_MOD)
         p = gl.where(visible, p, 0.0)
     if LATE_DP:
         if SOFTCAP:
@@ -645,21 +662,8 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
         p = gl.exp2(s * qk_scale - lse2[None, :])  # [WG_N, HALF_M]
     if MASKED:
         keys = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))  # [WG_N]
-        visible = (keys < seqlen_k)[:, None]
-        if IS_CAUSAL:
-            visible = visible & (keys[:, None] <= cols[None, :] + causal_offset)
-        if IS_LOCAL:
-            shifted = cols + causal_offset  # [HALF_M]
-            visible = visible & (keys[:, None] <= shifted[None, :] + window_right) & (
-                keys[:, None] >= shifted[None, :] - window_left)
-        if BLOCK_SPARSE and MASK_MOD is not None:
-            if aux0 is None:
-                q_idx = cols[None, :]  # [1, HALF_M]
-                kv_idx = keys[:, None]  # [WG_N, 1]
-            else:
-                q_idx = gl.minimum(cols, seqlen_q - 1)[None, :]
-                kv_idx = gl.minimum(keys, seqlen_k - 1)[:, None]
-            visible = visible & MASK_MOD(off_b, off_h, q_idx, kv_idx, aux0, aux1, aux2, aux3)
+        visible = _visible_t(keys, cols, seqlen_q, seqlen_k, causal_offset, window_left, window_right, off_b, off_h,
+                             aux0, aux1, aux2, aux3, IS_CAUSAL, IS_LOCAL, BLOCK_SPARSE, MASK_MOD)
         p = gl.where(visible, p, 0.0)
     if not SOFTCAP:
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, HALF_M] = dP^T
