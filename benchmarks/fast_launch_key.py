@@ -26,6 +26,7 @@ from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.runtime.jit import compute_cache_key, create_function_from_signature  # noqa: E402
 
 from flashtile import configs, fast_launch, gluon_launch, launch  # noqa: E402
+from host_dispatch_cpu import StubDriver  # noqa: E402  (this folder)
 
 BACKEND = CUDABackend(GPUTarget("cuda", 90, 32))
 
@@ -84,17 +85,6 @@ def measure(name, kernel, args, kwargs, variants):
               f"keys, {len(set(seen.values()))} triton keys")
 
 
-class _StubDriver:
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device):
-        return 0
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-
 def _alternate(fns, n=5000, rounds=9):
     best = [float("inf")] * len(fns)
     for _ in range(rounds):
@@ -107,7 +97,7 @@ def measure_launch(name, kernel, grid, args, kwargs):
     """JITFunction.run vs fast_launch.launch (hit), launcher stubbed out."""
     from triton.compiler import CompiledKernel
     from triton.runtime.driver import driver
-    driver.set_active(_StubDriver())
+    driver.set_active(StubDriver())
     try:
         compiled = CompiledKernel.__new__(CompiledKernel)
         compiled.module, compiled.function, compiled.packed_metadata, compiled.name = "stub", 0, (), name

@@ -191,7 +191,7 @@ def stages(calls, reps):
     return results
 
 
-class _StubDriver:
+class StubDriver:
     """triton's active driver on a machine without a GPU: device 0, stream 0, an sm90 target."""
 
     def get_current_device(self):
@@ -229,7 +229,7 @@ def e2e(calls, reps):
     if gluon_launch._attn_fwd_hopper is None or not gluon_launch.tested_triton():
         raise SystemExit(f"--e2e needs triton 3.6 with Gluon (PYTHONPATH=/tmp/t36:src); got "
                          f"{__import__('triton').__version__} {gluon_launch.GLUON_IMPORT_ERROR or ''}")
-    driver.set_active(_StubDriver())
+    driver.set_active(StubDriver())
     for kernel in (gluon_launch._attn_fwd_hopper, gluon_launch._attn_fwd_hopper_persistent,
                    gluon_bwd_launch._attn_bwd_dkdv_hopper, launch._attn_bwd_preprocess, launch._attn_bwd_dq_convert,
                    launch._attn_fwd):

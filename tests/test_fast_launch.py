@@ -15,6 +15,7 @@ from triton.compiler import CompiledKernel
 from triton.runtime.jit import JITFunction
 
 from flashtile import fast_launch
+from utils import train_step
 
 INTS = [0, 1, 2, 3, 8, 15, 16, 17, 32, 48, 1024, 1025, -1, -16, -17, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16,
         -2**31, -2**31 - 16, 2**40 + 3, 2**63 - 16, 2**63, 2**63 + 16, 2**64 - 16, 2**64 - 1]
@@ -283,17 +284,9 @@ def test_gpu_fast_path_matches_triton_path():
     """On the GPU: repeated calls take the fast path (counts) and give bitwise the outputs and gradients of
     the same calls through JITFunction.run (Gluon forward / backward where they serve, else the portable kernels;
     dQ only to rounding: the Gluon backward adds it up by atomics, in no fixed order)."""
-    import flashtile
     if not fast_launch.enabled():
         pytest.skip("fast launch off (FLASHTILE_FAST_LAUNCH=0 or an untested triton)")
-
-    def run(causal):
-        torch.manual_seed(0)
-        q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                   for _ in range(3))
-        out = flashtile.flash_attn_func(q, k, v, causal=causal)
-        out.backward(torch.ones_like(out))
-        return out, q.grad, k.grad, v.grad
+    run = train_step
 
     for causal in (False, True):
         run(causal)  # records

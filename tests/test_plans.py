@@ -8,8 +8,8 @@ import torch
 from triton.compiler import CompiledKernel
 from triton.runtime.jit import JITFunction
 
-import flashtile
 from flashtile import fast_launch, gluon_bwd_launch, gluon_launch, launch, plans
+from utils import train_step
 
 
 class _Launcher:
@@ -264,18 +264,9 @@ def test_gpu_replayed_call_matches_the_recorded_one(causal):
     dK / dV of the first (run by the launchers), dQ to rounding (reduce-adds in no fixed order), and it did replay."""
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)) or not fast_launch.enabled():
         pytest.skip("needs an sm90 GPU and the fast launch path (triton 3.6, FLASHTILE_FAST_LAUNCH unset)")
-
-    def run():
-        torch.manual_seed(0)
-        q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                   for _ in range(3))
-        out = flashtile.flash_attn_func(q, k, v, causal=causal)
-        out.backward(torch.ones_like(out))
-        return out, q.grad, k.grad, v.grad
-
-    recorded = run()
+    recorded = train_step(causal)
     replayed_before = plans.counts[0]
-    replayed = run()
+    replayed = train_step(causal)
     assert plans.counts[0] == replayed_before + 2, "forward and backward should both replay"
     for name, a, b in zip(("out", "dq", "dk", "dv"), replayed, recorded):
         if name == "dq":

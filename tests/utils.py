@@ -84,3 +84,16 @@ def record_calls(monkeypatch, module, name):
     original = getattr(module, name)
     monkeypatch.setattr(module, name, lambda *args, **kwargs: calls.append(kwargs) or original(*args, **kwargs))
     return calls
+
+
+def train_step(causal):
+    """flash_attn_func forward and backward on a fixed CUDA input (B2 S1024 H8 D128 bf16, seed 0, dout of ones):
+    (out, dq, dk, dv). The same call twice compares one path of the launch machinery with another."""
+    import flashtile
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    out = flashtile.flash_attn_func(q, k, v, causal=causal)
+    out.backward(torch.ones_like(out))
+    return out, q.grad, k.grad, v.grad

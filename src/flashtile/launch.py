@@ -652,12 +652,12 @@ def _plannable(q):
     return q.dtype in gluon_launch._DTYPES and q.shape[-1] in gluon_launch.HEAD_DIMS
 
 
-def _replay(plan, inputs, like, gluon_module):
-    """plans.replay of plan on inputs, buffers on like's device; a failing launch disables gluon_module's kernels
-    as _try_gluon would (None: the caller takes the normal path)."""
+def _replay(plan, inputs, gluon_module):
+    """plans.replay of plan on inputs, buffers on the first input's device; a failing launch disables
+    gluon_module's kernels as _try_gluon would (None: the caller takes the normal path)."""
     poison = poison_outputs()
     try:
-        return plans.replay(plan, inputs, lambda shape, dtype: _empty(shape, like, dtype, poison),
+        return plans.replay(plan, inputs, lambda shape, dtype: _empty(shape, inputs[0], dtype, poison),
                             _gluon_modules()[0].tma_descriptor)
     except torch.OutOfMemoryError:
         raise
@@ -671,20 +671,24 @@ def _planned_gluon_forward(q, k, v, softmax_scale, window_left, window_right):
     """_gluon_forward of a call without optional features (no softcap, ALiBi, sink, bias, varlen), replayed from
     its plan after the first call of its signature (plans.py; the key: the inputs' shapes, strides, dtypes and
     devices, which of them alias, the scale, the window, FLASHTILE_GLUON)."""
-    gluon_launch = _gluon_modules()[0]
     inputs = (q, k, v)
     key = ("fwd", os.environ.get("FLASHTILE_GLUON"), _signature(q), _signature(k), _signature(v),
            plans.aliasing(inputs), softmax_scale, window_left, window_right)
+    return _planned(key, inputs, _gluon_modules()[0],
+                    lambda: _gluon_forward(q, k, v, softmax_scale, window_left, window_right, 0.0, None, None))
+
+
+def _planned(key, inputs, gluon_module, run):
+    """run() (a Gluon launcher's call on inputs, whose signature is key) replayed from key's plan, or None at once
+    where key was declined, else run as it is and recorded (plans.record)."""
     plan = plans.get(key)
     if plan is plans.DECLINED:
         return None
-    if plan is not None and gluon_launch._disabled is None:
-        result = _replay(plan, inputs, q, gluon_launch)
+    if plan is not None and gluon_module._disabled is None:
+        result = _replay(plan, inputs, gluon_module)
         if result is not None:
             return result
-    return plans.record(key, inputs, lambda: _gluon_forward(q, k, v, softmax_scale, window_left, window_right, 0.0,
-                                                            None, None),
-                        getattr(gluon_launch, "_GluonDescriptor", None))
+    return plans.record(key, inputs, run, getattr(_gluon_modules()[0], "_GluonDescriptor", None))
 
 
 def _gluon_sparse_forward(q, k, v, softmax_scale, window_left, window_right, mods):
@@ -839,22 +843,13 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
 def _planned_gluon_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right):
     """_gluon_backward of a call without optional features (no dlse, softcap, ALiBi, sink, bias, varlen), replayed
     from its plan after the first call of its signature (as _planned_gluon_forward; FLASHTILE_GLUON_BWD)."""
-    gluon_bwd_launch = _gluon_modules()[1]
     inputs = (dout, q, k, v, out, lse)
     key = ("bwd", os.environ.get("FLASHTILE_GLUON_BWD"), _signature(dout), _signature(q), _signature(k),
            _signature(v), _signature(out), _signature(lse), plans.aliasing(inputs), softmax_scale, window_left,
            window_right)
-    plan = plans.get(key)
-    if plan is plans.DECLINED:
-        return None
-    if plan is not None and gluon_bwd_launch._disabled is None:
-        grads = _replay(plan, inputs, q, gluon_bwd_launch)
-        if grads is not None:
-            return grads
-    return plans.record(key, inputs, lambda: _gluon_backward(dout, q, k, v, out, lse, None, softmax_scale,
-                                                             window_right == 0,
-                                                             window_size=(window_left, window_right)),
-                        getattr(_gluon_modules()[0], "_GluonDescriptor", None))
+    return _planned(key, inputs, _gluon_modules()[1],
+                    lambda: _gluon_backward(dout, q, k, v, out, lse, None, softmax_scale, window_right == 0,
+                                            window_size=(window_left, window_right)))
 
 
 def _gluon_sparse_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, mods):
