@@ -166,6 +166,25 @@ def _bias_tile(bias_bufs, stage, WG: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
+def _score_features_t(s, key0, cols, causal_offset, qk_scale, softcap_log2, alibi_log2, SOFTCAP: gl.constexpr,
+                      HAS_ALIBI: gl.constexpr, s_layout: gl.constexpr):
+    """(scores in log2 units, t) of a transposed tile s = K Q^T [WG_N keys, len(cols) query rows]: scaled, or under
+    SOFTCAP t = tanh(s * qk_scale) (qk_scale = softmax_scale / softcap here) and t * softcap_log2, minus ALiBi's
+    alibi_log2 * |i + Sk - Sq - j| under HAS_ALIBI. t (softcap's derivative needs it) is s itself without SOFTCAP."""
+    t = s
+    if SOFTCAP:
+        t = _tanh(s * qk_scale, True)
+        s = t * softcap_log2
+    else:
+        s = s * qk_scale
+    if HAS_ALIBI:
+        keys_f = (key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))).to(gl.float32)  # [WG_N]
+        rows_f = (cols + causal_offset).to(gl.float32)  # query positions + Sk - Sq
+        s = s - alibi_log2 * gl.abs(rows_f[None, :] - keys_f[:, None])
+    return s, t
+
+
+@gluon.jit
 def _visible_t(keys, cols, seqlen_q, seqlen_k, causal_offset, window_left, window_right, off_b, off_h, aux0, aux1,
                aux2, aux3, IS_CAUSAL: gl.constexpr, IS_LOCAL: gl.constexpr, BLOCK_SPARSE: gl.constexpr,
                MASK_MOD: gl.constexpr, causal_cols=None):
@@ -303,15 +322,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         # Past seqlen_q: lse2 = +inf makes P = 0 (Q and dO are zero-filled there, so dP = 0 and dS = 0).
         lse2 = _row_vector(lse2_bufs, stage, in_seq, float("inf"), col_layout)
         if SOFTCAP or HAS_ALIBI or HAS_BIAS:
-            if SOFTCAP:
-                t = _tanh(s * qk_scale, True)  # [WG_N, BLOCK_M]; qk_scale = softmax_scale / softcap here
-                s = t * softcap_log2
-            else:
-                s = s * qk_scale
-            if HAS_ALIBI:
-                keys_f = (key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))).to(gl.float32)  # [WG_N]
-                rows_f = (cols + causal_offset).to(gl.float32)  # [BLOCK_M] query positions + Sk - Sq
-                s = s - alibi_log2 * gl.abs(rows_f[None, :] - keys_f[:, None])
+            s, t = _score_features_t(s, key0, cols, causal_offset, qk_scale, softcap_log2, alibi_log2, SOFTCAP,
+                                     HAS_ALIBI, s_layout)
             if HAS_BIAS:
                 s = s + _bias_tile(bias_bufs, stage, WG, s_layout) * LOG2E  # after softcap and ALiBi, as common._scores
             p = gl.exp2(s - lse2[None, :])  # [WG_N, BLOCK_M]
@@ -648,15 +660,8 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
         s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, HALF_M] = S^T
     lse2 = _row_half(lse2_bufs, stage, WG, in_seq, float("inf"), col_layout)
     if SOFTCAP or HAS_ALIBI:
-        if SOFTCAP:
-            t = _tanh(s * qk_scale, True)  # [WG_N, HALF_M]; qk_scale = softmax_scale / softcap here
-            s = t * softcap_log2
-        else:
-            s = s * qk_scale
-        if HAS_ALIBI:
-            keys_f = (key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, s_layout))).to(gl.float32)  # [WG_N]
-            rows_f = (cols + causal_offset).to(gl.float32)  # [HALF_M] query positions + Sk - Sq
-            s = s - alibi_log2 * gl.abs(rows_f[None, :] - keys_f[:, None])
+        s, t = _score_features_t(s, key0, cols, causal_offset, qk_scale, softcap_log2, alibi_log2, SOFTCAP,
+                                 HAS_ALIBI, s_layout)
         p = gl.exp2(s - lse2[None, :])  # [WG_N, HALF_M]
     else:
         p = gl.exp2(s * qk_scale - lse2[None, :])  # [WG_N, HALF_M]
