@@ -118,6 +118,11 @@ CASES = [
     (256, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True)),
     (256, True, torch.float32, 8, 1, dict(decode=True)),
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, seqlen_q=4)),
+    # An int cache_seqlens: the key count as a kernel scalar, no tensor (HAS_SEQUSED_TENSOR / HAS_CACHE_SEQLENS off).
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True, scalar_seqlens=True)),
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True, leftpad=True, scalar_seqlens=True)),
+    (128, True, torch.bfloat16, 2, 1, dict(kvcache=True, paged=True, scalar_seqlens=True)),
+    (128, True, torch.bfloat16, 8, 1, dict(append=True, rotary_half=64, interleaved=True, scalar_seqlens=True)),
     (128, False, torch.bfloat16, 2, 1, dict(flex=True)),
     (64, False, torch.float16, 2, 2, dict(flex=True, softcap=30.0, alibi=True)),
     (256, False, torch.bfloat16, 2, 1, dict(flex=True)),
@@ -163,13 +168,14 @@ def _append_launches(features, q, k_cache):
     """The rotary-append kernel for one new token of a decode step, cos/sin in fp32 as models keep them."""
     half = features.get("rotary_half")
     cos = torch.zeros(4096, half) if half else None
-    seqlens = torch.tensor([50], dtype=torch.int32)
+    seqlens = None if features.get("scalar_seqlens") else torch.tensor([50], dtype=torch.int32)
     table = torch.zeros(1, 4, dtype=torch.int32) if features.get("paged") else None
     if table is not None:
         k_cache = k_cache.reshape(4, 16, *k_cache.shape[2:])
     new = k_cache[:1, :1]
     return launch.rotary_append_launches(q, q, k_cache, k_cache, new, new, cos, cos, seqlens, table,
-                                         features.get("interleaved", False), q_local=True)
+                                         features.get("interleaved", False), q_local=True,
+                                         cache_add=50 if seqlens is None else 0)
 
 
 def check_case(arch, case):
@@ -201,7 +207,10 @@ def check_case(arch, case):
         approx_tanh=features.get("approx_tanh", False))
     sink = torch.zeros(heads_q) if features.get("sink") else None
     if features.get("kvcache") or features.get("decode"):
-        geo = dataclasses.replace(geo, seqused_k=torch.tensor([50], dtype=torch.int32))
+        if features.get("scalar_seqlens"):
+            geo = dataclasses.replace(geo, seqused_add=50)
+        else:
+            geo = dataclasses.replace(geo, seqused_k=torch.tensor([50], dtype=torch.int32))
         if features.get("paged"):
             geo = dataclasses.replace(geo, block_table=torch.zeros(1, 4, dtype=torch.int32))
         if features.get("leftpad"):

@@ -331,13 +331,14 @@ def _dense_probs(q, k, lse, softmax_scale, window_left, window_right, softcap, a
 
 
 def kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right, softcap,
-                    alibi_slopes, key_start=None):
-    """Batch row b attends to its cached keys key_start[b] <= t < seqused_k[b] (key_start None: from 0),
-    gathered page by page when block_table is given; out like q, lse (B, Hq, Sq)."""
+                    alibi_slopes, key_start=None, seqused_add=0):
+    """Batch row b attends to its cached keys key_start[b] <= t < seqused_add + seqused_k[b] (seqused_k None: 0;
+    key_start None: from 0), gathered page by page when block_table is given; out like q, lse (B, Hq, Sq)."""
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1])
     starts = key_start.tolist() if key_start is not None else [0] * q.shape[0]
-    for b, used in enumerate(seqused_k.tolist()):
+    counts = seqused_k.tolist() if seqused_k is not None else [0] * q.shape[0]
+    for b, used in enumerate(n + seqused_add for n in counts):
         slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
         if block_table is not None:  # pages of row b, concatenated
             keys = k_cache[block_table[b].long()].flatten(0, 1)[None, starts[b]:used]
@@ -381,10 +382,11 @@ def apply_rotary(x, cos, sin, positions, interleaved):
 
 
 def kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved,
-                   q_local):
+                   q_local, cache_add=0):
     """What the rotary-append kernel does (see launch.rotary_append_launches), in PyTorch ops: returns q rotated
     (a new tensor) or an empty tensor without rotary, and writes k (rotated) and v into the cache in place."""
-    used = cache_seqlens.long()[:, None]  # [B, 1]
+    used = cache_add + (cache_seqlens.long()[:, None] if cache_seqlens is not None  # [B, 1]
+                        else torch.zeros(q.shape[0], 1, dtype=torch.long, device=q.device))
     q_out = q.new_empty(0)
     if rotary_cos is not None:
         steps = torch.arange(q.shape[1], device=q.device) if q_local else torch.zeros(

@@ -7,11 +7,12 @@ from . import checks, ops
 
 
 def _cache_seqlens(cache_seqlens, batch, device):
-    """(int32 (batch,) on the cache's device, the same as a list) from an int or a tensor. Only a tensor is
-    read back (one device sync): with an int, a decoding step needs no sync at all."""
+    """(the tensor or None, the int added to it, the lengths as a list) from an int or a tensor. An int stays a
+    kernel scalar: no tensor to fill (a kernel and a CUDA-graph node per decode step) and no sync. Only a tensor
+    is read back (one device sync; none while capturing: the list is then None)."""
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
         n = int(cache_seqlens)
-        return torch.full((batch,), n, dtype=torch.int32, device=device), [n] * batch
+        return None, n, [n] * batch
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
         raise TypeError(f"cache_seqlens must be an int or an int32 tensor of shape ({batch},), got "
                         f"{getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)}")
@@ -19,7 +20,7 @@ def _cache_seqlens(cache_seqlens, batch, device):
         raise ValueError(f"cache_seqlens must have shape ({batch},), got {tuple(cache_seqlens.shape)}")
     if cache_seqlens.device != device:
         raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but k_cache is on {device}")
-    return cache_seqlens, None if checks.capturing(cache_seqlens) else cache_seqlens.tolist()
+    return cache_seqlens, 0, None if checks.capturing(cache_seqlens) else cache_seqlens.tolist()
 
 
 def _row_tensor(name, t, batch, device):
@@ -84,7 +85,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_leftpad (int32 (B,)): row b's keys start at cache token cache_leftpad[b] (0 <= cache_leftpad[b] <=
     cache_seqlens[b]); earlier tokens are ignored. Rotary positions stay cache positions, and causal, window
     and ALiBi distances do not depend on the padding (they are measured from the last key).
-    CUDA graphs: the call can be captured (int cache_seqlens needs no host sync at all). While capturing, the
+    CUDA graphs: the call can be captured (an int cache_seqlens needs no host sync and no device tensor: it is a
+    kernel argument, so a step is the kernels alone). While capturing, the
     contents of tensor arguments (cache_seqlens, block_table, cache_batch_idx, cache_leftpad) cannot be read
     back, so their range checks are skipped and the cache capacity stands in for the longest row.
     """
@@ -103,20 +105,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         capacity = block_table.shape[1] * k_cache.shape[1]
     if cache_seqlens is None:
         cache_seqlens = capacity
-    used, used_list = _cache_seqlens(cache_seqlens, batch, k_cache.device)
+    used, used_add, used_list = _cache_seqlens(cache_seqlens, batch, k_cache.device)
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (the new tokens to append) or both be None")
     if k is not None:
         checks.check_qkv(q, k, v)
         if k.shape[2:] != k_cache.shape[2:]:
             raise ValueError(f"k has (heads, headdim) {tuple(k.shape[2:])} but k_cache has {tuple(k_cache.shape[2:])}")
-        end = used + k.shape[1]
-    else:
-        end = used
+    new_tokens = k.shape[1] if k is not None else 0  # the attention's key count adds them in the kernel
     if used_list is None:  # CUDA graph capture with tensor cache_seqlens: unchecked, the capacity bounds the keys
         used_list, lengths = [0], [capacity]
     else:
-        lengths = [n + (k.shape[1] if k is not None else 0) for n in used_list]
+        lengths = [n + new_tokens for n in used_list]
     if min(used_list) < 0 or max(lengths) > capacity:  # the cache must not be written or read past its end
         raise ValueError(f"cache_seqlens + new tokens must lie in [0, {capacity}] (the cache's capacity), got "
                          f"{lengths}")
@@ -140,8 +140,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         block_table = cache_batch_idx[:, None]
     if rotary_cos is not None or k is not None:
         q_rot = ops.call(ops.kvcache_append, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, used, block_table,
-                         rotary_interleaved, local)
+                         rotary_interleaved, local, used_add)
         q = q_rot if rotary_cos is not None else q
-    out, lse = ops.call(ops.fwd_kvcache, q, k_cache, v_cache, end, block_table, scale, window_left, window_right,
-                        softcap, slopes, max(lengths), splits, cache_leftpad)
+    out, lse = ops.call(ops.fwd_kvcache, q, k_cache, v_cache, used, block_table, scale, window_left, window_right,
+                        softcap, slopes, max(lengths), splits, cache_leftpad, used_add + new_tokens)
     return (out, lse) if return_softmax_lse else out

@@ -103,7 +103,11 @@ class Geometry:
     head_dim: int
     cu_seqlens_q: object = None
     cu_seqlens_k: object = None
-    seqused_k: object = None  # int32 (B,): keys each batch row uses (KV cache); seqlen_k is the capacity
+    seqused_k: object = None  # int32 (B,) or None: with seqused_add, the keys each batch row uses (KV cache)
+    # KV cache (seqlen_k is then the capacity): row b uses seqused_add (None: 0) + seqused_k[b] (a tensor; None: 0)
+    # keys. An int cache length travels as this kernel scalar, so a decode step fills no tensor. Not a KV cache
+    # when both are None.
+    seqused_add: object = None
     block_table: object = None  # int32 (B, max_pages) for a paged cache (num_pages, page_size, Hk, D)
     key_start: object = None  # int32 (B,): first cache token of each row's keys (left-padded KV cache)
 
@@ -118,6 +122,10 @@ class Geometry:
     @property
     def is_varlen(self):
         return self.cu_seqlens_q is not None
+
+    @property
+    def is_kvcache(self):
+        return self.seqused_k is not None or self.seqused_add is not None
 
     def lse_shape(self, q):
         return (self.heads_q, q.shape[0]) if self.is_varlen else (self.batch, self.heads_q, self.seqlen_q)
@@ -317,9 +325,11 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=N
          geo.block_table if geo.block_table is not None else lse, geo.key_start_arg(lse), sa.rng,
          *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out), *geo.lse_strides(lse),
          sa.stride_alibi_b, *sa.bias_strides, *geo.page_args(k),
-         geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars(), *mods.args(lse)),
+         geo.seqlen_q, geo.seqlen_k, geo.seqused_add or 0, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars(),
+         *mods.args(lse)),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-             HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, SEQUSED_K=geo.seqused_k is not None,
+             HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, SEQUSED_K=geo.is_kvcache,
+             HAS_SEQUSED_TENSOR=geo.seqused_k is not None,
              **geo.page_constexprs(k, cfg.BLOCK_N), LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
              DOT_PRECISION=_dot_precision(q.dtype),
              **sa.constexprs, **mods.constexprs()),
@@ -341,7 +351,7 @@ def uses_splitkv(geo, num_splits):
     long caches over more programs. Longer query chunks (prefill) keep the forward kernel, whose
     per-position query blocks skip work under causal masks. An explicit num_splits > 1 is always honoured."""
     rows = geo.seqlen_q * (geo.heads_q // geo.heads_kv)
-    return geo.seqused_k is not None and (rows <= configs.DECODE_MAX_ROWS or num_splits > 1)
+    return geo.is_kvcache and (rows <= configs.DECODE_MAX_ROWS or num_splits > 1)
 
 
 def splitkv_plan(geo, max_seqlen_k, num_splits, arch, dtype, device, interpreter):
@@ -371,15 +381,16 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
     lse3 = lse_acc if num_splits == 1 else lse_acc[0]
     main = KernelLaunch(
         _attn_fwd_splitkv, (num_splits, geo.batch * geo.heads_kv, _cdiv(geo.seqlen_q * group_size, cfg.BLOCK_M)),
-        (q, k, v, out_acc, lse_acc, sa.alibi, geo.seqused_k, geo.block_table if geo.block_table is not None else lse,
+        (q, k, v, out_acc, lse_acc, sa.alibi, geo.seqused_k if geo.seqused_k is not None else lse,
+         geo.block_table if geo.block_table is not None else lse,
          geo.key_start_arg(lse), *_strides3(q), *_strides3(k), *_strides3(v), split_strides[0], *_strides3(acc4),
          split_strides[1], lse3.stride(0), lse3.stride(1), sa.stride_alibi_b, *geo.page_args(k),
-         geo.seqlen_q, geo.heads_kv, group_size, num_splits, *sa.score_scalars()),
+         geo.seqlen_q, geo.heads_kv, group_size, num_splits, geo.seqused_add or 0, *sa.score_scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              IS_LOCAL=sa.constexprs["IS_LOCAL"], SOFTCAP=sa.constexprs["SOFTCAP"],
              HAS_ALIBI=sa.constexprs["HAS_ALIBI"], **geo.page_constexprs(k, cfg.BLOCK_N),
              LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
-             DOT_PRECISION=_dot_precision(q.dtype)),
+             DOT_PRECISION=_dot_precision(q.dtype), HAS_SEQUSED_TENSOR=geo.seqused_k is not None),
         cfg.num_warps, cfg.num_stages,
     )
     if num_splits == 1:
@@ -394,12 +405,13 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
 
 
 def rotary_append_launches(q, q_out, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table,
-                           interleaved, q_local):
+                           interleaved, q_local, cache_add=0):
     """The KV-cache append with fused rotary as one launch (none when there is nothing to do).
 
     q_out: q's shape, written with the rotated q when rotary_cos is given (else neither read nor written).
-    k, v (B, Sk_new, Hk, D) or None; rotary_cos/sin (seqlen_ro, rotary_dim / 2) or None; cache_seqlens int32
-    (B,); block_table int32 (B, max_pages) into a paged cache, or None for a contiguous one.
+    k, v (B, Sk_new, Hk, D) or None; rotary_cos/sin (seqlen_ro, rotary_dim / 2) or None; row b's new tokens go
+    at cache_add (an int) + cache_seqlens[b] (int32 (B,), or None for 0): an int cache length needs no tensor;
+    block_table int32 (B, max_pages) into a paged cache, or None for a contiguous one.
     """
     rotary = rotary_cos is not None
     heads_q_rot = q.shape[2] if rotary else 0
@@ -414,25 +426,26 @@ def rotary_append_launches(q, q_out, k_cache, v_cache, k, v, rotary_cos, rotary_
     stride_bt, page_size = (block_table.stride(0), k_cache.shape[1]) if block_table is not None else (0, 0)
     return [KernelLaunch(
         _rotary_append, grid,
-        (q, q_out, k, v, k_cache, v_cache, cos, sin, cache_seqlens,
-         block_table if block_table is not None else cache_seqlens,
+        (q, q_out, k, v, k_cache, v_cache, cos, sin, cache_seqlens if cache_seqlens is not None else q,
+         block_table if block_table is not None else q,
          *_strides3(q), *_strides3(q_out), *_strides3(k), *_strides3(v), *_strides3(k_cache), *_strides3(v_cache),
          *cos.stride()[:2], *sin.stride()[:2], stride_bt, page_size,
-         seqlen_q, seqlen_new, heads_q_rot, rotary_cos.shape[1] if rotary else 0),
+         seqlen_q, seqlen_new, heads_q_rot, rotary_cos.shape[1] if rotary else 0, cache_add),
         dict(HEAD_DIM=q.shape[3], HEAD_DIM_PAD=_next_pow2(q.shape[3]), ROTARY=rotary,
-             INTERLEAVED=interleaved, Q_LOCAL=q_local, PAGED=block_table is not None),
+             INTERLEAVED=interleaved, Q_LOCAL=q_local, PAGED=block_table is not None,
+             HAS_CACHE_SEQLENS=cache_seqlens is not None),
         num_warps=1,
     )]
 
 
 def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved,
-                    q_local):
+                    q_local, cache_add=0):
     """Writes k (rotated) and v into the cache in place; returns q rotated (q's shape and dtype) when rotary_cos
     is given, else an empty tensor. Arguments: see rotary_append_launches."""
     rotary = rotary_cos is not None
     q_out = _empty(q.shape, q) if rotary else q.new_empty(0)
     for launch in rotary_append_launches(q, q_out if rotary else q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                         cache_seqlens, block_table, interleaved, q_local):
+                                         cache_seqlens, block_table, interleaved, q_local, cache_add):
         launch.run()
     return q_out
 
@@ -762,19 +775,20 @@ def _flash_attn_probs(q, k, lse, softmax_scale, window_left, window_right, softc
 
 
 def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right,
-                                softcap, alibi_slopes, max_seqlen_k, num_splits, key_start=None):
-    """Forward over a KV cache: batch b attends to its first seqused_k[b] cached keys; out like q, lse (B, Hq, Sq).
+                                softcap, alibi_slopes, max_seqlen_k, num_splits, key_start=None, seqused_add=0):
+    """Forward over a KV cache: batch b attends to its first seqused_add + seqused_k[b] cached keys (seqused_k
+    int32 (B,), or None for 0: an int cache length needs no tensor); out like q, lse (B, Hq, Sq).
 
     block_table: None (cache (B, capacity, Hk, D)) or int32 (B, max_pages) into a paged cache
     (num_pages, page_size, Hk, D), whose capacity per row is max_pages * page_size.
-    max_seqlen_k: the largest seqused_k (sizes the split heuristic); num_splits: 0 = heuristic, else
+    max_seqlen_k: the largest key count (sizes the split heuristic); num_splits: 0 = heuristic, else
     the number of key-range splits (see uses_splitkv for when the split-KV kernel runs).
-    key_start: None or int32 (B,): row b's keys are the cache tokens key_start[b] <= t < seqused_k[b].
+    key_start: None or int32 (B,): row b's keys are the cache tokens key_start[b] <= t < its key count.
     """
     geo = Geometry.of(q, k_cache)
     capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-    geo = replace(geo, batch=q.shape[0], seqlen_k=capacity, seqused_k=seqused_k, block_table=block_table,
-                  key_start=key_start)
+    geo = replace(geo, batch=q.shape[0], seqlen_k=capacity, seqused_k=seqused_k, seqused_add=seqused_add,
+                  block_table=block_table, key_start=key_start)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse,

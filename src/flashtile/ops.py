@@ -164,36 +164,39 @@ def _attn_probs_fake(q, k, lse, softmax_scale, window_left, window_right, softca
 
 
 @_custom_op("fwd_kvcache")
-def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqused_k: Tensor, block_table: Optional[Tensor],
-                softmax_scale: float, window_left: int, window_right: int, softcap: float,
-                alibi_slopes: Optional[Tensor], max_seqlen_k: int, num_splits: int,
-                key_start: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqused_k: Optional[Tensor],
+                block_table: Optional[Tensor], softmax_scale: float, window_left: int, window_right: int,
+                softcap: float, alibi_slopes: Optional[Tensor], max_seqlen_k: int, num_splits: int,
+                key_start: Optional[Tensor], seqused_add: int = 0) -> Tuple[Tensor, Tensor]:
     """Inference forward over a cache (no autograd): batch b sees its cache tokens key_start[b] <= t <
-    seqused_k[b] (int32 (B,) each; key_start None = 0), from k_cache[b] or, with block_table (B, max_pages),
-    from the pages block_table[b] lists. max_seqlen_k: max(seqused_k); num_splits: key-range splits of the
-    decode kernel, 0 = heuristic (the CPU path ignores both)."""
+    seqused_add + seqused_k[b] (int32 (B,) each; seqused_k None = 0, so an int cache length needs no tensor;
+    key_start None = 0), from k_cache[b] or, with block_table (B, max_pages), from the pages block_table[b]
+    lists. max_seqlen_k: the largest key count; num_splits: key-range splits of the decode kernel,
+    0 = heuristic (the CPU path ignores both)."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     if _runs_triton(q):
         return _launch()._flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, *args,
-                                                     max_seqlen_k, num_splits, key_start)
-    return cpu.kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, *args, key_start)
+                                                     max_seqlen_k, num_splits, key_start, seqused_add)
+    return cpu.kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, *args, key_start, seqused_add)
 
 
 @fwd_kvcache.register_fake
 def _fwd_kvcache_fake(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right, softcap,
-                      alibi_slopes, max_seqlen_k, num_splits, key_start):
+                      alibi_slopes, max_seqlen_k, num_splits, key_start, seqused_add=0):
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
 @_custom_op("kvcache_append", mutates_args=("k_cache", "v_cache"))
 def kvcache_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
-                   rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], cache_seqlens: Tensor,
-                   block_table: Optional[Tensor], interleaved: bool, q_local: bool) -> Tensor:
+                   rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor], cache_seqlens: Optional[Tensor],
+                   block_table: Optional[Tensor], interleaved: bool, q_local: bool, cache_add: int = 0) -> Tensor:
     """Writes the new k (B, Sk_new, Hk, D) (rotated when rotary_cos is given) and v into k_cache/v_cache in place
-    at positions cache_seqlens[b] + i (int32 (B,)), through block_table (int32 (B, max_pages)) for a paged
-    cache; returns q (B, Sq, Hq, D) rotated at cache_seqlens[b] (+ i when q_local) as a new tensor, or an
-    empty tensor without rotary. rotary_cos/sin: (seqlen_ro, rotary_dim / 2). One kernel launch on the GPU."""
-    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved, q_local)
+    at positions p_b + i, p_b = cache_add + cache_seqlens[b] (int32 (B,), or None for 0: an int cache length
+    needs no tensor), through block_table (int32 (B, max_pages)) for a paged cache; returns q (B, Sq, Hq, D)
+    rotated at p_b (+ i when q_local) as a new tensor, or an empty tensor without rotary.
+    rotary_cos/sin: (seqlen_ro, rotary_dim / 2). One kernel launch on the GPU."""
+    args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved, q_local,
+            cache_add)
     if _runs_triton(q):
         return _launch()._kvcache_append(*args)
     return cpu.kvcache_append(*args)
@@ -201,7 +204,7 @@ def kvcache_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tens
 
 @kvcache_append.register_fake
 def _kvcache_append_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved,
-                         q_local):
+                         q_local, cache_add=0):
     return q.new_empty(q.shape if rotary_cos is not None else (0,))
 
 

@@ -15,7 +15,9 @@ from .common import _key_range_of_rows, _key_start, _load_tile, _segment, _store
 from .fwd import LN2, _attn_fwd_inner
 
 
-@triton.jit
+# seqused_add is the cache length of a decode step with an int cache_seqlens: specialized (== 1, % 16) it would
+# compile the kernel again as the cache grows.
+@triton.jit(do_not_specialize=["seqused_add"])
 def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart,
                       stride_qb, stride_qm, stride_qh,
                       stride_kb, stride_kn, stride_kh,
@@ -23,19 +25,21 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart,
                       stride_os, stride_ob, stride_om, stride_oh,
                       stride_ls, stride_lb, stride_lh,
                       stride_alibi_b, stride_bt_b, page_size,
-                      seqlen_q, heads_kv, group_size, num_splits,
+                      seqlen_q, heads_kv, group_size, num_splits, seqused_add,
                       qk_scale, softcap_log2, window_left, window_right,
                       HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, PAGED: tl.constexpr,
                       LEFTPAD: tl.constexpr, LEFT_BOUNDED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                      PAGE_SHIFT: tl.constexpr = -1, PAGE_PREFETCH: tl.constexpr = False):
+                      HAS_SEQUSED_TENSOR: tl.constexpr, PAGE_SHIFT: tl.constexpr = -1,
+                      PAGE_PREFETCH: tl.constexpr = False):
     """Writes split s's Out[s] (B, Sq, Hq, D) and Lse[s] (B, Hq, Sq) (natural log) at s * stride_os / stride_ls.
 
     Out/Lse are the fp32 workspace (num_splits > 1) or the final output and lse (one split, strides 0 along
-    splits). Batch b sees its first SequsedK[b] keys, contiguous (K, V: (B, capacity, Hk, D)) or, when
-    PAGED, in the pages BlockTable[b] lists (K, V: (num_pages, page_size, Hk, D)); with LEFTPAD only the
-    cache tokens from KeyStart[b] on. A split that sees no key of a row writes output 0 and lse -inf for it.
+    splits). Batch b sees its first seqused_add (+ SequsedK[b] when HAS_SEQUSED_TENSOR) keys, contiguous
+    (K, V: (B, capacity, Hk, D)) or, when PAGED, in the pages BlockTable[b] lists (K, V: (num_pages, page_size,
+    Hk, D)); with LEFTPAD only the cache tokens from KeyStart[b] on. A split that sees no key of a row writes
+    output 0 and lse -inf for it.
     PAGED, PAGE_SHIFT: see common._kv_tile_ptrs; PAGE_PREFETCH: see fwd._attn_fwd_inner.
     Score arguments: see common._scores.
     """
@@ -49,7 +53,9 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart,
     pos = offs_r % seqlen_q  # [BLOCK_M] query positions
     head = off_hk * group_size + (offs_r // seqlen_q).to(tl.int64)  # [BLOCK_M] query heads
     key_start = _key_start(KeyStart, off_b, LEFTPAD)
-    seqlen_k = tl.load(SequsedK + off_b) - key_start
+    seqlen_k = seqused_add - key_start
+    if HAS_SEQUSED_TENSOR:
+        seqlen_k += tl.load(SequsedK + off_b)
 
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)

@@ -80,7 +80,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seqused_add"])  # the cache length of a decode / prefill step: one compile for all
 def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, BlockTable, KeyStart, Rng,
               stride_qb, stride_qm, stride_qh,
               stride_kb, stride_kn, stride_kh,
@@ -88,8 +88,8 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
               stride_ob, stride_om, stride_oh,
               stride_lse_b, stride_lse_h, stride_alibi_b,
               stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n, stride_bt_b, page_size,
-              seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
-              dropout_p, dropout_threshold,
+              seqlen_q, seqlen_k, seqused_add, heads_q, group_size, qk_scale, softcap_log2, window_left,
+              window_right, dropout_p, dropout_threshold,
               Aux0, Aux1, Aux2, Aux3, KvNum, KvIdx, FullKvNum, FullKvIdx,
               stride_bm_b, stride_bm_h, stride_bm_m, stride_bi_b, stride_bi_h, stride_bi_m,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -100,15 +100,16 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
               LEFTPAD: tl.constexpr, HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
               SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, BLOCK_SPARSE: tl.constexpr = False,
               SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128, PAGE_SHIFT: tl.constexpr = -1,
-              PAGE_PREFETCH: tl.constexpr = False):
+              PAGE_PREFETCH: tl.constexpr = False, HAS_SEQUSED_TENSOR: tl.constexpr = False):
     """Writes Out (B, Sq, Hq, D) and Lse (B, Hq, Sq) fp32, natural log. Score arguments: see _scores.
 
     IS_VARLEN: sequences are packed along the token axis (total, H, D) at offsets CuSeqlensQ/K (int32,
     B + 1); seqlen_q/seqlen_k are then the maxima that sized the grid, and Lse is (Hq, total_q).
-    SEQUSED_K (dense, KV cache): batch b attends to its first CuSeqlensK[b] keys only.
+    SEQUSED_K (dense, KV cache): batch b attends to its first seqused_add keys only, plus CuSeqlensK[b] when
+    HAS_SEQUSED_TENSOR (an int cache length needs no device tensor: no fill kernel per decode step).
     PAGED (KV cache, or varlen keys): K and V are (num_pages, page_size, Hk, D), stride_kb / stride_vb step
     pages, and batch b's keys are listed page by page in BlockTable[b] (int32 (B, max_pages)).
-    LEFTPAD (KV cache): batch b's keys are the cache tokens KeyStart[b] <= t < CuSeqlensK[b] (int32 (B,)).
+    LEFTPAD (KV cache): batch b's keys are the cache tokens KeyStart[b] <= t < its key count (int32 (B,)).
     PAGE_SHIFT (common._page_slot), PAGE_PREFETCH (_attn_fwd_inner): how page lookups are computed and scheduled.
 
     HAS_SINK: Sink (Hq,) holds one logit per head that joins every row's softmax denominator but
@@ -134,7 +135,9 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
         pid_m, pid_bh, heads_q, group_size, seqlen_q, seqlen_k, Rng, CuSeqlensQ, CuSeqlensK, BLOCK_M, HAS_DROPOUT,
         IS_VARLEN)
     if SEQUSED_K:
-        seqlen_k = tl.load(CuSeqlensK + off_b)
+        seqlen_k = seqused_add
+        if HAS_SEQUSED_TENSOR:
+            seqlen_k += tl.load(CuSeqlensK + off_b)
     key_start = _key_start(KeyStart, off_b, LEFTPAD)
     seqlen_k -= key_start
     if IS_VARLEN:

@@ -37,7 +37,7 @@ def _rotate_head(src, dst, cos_row, sin_row, stride_cos_f, stride_sin_f, rotary_
     tl.store(dst + offs_d, x, mask=mask_d)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["cache_add"])  # a decode step's cache length: one compile as the cache grows
 def _rotary_append(Q, QOut, K, V, KCache, VCache, Cos, Sin, CacheSeqlens, BlockTable,
                    stride_qb, stride_qm, stride_qh,
                    stride_ob, stride_om, stride_oh,
@@ -46,20 +46,24 @@ def _rotary_append(Q, QOut, K, V, KCache, VCache, Cos, Sin, CacheSeqlens, BlockT
                    stride_kcb, stride_kcn, stride_kch,
                    stride_vcb, stride_vcn, stride_vch,
                    stride_cos_p, stride_cos_f, stride_sin_p, stride_sin_f, stride_bt_b, page_size,
-                   seqlen_q, seqlen_new, heads_q_rot, rotary_half,
+                   seqlen_q, seqlen_new, heads_q_rot, rotary_half, cache_add,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, ROTARY: tl.constexpr,
-                   INTERLEAVED: tl.constexpr, Q_LOCAL: tl.constexpr, PAGED: tl.constexpr):
+                   INTERLEAVED: tl.constexpr, Q_LOCAL: tl.constexpr, PAGED: tl.constexpr,
+                   HAS_CACHE_SEQLENS: tl.constexpr):
     """Grid (max token count, B, heads_q_rot + Hk). Q, QOut: (B, Sq, Hq, D); K, V: (B, Sk_new, Hk, D); new token i
-    of row b lands at cache position CacheSeqlens[b] + i: in KCache/VCache (B, capacity, Hk, D), or when
+    of row b lands at cache position cache_len + i, where cache_len = cache_add (+ CacheSeqlens[b] when
+    HAS_CACHE_SEQLENS: an int cache length needs no device tensor): in KCache/VCache (B, capacity, Hk, D), or when
     PAGED in page BlockTable[b, pos // page_size] at slot pos % page_size of (num_pages, page_size, Hk, D).
-    Positions into Cos/Sin (seqlen_ro, rotary_dim / 2): CacheSeqlens[b] + i for keys and, with Q_LOCAL
-    (causal or windowed), for queries; else CacheSeqlens[b] for every query.
+    Positions into Cos/Sin (seqlen_ro, rotary_dim / 2): cache_len + i for keys and, with Q_LOCAL
+    (causal or windowed), for queries; else cache_len for every query.
     """
     tok = tl.program_id(0)
     off_b = tl.program_id(1).to(tl.int64)
     head = tl.program_id(2)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    cache_len = tl.load(CacheSeqlens + off_b)
+    cache_len = cache_add
+    if HAS_CACHE_SEQLENS:
+        cache_len += tl.load(CacheSeqlens + off_b)
     if head < heads_q_rot:
         if tok < seqlen_q:
             pos = cache_len
