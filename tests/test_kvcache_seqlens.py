@@ -154,3 +154,12 @@ def test_one_compile_for_every_cache_length(monkeypatch, kernel, append):
     names = [name for name, *_ in signatures[0]]
     assert ("_rotary_append" in names) == append and ("_attn_fwd" in names) == (kernel == "fwd")
     assert signatures[1] == signatures[0] and signatures[2] == signatures[0]
+
+
+def test_custom_ops_opcheck_without_tensor(monkeypatch):
+    """The ops' schemas and fake implementations with no length tensor, only the int (cpu.py path)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k_cache, v_cache, _, k, v, cos, sin = _inputs("cpu", False, capacity=12)
+    torch.library.opcheck(ops.fwd_kvcache, (q, k_cache, v_cache, None, None, 0.25, -1, -1, 0.0, None, 7, 0, None, 7))
+    args = (q, k_cache.clone(), v_cache.clone(), k, v, cos, sin, None, None, True, True, 4)
+    torch.library.opcheck(ops.kvcache_append, args, test_utils=("test_schema", "test_faketensor"))
