@@ -191,7 +191,7 @@ def test_bm128_variants_launch_args():
     rows, acc = torch.empty(2, 4, 384), torch.empty(2, 384, 4, 64)
     for variant, split in zip(BM128, (False, True)):
         config = gluon_bwd_launch.VARIANTS[variant][64]
-        assert set(gluon_bwd_launch.VARIANTS[variant]) == {64} and config.plain_only
+        assert set(gluon_bwd_launch.VARIANTS[variant]) == {64} and config.rows_in_acc
         for causal in (False, True):
             grid, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1,
                                                                           causal, config)

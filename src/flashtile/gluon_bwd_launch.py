@@ -57,14 +57,10 @@ class GluonBwdConfig:
     maxnreg: int = 168
     dq_chunks: int = 1  # D256 only: dQ's half of the head dim in this many wgmma + atomic pieces
     dq_tma_reduce: int = 0  # dQ tiles through this many shared buffers per warpgroup and TMA reduce-adds; 0: atomics
-    # Plain / causal dense calls only (gluon_backward refuses the rest): the S^T / dP^T wgmmas start from -lse2 /
-    # qk_scale and -delta (kernel ROWS_IN_ACC; gluon_backward folds the row buffers), and their rows past seqlen_q
-    # are filled (-inf / 0) on the host so the kernel reads them unmasked (ROWS_ZERO_FILL).
+    # Plain / causal dense calls only (gluon_backward refuses the rest: refused_features): the S^T / dP^T wgmmas
+    # start from -lse2 / qk_scale and -delta (kernel ROWS_IN_ACC), rows the preprocess writes folded, with -inf / 0
+    # on the rows past seqlen_q so the kernel reads them unmasked (ROWS_ZERO_FILL).
     rows_in_acc: bool = False
-
-    @property
-    def plain_only(self):
-        return self.rows_in_acc
 
 
 # Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
@@ -410,7 +406,7 @@ def sparse_ok(q, k, v, out, dout, window_size, mods, variant="default"):
     rows, cols = mods.block_size
     # dQ by TMA reduce-adds only: a listed query block may hold tiles wholly past Sq (Sq = 130 in a 256-row block),
     # whose adds (of zeros) TMA drops at the buffer's edge where the atomics variant's would land past it.
-    if (config is None or not config.dq_tma_reduce or config.plain_only or rows % config.block_m
+    if (config is None or not config.dq_tma_reduce or config.rows_in_acc or rows % config.block_m
             or cols % block_n(q.shape[-1])):
         return False
     if mods.mask_mod is not None and mods.mask_mod in _sparse_failed:
@@ -421,6 +417,15 @@ def sparse_ok(q, k, v, out, dout, window_size, mods, variant="default"):
 def sparse_failed(mods, exc):
     """A block-sparse backward launch failed to build: that mask_mod runs the portable backward from now on."""
     record_sparse_failure(_sparse_failed, "backward", mods, exc)
+
+
+def refused_features(causal, window_size, softcap, alibi_slopes, attn_bias, cu_seqlens_q, mods=None):
+    """The names of the features a call has beyond plain or causal dense attention (the ones the rows_in_acc
+    variants refuse); empty for a plain call. A causal mask given as the window (-1, 0) is causal, not a window."""
+    return [name for name, on in (
+        ("window_size", mask_mode(causal, window_size)[1]), ("softcap", bool(softcap)),
+        ("alibi_slopes", alibi_slopes is not None), ("attn_bias", attn_bias is not None),
+        ("mods", mods is not None), ("cu_seqlens_q", cu_seqlens_q is not None)) if on]
 
 
 def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dlse=None, variant="default",
@@ -441,11 +446,8 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     config = VARIANTS[variant][q.shape[-1]]
-    if config.plain_only:
-        refused = [name for name, on in (
-            ("window_size", mask_mode(causal, window_size)[1]), ("softcap", bool(softcap)),
-            ("alibi_slopes", alibi_slopes is not None), ("attn_bias", attn_bias is not None),
-            ("mods", mods is not None), ("cu_seqlens_q", cu_seqlens_q is not None)) if on]
+    if config.rows_in_acc:
+        refused = refused_features(causal, window_size, softcap, alibi_slopes, attn_bias, cu_seqlens_q, mods)
         if refused:
             raise ValueError(f"variant {variant!r} takes plain or causal dense calls only, not {', '.join(refused)} "
                              f"(its tile loops would spill: gluon_bwd_launch.GluonBwdConfig.rows_in_acc)")

@@ -842,9 +842,8 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
                         max_seqlen_k=max_seqlen_k)
     if attn_bias is not None:
         features["attn_bias"] = attn_bias
-    is_causal, is_local = gluon_launch.mask_mode(causal, window_size)[:2]
-    plain = not (is_local or softcap or alibi_slopes is not None or attn_bias is not None or varlen)
-    variant = configs.gluon_bwd_variant(q.shape[-1], is_causal, plain)
+    plain = not gluon_bwd_launch.refused_features(causal, window_size, softcap, alibi_slopes, attn_bias, cu_seqlens_q)
+    variant = configs.gluon_bwd_variant(q.shape[-1], gluon_launch.mask_mode(causal, window_size)[0], plain)
     return _try_gluon(
         "FLASHTILE_GLUON_BWD",
         lambda: gluon_launch.tested_triton() and configs.gluon_bwd_wanted(q.shape[-1], causal, keys, span),
