@@ -410,10 +410,10 @@ def phase_correct(variants, head_dim, causal):
     return failed == 0
 
 
-def phase_bench(variants, seqlens, head_dims):
+def phase_bench(variants, seqlens, head_dims, causal_modes="both"):
     os.environ.pop("FLASHTILE_POISON_OUTPUTS", None)
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    for head_dim, causal, seqlen, batch, heads, tflop in bench_shapes(head_dims, seqlens):
+    for head_dim, causal, seqlen, batch, heads, tflop in bench_shapes(head_dims, seqlens, causal_modes):
         q, k, v, dout = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, BF16)
         scale = head_dim ** -0.5
         out, lse = forward(q, k, v, scale, causal)
@@ -434,7 +434,7 @@ def phase_bench(variants, seqlens, head_dims):
 
 def _argv(args):
     return ["--variants", args.variants, "--seqlens", args.seqlens, "--bench-dims", args.bench_dims,
-            "--check-dims", args.check_dims]
+            "--check-dims", args.check_dims, "--bench-causal", args.bench_causal]
 
 
 def _children(phase, args, timeout, groups=(None, )):
@@ -446,6 +446,8 @@ def main():
     parser.add_argument("--variants", default="default,atomics",
                         help=f"comma list of {sorted(gluon_bwd_launch.VARIANTS)} (each runs where it has a config)")
     parser.add_argument("--seqlens", default="1024,4096,16384", help="bench sequence lengths")
+    parser.add_argument("--bench-causal", default="both", choices=["both", "0", "1"],
+                        help="bench shapes: full and causal, full only (0) or causal only (1)")
     parser.add_argument("--bench-dims", default="128,64", help="bench head dims")
     parser.add_argument("--check-dims", default="128,64",
                         help="head dims of the smoke / correct / features phases (256: the SPLIT_D kernel)")
@@ -470,7 +472,8 @@ def main():
         phase_bench_features()
         return
     if args.phase == "bench":
-        phase_bench(variants, [int(s) for s in args.seqlens.split(",")], [int(d) for d in args.bench_dims.split(",")])
+        phase_bench(variants, [int(s) for s in args.seqlens.split(",")], [int(d) for d in args.bench_dims.split(",")],
+                    args.bench_causal)
         return
     say(f"INFO torch {torch.__version__} triton {triton.__version__} "
         f"gpu {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'} "

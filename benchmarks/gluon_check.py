@@ -642,11 +642,11 @@ def phase_features(group):
     return failed == 0
 
 
-def phase_bench(variants, seqlens, head_dims):
+def phase_bench(variants, seqlens, head_dims, causal_modes="both"):
     os.environ.pop("FLASHTILE_POISON_OUTPUTS", None)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import flashtile
-    for head_dim, causal, seqlen, batch, heads, tflop in bench_shapes(head_dims, seqlens):
+    for head_dim, causal, seqlen, batch, heads, tflop in bench_shapes(head_dims, seqlens, causal_modes):
         q, k, v = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16)
         scale = head_dim ** -0.5
         providers = {}
@@ -772,7 +772,7 @@ def _phase_of(group, phase):
 
 def _children(phase, args, timeout, groups=(None, )):
     argv = ["--variants", args.variants, "--seqlens", args.seqlens, "--bench-dims", args.bench_dims,
-            "--feature-variants", args.feature_variants]
+            "--feature-variants", args.feature_variants, "--bench-causal", args.bench_causal]
     return run_children(__file__, phase, argv, timeout, groups, _phase_of)
 
 
@@ -781,6 +781,8 @@ def main():
     parser.add_argument("--variants", default="default,no-pingpong,bn64,stages3,d256-bn64s1,d256-bn32s4",
                         help=f"comma list of {sorted(gluon_launch.VARIANTS)} (each runs where it has a config)")
     parser.add_argument("--seqlens", default="4096,16384", help="bench sequence lengths")
+    parser.add_argument("--bench-causal", default="both", choices=["both", "0", "1"],
+                        help="bench shapes: full and causal, full only (0) or causal only (1)")
     parser.add_argument("--bench-dims", default="64,128,256", help="bench head dims")
     parser.add_argument("--phase", default="all",
                         choices=["all", "smoke", "correct", "features", "varlen", "bench", "bench-features",
@@ -809,7 +811,7 @@ def main():
     if args.phase == "features":
         sys.exit(0 if phase_features(args.group) else 1)
     if args.phase == "bench":
-        phase_bench(variants, seqlens, [int(d) for d in args.bench_dims.split(",")])
+        phase_bench(variants, seqlens, [int(d) for d in args.bench_dims.split(",")], args.bench_causal)
         return
     if args.phase == "bench-features":
         phase_bench_features(feature_variants)

@@ -90,11 +90,12 @@ def time_providers(providers, tflop, label, no_grad=True):
     return results
 
 
-def bench_shapes(head_dims, seqlens):
+def bench_shapes(head_dims, seqlens, causal_modes="both"):
     """(head_dim, causal, seqlen, batch, heads, tflop) of the papers' setup: 16K tokens (batch = 16384 / seqlen),
-    hidden 2048 (heads = 2048 / head_dim); tflop = one forward's work, 4 B H S^2 D, halved when causal."""
+    hidden 2048 (heads = 2048 / head_dim); tflop = one forward's work, 4 B H S^2 D, halved when causal.
+    causal_modes: "both", "0" (full only) or "1" (causal only)."""
     for head_dim in head_dims:
-        for causal in (False, True):
+        for causal in {"both": (False, True), "0": (False, ), "1": (True, )}[causal_modes]:
             for seqlen in seqlens:
                 batch, heads = 16384 // seqlen, 2048 // head_dim
                 tflop = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1) / 1e12

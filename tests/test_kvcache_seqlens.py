@@ -9,6 +9,7 @@ from triton.runtime.jit import JITFunction
 
 import flashtile
 from compile_check import kernel_signature
+from conftest import DEVICE
 from flashtile import checks, configs, launch, ops
 from test_decode import paged_copy
 from test_kvcache import check_against_reference
@@ -105,19 +106,23 @@ def test_launches_per_decode_step(monkeypatch, paged, num_splits):
     int without append: the attention's 1 (or with splits 2) kernels; int or tensor with an append: one more
     (the rotary-append kernel). Before: int + 1 (the fill), int with append + 2 (fill, add), tensor with
     append + 1 (the add). A block table's range check reads it back (its ops, no decode work on the GPU's stream
-    that this change touches) in every case alike."""
-    q, k_cache, v_cache, table, k, v, _, _ = _inputs("cpu", paged)
+    that this change touches) in every case alike, and a length tensor is read back for the append's capacity
+    check (on a GPU a device-to-host copy, skipped under CUDA-graph capture)."""
+    q, k_cache, v_cache, table, k, v, _, _ = _inputs(DEVICE, paged)
     attention = ["_attn_fwd_splitkv"] + (["_attn_combine"] if num_splits > 1 else [])
     fills = []
     full = torch.full
     monkeypatch.setattr(torch, "full", lambda *a, **kw: fills.append(a) or full(*a, **kw))
-    tensor = torch.tensor([10, 12], dtype=torch.int32)
+    tensor = torch.tensor([10, 12], dtype=torch.int32, device=DEVICE)
     table_check = _DeviceWork(monkeypatch)
     if table is not None:
         with table_check:
             checks.block_table(table, q.shape[0], k_cache.shape[0], k_cache.device)
+    length_check = _DeviceWork(monkeypatch)  # a length tensor is read back too (the append's capacity check)
+    with length_check:
+        tensor.tolist()
     for seqlens, new, want in [(10, None, attention), (10, k, ["_rotary_append", *attention]),
-                               (tensor, k, ["_rotary_append", *attention])]:
+                               (tensor, k, [*length_check.work, "_rotary_append", *attention])]:
         rec = _DeviceWork(monkeypatch)
         with rec:
             flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, new, new, cache_seqlens=seqlens, block_table=table,
@@ -142,7 +147,7 @@ def test_one_compile_for_every_cache_length(monkeypatch, kernel, append):
         monkeypatch.setattr(configs, "DECODE_MAX_ROWS", 0)
     launches = []
     monkeypatch.setattr(launch.KernelLaunch, "run", lambda kl: launches.append(kl))
-    q, k_cache, v_cache, _, k, v, cos, sin = _inputs("cpu", False, capacity=1100)
+    q, k_cache, v_cache, _, k, v, cos, sin = _inputs(DEVICE, False, capacity=1100)
     signatures = []
     for n in (1000, 1003, 1024):
         launches.clear()

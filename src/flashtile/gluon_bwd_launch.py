@@ -12,7 +12,7 @@ import functools
 import math
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -61,6 +61,7 @@ class GluonBwdConfig:
     # start from -lse2 / qk_scale and -delta (kernel ROWS_IN_ACC), rows the preprocess writes folded, with -inf / 0
     # on the rows past seqlen_q so the kernel reads them unmasked (ROWS_ZERO_FILL).
     rows_in_acc: bool = False
+    lpt_heads: int = 0  # dense causal: grid order by groups of this many heads (0: head by head)
 
 
 # Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
@@ -75,8 +76,10 @@ class GluonBwdConfig:
 # loader a softmax later.
 VARIANTS = {
     # dQ through shared memory and TMA reduce-adds (session 8: 1.12-1.45x the atomics' speed at 1K-16K, every head dim)
+    # D128 / D256 causal: heavy-first grid order by groups of 8 heads (lpt_heads; session 13, below)
     "default": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1),
-                128: GluonBwdConfig(stages=2, dq_tma_reduce=1), 256: GluonBwdConfig(stages=2, dq_tma_reduce=1)},
+                128: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8),
+                256: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8)},
     # dQ by per-thread fp32 red.global.add (the default up to session 7)
     "atomics": {64: GluonBwdConfig(stages=3, dq_split_d=False), 128: GluonBwdConfig(stages=2),
                 256: GluonBwdConfig(stages=2)},
@@ -98,6 +101,16 @@ VARIANTS = {
     "d64-bm128-split": {64: GluonBwdConfig(block_m=128, stages=2, dq_split_d=True, dq_tma_reduce=1,
                                            rows_in_acc=True)},
 }
+# The causal grid's order (kernels/gluon_grid._heavy_first): "head-major" is the order before session 13 (head by
+# head; a head's first key blocks, the longest, first), "lptN" starts the first key blocks of N heads at a time.
+# Session 13 (lpt-h200-2026-11-30-s13, 16K tokens, causal 1K / 2K / 4K / 8K, speed / cuDNN, head-major -> lpt8):
+# D128 0.90 -> 0.91, 0.90 -> 0.93, 0.95 -> 0.97, 0.95 -> 0.99; D256 0.91 -> 0.94, 0.88 -> 0.92, 0.94 -> 0.97, 0.94
+# -> 0.94. D64's d64-bm128 (0.99 / 1.01 / 1.08 / 1.03) was not faster with it (0.97 / 0.99 / 1.08 / 1.01): it keeps
+# the old order. Groups of 32 heads ran slower than 8, the whole grid at once 2-35 % slower than head-major (the
+# tiles in flight read more heads' Q / dO than L2 holds).
+VARIANTS.update({"head-major": {d: replace(VARIANTS["default"][d], lpt_heads=0) for d in (128, 256)},
+                 **{f"lpt{n}": {d: replace(VARIANTS["default"][d], lpt_heads=n) for d in (128, 256)}
+                    for n in (4, 16)}})
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -374,6 +387,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
                       HAS_BIAS=attn_bias is not None)
     if config.rows_in_acc:  # only then: the other launches keep the constexprs (and kernels) they had
         constexprs.update(ROWS_IN_ACC=True, ROWS_ZERO_FILL=not varlen)
+    if config.lpt_heads and is_causal and not (is_local or varlen or mods is not None):
+        constexprs.update(LPT_HEADS=config.lpt_heads)
     if mods is not None:
         constexprs.update(MASK_MOD=mods.mask_mod, BLOCK_SPARSE=True, SPARSE_M=mods.block_size[0],
                           SPARSE_N=mods.block_size[1])

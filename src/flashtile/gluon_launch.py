@@ -12,7 +12,7 @@ import functools
 import math
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -84,6 +84,7 @@ class GluonConfig:
     max_ctas: int = 0
     tma_store: bool = False
     consumers: int = 2
+    lpt_heads: int = 0  # dense causal, one-tile kernel: grid order by groups of this many heads (0: head by head)
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.persistent):
@@ -107,7 +108,9 @@ class GluonConfig:
 # stayed above 1.19x plain); code in 26fceee, numbers in docs/perf-log.md.
 _TREE_CVT = dict(p_cvt_asm=True, tree_max=True)
 VARIANTS = {
-    "default": {64: GluonConfig(128, 3, **_TREE_CVT), 128: GluonConfig(128, 2, **_TREE_CVT), 256: GluonConfig(64, 2)},
+    # D128 / D256 causal: heavy-first grid order by groups of 8 heads (lpt_heads; session 13, below).
+    "default": {64: GluonConfig(128, 3, **_TREE_CVT), 128: GluonConfig(128, 2, lpt_heads=8, **_TREE_CVT),
+                256: GluonConfig(64, 2, lpt_heads=8)},
     "plain-softmax": {64: GluonConfig(128, 3), 128: GluonConfig(128, 2)},  # the session-5 default
     "no-pingpong": {64: GluonConfig(128, 3, pingpong=False), 128: GluonConfig(128, 2, pingpong=False),
                     256: GluonConfig(64, 2, pingpong=False)},
@@ -138,6 +141,16 @@ VARIANTS = {
     # spill in their full-block loop (12 LDL + 10 STL per block), so P is rounded per element (+28 instructions).
     "d64-3wg": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128, tree_max=True)},
 }
+# The causal grid's order (kernels/gluon_grid._heavy_first): "head-major" is the order before session 13 (head by
+# head, each head's longest rows first), "lptN" starts the longest rows of N heads at a time. Session 13
+# (lpt-h200-2026-11-30-s13, 16K tokens, causal 1K / 2K / 4K / 8K, speed / cuDNN, head-major -> lpt8): D128 0.81 ->
+# 0.83, 0.92 -> 0.93, 1.03 -> 1.04, 1.06 -> 1.08; D256 0.85 -> 0.88, 0.92 -> 0.95, 0.99 -> 1.05, 1.01 -> 1.06. D64
+# (0.65 / 0.81 / 0.89 / 0.93 head-major) was not faster (0.66 / 0.79 / 0.87 / 0.93): it keeps the old order.
+# Groups of 32 heads ran slower than 8, and the whole grid at once (LPT without groups) 5-30 % slower than
+# head-major: the tiles in flight then read many heads' K / V, which L2 no longer holds.
+VARIANTS.update({"head-major": {d: replace(VARIANTS["default"][d], lpt_heads=0) for d in (128, 256)},
+                 **{f"lpt{n}": {d: replace(VARIANTS["default"][d], lpt_heads=n) for d in (128, 256)}
+                    for n in (4, 16)}})
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -409,6 +422,8 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
     if config.consumers != 2:
         assert attn_bias is None and alibi_slopes is None and mods is None, \
             "a bias, ALiBi or a block mask runs two consumers (takes_config, sparse_ok)"
+    if config.lpt_heads and is_causal and not (is_local or varlen or mods is not None):
+        constexprs.update(LPT_HEADS=config.lpt_heads)  # only then: other launches keep their kernels
     if mods is not None:
         # EVEN_N: every listed key block lies inside Sk, so partial tiles need no sequence-end mask.
         constexprs.update(MASK_MOD=mods.mask_mod, BLOCK_SPARSE=True, SPARSE_M=mods.block_size[0],

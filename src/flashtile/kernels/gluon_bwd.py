@@ -58,6 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .common import LOG2E, _tanh
+from .gluon_grid import _heavy_first
 from .gluon_sparse import _list_tile_key, _sparse_tile_key
 
 try:  # triton >= 3.7 names the TMA reduce-add (cp.reduce.async.bulk.tensor ... .add)
@@ -865,7 +866,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           HAS_BIAS: gl.constexpr = False, MASK_MOD: gl.constexpr = None,
                           BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
                           SPARSE_N: gl.constexpr = 128, ROWS_IN_ACC: gl.constexpr = False,
-                          ROWS_ZERO_FILL: gl.constexpr = False):
+                          ROWS_ZERO_FILL: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -911,9 +912,14 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     gl.static_assert(not (ROWS_IN_ACC or ROWS_ZERO_FILL) or not (
         SPLIT_D or VARLEN or HAS_BIAS or BLOCK_SPARSE or IS_LOCAL or SOFTCAP or HAS_ALIBI),
         "ROWS_IN_ACC / ROWS_ZERO_FILL: dense plain or causal scores, D64 / D128")
+    gl.static_assert(LPT_HEADS == 0 or (IS_CAUSAL and not (IS_LOCAL or VARLEN or BLOCK_SPARSE)),
+                     "LPT_HEADS: dense causal launches")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
-    start_n = gl.program_id(0) * BLOCK_N
+    pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)
+    if LPT_HEADS > 0:  # causal: the first key blocks (the most query tiles) of LPT_HEADS heads at a time
+        pid_n, pid_bh = _heavy_first(pid_n, pid_bh, gl.num_programs(0), gl.num_programs(1), LPT_HEADS)
+    start_n = pid_n * BLOCK_N
     off_b = pid_bh // heads_kv
     off_hk = pid_bh % heads_kv
     q_start = 0

@@ -36,6 +36,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .common import LOG2E, _tanh
+from .gluon_grid import _heavy_first
 from .gluon_sparse import _list_tile_key, _mask_mod_scores, _sparse_tile_key
 
 LN2 = gl.constexpr(0.6931471805599453)
@@ -374,7 +375,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False,
                         full_ptr=None, part_ptr=None, list_off=0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None,
                         aux3=None, MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
-                        SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False):
+                        SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
+                     LPT_HEADS: gl.constexpr = 0):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
     of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
@@ -608,7 +610,8 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
                      HAS_BIAS: gl.constexpr = False, MASK_MOD: gl.constexpr = None,
                      BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
-                     SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False):
+                     SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
+                     LPT_HEADS: gl.constexpr = 0):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -638,11 +641,16 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     EVEN_N (BLOCK_SPARSE with Sk % SPARSE_N == 0): no listed key tile reaches past Sk (_mask_mod_scores)."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not HAS_BIAS and not BLOCK_SPARSE),
                      "CONSUMERS: 2, or 3 without a bias or a block mask")
+    gl.static_assert(LPT_HEADS == 0 or (IS_CAUSAL and not (IS_LOCAL or VARLEN or BLOCK_SPARSE)),
+                     "LPT_HEADS: dense causal launches")
     BLOCK_M: gl.constexpr = CONSUMERS * WG_M
     pid_m = gl.program_id(0)
-    if IS_CAUSAL or IS_LOCAL or BLOCK_SPARSE:
-        pid_m = gl.num_programs(0) - 1 - pid_m  # longest rows first (a causal block mask's too)
     pid_bh = gl.program_id(1)
+    if LPT_HEADS > 0:  # causal: the longest rows of LPT_HEADS heads at a time (gluon_grid._heavy_first)
+        pid_m, pid_bh = _heavy_first(pid_m, pid_bh, gl.num_programs(0), gl.num_programs(1), LPT_HEADS)
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    elif IS_CAUSAL or IS_LOCAL or BLOCK_SPARSE:
+        pid_m = gl.num_programs(0) - 1 - pid_m  # longest rows first (a causal block mask's too)
     off_b = pid_bh // heads_q
     off_h = pid_bh % heads_q
     off_hk = off_h // group_size

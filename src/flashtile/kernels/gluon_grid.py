@@ -1,0 +1,19 @@
+"""Grid order of the Hopper Gluon kernels' causal launches (kernels/gluon_fwd.py, kernels/gluon_bwd.py import it)."""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@gluon.jit
+def _heavy_first(pid_x, pid_bh, n_x, n_bh, GROUP: gl.constexpr):
+    """(rank, head) of the program at grid (pid_x, pid_bh) of (n_x, n_bh), for tiles whose work falls with their
+    rank (causal: rank 0 the longest). The GPU starts programs in linear order, x fastest; a grid walked head by
+    head starts the last heads' longest tiles near the end, which then run alone (the tail). Here the linear order
+    walks groups of GROUP heads, and in each group rank by rank, every head of the group at one rank: the longest
+    tiles start first (longest-processing-time order), while the tiles in flight still share a few heads' K / V
+    (forward) or Q / dO (backward) in L2."""
+    linear = pid_bh * n_x + pid_x
+    span = GROUP * n_x
+    group = linear // span
+    heads = gl.minimum(n_bh - group * GROUP, GROUP)  # the last group may be smaller
+    within = linear - group * span
+    return within // heads, group * GROUP + within % heads

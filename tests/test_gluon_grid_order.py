@@ -1,0 +1,75 @@
+"""The Gluon kernels' heavy-first grid order for causal launches (GluonConfig / GluonBwdConfig.lpt_heads,
+kernels/gluon_grid._heavy_first): only the order in which the programs start changes, so the forward's out and lse
+and the backward's dK / dV are the head-by-head order's bit for bit (dQ's reduce-adds land in another order: close).
+Shapes with several batches and heads, head counts that leave the last group of heads short, Sq != Sk. On CPU: the
+launch arguments (the constexpr only where it applies)."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from flashtile import gluon_bwd_launch, gluon_launch, launch
+from utils import make_qkv
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+GROUP = 8  # a group smaller than the shapes' head counts: several groups, the last one short
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv): 15 / 9 / 20 (batch x kv heads for the backward) heads per grid
+SHAPES = [(3, 700, 700, 5, 5), (3, 1000, 1000, 6, 3), (1, 333, 1000, 4, 4), (5, 256, 256, 4, 2)]
+IDS = [f"b{b}-q{sq}-k{sk}-h{hq}/{hk}" for b, sq, sk, hq, hk in SHAPES]
+
+
+def _variants(module, base):
+    """Variants "lpt" (base's configs with lpt_heads GROUP) and "head-major" (lpt_heads 0) for monkeypatch."""
+    configs = {d: replace(module.VARIANTS[name][d], lpt_heads=0)
+               for d, name in base.items()}
+    return {"lpt": {d: replace(c, lpt_heads=GROUP) for d, c in configs.items()}, "head-major": configs}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_forward_order_changes_nothing(monkeypatch, shape, head_dim):
+    for name, variant in _variants(gluon_launch, {d: "default" for d in (64, 128, 256)}).items():
+        monkeypatch.setitem(gluon_launch.VARIANTS, name, variant)
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
+                       requires_grad=False)
+    out, lse = gluon_launch.gluon_forward(q, k, v, causal=True, variant="lpt")
+    out0, lse0 = gluon_launch.gluon_forward(q, k, v, causal=True, variant="head-major")
+    assert torch.equal(out, out0) and torch.equal(lse, lse0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_backward_order_changes_nothing(monkeypatch, shape, head_dim):
+    base = {64: "d64-bm128", 128: "default", 256: "default"}
+    for name, variant in _variants(gluon_bwd_launch, base).items():
+        monkeypatch.setitem(gluon_bwd_launch.VARIANTS, name, variant)
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
+                       requires_grad=False)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=q.dtype, device="cuda")
+    scale = head_dim ** -0.5
+    out, lse = launch._flash_attn_forward(q, k, v, scale, -1, 0, 0.0, None, None)[:2]
+    dq, dk, dv = gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, scale, True, variant="lpt")
+    dq0, dk0, dv0 = gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, scale, True, variant="head-major")
+    assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
+    torch.testing.assert_close(dq, dq0, atol=1e-2, rtol=1e-2)
+
+
+def test_order_constexpr_only_for_dense_causal():
+    """LPT_HEADS reaches the kernels of dense causal launches only: full, windowed and varlen launches keep the
+    kernels (constexprs) they had. Launch arguments only: CPU tensors, no GPU."""
+    pytest.importorskip("triton.experimental.gluon")
+    q = torch.randn(2, 256, 4, 128, dtype=torch.bfloat16)
+    lse = torch.empty(2, 4, 256)
+    cfg = replace(gluon_launch.VARIANTS["default"][128], lpt_heads=GROUP)
+    try:
+        for causal, window, want in [(True, (-1, -1), GROUP), (False, (-1, -1), None), (False, (64, 0), None)]:
+            constexprs = gluon_launch.gluon_launch_args(q, q, q, q, lse, 0.1, causal, cfg, window_size=window)[2]
+            assert constexprs.get("LPT_HEADS") == want, (causal, window)
+    except (RuntimeError, TypeError, ValueError) as exc:  # descriptors of CPU tensors on a triton without them
+        pytest.skip(f"no host TMA descriptors for CPU tensors here: {exc}")
