@@ -2,7 +2,10 @@
 # One device call per phase (each fits the 10-minute limit), output under $OUT. From the repo root:
 #   bash benchmarks/gpu_session.sh tests 1    # the GPU test tier, part 1: the Gluon kernels' files and varlen
 #   bash benchmarks/gpu_session.sh tests 2    # part 2: every other file (the whole tier no longer fits one call)
-#   bash benchmarks/gpu_session.sh tests both # on a two-GPU machine: part 1 on GPU 0 beside part 2 on GPU 1 (~580 s)
+#   bash benchmarks/gpu_session.sh tests both # on a two-GPU machine: part 1 on GPU 0 beside part 2 on GPU 1 (~580 s;
+#                                             # on a fresh machine, whose triton cache is empty, both ran past 580 s)
+#   bash benchmarks/gpu_session.sh tests ids FILE  # the test ids in FILE, one per line (benchmarks/tier_rest.py
+#                                             # writes those an earlier call did not finish)
 #   bash benchmarks/gpu_session.sh bench      # the default sweep, all providers (~6 min)
 #   bash benchmarks/gpu_session.sh features   # feature cost and window scaling at head dim 128, 8K (~3 min)
 #   bash benchmarks/gpu_session.sh varlen     # flash_attn_varlen_func vs the dense call on the same tokens
@@ -32,10 +35,17 @@ case "$phase" in
         gluon_files="tests/test_gluon.py tests/test_gluon_bwd.py tests/test_gluon_alibi_split.py
             tests/test_gluon_persistent_protocol.py tests/test_varlen.py tests/test_fast_launch.py
             tests/test_gluon_sparse.py tests/test_gluon_sparse_bwd.py tests/test_gluon_3wg.py"
+        if [ "$part" = ids ]; then  # ids hold spaces and brackets: one argument per line
+            mapfile -t ids < "$1"
+            timeout -k 5 580 python3 -m pytest -v -p no:cacheprovider -n 16 --dist worksteal -rfE --tb=short -W ignore \
+                "${ids[@]}" > "$OUT/gpu-tier.txt" 2>&1 || true
+            { grep -E "^(FAILED|ERROR)" "$OUT/gpu-tier.txt" || true; } | head -40; tail -3 "$OUT/gpu-tier.txt"
+            exit 0
+        fi
         case "$part" in
             1) files="$gluon_files" ;;
             2) files="tests/ $(for f in $gluon_files; do printf -- '--ignore=%s ' "$f"; done)" ;;
-            *) echo "tests 1, tests 2 or tests both" >&2; exit 2 ;;
+            *) echo "tests 1, tests 2, tests both or tests ids FILE" >&2; exit 2 ;;
         esac
         # shellcheck disable=SC2086  # files is a word list
         timeout -k 5 580 python3 -m pytest -v -p no:cacheprovider -n 16 --dist worksteal -rfE --tb=short -W ignore $files \

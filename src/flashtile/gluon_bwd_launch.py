@@ -106,7 +106,7 @@ VARIANTS = {
 # Session 13 (lpt-h200-2026-11-30-s13, 16K tokens, causal 1K / 2K / 4K / 8K, speed / cuDNN, head-major -> lpt8):
 # D128 0.90 -> 0.91, 0.90 -> 0.93, 0.95 -> 0.97, 0.95 -> 0.99; D256 0.91 -> 0.94, 0.88 -> 0.92, 0.94 -> 0.97, 0.94
 # -> 0.94. D64's d64-bm128 (0.99 / 1.01 / 1.08 / 1.03) was not faster with it (0.97 / 0.99 / 1.08 / 1.01): it keeps
-# the old order. Groups of 32 heads ran slower than 8, the whole grid at once 2-35 % slower than head-major (the
+# the old order. Groups of 32 heads ran slower than 8, the whole grid at once up to 38 % slower than head-major (the
 # tiles in flight read more heads' Q / dO than L2 holds).
 VARIANTS.update({"head-major": {d: replace(VARIANTS["default"][d], lpt_heads=0) for d in (128, 256)},
                  **{f"lpt{n}": {d: replace(VARIANTS["default"][d], lpt_heads=n) for d in (128, 256)}

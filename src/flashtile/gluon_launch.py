@@ -146,7 +146,7 @@ VARIANTS = {
 # (lpt-h200-2026-11-30-s13, 16K tokens, causal 1K / 2K / 4K / 8K, speed / cuDNN, head-major -> lpt8): D128 0.81 ->
 # 0.83, 0.92 -> 0.93, 1.03 -> 1.04, 1.06 -> 1.08; D256 0.85 -> 0.88, 0.92 -> 0.95, 0.99 -> 1.05, 1.01 -> 1.06. D64
 # (0.65 / 0.81 / 0.89 / 0.93 head-major) was not faster (0.66 / 0.79 / 0.87 / 0.93): it keeps the old order.
-# Groups of 32 heads ran slower than 8, and the whole grid at once (LPT without groups) 5-30 % slower than
+# Groups of 32 heads ran slower than 8, and the whole grid at once (LPT without groups) up to 18 % slower than
 # head-major: the tiles in flight then read many heads' K / V, which L2 no longer holds.
 VARIANTS.update({"head-major": {d: replace(VARIANTS["default"][d], lpt_heads=0) for d in (128, 256)},
                  **{f"lpt{n}": {d: replace(VARIANTS["default"][d], lpt_heads=n) for d in (128, 256)}
