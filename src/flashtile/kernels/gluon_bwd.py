@@ -51,6 +51,8 @@ ROWS_IN_ACC / ROWS_ZERO_FILL (variants d64-bm128, d64-bm128-split: BLOCK_M = 128
 only): the S^T / dP^T wgmmas start from -lse2 / qk_scale and -delta (the launcher folds the row buffers), so no
 [BLOCK_M] row vector stays live beside the [64, 128] accumulators, and the launcher fills the rows past seqlen_q
 (-inf / 0) so they are read unmasked.
+LPT_HEADS (> 0: dense causal launches, GluonBwdConfig.lpt_heads): programs start by groups of that many heads, every
+head's first key blocks (the most query tiles) first (gluon_grid._heavy_first); 0 walks the grid head by head.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

@@ -638,7 +638,9 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     ping-pong hides each warpgroup's softmax behind the other two's GEMMs; not with HAS_BIAS, whose ring of
     [BLOCK_M, BLOCK_N] boxes would not fit, nor BLOCK_SPARSE, whose lists are per 128-row tile); the grid's first
     dim is then cdiv(Sq, 64 * CONSUMERS).
-    EVEN_N (BLOCK_SPARSE with Sk % SPARSE_N == 0): no listed key tile reaches past Sk (_mask_mod_scores)."""
+    EVEN_N (BLOCK_SPARSE with Sk % SPARSE_N == 0): no listed key tile reaches past Sk (_mask_mod_scores).
+    LPT_HEADS (> 0: dense causal launches, GluonConfig.lpt_heads): programs start by groups of that many heads, every
+    head's longest rows first (gluon_grid._heavy_first); 0: head by head, each head's longest rows first."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not HAS_BIAS and not BLOCK_SPARSE),
                      "CONSUMERS: 2, or 3 without a bias or a block mask")
     gl.static_assert(LPT_HEADS == 0 or (IS_CAUSAL and not (IS_LOCAL or VARLEN or BLOCK_SPARSE)),
