@@ -1,8 +1,8 @@
 """The Gluon kernels' heavy-first grid order for causal launches (GluonConfig / GluonBwdConfig.lpt_heads,
-kernels/gluon_grid._heavy_first): only the order in which the programs start changes, so the forward's out and lse
-and the backward's dK / dV are the head-by-head order's bit for bit (dQ's reduce-adds land in another order: close).
-Shapes with several batches and heads, head counts that leave the last group of heads short, Sq != Sk. On CPU: the
-launch arguments (the constexpr only where it applies)."""
+kernels/gluon_grid._heavy_first; the persistent forward's tile order too): only the order in which the programs
+(tiles) start changes, so the forward's out and lse and the backward's dK / dV are the other order's bit for bit
+(dQ's reduce-adds land in another order: close). Shapes with several batches and heads, head counts that leave the
+last group of heads short, Sq != Sk. On CPU: the launch arguments (the constexpr only where it applies)."""
 from dataclasses import replace
 
 import pytest
@@ -42,6 +42,26 @@ def test_forward_order_changes_nothing(monkeypatch, shape, head_dim):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_persistent_order_changes_nothing(monkeypatch, shape, head_dim):
+    """The persistent kernel's tiles by groups of heads against rank by rank over all heads, on the 132-SM grid and
+    on 7 CTAs (each CTA walks many tiles of several groups)."""
+    for max_ctas in (0, 7):
+        base = {d: replace(c, max_ctas=max_ctas) for d, c in gluon_launch.VARIANTS["persistent-tma"].items()}
+        monkeypatch.setitem(gluon_launch.VARIANTS, "lpt", {d: replace(c, lpt_heads=GROUP) for d, c in base.items()})
+        monkeypatch.setitem(gluon_launch.VARIANTS, "rank-major", base)
+        batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
+        q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
+                           requires_grad=False)
+        assert gluon_launch.takes_persistent(base[head_dim], q, k, causal=True)
+        out, lse = gluon_launch.gluon_forward(q, k, v, causal=True, variant="lpt")
+        out0, lse0 = gluon_launch.gluon_forward(q, k, v, causal=True, variant="rank-major")
+        assert torch.equal(out, out0) and torch.equal(lse, lse0), max_ctas
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 def test_backward_order_changes_nothing(monkeypatch, shape, head_dim):
@@ -67,9 +87,13 @@ def test_order_constexpr_only_for_dense_causal():
     q = torch.randn(2, 256, 4, 128, dtype=torch.bfloat16)
     lse = torch.empty(2, 4, 256)
     cfg = replace(gluon_launch.VARIANTS["default"][128], lpt_heads=GROUP)
+    persistent = replace(gluon_launch.VARIANTS["persistent-tma"][128], lpt_heads=GROUP)
     try:
         for causal, window, want in [(True, (-1, -1), GROUP), (False, (-1, -1), None), (False, (64, 0), None)]:
             constexprs = gluon_launch.gluon_launch_args(q, q, q, q, lse, 0.1, causal, cfg, window_size=window)[2]
             assert constexprs.get("LPT_HEADS") == want, (causal, window)
+        for causal, want in [(True, GROUP), (False, None)]:
+            constexprs = gluon_launch.persistent_launch_args(q, q, q, q, lse, 0.1, causal, persistent, 132)[2]
+            assert constexprs.get("LPT_HEADS") == want, causal
     except (RuntimeError, TypeError, ValueError) as exc:  # descriptors of CPU tensors on a triton without them
         pytest.skip(f"no host TMA descriptors for CPU tensors here: {exc}")

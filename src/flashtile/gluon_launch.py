@@ -84,7 +84,8 @@ class GluonConfig:
     max_ctas: int = 0
     tma_store: bool = False
     consumers: int = 2
-    lpt_heads: int = 0  # dense causal, one-tile kernel: grid order by groups of this many heads (0: head by head)
+    lpt_heads: int = 0  # dense causal: grid (tile) order by groups of this many heads (0: head by head; persistent:
+    # rank by rank over all heads)
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.persistent):
@@ -148,9 +149,13 @@ VARIANTS = {
 # (0.65 / 0.81 / 0.89 / 0.93 head-major) was not faster (0.66 / 0.79 / 0.87 / 0.93): it keeps the old order.
 # Groups of 32 heads ran slower than 8, and the whole grid at once (LPT without groups) up to 18 % slower than
 # head-major: the tiles in flight then read many heads' K / V, which L2 no longer holds.
+# The persistent kernel's causal tiles walk rank by rank over all heads, the order lpt-all measured slow in the
+# one-tile kernel; "persistent-tma-lpt8" walks them by groups of 8 heads (not measured yet: the D128 causal rows of
+# up to 1K keys that persistent-tma serves are at 0.78-0.81x cuDNN).
 VARIANTS.update({"head-major": {d: replace(VARIANTS["default"][d], lpt_heads=0) for d in (128, 256)},
                  **{f"lpt{n}": {d: replace(VARIANTS["default"][d], lpt_heads=n) for d in (128, 256)}
-                    for n in (4, 16)}})
+                    for n in (4, 16)},
+                 "persistent-tma-lpt8": {d: replace(c, lpt_heads=8) for d, c in VARIANTS["persistent-tma"].items()}})
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -555,6 +560,8 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
                       RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm, TREE_MAX=config.tree_max, O_TMA=o_tma)
+    if config.lpt_heads and is_causal:
+        constexprs.update(LPT_HEADS=config.lpt_heads)
     return (ctas, ), args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 

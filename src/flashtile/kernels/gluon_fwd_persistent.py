@@ -15,7 +15,9 @@ CTA's global key-block count; the Q barrier's phase is the CTA's tile count & 1.
 per key block, so its turn counter equals the key-block counter.
 Tile order (_tile_coords): non-causal, the query tiles of one head adjacent and the heads of a batch (and KV group)
 next, so the CTAs running at once share K / V in L2; causal, the longest query tiles first across all heads (the
-static stride then balances like longest-processing-time-first).
+static stride then balances like longest-processing-time-first), or with LPT_HEADS > 0 (GluonConfig.lpt_heads) by
+groups of that many heads, in each group the longest tiles first (gluon_grid._heavy_first_linear): the tiles in
+flight then share fewer heads' K / V.
 Plain and causal (bottom-right), dense (B, S, H, D), head dims 64 / 128 / 256, RAGGED descriptors for batch > 1
 with Sk % BLOCK_N != 0. Softcap, ALiBi, windows, sinks and varlen are not taken: gluon_launch runs the
 one-tile-per-program kernel for them.
@@ -27,12 +29,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .gluon_fwd import (LN2, RAGGED_BILLION, WG_M, _mask_scores, _row_max, _tma_load, _to_p, _turn_pass,
                         _turn_wait)
+from .gluon_grid import _heavy_first_linear
 
 
 @gluon.jit
-def _tile_coords(tile, n_m, n_bh, IS_CAUSAL: gl.constexpr):
+def _tile_coords(tile, n_m, n_bh, IS_CAUSAL: gl.constexpr, LPT_HEADS: gl.constexpr = 0):
     """(pid_m, pid_bh) of the CTA's tile number tile (see the module docstring for the order)."""
-    if IS_CAUSAL:
+    if LPT_HEADS > 0:  # causal, by groups of LPT_HEADS heads (gluon_grid._heavy_first)
+        rank, pid_bh = _heavy_first_linear(tile, n_m, n_bh, LPT_HEADS)
+        pid_m = n_m - 1 - rank
+    elif IS_CAUSAL:
         pid_m = n_m - 1 - tile // n_bh
         pid_bh = tile % n_bh
     else:
@@ -59,12 +65,12 @@ def _tile_blocks(start_m, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl
 def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                       v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      IS_CAUSAL: gl.constexpr, RAGGED: gl.constexpr):
+                      IS_CAUSAL: gl.constexpr, RAGGED: gl.constexpr, LPT_HEADS: gl.constexpr = 0):
     BLOCK_M: gl.constexpr = 2 * WG_M
     c = 0  # key blocks loaded by this CTA so far (all tiles): the ring's running counter
     t = 0  # tiles of this CTA so far
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_m, pid_bh = _tile_coords(tile, n_m, n_bh, IS_CAUSAL)
+        pid_m, pid_bh = _tile_coords(tile, n_m, n_bh, IS_CAUSAL, LPT_HEADS)
         off_b = pid_bh // heads_q
         off_h = pid_bh % heads_q
         start_m = pid_m * BLOCK_M
@@ -143,7 +149,7 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
                           seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
                           WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, P_CVT_ASM: gl.constexpr,
-                          TREE_MAX: gl.constexpr, O_TMA: gl.constexpr):
+                          TREE_MAX: gl.constexpr, O_TMA: gl.constexpr, LPT_HEADS: gl.constexpr = 0):
     """Rows WG * 64 + [0, 64) of each of the CTA's tiles (gluon_fwd._consumer_partition's online softmax).
     O_TMA: O goes out through o_smem[WG] by a TMA store (o_desc: (B * Sq, Hq * D), boxes [64, D]) that runs on
     while the next tile's GEMMs do; the next epilogue waits for it before it writes the buffer again."""
@@ -163,7 +169,7 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
     c = 0  # key blocks consumed by this CTA so far (all tiles): ring and turn position
     t = 0  # tiles of this CTA so far: the Q barrier's phase
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_m, pid_bh = _tile_coords(tile, n_m, n_bh, IS_CAUSAL)
+        pid_m, pid_bh = _tile_coords(tile, n_m, n_bh, IS_CAUSAL, LPT_HEADS)
         off_b = pid_bh // heads_q
         off_h = pid_bh % heads_q
         start_m = pid_m * BLOCK_M
@@ -243,7 +249,7 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                 IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, RAGGED: gl.constexpr = False,
                                 P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
-                                O_TMA: gl.constexpr = False):
+                                O_TMA: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0):
     """_attn_fwd_hopper's plain / causal forward over n_tiles = n_m * n_bh tiles (n_m = cdiv(Sq, 128) query
     tiles, n_bh = B * Hq), tile i on CTA i % grid. Launch with num_warps=4 and a grid of min(n_tiles, SMs).
     O_TMA: o_desc is Out as a 2-D (B * Sq, Hq * D) TMA tensor with boxes [64, D] and batch == 1 or Sq % 64 == 0
@@ -279,12 +285,14 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
         (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                  turn_bars, o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b,
                                  stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
-                                 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA)),
+                                 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA,
+                                 LPT_HEADS)),
         (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                  turn_bars, o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b,
                                  stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
-                                 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA)),
+                                 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA,
+                                 LPT_HEADS)),
         (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
-                             HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED)),
+                             HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

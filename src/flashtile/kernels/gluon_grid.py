@@ -1,6 +1,18 @@
-"""Grid order of the Hopper Gluon kernels' causal launches (kernels/gluon_fwd.py, kernels/gluon_bwd.py import it)."""
+"""Grid order of the Hopper Gluon kernels' causal launches (kernels/gluon_fwd.py, gluon_fwd_persistent.py and
+gluon_bwd.py import it)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+
+
+@gluon.jit
+def _heavy_first_linear(linear, n_x, n_bh, GROUP: gl.constexpr):
+    """(rank, head) of the linear-th program (or persistent tile) of n_x ranks x n_bh heads in heavy-first order
+    (_heavy_first): groups of GROUP heads, in each group rank by rank, every head of the group at one rank."""
+    span = GROUP * n_x
+    group = linear // span
+    heads = gl.minimum(n_bh - group * GROUP, GROUP)  # the last group may be smaller
+    within = linear - group * span
+    return within // heads, group * GROUP + within % heads
 
 
 @gluon.jit
@@ -11,9 +23,4 @@ def _heavy_first(pid_x, pid_bh, n_x, n_bh, GROUP: gl.constexpr):
     walks groups of GROUP heads, and in each group rank by rank, every head of the group at one rank: the longest
     tiles start first (longest-processing-time order), while the tiles in flight still share a few heads' K / V
     (forward) or Q / dO (backward) in L2."""
-    linear = pid_bh * n_x + pid_x
-    span = GROUP * n_x
-    group = linear // span
-    heads = gl.minimum(n_bh - group * GROUP, GROUP)  # the last group may be smaller
-    within = linear - group * span
-    return within // heads, group * GROUP + within % heads
+    return _heavy_first_linear(pid_bh * n_x + pid_x, n_x, n_bh, GROUP)
