@@ -24,7 +24,7 @@ def finished(logs):
     for log in logs:
         with open(log) as f:
             for line in f:
-                m = re.search(r"(PASSED|SKIPPED|XFAIL|XPASS)\s+(tests/\S+)", line)
+                m = re.search(r"(PASSED|SKIPPED|XFAIL|XPASS)\s+(tests/.+?)\s*$", line)  # ids may hold spaces
                 if m:
                     done.add(m.group(2))
     return done
