@@ -36,7 +36,10 @@ case "$phase" in
             tests/test_gluon_persistent_protocol.py tests/test_varlen.py tests/test_fast_launch.py
             tests/test_gluon_sparse.py tests/test_gluon_sparse_bwd.py tests/test_gluon_3wg.py"
         if [ "$part" = ids ]; then  # ids hold spaces and brackets: one argument per line
-            mapfile -t ids < "$1"
+            [ $# -ge 1 ] || { echo "tests ids FILE: FILE lists test ids, one per line" >&2; exit 2; }
+            mapfile -t ids < <(grep -v '^[[:space:]]*$' "$1")
+            # pytest with no ids (or an empty one) would collect the whole suite
+            [ ${#ids[@]} -gt 0 ] || { echo "no test ids in $1: nothing to run"; exit 0; }
             timeout -k 5 580 python3 -m pytest -v -p no:cacheprovider -n 16 --dist worksteal -rfE --tb=short -W ignore \
                 "${ids[@]}" > "$OUT/gpu-tier.txt" 2>&1 || true
             { grep -E "^(FAILED|ERROR)" "$OUT/gpu-tier.txt" || true; } | head -40; tail -3 "$OUT/gpu-tier.txt"

@@ -81,19 +81,32 @@ def test_backward_order_changes_nothing(monkeypatch, shape, head_dim):
 
 
 def test_order_constexpr_only_for_dense_causal():
-    """LPT_HEADS reaches the kernels of dense causal launches only: full, windowed and varlen launches keep the
-    kernels (constexprs) they had. Launch arguments only: CPU tensors, no GPU."""
+    """LPT_HEADS reaches the kernels of dense causal launches only (forward, persistent forward, backward): full,
+    windowed (causal + left window included) and varlen launches keep the kernels (constexprs) they had. Launch
+    arguments only: CPU tensors, no GPU."""
     pytest.importorskip("triton.experimental.gluon")
     q = torch.randn(2, 256, 4, 128, dtype=torch.bfloat16)
     lse = torch.empty(2, 4, 256)
     cfg = replace(gluon_launch.VARIANTS["default"][128], lpt_heads=GROUP)
     persistent = replace(gluon_launch.VARIANTS["persistent-tma"][128], lpt_heads=GROUP)
+    bwd = replace(gluon_bwd_launch.VARIANTS["default"][128], lpt_heads=GROUP)
+    dq_accum = torch.empty(2, 256, 4, 128)
+    cases = [(True, (-1, -1), GROUP), (False, (-1, -1), None), (False, (64, 0), None), (True, (64, -1), None)]
     try:
-        for causal, window, want in [(True, (-1, -1), GROUP), (False, (-1, -1), None), (False, (64, 0), None)]:
+        for causal, window, want in cases:
             constexprs = gluon_launch.gluon_launch_args(q, q, q, q, lse, 0.1, causal, cfg, window_size=window)[2]
-            assert constexprs.get("LPT_HEADS") == want, (causal, window)
+            assert constexprs.get("LPT_HEADS") == want, ("forward", causal, window)
+            constexprs = gluon_bwd_launch.dkdv_launch_args(q, q, q, q, lse, lse, q, q, dq_accum, 0.1, causal, bwd,
+                                                           window_size=window)[2]
+            assert constexprs.get("LPT_HEADS") == want, ("backward", causal, window)
         for causal, want in [(True, GROUP), (False, None)]:
             constexprs = gluon_launch.persistent_launch_args(q, q, q, q, lse, 0.1, causal, persistent, 132)[2]
             assert constexprs.get("LPT_HEADS") == want, causal
+        packed = q.reshape(512, 4, 128)
+        cu = torch.tensor([0, 200, 512], dtype=torch.int32)
+        constexprs = gluon_launch.gluon_launch_args(packed, packed, packed, packed, lse.reshape(4, 256 * 2), 0.1, True,
+                                                    cfg, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=312,
+                                                    max_seqlen_k=312)[2]
+        assert "LPT_HEADS" not in constexprs and constexprs["VARLEN"]
     except (RuntimeError, TypeError, ValueError) as exc:  # descriptors of CPU tensors on a triton without them
         pytest.skip(f"no host TMA descriptors for CPU tensors here: {exc}")

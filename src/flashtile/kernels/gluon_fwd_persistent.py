@@ -254,6 +254,7 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
     tiles, n_bh = B * Hq), tile i on CTA i % grid. Launch with num_warps=4 and a grid of min(n_tiles, SMs).
     O_TMA: o_desc is Out as a 2-D (B * Sq, Hq * D) TMA tensor with boxes [64, D] and batch == 1 or Sq % 64 == 0
     (a box never reaches into the next sequence); else o_desc is unused and O is stored from registers."""
+    gl.static_assert(LPT_HEADS == 0 or IS_CAUSAL, "LPT_HEADS: causal launches")
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM],
                                        gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], dtype))
