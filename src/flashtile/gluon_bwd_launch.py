@@ -12,13 +12,13 @@ import functools
 import math
 import os
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from . import fast_launch, launch  # launch: the shared preprocess and the NaN-poisoning allocator
-from .gluon_launch import (LOG2E, _supported_device, _varlen_ok, alibi_ok, block_list_args, mask_mode,
-                           record_sparse_failure, tma_descriptor, torch_layout)
+from .gluon_launch import (LOG2E, _supported_device, _varlen_ok, alibi_ok, block_list_args, grid_order_variants,
+                           mask_mode, record_sparse_failure, tma_descriptor, torch_layout)
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -108,9 +108,7 @@ VARIANTS = {
 # -> 0.94. D64's d64-bm128 (0.99 / 1.01 / 1.08 / 1.03) was not faster with it (0.97 / 0.99 / 1.08 / 1.01): it keeps
 # the old order. Groups of 32 heads ran slower than 8, the whole grid at once up to 38 % slower than head-major (the
 # tiles in flight read more heads' Q / dO than L2 holds).
-VARIANTS.update({"head-major": {d: replace(VARIANTS["default"][d], lpt_heads=0) for d in (128, 256)},
-                 **{f"lpt{n}": {d: replace(VARIANTS["default"][d], lpt_heads=n) for d in (128, 256)}
-                    for n in (4, 16)}})
+VARIANTS.update(grid_order_variants(VARIANTS["default"]))
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -387,7 +385,7 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
                       HAS_BIAS=attn_bias is not None)
     if config.rows_in_acc:  # only then: the other launches keep the constexprs (and kernels) they had
         constexprs.update(ROWS_IN_ACC=True, ROWS_ZERO_FILL=not varlen)
-    if config.lpt_heads and is_causal and not (is_local or varlen or mods is not None):
+    if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)
     if mods is not None:
         constexprs.update(MASK_MOD=mods.mask_mod, BLOCK_SPARSE=True, SPARSE_M=mods.block_size[0],

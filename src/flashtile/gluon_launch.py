@@ -152,9 +152,16 @@ VARIANTS = {
 # The persistent kernel's causal tiles walk rank by rank over all heads, the order lpt-all measured slow in the
 # one-tile kernel; "persistent-tma-lpt8" walks them by groups of 8 heads (not measured yet: the D128 causal rows of
 # up to 1K keys that persistent-tma serves are at 0.78-0.81x cuDNN).
-VARIANTS.update({"head-major": {d: replace(VARIANTS["default"][d], lpt_heads=0) for d in (128, 256)},
-                 **{f"lpt{n}": {d: replace(VARIANTS["default"][d], lpt_heads=n) for d in (128, 256)}
-                    for n in (4, 16)},
+
+
+def grid_order_variants(default, head_dims=(128, 256)):
+    """The causal grid-order variants of a launcher's VARIANTS from its default configs (this module's and
+    gluon_bwd_launch's): "head-major" (lpt_heads 0) and "lpt4" / "lpt16" at head_dims."""
+    return {name: {d: replace(default[d], lpt_heads=n) for d in head_dims}
+            for name, n in (("head-major", 0), ("lpt4", 4), ("lpt16", 16))}
+
+
+VARIANTS.update({**grid_order_variants(VARIANTS["default"]),
                  "persistent-tma-lpt8": {d: replace(c, lpt_heads=8) for d, c in VARIANTS["persistent-tma"].items()}})
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -427,7 +434,7 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
     if config.consumers != 2:
         assert attn_bias is None and alibi_slopes is None and mods is None, \
             "a bias, ALiBi or a block mask runs two consumers (takes_config, sparse_ok)"
-    if config.lpt_heads and is_causal and not (is_local or varlen or mods is not None):
+    if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)  # only then: other launches keep their kernels
     if mods is not None:
         # EVEN_N: every listed key block lies inside Sk, so partial tiles need no sequence-end mask.
