@@ -326,7 +326,7 @@ def test_ragged_descriptor_addresses_one_sequence():
 
 def test_varlen_dispatch(monkeypatch, as_if_hopper):
     """launch._gluon_forward hands cu_seqlens / max_seqlen to the Gluon forward and asks configs.py with
-    max_seqlen_k as the key count (D64 causal: from 4096 keys)."""
+    max_seqlen_k as the key count (D64 causal: from 4096 keys; varlen is not plain, GLUON_FWD_MIN_KEYS_PLAIN)."""
     from flashtile import launch
 
     calls = []
@@ -451,10 +451,10 @@ def test_persistent_launch_args():
     out, lse = torch.empty_like(q), torch.empty(32, 16, 512)
     grid, args, constexprs, options = gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, True, config,
                                                                           sm_count=132)
-    n_m, n_bh, n_tiles = args[-3:]
+    n_m, n_bh, n_tiles, schedule = args[-4:]
     assert (n_m, n_bh, n_tiles) == (4, 32 * 16, 4 * 32 * 16) and grid == (132, )
     assert constexprs["IS_CAUSAL"] and not constexprs["RAGGED"] and constexprs["STAGES"] == config.stages
-    assert not constexprs["O_TMA"] and args[3] is out
+    assert not constexprs["O_TMA"] and args[3] is out and schedule is lse  # no list: the grid's stride
     assert options == dict(num_warps=4, maxnreg=config.maxnreg)
     small = torch.empty(1, 130, 2, 128, dtype=torch.bfloat16)
     grid, *_ = gluon_launch.persistent_launch_args(small, small, small, torch.empty_like(small),

@@ -42,20 +42,27 @@ def test_forward_order_changes_nothing(monkeypatch, shape, head_dim):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("order", [dict(lpt_heads=GROUP), dict(lpt_heads=GROUP, schedule=True), dict(schedule=True)],
+                         ids=["lpt", "lpt-listed", "listed"])
+@pytest.mark.parametrize("base_variant,head_dim", [("persistent-tma", 64), ("persistent-tma", 128),
+                                                   ("persistent", 256)], ids=["tma-d64", "tma-d128", "d256"])
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-def test_persistent_order_changes_nothing(monkeypatch, shape, head_dim):
-    """The persistent kernel's tiles by groups of heads against rank by rank over all heads, on the 132-SM grid and
-    on 7 CTAs (each CTA walks many tiles of several groups)."""
+def test_persistent_order_changes_nothing(monkeypatch, shape, base_variant, head_dim, order):
+    """The persistent kernel's tiles by groups of heads, with the grid's stride or listed per CTA by the host
+    (persistent_schedule.py; groups of GROUP or all heads), against rank by rank over all heads with the stride: on
+    the 132-SM grid and on 7 CTAs (each CTA walks many tiles of several groups). D256 takes batch > 1 only where
+    Sk % 64 == 0 (takes_persistent)."""
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
+    if head_dim == 256 and batch > 1 and seqlen_k % 64:
+        pytest.skip("D256 with ragged descriptors runs the one-tile kernel")
     for max_ctas in (0, 7):
-        base = {d: replace(c, max_ctas=max_ctas) for d, c in gluon_launch.VARIANTS["persistent-tma"].items()}
-        monkeypatch.setitem(gluon_launch.VARIANTS, "lpt", {d: replace(c, lpt_heads=GROUP) for d, c in base.items()})
+        base = {d: replace(c, max_ctas=max_ctas) for d, c in gluon_launch.VARIANTS[base_variant].items()}
+        monkeypatch.setitem(gluon_launch.VARIANTS, "ordered", {d: replace(c, **order) for d, c in base.items()})
         monkeypatch.setitem(gluon_launch.VARIANTS, "rank-major", base)
-        batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
         q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
                            requires_grad=False)
         assert gluon_launch.takes_persistent(base[head_dim], q, k, causal=True)
-        out, lse = gluon_launch.gluon_forward(q, k, v, causal=True, variant="lpt")
+        out, lse = gluon_launch.gluon_forward(q, k, v, causal=True, variant="ordered")
         out0, lse0 = gluon_launch.gluon_forward(q, k, v, causal=True, variant="rank-major")
         assert torch.equal(out, out0) and torch.equal(lse, lse0), max_ctas
 
@@ -81,9 +88,9 @@ def test_backward_order_changes_nothing(monkeypatch, shape, head_dim):
 
 
 def test_order_constexpr_only_for_dense_causal():
-    """LPT_HEADS reaches the kernels of dense causal launches only (forward, persistent forward, backward): full,
-    windowed (causal + left window included) and varlen launches keep the kernels (constexprs) they had. Launch
-    arguments only: CPU tensors, no GPU."""
+    """LPT_HEADS (and the persistent kernel's SCHEDULE) reaches the kernels of dense causal launches only (forward,
+    persistent forward, backward): full, windowed (causal + left window included) and varlen launches keep the
+    kernels (constexprs) they had. Launch arguments only: CPU tensors, no GPU."""
     pytest.importorskip("triton.experimental.gluon")
     q = torch.randn(2, 256, 4, 128, dtype=torch.bfloat16)
     lse = torch.empty(2, 4, 256)
@@ -99,9 +106,14 @@ def test_order_constexpr_only_for_dense_causal():
             constexprs = gluon_bwd_launch.dkdv_launch_args(q, q, q, q, lse, lse, q, q, dq_accum, 0.1, causal, bwd,
                                                            window_size=window)[2]
             assert constexprs.get("LPT_HEADS") == want, ("backward", causal, window)
+        listed = replace(persistent, schedule=True)
         for causal, want in [(True, GROUP), (False, None)]:
-            constexprs = gluon_launch.persistent_launch_args(q, q, q, q, lse, 0.1, causal, persistent, 132)[2]
-            assert constexprs.get("LPT_HEADS") == want, causal
+            _, args, constexprs, _ = gluon_launch.persistent_launch_args(q, q, q, q, lse, 0.1, causal, persistent, 132)
+            assert constexprs.get("LPT_HEADS") == want and "SCHEDULE" not in constexprs, causal
+            assert args[-1] is lse  # Schedule, unused
+            _, args, constexprs, _ = gluon_launch.persistent_launch_args(q, q, q, q, lse, 0.1, causal, listed, 132)
+            assert constexprs.get("SCHEDULE") == (True if causal else None), causal
+            assert (args[-1] is lse) != causal and args[-1].dtype == (torch.int32 if causal else lse.dtype)
         packed = q.reshape(512, 4, 128)
         cu = torch.tensor([0, 200, 512], dtype=torch.int32)
         constexprs = gluon_launch.gluon_launch_args(packed, packed, packed, packed, lse.reshape(4, 256 * 2), 0.1, True,
@@ -110,3 +122,11 @@ def test_order_constexpr_only_for_dense_causal():
         assert "LPT_HEADS" not in constexprs and constexprs["VARLEN"]
     except (RuntimeError, TypeError, ValueError) as exc:  # descriptors of CPU tensors on a triton without them
         pytest.skip(f"no host TMA descriptors for CPU tensors here: {exc}")
+
+
+def test_schedule_is_the_persistent_kernels():
+    """schedule lists the persistent kernel's tiles; the one-tile kernel's programs have one tile each."""
+    pytest.importorskip("triton.experimental.gluon")
+    with pytest.raises(ValueError, match="schedule"):
+        replace(gluon_launch.VARIANTS["default"][128], schedule=True)
+    assert replace(gluon_launch.VARIANTS["persistent"][256], schedule=True).schedule

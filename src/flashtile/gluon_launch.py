@@ -20,6 +20,7 @@ import triton
 from . import fast_launch
 from . import launch as _launch  # the NaN-poisoning allocator (a module import: tests patch its attributes)
 from .launch import _arch
+from .persistent_schedule import persistent_schedule
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -86,11 +87,15 @@ class GluonConfig:
     consumers: int = 2
     lpt_heads: int = 0  # dense causal: grid (tile) order by groups of this many heads (0: head by head; persistent:
     # rank by rank over all heads)
+    schedule: bool = False  # persistent, causal: the host lists each CTA's tiles (persistent_schedule.py) in the
+    # lpt_heads order
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.persistent):
             raise ValueError(f"GluonConfig: consumers must be 2, or 3 without persistent (got {self.consumers}, "
                              f"persistent={self.persistent}): the persistent kernel has two consumer warpgroups")
+        if self.schedule and not self.persistent:
+            raise ValueError("GluonConfig: schedule lists the persistent kernel's tiles (persistent=False)")
 
     @property
     def block_m(self):
@@ -150,8 +155,11 @@ VARIANTS = {
 # Groups of 32 heads ran slower than 8, and the whole grid at once (LPT without groups) up to 18 % slower than
 # head-major: the tiles in flight then read many heads' K / V, which L2 no longer holds.
 # The persistent kernel's causal tiles walk rank by rank over all heads, the order lpt-all measured slow in the
-# one-tile kernel; "persistent-tma-lpt8" walks them by groups of 8 heads (not measured yet: the D128 causal rows of
-# up to 1K keys that persistent-tma serves are at 0.78-0.81x cuDNN).
+# one-tile kernel; "persistent[-tma]-lptN" walk them by groups of N heads with the grid's stride, "-schedN" deal the
+# same order by the host's list schedule (GluonConfig.schedule, persistent_schedule.py). Session 14
+# (lpt-h200-2026-11-30-s14), D128 causal speed / cuDNN at 1K / 2K / 4K, persistent-tma 0.83 / 0.86 / 0.91, lpt4
+# 1.00 / 0.99 / 0.76, lpt8 0.97 / 0.79 / 0.88, lpt16 0.79 / 0.91 / 0.94: the stride's balance depends on the group
+# size and the shape.
 
 
 def grid_order_variants(default, head_dims=(128, 256)):
@@ -161,8 +169,15 @@ def grid_order_variants(default, head_dims=(128, 256)):
             for name, n in (("head-major", 0), ("lpt4", 4), ("lpt16", 16))}
 
 
-VARIANTS.update({**grid_order_variants(VARIANTS["default"]),
-                 "persistent-tma-lpt8": {d: replace(c, lpt_heads=8) for d, c in VARIANTS["persistent-tma"].items()}})
+def persistent_order_variants():
+    """The persistent kernel's causal tile-order variants: "persistent[-tma]-lptN" (groups of N heads, the grid's
+    stride) and "-schedN" (the same order, listed per CTA by the host)."""
+    orders = {"lpt4": (4, False), "lpt8": (8, False), "lpt16": (16, False), "sched4": (4, True), "sched8": (8, True)}
+    return {f"{base}-{name}": {d: replace(c, lpt_heads=n, schedule=listed) for d, c in VARIANTS[base].items()}
+            for base in ("persistent", "persistent-tma") for name, (n, listed) in orders.items()}
+
+
+VARIANTS.update({**grid_order_variants(VARIANTS["default"]), **persistent_order_variants()})
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -569,6 +584,13 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
                       RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm, TREE_MAX=config.tree_max, O_TMA=o_tma)
     if config.lpt_heads and is_causal:
         constexprs.update(LPT_HEADS=config.lpt_heads)
+    schedule = None
+    if config.schedule and is_causal:
+        schedule = persistent_schedule(q.device, n_m, n_bh, ctas, config.lpt_heads or n_bh, seqlen_q, seqlen_k,
+                                       BLOCK_M, config.block_n)
+    if schedule is not None:
+        constexprs.update(SCHEDULE=True)
+    args += (lse if schedule is None else schedule, )  # Schedule: unused without SCHEDULE
     return (ctas, ), args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 

@@ -14,6 +14,8 @@ kernel; replay() checks the addresses' 16-byte alignment (TMA and triton's speci
 (None: the caller takes the normal path) where any tensor is misaligned. Plans exist only while fast_launch is on
 (FLASHTILE_FAST_LAUNCH=0 turns both off) and only for calls without optional features (launch.py decides).
 """
+import weakref
+
 import torch
 
 from . import fast_launch
@@ -22,6 +24,7 @@ _MAX_PLANS = 256  # call signatures kept (first in, first out): a model has a ha
 _plans = {}  # key -> Plan
 counts = [0, 0]  # [replayed calls, recorded plans] (tests and benchmarks read them)
 _allocs = None  # a list while recording: launch._empty appends each buffer it returns
+_constants = weakref.WeakValueDictionary()  # id -> tensor: kept buffers a replay passes as they are (constant())
 
 
 class _Launch:
@@ -56,6 +59,14 @@ def aliasing(tensors):
 
 def clear():
     _plans.clear()
+
+
+def constant(t):
+    """Marks t, a buffer its owner keeps for good (persistent_schedule's tile lists), as an argument a plan may hold
+    and pass on every replay; any other tensor that is neither an input nor a launch._empty buffer declines the
+    plan. Returns t."""
+    _constants[id(t)] = t
+    return t
 
 
 def record(key, inputs, run, descriptor_type):
@@ -113,6 +124,8 @@ def _build(inputs, allocs, launches, result, descriptor_type):
             if t is torch.Tensor:
                 i = index.get(id(a))
                 if i is None:
+                    if _constants.get(id(a)) is a:
+                        continue  # stays in the template
                     return None
                 launch.tensors.append((pos, i))
                 template[pos] = None

@@ -17,7 +17,11 @@ Tile order (_tile_coords): non-causal, the query tiles of one head adjacent and 
 next, so the CTAs running at once share K / V in L2; causal, the longest query tiles first across all heads (the
 static stride then balances like longest-processing-time-first), or with LPT_HEADS > 0 (GluonConfig.lpt_heads) by
 groups of that many heads, in each group the longest tiles first (gluon_grid._heavy_first_linear): the tiles in
-flight then share fewer heads' K / V.
+flight then share fewer heads' K / V. The static stride can deal one CTA tiles of nearly the same rank round after
+round (a stride just above a multiple of a group's tile count), so that CTA gets most of the heavy tiles and the
+grid waits for it. With SCHEDULE the host lists each CTA's tiles instead (persistent_schedule.py: the same order
+dealt by longest-processing-time list scheduling, each tile to the CTA that frees first in a model of the tiles'
+costs).
 Plain and causal (bottom-right), dense (B, S, H, D), head dims 64 / 128 / 256, RAGGED descriptors for batch > 1
 with Sk % BLOCK_N != 0. Softcap, ALiBi, windows, sinks and varlen are not taken: gluon_launch runs the
 one-tile-per-program kernel for them.
@@ -33,9 +37,36 @@ from .gluon_grid import _heavy_first_linear
 
 
 @gluon.jit
-def _tile_coords(tile, n_m, n_bh, IS_CAUSAL: gl.constexpr, LPT_HEADS: gl.constexpr = 0):
-    """(pid_m, pid_bh) of the CTA's tile number tile (see the module docstring for the order)."""
-    if LPT_HEADS > 0:  # causal, by groups of LPT_HEADS heads (gluon_grid._heavy_first)
+def _tile_range(Schedule, n_tiles, SCHEDULE: gl.constexpr):
+    """(first, end, step) of the CTA's loop over tile numbers: every grid-th tile, or with SCHEDULE the CTA's slice of
+    the host's list (Schedule: int32, the grid's ctas + 1 offsets, then the listed tiles)."""
+    if SCHEDULE:
+        first = gl.load(Schedule + gl.program_id(0))
+        end = gl.load(Schedule + gl.program_id(0) + 1)
+        step = 1
+    else:
+        first = gl.program_id(0)
+        end = n_tiles
+        step = gl.num_programs(0)
+    return first, end, step
+
+
+@gluon.jit
+def _listed_tile(Schedule, i, end):
+    """The i-th listed tile (pid_m * n_bh + pid_bh), read one tile ahead so the load's latency hides behind a tile
+    (i == end, past the CTA's last tile, reads its last one again)."""
+    return gl.load(Schedule + gl.num_programs(0) + 1 + gl.minimum(i, end - 1))
+
+
+@gluon.jit
+def _tile_coords(tile, n_m, n_bh, IS_CAUSAL: gl.constexpr, LPT_HEADS: gl.constexpr = 0, listed=0,
+                 SCHEDULE: gl.constexpr = False):
+    """(pid_m, pid_bh) of the CTA's tile number tile (see the module docstring for the order); with SCHEDULE, of
+    the listed tile (_listed_tile) instead."""
+    if SCHEDULE:
+        pid_m = listed // n_bh
+        pid_bh = listed % n_bh
+    elif LPT_HEADS > 0:  # causal, by groups of LPT_HEADS heads (gluon_grid._heavy_first)
         rank, pid_bh = _heavy_first_linear(tile, n_m, n_bh, LPT_HEADS)
         pid_m = n_m - 1 - rank
     elif IS_CAUSAL:
@@ -63,14 +94,22 @@ def _tile_blocks(start_m, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl
 
 @gluon.jit
 def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
-                      v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
+                      v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles, Schedule,
                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      IS_CAUSAL: gl.constexpr, RAGGED: gl.constexpr, LPT_HEADS: gl.constexpr = 0):
+                      IS_CAUSAL: gl.constexpr, RAGGED: gl.constexpr, LPT_HEADS: gl.constexpr = 0,
+                      SCHEDULE: gl.constexpr = False):
     BLOCK_M: gl.constexpr = 2 * WG_M
     c = 0  # key blocks loaded by this CTA so far (all tiles): the ring's running counter
     t = 0  # tiles of this CTA so far
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_m, pid_bh = _tile_coords(tile, n_m, n_bh, IS_CAUSAL, LPT_HEADS)
+    first, end, step = _tile_range(Schedule, n_tiles, SCHEDULE)
+    listed = 0
+    if SCHEDULE:
+        listed_next = _listed_tile(Schedule, first, end)
+    for tile in range(first, end, step):
+        if SCHEDULE:
+            listed = listed_next
+            listed_next = _listed_tile(Schedule, tile + 1, end)
+        pid_m, pid_bh = _tile_coords(tile, n_m, n_bh, IS_CAUSAL, LPT_HEADS, listed, SCHEDULE)
         off_b = pid_bh // heads_q
         off_h = pid_bh % heads_q
         start_m = pid_m * BLOCK_M
@@ -146,10 +185,11 @@ def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empt
 @gluon.jit
 def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
                           o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
-                          seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
+                          seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, Schedule, qk_scale,
                           WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, P_CVT_ASM: gl.constexpr,
-                          TREE_MAX: gl.constexpr, O_TMA: gl.constexpr, LPT_HEADS: gl.constexpr = 0):
+                          TREE_MAX: gl.constexpr, O_TMA: gl.constexpr, LPT_HEADS: gl.constexpr = 0,
+                          SCHEDULE: gl.constexpr = False):
     """Rows WG * 64 + [0, 64) of each of the CTA's tiles (gluon_fwd._consumer_partition's online softmax).
     O_TMA: O goes out through o_smem[WG] by a TMA store (o_desc: (B * Sq, Hq * D), boxes [64, D]) that runs on
     while the next tile's GEMMs do; the next epilogue waits for it before it writes the buffer again."""
@@ -168,8 +208,15 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
         causal_offset = 0
     c = 0  # key blocks consumed by this CTA so far (all tiles): ring and turn position
     t = 0  # tiles of this CTA so far: the Q barrier's phase
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        pid_m, pid_bh = _tile_coords(tile, n_m, n_bh, IS_CAUSAL, LPT_HEADS)
+    first, end, step = _tile_range(Schedule, n_tiles, SCHEDULE)
+    listed = 0
+    if SCHEDULE:
+        listed_next = _listed_tile(Schedule, first, end)
+    for tile in range(first, end, step):
+        if SCHEDULE:
+            listed = listed_next
+            listed_next = _listed_tile(Schedule, tile + 1, end)
+        pid_m, pid_bh = _tile_coords(tile, n_m, n_bh, IS_CAUSAL, LPT_HEADS, listed, SCHEDULE)
         off_b = pid_bh // heads_q
         off_h = pid_bh % heads_q
         start_m = pid_m * BLOCK_M
@@ -244,17 +291,19 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
                               "n_m", "n_bh", "n_tiles"])
 def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                 stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
-                                seqlen_q, seqlen_k, heads_q, group_size, qk_scale, n_m, n_bh, n_tiles,
+                                seqlen_q, seqlen_k, heads_q, group_size, qk_scale, n_m, n_bh, n_tiles, Schedule,
                                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                 IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, RAGGED: gl.constexpr = False,
                                 P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
-                                O_TMA: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0):
+                                O_TMA: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
+                                SCHEDULE: gl.constexpr = False):
     """_attn_fwd_hopper's plain / causal forward over n_tiles = n_m * n_bh tiles (n_m = cdiv(Sq, 128) query
     tiles, n_bh = B * Hq), tile i on CTA i % grid. Launch with num_warps=4 and a grid of min(n_tiles, SMs).
     O_TMA: o_desc is Out as a 2-D (B * Sq, Hq * D) TMA tensor with boxes [64, D] and batch == 1 or Sq % 64 == 0
     (a box never reaches into the next sequence); else o_desc is unused and O is stored from registers."""
     gl.static_assert(LPT_HEADS == 0 or IS_CAUSAL, "LPT_HEADS: causal launches")
+    gl.static_assert(not SCHEDULE or IS_CAUSAL, "SCHEDULE: causal launches")
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM],
                                        gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], dtype))
@@ -285,15 +334,15 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
     gl.warp_specialize([
         (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                  turn_bars, o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b,
-                                 stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
+                                 stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, Schedule, qk_scale,
                                  0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA,
-                                 LPT_HEADS)),
+                                 LPT_HEADS, SCHEDULE)),
         (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                  turn_bars, o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b,
-                                 stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, qk_scale,
+                                 stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, Schedule, qk_scale,
                                  1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA,
-                                 LPT_HEADS)),
+                                 LPT_HEADS, SCHEDULE)),
         (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                             v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
-                             HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS)),
+                             v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles, Schedule,
+                             HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
