@@ -8,7 +8,7 @@ import torch
 from triton.compiler import CompiledKernel
 from triton.runtime.jit import JITFunction
 
-from flashtile import fast_launch, gluon_bwd_launch, gluon_launch, launch, plans
+from flashtile import configs, fast_launch, gluon_bwd_launch, gluon_launch, launch, plans
 from utils import train_step
 
 
@@ -173,10 +173,10 @@ def test_features_are_not_planned(gluon_on_cpu):
 
 
 def test_declined_signature_skips_the_launcher_next_time(gluon_on_cpu, monkeypatch):
-    """A signature the Gluon launcher declines (D64 causal at 512 keys: configs sends it to the portable kernels) is
+    """A signature the Gluon launcher declines (D64 causal at 256 keys: configs sends it to the portable kernels) is
     remembered: the next call of it returns None at once. A declined misaligned call is not remembered (the address,
     not the signature, decided it)."""
-    q, k, v = _qkv((2, 512, 4, 64))
+    q, k, v = _qkv((2, 256, 4, 64))
     assert launch._planned_gluon_forward(q, k, v, 0.125, -1, 0) is None
     ran = []
     real = launch._gluon_forward
@@ -281,3 +281,27 @@ def test_other_dtypes_and_head_dims_build_no_key():
     assert not launch._plannable(_qkv(dtype=torch.float32)[0])
     assert not launch._plannable(_qkv((2, 512, 4, 96))[0])
     assert gluon_bwd_launch.HEAD_DIMS == gluon_launch.HEAD_DIMS  # _plannable serves both directions
+
+
+def test_listed_persistent_launch_replays_its_kept_list(gluon_on_cpu, monkeypatch):
+    """A causal persistent forward with the host's tile list (GluonConfig.schedule) is planned: the replay passes the
+    same kept list (plans.constant), which a per-call tensor could not be."""
+    calls = gluon_on_cpu
+    monkeypatch.setitem(configs.GLUON_FWD_PERSISTENT, (128, True), ("persistent-tma-sched8", 1024))
+    replayed, recorded = plans.counts[0], plans.counts[1]
+    q, k, v = _qkv()
+    _forward(q, k, v, right=0)
+    _forward(*_qkv(), right=0)
+    assert plans.counts[1] == recorded + 1 and plans.counts[0] == replayed + 1 and len(calls) == 2
+    schedule = calls[0][-1]
+    assert schedule.dtype == torch.int32 and calls[1][len(calls[0]) - 1] is schedule
+
+
+def test_d64_causal_short_rows_take_gluon_only_plain(gluon_on_cpu):
+    """D64 causal at 512 keys: a plain dense call takes the persistent Gluon grid (configs.GLUON_FWD_MIN_KEYS_PLAIN);
+    with softcap it would run the one-tile kernel, slower than the portable one there: declined."""
+    q, k, v = _qkv((2, 512, 4, 64))
+    assert launch._gluon_forward(q, k, v, 0.125, -1, 0, 30.0, None, None) is None
+    assert not gluon_on_cpu
+    _forward(q, k, v, right=0)
+    assert len(gluon_on_cpu) == 1 and gluon_on_cpu[0][-1].dtype != torch.int32  # no list: lpt8 is the stride

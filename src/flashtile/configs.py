@@ -93,14 +93,27 @@ _SM90_BWD_LOCAL = {
 # 0.81/0.72/0.69/0.69. Below 512 keys unmeasured (the portable kernel, except D128 non-causal).
 GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 512, (64, False): 512, (64, True): 4096,
                       (256, False): 512, (256, True): 512}
+# Plain dense calls (no window, softcap, ALiBi, sink, bias or varlen), which the persistent grid serves where
+# GLUON_FWD_PERSISTENT says: these thresholds instead. D64 causal from 512 keys since session 14, with the persistent
+# grid's causal order (the portable kernel there: 0.70-0.85x cuDNN; the one-tile kernel that features and varlen run
+# stays slower than the portable one below 4K).
+GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 512}
 # (head dim, causal) -> (variant, most seqlen_k): gluon_launch.VARIANTS entry that serves plain / causal dense
 # calls up to that many keys; "default" above it and everywhere else. The persistent grid (one CTA per SM walking
 # tiles, kernels/gluon_fwd_persistent.py) removes the per-tile launch / fill / drain cost that dominates short
 # rows; "-tma" stores O through shared memory. Session 7, time persistent / default at 512, 1K, 2K, 4K: D128
 # persistent-tma 0.77/0.89/0.96/0.96, causal 0.85/1.00/1.07/1.09; D64 0.74/0.85/0.92/0.95; D256 persistent
 # 0.92/0.97/0.99/1.02, causal 1.09-1.17.
-GLUON_FWD_PERSISTENT = {(128, False): ("persistent-tma", 4096), (128, True): ("persistent-tma", 1024),
-                        (64, False): ("persistent-tma", 2048), (256, False): ("persistent", 2048)}
+# Causal since session 14 (lpt-h200-2026-11-30-s14): the causal tiles by groups of heads, heavy first, dealt to the
+# CTAs by the host's list schedule ("-sched4", persistent_schedule.py) or the grid's stride ("-lpt8"), where the old
+# rank-by-rank order over all heads lost to L2. Speed / cuDNN at 512 / 1K / 2K / 4K keys, two runs, the kernel
+# served before -> now: D128 0.79-0.82 (persistent-tma) / 0.85-0.87 (persistent-tma) / 0.86-0.89 (default) / 0.96-1.00
+# (default) -> 0.94-0.96 / 1.00-1.01 / 1.03-1.05 / 1.07; D64 (portable kernel but at 4K) 0.70 / 0.85 / 0.84 / 0.89 ->
+# lpt8 0.79-0.80 / 0.88-0.89 / 0.89-0.92 / 0.94-0.96 (sched4, one run: 0.78 / 0.84 / 0.93 / 0.96); D256, one run,
+# default 0.78 / 0.88 / 0.94 / 1.01 -> sched4 0.83 / 0.91 / 0.94 / 1.07.
+GLUON_FWD_PERSISTENT = {(128, False): ("persistent-tma", 4096), (128, True): ("persistent-tma-sched4", 4096),
+                        (64, False): ("persistent-tma", 2048), (64, True): ("persistent-tma-lpt8", 4096),
+                        (256, False): ("persistent", 2048), (256, True): ("persistent-sched4", 4096)}
 # (head dim, causal) -> (variant, least seqlen_k): the entry that serves longer rows instead of "default". D64: three
 # consumer warpgroups (192-row tiles, FA3's hdim-64 schedule). Session 10 (d64-3wg-h200-2026-11-30-s10), speed /
 # cuDNN in one run, default / d64-3wg / persistent-tma: 2K 0.85 / 0.93 / 0.94, 3K 0.86 / 0.95 / 0.92, 4K 0.90 / 0.99
@@ -167,15 +180,16 @@ def gluon_fwd_variant(head_dim, causal, seqlen_k):
     return variant if seqlen_k >= least else "default"
 
 
-def gluon_fwd_wanted(head_dim, causal, seqlen_k, window_span=None):
+def gluon_fwd_wanted(head_dim, causal, seqlen_k, window_span=None, plain=False):
     """Whether the forward should take the Gluon kernel at this shape (where gluon_supported allows);
-    window_span: the keys one row's window covers (left + right + 1), None without a two-sided window.
+    window_span: the keys one row's window covers (left + right + 1), None without a two-sided window; plain: a
+    dense call without window, softcap, ALiBi, sink or bias (GLUON_FWD_MIN_KEYS_PLAIN).
     Varlen calls pass max_seqlen_k as seqlen_k and get the dense thresholds unchanged: the varlen kernel is the
     dense one plus four cu_seqlens loads per program and ragged (4-D) TMA boxes. Session 6 (gluon_check.py
     --bench-varlen): 0.97-1.01x the dense Gluon forward on the same tokens (8 x 2K, 2 x 8K), 1.16-1.28x the
     portable varlen kernel at D128; a mixed D64 batch (one long sequence among short ones) ran 0.89-0.91x the
     portable varlen kernel, since the short sequences sit below the thresholds the maximum is compared with."""
-    least = GLUON_FWD_MIN_KEYS.get((head_dim, causal))
+    least = (GLUON_FWD_MIN_KEYS_PLAIN if plain else GLUON_FWD_MIN_KEYS).get((head_dim, causal))
     if window_span is not None and window_span < GLUON_FWD_MIN_WINDOW:
         return False
     return least is not None and seqlen_k >= least
