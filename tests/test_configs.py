@@ -45,9 +45,9 @@ def test_gluon_forward_policy():
     assert not configs.gluon_fwd_wanted(128, True, 256) and configs.gluon_fwd_wanted(128, True, 512)
     assert not configs.gluon_fwd_wanted(64, False, 256) and configs.gluon_fwd_wanted(64, False, 512)
     assert not configs.gluon_fwd_wanted(64, True, 2048) and configs.gluon_fwd_wanted(64, True, 4096)
-    # Plain dense calls (the persistent grid's): D64 causal from 512 keys.
-    assert not configs.gluon_fwd_wanted(64, True, 256, plain=True)
-    assert configs.gluon_fwd_wanted(64, True, 512, plain=True)
+    # Plain dense calls (the persistent grid's): D64 causal from 1K keys.
+    assert not configs.gluon_fwd_wanted(64, True, 512, plain=True)
+    assert configs.gluon_fwd_wanted(64, True, 1024, plain=True)
     assert all(configs.gluon_fwd_wanted(d, c, 512, plain=True) == configs.gluon_fwd_wanted(d, c, 512)
                for d, c in configs.GLUON_FWD_MIN_KEYS if (d, c) != (64, True))
     assert configs.gluon_fwd_wanted(256, True, 512) and not configs.gluon_fwd_wanted(256, False, 256)
@@ -60,8 +60,7 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_variant(128, True, 4096) == "persistent-tma-sched4"
     assert configs.gluon_fwd_variant(128, True, 4097) == "default"
     assert configs.gluon_fwd_variant(256, False, 2048) == "persistent"
-    assert configs.gluon_fwd_variant(256, True, 4096) == "persistent-sched4"
-    assert configs.gluon_fwd_variant(256, True, 8192) == "default"
+    assert configs.gluon_fwd_variant(256, True, 512) == "default"
     assert configs.gluon_fwd_variant(64, True, 512) == "persistent-tma-lpt8"
     for (head_dim, _), (variant, _) in configs.GLUON_FWD_PERSISTENT.items():
         assert gluon_launch.VARIANTS[variant][head_dim].persistent

@@ -298,9 +298,9 @@ def test_listed_persistent_launch_replays_its_kept_list(gluon_on_cpu, monkeypatc
 
 
 def test_d64_causal_short_rows_take_gluon_only_plain(gluon_on_cpu):
-    """D64 causal at 512 keys: a plain dense call takes the persistent Gluon grid (configs.GLUON_FWD_MIN_KEYS_PLAIN);
+    """D64 causal at 1K keys: a plain dense call takes the persistent Gluon grid (configs.GLUON_FWD_MIN_KEYS_PLAIN);
     with softcap it would run the one-tile kernel, slower than the portable one there: declined."""
-    q, k, v = _qkv((2, 512, 4, 64))
+    q, k, v = _qkv((2, 1024, 4, 64))
     assert launch._gluon_forward(q, k, v, 0.125, -1, 0, 30.0, None, None) is None
     assert not gluon_on_cpu
     _forward(q, k, v, right=0)

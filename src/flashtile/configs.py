@@ -96,8 +96,9 @@ GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 512, (64, False): 512, (64, 
 # Plain dense calls (no window, softcap, ALiBi, sink, bias or varlen), which the persistent grid serves where
 # GLUON_FWD_PERSISTENT says: these thresholds instead. D64 causal from 512 keys since session 14, with the persistent
 # grid's causal order (the portable kernel there: 0.70-0.85x cuDNN; the one-tile kernel that features and varlen run
-# stays slower than the portable one below 4K).
-GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 512}
+# stays slower than the portable one below 4K). At 512 keys the README bench measured it at 207 TFLOP/s against the
+# portable kernel's 172-218 in earlier runs: not shown faster, so the portable kernel keeps 512.
+GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 1024}
 # (head dim, causal) -> (variant, most seqlen_k): gluon_launch.VARIANTS entry that serves plain / causal dense
 # calls up to that many keys; "default" above it and everywhere else. The persistent grid (one CTA per SM walking
 # tiles, kernels/gluon_fwd_persistent.py) removes the per-tile launch / fill / drain cost that dominates short
@@ -109,11 +110,13 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 512}
 # rank-by-rank order over all heads lost to L2. Speed / cuDNN at 512 / 1K / 2K / 4K keys, two runs, the kernel
 # served before -> now: D128 0.79-0.82 (persistent-tma) / 0.85-0.87 (persistent-tma) / 0.86-0.89 (default) / 0.96-1.00
 # (default) -> 0.94-0.96 / 1.00-1.01 / 1.03-1.05 / 1.07; D64 (portable kernel but at 4K) 0.70 / 0.85 / 0.84 / 0.89 ->
-# lpt8 0.79-0.80 / 0.88-0.89 / 0.89-0.92 / 0.94-0.96 (sched4, one run: 0.78 / 0.84 / 0.93 / 0.96); D256, one run,
-# default 0.78 / 0.88 / 0.94 / 1.01 -> sched4 0.83 / 0.91 / 0.94 / 1.07.
+# lpt8 0.79-0.80 / 0.88-0.89 / 0.89-0.92 / 0.94-0.96 (sched4, one run: 0.78 / 0.84 / 0.93 / 0.96). D256 stays on the
+# one-tile kernel: default 0.78 / 0.88 / 0.94 / 1.01 -> persistent-sched4 0.83 / 0.91 / 0.94 / 1.07 in the check
+# script, but the README bench (h200-2026-11-30-s14) then measured 252 / 401 / 490 / 595 TFLOP/s against the
+# one-tile kernel's 265-267 / 382-401 / 479-501 / 580 in earlier runs: not shown faster below 4K.
 GLUON_FWD_PERSISTENT = {(128, False): ("persistent-tma", 4096), (128, True): ("persistent-tma-sched4", 4096),
                         (64, False): ("persistent-tma", 2048), (64, True): ("persistent-tma-lpt8", 4096),
-                        (256, False): ("persistent", 2048), (256, True): ("persistent-sched4", 4096)}
+                        (256, False): ("persistent", 2048)}
 # (head dim, causal) -> (variant, least seqlen_k): the entry that serves longer rows instead of "default". D64: three
 # consumer warpgroups (192-row tiles, FA3's hdim-64 schedule). Session 10 (d64-3wg-h200-2026-11-30-s10), speed /
 # cuDNN in one run, default / d64-3wg / persistent-tma: 2K 0.85 / 0.93 / 0.94, 3K 0.86 / 0.95 / 0.92, 4K 0.90 / 0.99
