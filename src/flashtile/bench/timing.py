@@ -24,6 +24,7 @@ def bench_ms(fn, device, warmup, rep, cuda_graph=False):
 
         if cuda_graph:
             fn = _captured(fn)
+        _settle(fn, device)
         return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
     end = time.perf_counter() + warmup / 1e3
     while time.perf_counter() < end:
@@ -34,6 +35,19 @@ def bench_ms(fn, device, warmup, rep, cuda_graph=False):
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
+
+
+SETTLE_MS = 100.0  # wall time of calls before each CUDA timing
+
+
+def _settle(fn, device):
+    """Calls fn for SETTLE_MS of wall time before a timing. In session 14 the first shape timed after a kernel's
+    compile (the GPU idle for seconds) measured 0.4-0.8x the speed the same kernel showed in other runs, most
+    likely at a lower clock, which do_bench's own warm-up (25 ms) did not bring back. Not yet checked on a GPU."""
+    end = time.perf_counter() + SETTLE_MS / 1e3
+    while time.perf_counter() < end:
+        fn()
+        torch.cuda.synchronize(device)
 
 
 def peak_memory_mb(fn, device, keep=()):
