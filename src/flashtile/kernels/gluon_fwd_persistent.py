@@ -14,14 +14,14 @@ this CTA has processed so far, never reset per tile): stage = c % STAGES, phase 
 CTA's global key-block count; the Q barrier's phase is the CTA's tile count & 1. Each consumer waits its turn once
 per key block, so its turn counter equals the key-block counter.
 Tile order (_tile_coords): non-causal, the query tiles of one head adjacent and the heads of a batch (and KV group)
-next, so the CTAs running at once share K / V in L2; causal, the longest query tiles first across all heads (the
-static stride then balances like longest-processing-time-first), or with LPT_HEADS > 0 (GluonConfig.lpt_heads) by
-groups of that many heads, in each group the longest tiles first (gluon_grid._heavy_first_linear): the tiles in
-flight then share fewer heads' K / V. The static stride can deal one CTA tiles of nearly the same rank round after
-round (a stride just above a multiple of a group's tile count), so that CTA gets most of the heavy tiles and the
-grid waits for it. With SCHEDULE the host lists each CTA's tiles instead (persistent_schedule.py: the same order
-dealt by longest-processing-time list scheduling, each tile to the CTA that frees first in a model of the tiles'
-costs).
+next, so the CTAs running at once share K / V in L2; causal, the longest query tiles first across all heads (well
+balanced, but the tiles in flight then read many heads' K / V: slow, session 14), or with LPT_HEADS > 0
+(GluonConfig.lpt_heads) by groups of that many heads, in each group the longest tiles first
+(gluon_grid._heavy_first_linear): the tiles in flight then share fewer heads' K / V. The static stride can deal one CTA
+tiles of nearly the same rank round after round (a stride just above a multiple of a group's tile count), so that CTA
+gets most of the heavy tiles and the grid waits for it. With SCHEDULE the host lists each CTA's tiles instead
+(persistent_schedule.py: the same order dealt by longest-processing-time list scheduling, each tile to the CTA that
+frees first in a model of the tiles' costs).
 Plain and causal (bottom-right), dense (B, S, H, D), head dims 64 / 128 / 256, RAGGED descriptors for batch > 1
 with Sk % BLOCK_N != 0. Softcap, ALiBi, windows, sinks and varlen are not taken: gluon_launch runs the
 one-tile-per-program kernel for them.
@@ -37,36 +37,47 @@ from .gluon_grid import _heavy_first_linear
 
 
 @gluon.jit
-def _tile_range(Schedule, n_tiles, SCHEDULE: gl.constexpr):
-    """(first, end, step) of the CTA's loop over tile numbers: every grid-th tile, or with SCHEDULE the CTA's slice of
-    the host's list (Schedule: int32, the grid's ctas + 1 offsets, then the listed tiles)."""
-    if SCHEDULE:
-        first = gl.load(Schedule + gl.program_id(0))
-        end = gl.load(Schedule + gl.program_id(0) + 1)
-        step = 1
-    else:
-        first = gl.program_id(0)
-        end = n_tiles
-        step = gl.num_programs(0)
-    return first, end, step
-
-
-@gluon.jit
 def _listed_tile(Schedule, i, end):
-    """The i-th listed tile (pid_m * n_bh + pid_bh), read one tile ahead so the load's latency hides behind a tile
-    (i == end, past the CTA's last tile, reads its last one again)."""
+    """The i-th listed tile (pid_m * n_bh + pid_bh; i == end, past the CTA's last tile, reads its last one again)."""
     return gl.load(Schedule + gl.num_programs(0) + 1 + gl.minimum(i, end - 1))
 
 
 @gluon.jit
-def _tile_coords(tile, n_m, n_bh, IS_CAUSAL: gl.constexpr, LPT_HEADS: gl.constexpr = 0, listed=0,
-                 SCHEDULE: gl.constexpr = False):
-    """(pid_m, pid_bh) of the CTA's tile number tile (see the module docstring for the order); with SCHEDULE, of
-    the listed tile (_listed_tile) instead."""
+def _tile_loop(Schedule, n_tiles, SCHEDULE: gl.constexpr):
+    """(first, end, step, listed) of the CTA's loop over tile numbers: every grid-th tile, or with SCHEDULE the CTA's
+    slice of the host's list (Schedule: int32, the grid's ctas + 1 offsets, then the listed tiles) and its first
+    listed tile (0 without SCHEDULE), for _next_tile."""
+    if SCHEDULE:
+        first = gl.load(Schedule + gl.program_id(0))
+        end = gl.load(Schedule + gl.program_id(0) + 1)
+        step = 1
+        listed = _listed_tile(Schedule, first, end)
+    else:
+        first = gl.program_id(0)
+        end = n_tiles
+        step = gl.num_programs(0)
+        listed = 0
+    return first, end, step, listed
+
+
+@gluon.jit
+def _next_tile(Schedule, tile, end, listed, n_m, n_bh, IS_CAUSAL: gl.constexpr, LPT_HEADS: gl.constexpr,
+               SCHEDULE: gl.constexpr):
+    """(pid_m, pid_bh, the next listed tile) of loop step tile (_tile_loop): with SCHEDULE the listed tile, whose
+    successor is read here, one tile ahead, so the load's latency hides behind this tile."""
     if SCHEDULE:
         pid_m = listed // n_bh
         pid_bh = listed % n_bh
-    elif LPT_HEADS > 0:  # causal, by groups of LPT_HEADS heads (gluon_grid._heavy_first)
+        listed = _listed_tile(Schedule, tile + 1, end)
+    else:
+        pid_m, pid_bh = _tile_coords(tile, n_m, n_bh, IS_CAUSAL, LPT_HEADS)
+    return pid_m, pid_bh, listed
+
+
+@gluon.jit
+def _tile_coords(tile, n_m, n_bh, IS_CAUSAL: gl.constexpr, LPT_HEADS: gl.constexpr = 0):
+    """(pid_m, pid_bh) of the CTA's tile number tile (see the module docstring for the order)."""
+    if LPT_HEADS > 0:  # causal, by groups of LPT_HEADS heads (gluon_grid._heavy_first)
         rank, pid_bh = _heavy_first_linear(tile, n_m, n_bh, LPT_HEADS)
         pid_m = n_m - 1 - rank
     elif IS_CAUSAL:
@@ -101,15 +112,9 @@ def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_e
     BLOCK_M: gl.constexpr = 2 * WG_M
     c = 0  # key blocks loaded by this CTA so far (all tiles): the ring's running counter
     t = 0  # tiles of this CTA so far
-    first, end, step = _tile_range(Schedule, n_tiles, SCHEDULE)
-    listed = 0
-    if SCHEDULE:
-        listed_next = _listed_tile(Schedule, first, end)
+    first, end, step, listed = _tile_loop(Schedule, n_tiles, SCHEDULE)
     for tile in range(first, end, step):
-        if SCHEDULE:
-            listed = listed_next
-            listed_next = _listed_tile(Schedule, tile + 1, end)
-        pid_m, pid_bh = _tile_coords(tile, n_m, n_bh, IS_CAUSAL, LPT_HEADS, listed, SCHEDULE)
+        pid_m, pid_bh, listed = _next_tile(Schedule, tile, end, listed, n_m, n_bh, IS_CAUSAL, LPT_HEADS, SCHEDULE)
         off_b = pid_bh // heads_q
         off_h = pid_bh % heads_q
         start_m = pid_m * BLOCK_M
@@ -208,15 +213,9 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
         causal_offset = 0
     c = 0  # key blocks consumed by this CTA so far (all tiles): ring and turn position
     t = 0  # tiles of this CTA so far: the Q barrier's phase
-    first, end, step = _tile_range(Schedule, n_tiles, SCHEDULE)
-    listed = 0
-    if SCHEDULE:
-        listed_next = _listed_tile(Schedule, first, end)
+    first, end, step, listed = _tile_loop(Schedule, n_tiles, SCHEDULE)
     for tile in range(first, end, step):
-        if SCHEDULE:
-            listed = listed_next
-            listed_next = _listed_tile(Schedule, tile + 1, end)
-        pid_m, pid_bh = _tile_coords(tile, n_m, n_bh, IS_CAUSAL, LPT_HEADS, listed, SCHEDULE)
+        pid_m, pid_bh, listed = _next_tile(Schedule, tile, end, listed, n_m, n_bh, IS_CAUSAL, LPT_HEADS, SCHEDULE)
         off_b = pid_bh // heads_q
         off_h = pid_bh % heads_q
         start_m = pid_m * BLOCK_M
@@ -299,7 +298,9 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                 O_TMA: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
                                 SCHEDULE: gl.constexpr = False):
     """_attn_fwd_hopper's plain / causal forward over n_tiles = n_m * n_bh tiles (n_m = cdiv(Sq, 128) query
-    tiles, n_bh = B * Hq), tile i on CTA i % grid. Launch with num_warps=4 and a grid of min(n_tiles, SMs).
+    tiles, n_bh = B * Hq), tile i on CTA i % grid, or with SCHEDULE the CTA's tiles in Schedule (an int32 tensor,
+    persistent_schedule.schedule_table for this grid; unused without SCHEDULE). Launch with num_warps=4 and a grid of
+    min(n_tiles, SMs).
     O_TMA: o_desc is Out as a 2-D (B * Sq, Hq * D) TMA tensor with boxes [64, D] and batch == 1 or Sq % 64 == 0
     (a box never reaches into the next sequence); else o_desc is unused and O is stored from registers."""
     gl.static_assert(LPT_HEADS == 0 or IS_CAUSAL, "LPT_HEADS: causal launches")
