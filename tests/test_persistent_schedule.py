@@ -50,3 +50,12 @@ def test_lists_are_kept_per_shape_and_device():
     assert first.dtype == torch.int32 and ps.persistent_schedule(*args) is first
     assert first.tolist() == ps.schedule_table(*args[1:])
     assert ps.persistent_schedule(torch.device("cpu"), 4, 6, 5, 3, 512, 512, 128, 128) is not first
+
+
+def test_capture_without_a_kept_list_takes_the_stride(monkeypatch):
+    """Under a CUDA graph capture a new list would need a host-to-device copy: None (the caller launches the grid's
+    stride order), and nothing is kept."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    kept = dict(ps._kept)
+    assert ps.persistent_schedule(torch.device("cuda", 0), 4, 6, 5, 2, 512, 512, 128, 128) is None
+    assert ps._kept == kept

@@ -10,7 +10,8 @@ tile to the CTA that frees first in a model of the tiles' costs (key blocks plus
 dynamic scheduler (the GPU's block scheduler for a one-tile-per-program grid) does, without a device-side counter.
 
 A list depends only on the shape, so it is built once per shape and device and kept (a graph capture can replay
-the launch); a launch during a CUDA graph capture that has no list yet runs the static order.
+the launch); a launch during a CUDA graph capture that has no list yet runs the static order (and a launch plan
+recorded by that call keeps it).
 """
 import heapq
 import math
