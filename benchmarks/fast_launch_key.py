@@ -142,7 +142,7 @@ def qkv(b, s, h, d, dtype=torch.bfloat16, offset=0):
 def gluon_persistent(b, s, h, d, causal=False, dtype=torch.bfloat16, offset=0):
     q, k, v = qkv(b, s, h, d, dtype, offset)
     out, lse = torch.empty_like(q), torch.empty(b, h, s)
-    config = gluon_launch.VARIANTS[configs.gluon_fwd_variant(d, causal, s)][d]
+    config = gluon_launch.VARIANTS[configs.gluon_fwd_variant(d, causal, s, plain=True)][d]
     grid, args, constexprs, options = gluon_launch.persistent_launch_args(q, k, v, out, lse, d ** -0.5, causal,
                                                                           config, sm_count=132)
     return args, {**constexprs, **options}

@@ -143,7 +143,7 @@ def stages(calls, reps):
         ("launch._gluon_forward [persistent-tma] S512", lambda: launch._gluon_forward(
             q, q, q, scale, -1, -1, 0.0, None, None)),
         ("  configs wanted + variant + tested_triton", lambda: gluon_launch.tested_triton()
-         and configs.gluon_fwd_wanted(d, False, 512, None) and configs.gluon_fwd_variant(d, False, 512)),
+         and configs.gluon_fwd_wanted(d, False, 512, None) and configs.gluon_fwd_variant(d, False, 512, True)),
         ("  gluon_launch.gluon_supported", lambda: gluon_launch.gluon_supported(q, q, q, **fwd_features)),
         ("  gluon_launch.gluon_forward", lambda: gluon_launch.gluon_forward(
             q, q, q, scale, variant="persistent-tma", **fwd_features)),

@@ -86,7 +86,7 @@ def parts(profile_path):
 
     q, k, v = (torch.randn(32, 512, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     scale = 128 ** -0.5
-    variant = configs.gluon_fwd_variant(128, False, 512)
+    variant = configs.gluon_fwd_variant(128, False, 512, plain=True)
     config = gluon_launch.VARIANTS[variant][128]
     out, lse = torch.empty_like(q), torch.empty(32, 16, 512, device="cuda")
     grid, pargs, constexprs, options = gluon_launch.persistent_launch_args(q, k, v, out, lse, scale, False, config)

@@ -65,6 +65,10 @@ def test_persistent_order_changes_nothing(monkeypatch, shape, base_variant, head
         out, lse = gluon_launch.gluon_forward(q, k, v, causal=True, variant="ordered")
         out0, lse0 = gluon_launch.gluon_forward(q, k, v, causal=True, variant="rank-major")
         assert torch.equal(out, out0) and torch.equal(lse, lse0), max_ctas
+        # The listed order reached the kernel (a list exists now, outside any capture).
+        constexprs = gluon_launch.persistent_launch_args(q, k, v, out, lse, 0.1, True,
+                                                         gluon_launch.VARIANTS["ordered"][head_dim])[2]
+        assert constexprs.get("SCHEDULE", False) == order.get("schedule", False)
 
 
 @pytest.mark.gpu

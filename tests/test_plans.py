@@ -305,3 +305,12 @@ def test_d64_causal_short_rows_take_gluon_only_plain(gluon_on_cpu):
     assert not gluon_on_cpu
     _forward(q, k, v, right=0)
     assert len(gluon_on_cpu) == 1 and gluon_on_cpu[0][-1].dtype != torch.int32  # no list: lpt8 is the stride
+
+
+def test_a_launcher_can_ask_for_no_plan(gluon_on_cpu):
+    """plans.dont_keep() during record() (the persistent forward's stride fallback under a CUDA graph capture): the
+    call's result comes back, and neither a plan nor a decline is kept for its key."""
+    recorded = plans.counts[1]
+    out = plans.record(("key",), (), lambda: plans.dont_keep() or ("out",), None)
+    assert out == ("out",) and plans.get(("key",)) is None and plans.counts[1] == recorded
+    assert plans.record(("other",), (), lambda: plans.dont_keep(), None) is None and plans.get(("other",)) is None

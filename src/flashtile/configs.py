@@ -94,7 +94,7 @@ _SM90_BWD_LOCAL = {
 GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 512, (64, False): 512, (64, True): 4096,
                       (256, False): 512, (256, True): 512}
 # Plain dense calls (no window, softcap, ALiBi, sink, bias or varlen), which the persistent grid serves where
-# GLUON_FWD_PERSISTENT says: these thresholds instead. D64 causal from 512 keys since session 14, with the persistent
+# GLUON_FWD_PERSISTENT says: these thresholds instead. D64 causal from 1K keys since session 14, with the persistent
 # grid's causal order (the portable kernel there: 0.70-0.85x cuDNN; the one-tile kernel that features and varlen run
 # stays slower than the portable one below 4K). At 512 keys the README bench measured it at 207 TFLOP/s against the
 # portable kernel's 172-218 in earlier runs: not shown faster, so the portable kernel keeps 512.
@@ -171,13 +171,14 @@ def gluon_bwd_variant(head_dim, causal, plain):
     return GLUON_BWD_PLAIN.get((head_dim, causal), "default") if plain else "default"
 
 
-def gluon_fwd_variant(head_dim, causal, seqlen_k):
-    """The gluon_launch.VARIANTS entry for a forward the Gluon kernel serves (GLUON_FWD_PERSISTENT for short rows,
-    GLUON_FWD_LONG for long ones, else "default"); its features (windows, softcap, ALiBi, sinks) and varlen calls
-    run the one-tile kernel with the same tiles whatever it is (gluon_launch.takes_config gives a bias or ALiBi the
-    default's tiles where a variant cannot serve them)."""
+def gluon_fwd_variant(head_dim, causal, seqlen_k, plain=False):
+    """The gluon_launch.VARIANTS entry for a forward the Gluon kernel serves: GLUON_FWD_PERSISTENT for short rows of
+    plain dense calls (plain as for gluon_fwd_wanted: the calls the persistent kernel takes), GLUON_FWD_LONG for long
+    ones, else "default". GLUON_FWD_LONG's features (windows, softcap, sinks) and varlen calls run the one-tile
+    kernel with its tiles (gluon_launch.takes_config gives a bias or ALiBi the default's tiles where a variant cannot
+    serve them)."""
     variant, most = GLUON_FWD_PERSISTENT.get((head_dim, causal), ("default", None))
-    if most is not None and seqlen_k <= most:
+    if plain and most is not None and seqlen_k <= most:
         return variant
     variant, least = GLUON_FWD_LONG.get((head_dim, causal), ("default", 0))
     return variant if seqlen_k >= least else "default"

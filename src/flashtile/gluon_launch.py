@@ -582,14 +582,14 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
                       RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm, TREE_MAX=config.tree_max, O_TMA=o_tma)
-    if config.lpt_heads and is_causal:
-        constexprs.update(LPT_HEADS=config.lpt_heads)
     schedule = None
     if config.schedule and is_causal:
         schedule = persistent_schedule(q.device, n_m, n_bh, ctas, config.lpt_heads or n_bh, seqlen_q, seqlen_k,
                                        BLOCK_M, config.block_n)
     if schedule is not None:
-        constexprs.update(SCHEDULE=True)
+        constexprs.update(SCHEDULE=True)  # the list holds the order: LPT_HEADS would only split the compiles
+    elif config.lpt_heads and is_causal:
+        constexprs.update(LPT_HEADS=config.lpt_heads)
     args += (lse if schedule is None else schedule, )  # Schedule: unused without SCHEDULE
     return (ctas, ), args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 

@@ -651,7 +651,7 @@ def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, a
         lambda: gluon_launch.tested_triton() and configs.gluon_fwd_wanted(q.shape[-1], causal, keys, span, plain),
         lambda: gluon_launch.gluon_supported(q, k, v, **features),
         lambda: gluon_launch.gluon_forward(q, k, v, softmax_scale,
-                                           variant=configs.gluon_fwd_variant(q.shape[-1], causal, keys),
+                                           variant=configs.gluon_fwd_variant(q.shape[-1], causal, keys, plain),
                                            **features),
         gluon_launch.disable)
 

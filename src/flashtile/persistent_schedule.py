@@ -9,9 +9,10 @@ CTA gets a list instead: the same heavy-first order dealt by list scheduling (lo
 tile to the CTA that frees first in a model of the tiles' costs (key blocks plus TILE_OVERHEAD). That is what a
 dynamic scheduler (the GPU's block scheduler for a one-tile-per-program grid) does, without a device-side counter.
 
-A list depends only on the shape, so it is built once per shape and device and kept (a graph capture can replay
-the launch); a launch during a CUDA graph capture that has no list yet runs the static order (and a launch plan
-recorded by that call keeps it).
+A list depends only on the tiles (their counts, the grid, the group and each rank's key blocks), so it is built once
+per such shape and device and kept for good: a captured CUDA graph or a launch plan holds its address, so it is never
+freed (4 bytes per tile; a new shape costs about 2 ms of Python per 2K tiles, once). A launch during a CUDA graph
+capture that has no list yet runs the grid's stride order, and the call keeps no launch plan (plans.dont_keep).
 """
 import heapq
 import math
@@ -21,8 +22,7 @@ import torch
 from . import plans
 
 TILE_OVERHEAD = 1.0  # a tile's fixed cost beyond its key blocks, in key blocks (the Q load and the epilogue)
-_MAX_KEPT = 64  # lists kept (first in, first out); a model has a few shapes
-_kept = {}  # (shape key, device) -> int32 tensor
+_kept = {}  # (n_m, n_bh, ctas, group, key blocks per rank, device) -> int32 tensor, never freed
 
 
 def heavy_first_tiles(n_m, n_bh, group):
@@ -56,8 +56,14 @@ def list_schedule(costs, ctas):
 def schedule_table(n_m, n_bh, ctas, group, seqlen_q, seqlen_k, block_m, block_n):
     """The kernel's Schedule as a list of ints: ctas + 1 offsets into the listed tiles, then the tiles
     (pid_m * n_bh + pid_bh), each CTA's in the order it runs them."""
+    blocks = tuple(causal_blocks(m, seqlen_q, seqlen_k, block_m, block_n) for m in range(n_m))
+    return _table(n_bh, ctas, group, blocks)
+
+
+def _table(n_bh, ctas, group, blocks):
+    """schedule_table of n_m = len(blocks) query tiles whose rank m visits blocks[m] key blocks."""
+    n_m = len(blocks)
     tiles = heavy_first_tiles(n_m, n_bh, group)
-    blocks = [causal_blocks(m, seqlen_q, seqlen_k, block_m, block_n) for m in range(n_m)]
     lists = list_schedule([blocks[m] + TILE_OVERHEAD for m, _ in tiles], ctas)
     offsets, listed = [0], []
     for items in lists:
@@ -69,15 +75,13 @@ def schedule_table(n_m, n_bh, ctas, group, seqlen_q, seqlen_k, block_m, block_n)
 def persistent_schedule(device, n_m, n_bh, ctas, group, seqlen_q, seqlen_k, block_m, block_n):
     """schedule_table's int32 tensor on device, built on a shape's first launch and kept; None under a CUDA graph
     capture that would have to build one (the caller launches the static order)."""
-    key = (n_m, n_bh, ctas, group, seqlen_q, seqlen_k, block_m, block_n, device)
+    blocks = tuple(causal_blocks(m, seqlen_q, seqlen_k, block_m, block_n) for m in range(n_m))
+    key = (n_bh, ctas, group, blocks, device)
     table = _kept.get(key)
     if table is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            plans.dont_keep()  # a later call outside the capture builds the list
             return None  # a host-to-device copy is not allowed while capturing
-        table = plans.constant(torch.tensor(
-            schedule_table(n_m, n_bh, ctas, group, seqlen_q, seqlen_k, block_m, block_n), dtype=torch.int32,
-            device=device))
-        if len(_kept) >= _MAX_KEPT:
-            del _kept[next(iter(_kept))]
+        table = plans.constant(torch.tensor(_table(n_bh, ctas, group, blocks), dtype=torch.int32, device=device))
         _kept[key] = table
     return table

@@ -25,6 +25,7 @@ _plans = {}  # key -> Plan
 counts = [0, 0]  # [replayed calls, recorded plans] (tests and benchmarks read them)
 _allocs = None  # a list while recording: launch._empty appends each buffer it returns
 _constants = weakref.WeakValueDictionary()  # id -> tensor: kept buffers a replay passes as they are (constant())
+_keep_this = True  # False once a launcher of the call being recorded asked for no plan (dont_keep())
 
 
 class _Launch:
@@ -61,6 +62,14 @@ def clear():
     _plans.clear()
 
 
+def dont_keep():
+    """Called by a launcher while record() runs: this call's launches are not the signature's for good (e.g. the
+    persistent forward's stride order, taken under a CUDA graph capture until its tile list exists), so keep no plan
+    (nor a decline) for it."""
+    global _keep_this
+    _keep_this = False
+
+
 def constant(t):
     """Marks t, a buffer its owner keeps for good (persistent_schedule's tile lists), as an argument a plan may hold
     and pass on every replay; any other tensor that is neither an input nor a launch._empty buffer declines the
@@ -72,15 +81,17 @@ def constant(t):
 def record(key, inputs, run, descriptor_type):
     """run() (the launcher of one call on inputs, returning a tuple of tensors or None), kept as a plan under key
     when every launch it made can be replayed. descriptor_type: Gluon's TensorDescriptor class."""
-    global _allocs
+    global _allocs, _keep_this
     if not fast_launch.enabled():
         return run()
     allocs, launches = [], []
-    _allocs, fast_launch.recorder = allocs, launches
+    _allocs, fast_launch.recorder, _keep_this = allocs, launches, True
     try:
         result = run()
     finally:
         _allocs = fast_launch.recorder = None
+    if not _keep_this:
+        return result
     if result is not None:
         plan = _build(inputs, allocs, launches, result, descriptor_type)
         if plan is not None:
