@@ -59,3 +59,53 @@ def test_capture_without_a_kept_list_takes_the_stride(monkeypatch):
     kept = dict(ps._kept)
     assert ps.persistent_schedule(torch.device("cuda", 0), 4, 6, 5, 2, 512, 512, 128, 128) is None
     assert ps._kept == kept
+
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _capture(fn):
+    """(graph, out) of fn() captured on a side stream, as torch.cuda.graph does."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+def test_gpu_listed_launch_in_a_cuda_graph():
+    """flash_attn_func's causal D128 forward at 1K keys (the persistent grid with its tiles listed,
+    configs.GLUON_FWD_PERSISTENT) captured after an eager call and replayed on new inputs equals the eager call."""
+    import flashtile
+    q, k, v = (torch.randn(3, 1024, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flashtile.flash_attn_func(q, k, v, causal=True)  # compiles, builds and keeps the list
+    kept = len(ps._kept)
+    graph, out = _capture(lambda: flashtile.flash_attn_func(q, k, v, causal=True))
+    assert len(ps._kept) == kept
+    for _ in range(2):
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        assert torch.equal(out, flashtile.flash_attn_func(q, k, v, causal=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+def test_gpu_capture_before_any_list_takes_the_stride():
+    """A shape first seen under capture: no list is built there (the stride order runs, the same bits) and no plan is
+    kept, so the next eager call builds the list and is planned with it."""
+    import flashtile
+    from flashtile import gluon_launch, plans
+    q, k, v = (torch.randn(5, 1024, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    # Compile the stride-order kernel the capture falls back to (the same constexprs) on another shape.
+    small = torch.randn(1, 1024, 4, 128, device="cuda", dtype=torch.bfloat16)
+    gluon_launch.gluon_forward(small, small, small, causal=True, variant="persistent-tma-lpt4")
+    flashtile.flash_attn_func(small, small, small, causal=True)  # and the listed kernel
+    kept, recorded = len(ps._kept), plans.counts[1]
+    graph, out = _capture(lambda: flashtile.flash_attn_func(q, k, v, causal=True))
+    assert len(ps._kept) == kept and plans.counts[1] == recorded
+    graph.replay()
+    want = flashtile.flash_attn_func(q, k, v, causal=True)
+    assert len(ps._kept) == kept + 1 and plans.counts[1] == recorded + 1
+    assert torch.equal(out, want)
