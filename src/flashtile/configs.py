@@ -107,12 +107,12 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 1024}
 # 0.92/0.97/0.99/1.02, causal 1.09-1.17.
 # Causal since session 14 (lpt-h200-2026-11-30-s14): the causal tiles by groups of heads, heavy first, dealt to the
 # CTAs by the host's list schedule ("-sched4", persistent_schedule.py) or the grid's stride ("-lpt8"), where the old
-# rank-by-rank order over all heads lost to L2. Speed / cuDNN at 512 / 1K / 2K / 4K keys, two runs, the kernel
-# served before -> now: D128 0.79-0.82 (persistent-tma) / 0.85-0.87 (persistent-tma) / 0.86-0.89 (default) / 0.96-1.00
-# (default) -> 0.94-0.96 / 1.00-1.01 / 1.03-1.05 / 1.07; D64 (portable kernel but at 4K; one run) 0.70 / 0.85 / 0.84 / 0.89 ->
-# lpt8 0.79-0.80 / 0.88-0.89 / 0.89-0.92 / 0.94-0.96 (sched4, one run: 0.78 / 0.84 / 0.93 / 0.96). D256 stays on the
-# one-tile kernel: default 0.78 / 0.88 / 0.94 / 1.01 -> persistent-sched4 0.83 / 0.91 / 0.94 / 1.07 in the check
-# script, but the README bench (h200-2026-11-30-s14) then measured 252 / 401 / 490 / 595 TFLOP/s against the
+# rank-by-rank order over all heads lost to L2. Speed / cuDNN at 512 / 1K / 2K / 4K keys, two runs, the kernel served
+# before -> now: D128 0.79-0.82 (persistent-tma) / 0.85-0.87 (persistent-tma) / 0.86-0.89 (default) / 0.96-1.00
+# (default) -> 0.94-0.96 / 1.00-1.01 / 1.03-1.05 / 1.07; D64 (portable kernel but at 4K; one run) 0.70 / 0.85 / 0.84 /
+# 0.89 -> lpt8 0.79-0.80 / 0.88-0.89 / 0.89-0.92 / 0.94-0.96 (sched4, one run: 0.78 / 0.84 / 0.93 / 0.96). D256 stays
+# on the one-tile kernel: default 0.78 / 0.88 / 0.94 / 1.01 -> persistent-sched4 0.83 / 0.91 / 0.94 / 1.07 in the
+# check script, but the README bench (h200-2026-11-30-s14) then measured 252 / 401 / 490 / 595 TFLOP/s against the
 # one-tile kernel's 265-267 / 382-401 / 479-501 / 580 in earlier runs: not shown faster below 4K.
 GLUON_FWD_PERSISTENT = {(128, False): ("persistent-tma", 4096), (128, True): ("persistent-tma-sched4", 4096),
                         (64, False): ("persistent-tma", 2048), (64, True): ("persistent-tma-lpt8", 4096),
