@@ -541,15 +541,21 @@ def takes_config(variant, head_dim, attn_bias=None, alibi_slopes=None):
     return config
 
 
+def plain_dense(causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None, cu_seqlens_q=None,
+                attn_bias=None):
+    """A dense, plain or causal call without window, softcap, ALiBi, sink or bias: the calls the persistent kernel
+    takes (takes_persistent) and configs.GLUON_FWD_MIN_KEYS_PLAIN / GLUON_FWD_PERSISTENT route."""
+    return not (mask_mode(causal, window_size)[1] or softcap or alibi_slopes is not None or sink is not None
+                or cu_seqlens_q is not None or attn_bias is not None)
+
+
 def takes_persistent(config, q, k, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None,
                      cu_seqlens_q=None, attn_bias=None):
-    """True when a launch with config runs the persistent kernel: config.persistent, dense, plain or causal
-    (no window, softcap, ALiBi, sink or bias; those and varlen run _attn_fwd_hopper with the same config), and not D256
-    through ragged descriptors (batch > 1, Sk % BLOCK_N != 0: ptxas spills 12-56 B there)."""
-    _, is_local, _, _ = mask_mode(causal, window_size)
+    """True when a launch with config runs the persistent kernel: config.persistent, a plain_dense call (the
+    others and varlen run _attn_fwd_hopper with the same config), and not D256 through ragged descriptors (batch >
+    1, Sk % BLOCK_N != 0: ptxas spills 12-56 B there)."""
     if not (config.persistent and config.consumers == 2 and _attn_fwd_hopper_persistent is not None
-            and cu_seqlens_q is None and not is_local and not softcap and alibi_slopes is None and sink is None
-            and attn_bias is None):
+            and plain_dense(causal, window_size, softcap, alibi_slopes, sink, cu_seqlens_q, attn_bias)):
         return False
     return not (q.shape[-1] == 256 and q.shape[0] > 1 and k.shape[1] % config.block_n != 0)
 

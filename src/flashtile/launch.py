@@ -643,9 +643,8 @@ def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, a
     if varlen:
         features.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                         max_seqlen_k=max_seqlen_k)
-    # What the persistent grid serves (configs.GLUON_FWD_MIN_KEYS_PLAIN): plain or causal, dense, no score feature.
-    plain = (not varlen and window_left < 0 and window_right in (-1, 0) and not softcap and alibi_slopes is None
-             and sink is None and attn_bias is None)
+    plain = gluon_launch.plain_dense(False, (window_left, window_right), softcap, alibi_slopes, sink, cu_seqlens_q,
+                                     attn_bias)
     return _try_gluon(
         "FLASHTILE_GLUON",
         lambda: gluon_launch.tested_triton() and configs.gluon_fwd_wanted(q.shape[-1], causal, keys, span, plain),

@@ -42,6 +42,11 @@ def causal_blocks(pid_m, seqlen_q, seqlen_k, block_m, block_n):
     return max(0, math.ceil(last_key / block_n))
 
 
+def rank_blocks(n_m, seqlen_q, seqlen_k, block_m, block_n):
+    """causal_blocks of every rank's query tile, pid_m 0 to n_m - 1."""
+    return tuple(causal_blocks(m, seqlen_q, seqlen_k, block_m, block_n) for m in range(n_m))
+
+
 def list_schedule(costs, ctas):
     """Each item (in order) to the CTA that frees first (ties: the lowest CTA): the lists of item indices."""
     free = [(0.0, cta) for cta in range(ctas)]
@@ -56,8 +61,7 @@ def list_schedule(costs, ctas):
 def schedule_table(n_m, n_bh, ctas, group, seqlen_q, seqlen_k, block_m, block_n):
     """The kernel's Schedule as a list of ints: ctas + 1 offsets into the listed tiles, then the tiles
     (pid_m * n_bh + pid_bh), each CTA's in the order it runs them."""
-    blocks = tuple(causal_blocks(m, seqlen_q, seqlen_k, block_m, block_n) for m in range(n_m))
-    return _table(n_bh, ctas, group, blocks)
+    return _table(n_bh, ctas, group, rank_blocks(n_m, seqlen_q, seqlen_k, block_m, block_n))
 
 
 def _table(n_bh, ctas, group, blocks):
@@ -75,7 +79,7 @@ def _table(n_bh, ctas, group, blocks):
 def persistent_schedule(device, n_m, n_bh, ctas, group, seqlen_q, seqlen_k, block_m, block_n):
     """schedule_table's int32 tensor on device, built on a shape's first launch and kept; None under a CUDA graph
     capture that would have to build one (the caller launches the static order)."""
-    blocks = tuple(causal_blocks(m, seqlen_q, seqlen_k, block_m, block_n) for m in range(n_m))
+    blocks = rank_blocks(n_m, seqlen_q, seqlen_k, block_m, block_n)
     key = (n_bh, ctas, group, blocks, device)
     table = _kept.get(key)
     if table is None:
