@@ -59,7 +59,7 @@ os.environ["FLASHTILE_GLUON"] = "0"  # the portable path, except where a check r
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from flashtile import gluon_launch, launch  # noqa: E402
+from flashtile import gluon_launch, launch, persistent_schedule  # noqa: E402
 from flashtile.reference import attention_ref  # noqa: E402
 from gpu_check import (ABS_FLOOR, alibi_slopes, bench_shapes, guarded, max_err,  # noqa: E402  (this folder)
                        run_children, say, shape_label, time_providers)
@@ -796,6 +796,8 @@ def main():
     parser.add_argument("--bench-varlen", action="store_true", help="also time varlen against dense (16K tokens)")
     parser.add_argument("--correct-groups", default="", help="only these correct-phase groups (comma list of "
                         "HEAD_DIM:CAUSAL, FEATURE_CASES keys, varlen)")
+    parser.add_argument("--tile-overhead", type=float, default=None, help="bench phase: the listed persistent "
+                        "orders' cost model, a tile's fixed cost in key blocks (persistent_schedule.TILE_OVERHEAD)")
     parser.add_argument("--feature-variants", default="", help="with --bench-features: time plain / causal / softcap "
                         "of the default and these variants instead of every feature (the correct phase checks them)")
     args = parser.parse_args()
@@ -811,6 +813,9 @@ def main():
     if args.phase == "features":
         sys.exit(0 if phase_features(args.group) else 1)
     if args.phase == "bench":
+        if args.tile_overhead is not None:  # before any launch: lists are built once per shape and kept
+            persistent_schedule.TILE_OVERHEAD = args.tile_overhead
+            say(f"INFO TILE_OVERHEAD {args.tile_overhead}")
         phase_bench(variants, seqlens, [int(d) for d in args.bench_dims.split(",")], args.bench_causal)
         return
     if args.phase == "bench-features":
