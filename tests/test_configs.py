@@ -57,16 +57,20 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_variant(128, False, 4097, plain=True) == "default"
     # Causal short rows: the persistent grid's tiles heavy first by groups of heads, listed by the host (schedN) or
     # dealt by the grid's stride (lptN).
-    assert configs.gluon_fwd_variant(128, True, 4096, plain=True) == "persistent-tma-sched4"
-    assert configs.gluon_fwd_variant(128, True, 4097, plain=True) == "default"
+    assert configs.gluon_fwd_variant(128, True, 16384, plain=True) == "persistent-tma-sched4"
+    assert configs.gluon_fwd_variant(128, True, 16385, plain=True) == "default"
     assert configs.gluon_fwd_variant(256, False, 2048, plain=True) == "persistent"
     assert configs.gluon_fwd_variant(256, True, 512, plain=True) == "default"
+    assert configs.gluon_fwd_variant(256, True, 4095, plain=True) == "default"
+    assert configs.gluon_fwd_variant(256, True, 4096, plain=True) == "persistent-sched4"
+    assert configs.gluon_fwd_variant(256, True, 16384, plain=True) == "persistent-sched4"
+    assert configs.gluon_fwd_variant(256, True, 16385, plain=True) == "default"
     assert configs.gluon_fwd_variant(64, True, 1024, plain=True) == "persistent-tma-lpt8"
     # Calls with features or varlen run the one-tile kernel: the default's config, not a persistent variant's
     # (whose tile order would reach the one-tile kernel unmeasured).
     assert all(configs.gluon_fwd_variant(d, c, 1024) == "default" for d, c in configs.GLUON_FWD_PERSISTENT)
-    for (head_dim, _), (variant, _) in configs.GLUON_FWD_PERSISTENT.items():
-        assert gluon_launch.VARIANTS[variant][head_dim].persistent
+    for (head_dim, _), (variant, least, most) in configs.GLUON_FWD_PERSISTENT.items():
+        assert gluon_launch.VARIANTS[variant][head_dim].persistent and 0 <= least < most
     # Long D64 rows: three consumer warpgroups (configs.GLUON_FWD_LONG), after the persistent grid's 2K.
     assert configs.gluon_fwd_variant(64, False, 2048, plain=True) == "persistent-tma"
     assert configs.gluon_fwd_variant(64, False, 2049) == "d64-3wg" == configs.gluon_fwd_variant(64, False, 2049, True)

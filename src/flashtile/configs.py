@@ -99,10 +99,10 @@ GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 512, (64, False): 512, (64, 
 # stays slower than the portable one below 4K). At 512 keys the README bench measured it at 207 TFLOP/s against the
 # portable kernel's 172-218 in earlier runs: not shown faster, so the portable kernel keeps 512.
 GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 1024}
-# (head dim, causal) -> (variant, most seqlen_k): gluon_launch.VARIANTS entry that serves plain / causal dense
-# calls up to that many keys; "default" above it and everywhere else. The persistent grid (one CTA per SM walking
-# tiles, kernels/gluon_fwd_persistent.py) removes the per-tile launch / fill / drain cost that dominates short
-# rows; "-tma" stores O through shared memory. Session 7, time persistent / default at 512, 1K, 2K, 4K: D128
+# (head dim, causal) -> (variant, least seqlen_k, most seqlen_k): gluon_launch.VARIANTS entry that serves plain /
+# causal dense calls from least to most keys; "default" outside and everywhere else. The persistent grid (one CTA per
+# SM walking tiles, kernels/gluon_fwd_persistent.py) removes the per-tile launch / fill / drain cost that dominates
+# short rows; "-tma" stores O through shared memory. Session 7, time persistent / default at 512, 1K, 2K, 4K: D128
 # persistent-tma 0.77/0.89/0.96/0.96, causal 0.85/1.00/1.07/1.09; D64 0.74/0.85/0.92/0.95; D256 persistent
 # 0.92/0.97/0.99/1.02, causal 1.09-1.17.
 # Causal since session 14 (lpt-h200-2026-11-30-s14): the causal tiles by groups of heads, heavy first, dealt to the
@@ -114,9 +114,14 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 1024}
 # on the one-tile kernel: default 0.78 / 0.88 / 0.94 / 1.01 -> persistent-sched4 0.83 / 0.91 / 0.94 / 1.07 in the
 # check script, but the README bench (h200-2026-11-30-s14) then measured 252 / 401 / 490 / 595 TFLOP/s against the
 # one-tile kernel's 265-267 / 382-401 / 479-501 / 580 in earlier runs: not shown faster below 4K.
-GLUON_FWD_PERSISTENT = {(128, False): ("persistent-tma", 4096), (128, True): ("persistent-tma-sched4", 4096),
-                        (64, False): ("persistent-tma", 2048), (64, True): ("persistent-tma-lpt8", 4096),
-                        (256, False): ("persistent", 2048)}
+# Session 15 (lpt-h200-2026-11-30-s15), the listed order at long causal rows, speed / cuDNN against the one-tile
+# default in the same run: D128 4K / 8K / 16K 1.11 / 1.08 / 1.09 against 1.03 / 1.04 / 1.06 (session 14: 8K / 16K
+# 1.11 / 1.10 against 1.07 / 1.07); D256 persistent-sched4 4K / 8K / 16K 1.12 / 1.08 / 1.17 against 1.09 / 1.05 /
+# 1.16 (session 14: 1.07 against 1.01 at 4K, 1.11 / 1.11 against 1.07 / 1.09 at 8K / 16K). Both to 16K keys, D256
+# from 4K. Longer rows are unmeasured (and a tile list grows with them: persistent_schedule.py).
+GLUON_FWD_PERSISTENT = {(128, False): ("persistent-tma", 0, 4096), (128, True): ("persistent-tma-sched4", 0, 16384),
+                        (64, False): ("persistent-tma", 0, 2048), (64, True): ("persistent-tma-lpt8", 0, 4096),
+                        (256, False): ("persistent", 0, 2048), (256, True): ("persistent-sched4", 4096, 16384)}
 # (head dim, causal) -> (variant, least seqlen_k): the entry that serves longer rows instead of "default". D64: three
 # consumer warpgroups (192-row tiles, FA3's hdim-64 schedule). Session 10 (d64-3wg-h200-2026-11-30-s10), speed /
 # cuDNN in one run, default / d64-3wg / persistent-tma: 2K 0.85 / 0.93 / 0.94, 3K 0.86 / 0.95 / 0.92, 4K 0.90 / 0.99
@@ -177,8 +182,8 @@ def gluon_fwd_variant(head_dim, causal, seqlen_k, plain=False):
     ones, else "default". GLUON_FWD_LONG's features (windows, softcap, sinks) and varlen calls run the one-tile
     kernel with its tiles (gluon_launch.takes_config gives a bias or ALiBi the default's tiles where a variant cannot
     serve them)."""
-    variant, most = GLUON_FWD_PERSISTENT.get((head_dim, causal), ("default", None))
-    if plain and most is not None and seqlen_k <= most:
+    variant, least, most = GLUON_FWD_PERSISTENT.get((head_dim, causal), ("default", None, None))
+    if plain and most is not None and least <= seqlen_k <= most:
         return variant
     variant, least = GLUON_FWD_LONG.get((head_dim, causal), ("default", 0))
     return variant if seqlen_k >= least else "default"
