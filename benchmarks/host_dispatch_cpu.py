@@ -4,12 +4,13 @@
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python benchmarks/host_dispatch_cpu.py --e2e [--reps 7]
 
 --e2e: the whole call instead, flash_attn_func's forward (no grad, and with grad) and forward + .backward(), through
-fast_launch and triton 3.6's own JITFunction / CompiledKernel / CudaLauncher objects: a stub driver (device 0,
-stream 0, sm90), each kernel's JITFunction.run answered by a CompiledKernel whose CudaLauncher.launch (the C
-function on a GPU) does nothing, and the launchers' CUDA checks routed to CPU tensors. So each number is all the
-host's Python of a call, triton's included, short of the C launch (and of the tensor-map encoding that triton's
-wrap_handle_tensordesc does around it for descriptors), with CPU torch.empty for the allocations (B1 H1 D128 bf16:
-S512 forward, S1024 backward, the Gluon backward's threshold). FLASHTILE_FAST_LAUNCH=0 / 1 as on the GPU.
+fast_launch and triton 3.6's own JITFunction / CompiledKernel / CudaLauncher objects: a stub driver (device 0, stream
+0, sm90), each kernel's JITFunction.run answered by a CompiledKernel whose CudaLauncher.launch (the C function on a
+GPU) does nothing, and the launchers' CUDA checks routed to CPU tensors. So each number is all the host's Python of a
+call, triton's included, short of the C launch (and of the tensor-map encoding that triton's wrap_handle_tensordesc
+does around it for descriptors), with CPU torch.empty for the allocations (B1 H1 D128 bf16: S512 forward, S1024
+backward, the Gluon backward's threshold; and D64 causal S512, which runs the portable kernels).
+FLASHTILE_FAST_LAUNCH=0 / 1 as on the GPU.
 
 The kernels are replaced by recorders (kernel[grid](...) does nothing), the device is declared a Hopper with
 132 SMs, and CPU tensors stand in for CUDA ones, as tests/test_gluon.py does; so each number is the Python of
@@ -232,7 +233,7 @@ def e2e(calls, reps):
     driver.set_active(StubDriver())
     for kernel in (gluon_launch._attn_fwd_hopper, gluon_launch._attn_fwd_hopper_persistent,
                    gluon_bwd_launch._attn_bwd_dkdv_hopper, launch._attn_bwd_preprocess, launch._attn_bwd_dq_convert,
-                   launch._attn_fwd):
+                   launch._attn_fwd, launch._attn_bwd_dkdv, launch._attn_bwd_dq):
         _stub_kernel(kernel)
     gluon_launch._supported_device = gluon_bwd_launch._supported_device = lambda *tensors: True
     gluon_launch._sm_count = lambda device_index: 132
@@ -249,12 +250,22 @@ def e2e(calls, reps):
         q1.grad = k1.grad = v1.grad = None
         flashtile.flash_attn_func(q1, k1, v1).backward(grad)
 
+    q64, k64, v64 = (torch.randn(1, 512, 1, 64, dtype=dt, requires_grad=True) for _ in range(3))
+    grad64 = torch.randn_like(q64)
+
+    def fwd_bwd_portable():
+        q64.grad = k64.grad = v64.grad = None
+        flashtile.flash_attn_func(q64, k64, v64, causal=True).backward(grad64)
+
     rows = [("e2e forward, no grad, S512", lambda: flashtile.flash_attn_func(q, q, q)),
             ("e2e forward, grad, S1024", lambda: flashtile.flash_attn_func(q1, k1, v1)),
-            ("e2e forward + backward, S1024", fwd_bwd)]
+            ("e2e forward + backward, S1024", fwd_bwd),
+            ("e2e portable forward, grad, D64 causal S512", lambda: flashtile.flash_attn_func(q64, k64, v64,
+                                                                                           causal=True)),
+            ("e2e portable forward + backward, D64 causal S512", fwd_bwd_portable)]
     results = [(name, *_time(fn, calls, reps)) for name, fn in rows]
-    results.append(("  backward alone (difference of the two above)", results[2][1] - results[1][1],
-                    results[2][2] - results[1][2]))
+    results.insert(3, ("  backward alone (difference of the two above)", results[2][1] - results[1][1],
+                       results[2][2] - results[1][2]))
     results.append((f"  fast_launch [fast, recorded] launches: {fast_launch.counts}", 0.0, 0.0))
     plans = getattr(flashtile, "plans", None)  # imported by launch.py where it exists (older trees: A / B runs)
     if plans is not None:

@@ -45,7 +45,8 @@ def gluon_on_cpu(monkeypatch):
     calls = []
     for module, name in ((gluon_launch, "_attn_fwd_hopper"), (gluon_launch, "_attn_fwd_hopper_persistent"),
                          (gluon_bwd_launch, "_attn_bwd_dkdv_hopper"), (launch, "_attn_bwd_preprocess"),
-                         (launch, "_attn_bwd_dq_convert")):
+                         (launch, "_attn_bwd_dq_convert"), (launch, "_attn_fwd"), (launch, "_attn_bwd_dkdv"),
+                         (launch, "_attn_bwd_dq")):
         _stub(monkeypatch, module, name, calls)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
@@ -172,20 +173,60 @@ def test_features_are_not_planned(gluon_on_cpu):
     assert not plans._plans and len(gluon_on_cpu) == 2
 
 
-def test_declined_signature_skips_the_launcher_next_time(gluon_on_cpu, monkeypatch):
-    """A signature the Gluon launcher declines (D64 causal at 256 keys: configs sends it to the portable kernels) is
-    remembered: the next call of it returns None at once. A declined misaligned call is not remembered (the address,
-    not the signature, decided it)."""
+def test_portable_forward_is_planned(gluon_on_cpu):
+    """A plain call the Gluon forward declines (D64 causal at 256 keys: configs sends it to the portable kernel) is
+    planned too: the second call of its signature replays the portable launch (no checks, config choice, grid or
+    argument building: the host time of short rows, and of every call on a GPU without the Gluon kernels)."""
+    calls = gluon_on_cpu
     q, k, v = _qkv((2, 256, 4, 64))
-    assert launch._planned_gluon_forward(q, k, v, 0.125, -1, 0) is None
-    ran = []
-    real = launch._gluon_forward
-    monkeypatch.setattr(launch, "_gluon_forward", lambda *a: ran.append(a) or real(*a))
-    assert launch._planned_gluon_forward(q, k, v, 0.125, -1, 0) is None and not ran
+    assert launch._gluon_forward(q, k, v, 0.125, -1, 0, 0.0, None, None) is None and not calls
+    replayed, recorded = plans.counts
+    out1, lse1 = _forward(q, k, v, right=0)
+    assert plans.counts[1] == recorded + 1 and len(calls) == 1
+    q2, k2, v2 = _qkv((2, 256, 4, 64))
+    out2, lse2 = _forward(q2, k2, v2, right=0)
+    assert plans.counts[0] == replayed + 1 and len(calls) == 2
+    first = _normal(calls[0], (q, k, v, out1, lse1))
+    assert first == _normal(calls[1][:len(first)], (q2, k2, v2, out2, lse2))
+
+
+def test_portable_backward_is_planned(gluon_on_cpu):
+    """The same for the backward: D64 at 512 keys (the Gluon backward from 1K) runs the portable preprocess, dK / dV
+    and dQ launches, and the second call replays all three."""
+    calls = gluon_on_cpu
+    args = []
+    replayed, recorded = plans.counts
+    for _ in range(2):
+        q, k, v = _qkv((2, 512, 4, 64))
+        out, dout = torch.randn_like(q), torch.randn_like(q)
+        lse = torch.randn(2, 4, 512)
+        grads = launch._flash_attn_backward(dout, q, k, v, out, lse, None, 0.125, -1, -1, 0.0, None)
+        args.append((dout, q, k, v, out, lse, *grads[:3]))
+    assert len(calls) == 6 and plans.counts == [replayed + 1, recorded + 1]
+    for first, second in zip(calls[:3], calls[3:]):
+        first = _normal(first, args[0])
+        assert first == _normal(second[:len(first)], args[1])
+
+
+def test_unreplayable_signature_is_declined_once(gluon_on_cpu, monkeypatch):
+    """A signature whose launches take an argument a replay cannot rebuild (D256 on an sm90 below the Gluon backward's
+    512 keys: the portable dK / dV kernel's "desc" tiles read q and dO through triton TensorDescriptors) is declined
+    once (plans.DECLINED): its later calls take the normal path without recording again. A misaligned call keeps
+    nothing (its address decided, not its signature)."""
+    monkeypatch.setattr(launch, "_arch", lambda device: (9, 0))
+    calls = gluon_on_cpu
+    q, k, v = _qkv((1, 256, 2, 256))
+    out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 2, 256)
+    recorded = plans.counts[1]
+    for n in (1, 2):
+        launch._flash_attn_backward(dout, q, k, v, out, lse, None, 0.0625, -1, -1, 0.0, None)
+        assert list(plans._plans.values()) == [plans.DECLINED] and plans.counts[1] == recorded
+        assert len(calls) == 4 * n  # preprocess, dV, dK, dQ
+    plans.clear()
     flat = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)  # 2 bytes off 16
     for _ in range(2):
-        assert launch._planned_gluon_forward(flat, k, v, 0.125, -1, -1) is None
-    assert len(ran) == 2
+        launch._flash_attn_forward(flat, k, v, 0.0625, -1, 0, 0.0, None, None)
+    assert not plans._plans
 
 
 def test_plans_are_bounded(gluon_on_cpu, monkeypatch):

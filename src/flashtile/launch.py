@@ -682,24 +682,28 @@ def _replay(plan, inputs, gluon_module):
         return None
 
 
-def _planned_gluon_forward(q, k, v, softmax_scale, window_left, window_right):
-    """_gluon_forward of a call without optional features (no softcap, ALiBi, sink, bias, varlen), replayed from
-    its plan after the first call of its signature (plans.py; the key: the inputs' shapes, strides, dtypes and
-    devices, which of them alias, the scale, the window, FLASHTILE_GLUON)."""
+def _planned_forward(q, k, v, softmax_scale, window_left, window_right):
+    """(out, lse) of a CUDA call without optional features (no softcap, ALiBi, sink, bias, varlen, dropout, mods):
+    the Gluon forward where _gluon_forward takes it, else the portable kernel, replayed from its plan after the
+    first call of its signature (plans.py; the key: the inputs' shapes, strides, dtypes and devices, which of them
+    alias, the scale, the window, FLASHTILE_GLUON and whether the Gluon forward is still on). None where the
+    signature has no plan (plans.DECLINED): the caller takes the normal path."""
+    gluon_launch = _gluon_modules()[0]
     inputs = (q, k, v)
-    key = ("fwd", os.environ.get("FLASHTILE_GLUON"), _signature(q), _signature(k), _signature(v),
-           plans.aliasing(inputs), softmax_scale, window_left, window_right)
-    return _planned(key, inputs, _gluon_modules()[0],
-                    lambda: _gluon_forward(q, k, v, softmax_scale, window_left, window_right, 0.0, None, None))
+    key = ("fwd", os.environ.get("FLASHTILE_GLUON"), gluon_launch._disabled is None, _signature(q), _signature(k),
+           _signature(v), plans.aliasing(inputs), softmax_scale, window_left, window_right)
+    return _planned(key, inputs, gluon_launch,
+                    lambda: (_gluon_forward(q, k, v, softmax_scale, window_left, window_right, 0.0, None, None)
+                             or _portable_forward(q, k, v, softmax_scale, window_left, window_right, 0.0, None, None)))
 
 
 def _planned(key, inputs, gluon_module, run):
-    """run() (a Gluon launcher's call on inputs, whose signature is key) replayed from key's plan, or None at once
-    where key was declined, else run as it is and recorded (plans.record)."""
+    """run() (the launchers' call on inputs, whose signature is key) replayed from key's plan, or None at once where
+    key was declined, else run as it is and recorded (plans.record)."""
     plan = plans.get(key)
     if plan is plans.DECLINED:
         return None
-    if plan is not None and gluon_module._disabled is None:
+    if plan is not None:
         result = _replay(plan, inputs, gluon_module)
         if result is not None:
             return result
@@ -741,14 +745,24 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
         if result is not None:
             return result
     if plain and q.is_cuda:
+        result = None
         if (alibi_slopes is None and sink is None and cu_seqlens_q is None and attn_bias is None and not softcap
                 and _plannable(q)):
-            result = _planned_gluon_forward(q, k, v, softmax_scale, window_left, window_right)
-        else:
+            result = _planned_forward(q, k, v, softmax_scale, window_left, window_right)
+        if result is None:
             result = _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
                                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias)
         if result is not None:
             return result
+    return _portable_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
+                             cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, dropout_p, rng, mods)
+
+
+def _portable_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
+                      cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None,
+                      dropout_p=0.0, rng=None, mods=None):
+    """_flash_attn_forward on the portable Triton kernel (kernels/fwd.py): every GPU, the interpreter, every
+    feature."""
     geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     poison = poison_outputs()
     out = _empty(q.shape, q, poison=poison)
@@ -855,16 +869,20 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
         gluon_bwd_launch.disable)
 
 
-def _planned_gluon_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right):
-    """_gluon_backward of a call without optional features (no dlse, softcap, ALiBi, sink, bias, varlen), replayed
-    from its plan after the first call of its signature (as _planned_gluon_forward; FLASHTILE_GLUON_BWD)."""
+def _planned_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right):
+    """(dq, dk, dv) of a CUDA call without optional features (no dlse, softcap, ALiBi, sink, bias, varlen, dropout,
+    mods; not deterministic): the Gluon backward where _gluon_backward takes it, else the portable kernels, replayed
+    from its plan after the first call of its signature (as _planned_forward; FLASHTILE_GLUON_BWD)."""
+    gluon_bwd_launch = _gluon_modules()[1]
     inputs = (dout, q, k, v, out, lse)
-    key = ("bwd", os.environ.get("FLASHTILE_GLUON_BWD"), _signature(dout), _signature(q), _signature(k),
-           _signature(v), _signature(out), _signature(lse), plans.aliasing(inputs), softmax_scale, window_left,
-           window_right)
-    return _planned(key, inputs, _gluon_modules()[1],
-                    lambda: _gluon_backward(dout, q, k, v, out, lse, None, softmax_scale, window_right == 0,
-                                            window_size=(window_left, window_right)))
+    key = ("bwd", os.environ.get("FLASHTILE_GLUON_BWD"), gluon_bwd_launch._disabled is None, _signature(dout),
+           _signature(q), _signature(k), _signature(v), _signature(out), _signature(lse), plans.aliasing(inputs),
+           softmax_scale, window_left, window_right)
+    return _planned(key, inputs, gluon_bwd_launch,
+                    lambda: (_gluon_backward(dout, q, k, v, out, lse, None, softmax_scale, window_right == 0,
+                                             window_size=(window_left, window_right))
+                             or _portable_backward(dout, q, k, v, out, lse, None, softmax_scale, window_left,
+                                                   window_right, 0.0, None)[:3]))
 
 
 def _gluon_sparse_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, mods):
@@ -918,10 +936,11 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
         if grads is not None:
             return (*grads, q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.float32))
     if q.is_cuda and _gluon_bwd_candidate(bias_grad, dropout_p, mods, deterministic):
+        grads = None
         if (dlse is None and sink is None and alibi_slopes is None and not softcap and attn_bias is None
                 and cu_seqlens_q is None and _plannable(q)):
-            grads = _planned_gluon_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right)
-        else:
+            grads = _planned_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right)
+        if grads is None:
             grads = _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_right == 0,
                                     window_size=(window_left, window_right), softcap=softcap,
                                     alibi_slopes=alibi_slopes, sink=sink, sink_parts=parts, cu_seqlens_q=cu_seqlens_q,
@@ -929,6 +948,17 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
                                     attn_bias=attn_bias)
         if grads is not None:
             return (*grads, q.new_empty(0, dtype=torch.float32), _dsink(parts, q))
+    return _portable_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
+                              alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias,
+                              bias_grad, dropout_p, rng, mods, sink, geo, parts)
+
+
+def _portable_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
+                       alibi_slopes, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
+                       attn_bias=None, bias_grad=False, dropout_p=0.0, rng=None, mods=None, sink=None, geo=None,
+                       parts=None):
+    """_flash_attn_backward on the portable Triton kernels (kernels/bwd.py), with dout of unit last stride; geo and
+    the sink's parts where the caller has them."""
     if geo is None:
         geo = Geometry.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     poison = poison_outputs()

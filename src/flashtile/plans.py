@@ -1,18 +1,19 @@
-"""Launch plans: a plain Gluon forward or backward replayed per call signature (host time).
+"""Launch plans: a plain forward or backward (Gluon or portable kernels) replayed per call signature (host time).
 
-The first call of a signature runs the launchers as always (launch._gluon_forward / _gluon_backward) while record()
-watches: the buffers they allocate (launch._empty) and the launches they make (fast_launch.launch). When every
-launch went through fast_launch's cache and every argument is an input, one of those buffers, a TMA descriptor of
-one of them, or a plain scalar, the call becomes a Plan: the arguments as a template with the tensors' and
-descriptors' places marked. A later call with the same key only allocates the buffers, rebuilds the descriptors
-on the new tensors (they hold the pointers), and launches each kernel through fast_launch.replay: no support
-checks, config choice, grid or argument building, and no fast_launch key.
+The first call of a signature runs the launchers as always (from launch._planned_forward / _planned_backward) while
+record() watches: the buffers they allocate (launch._empty) and the launches they make (fast_launch.launch). When
+every launch went through fast_launch's cache and every argument is an input, one of those buffers, a TMA descriptor
+of one of them, or a plain scalar, the call becomes a Plan: the arguments as a template with the tensors' and
+descriptors' places marked. A later call with the same key only allocates the buffers, rebuilds the descriptors on the
+new tensors (they hold the pointers), and launches each kernel through fast_launch.replay: no support checks, config
+choice, grid or argument building, and no fast_launch key.
 
-The key (launch.py builds it) holds everything the launchers read besides the tensors' addresses: every input's
-shape, strides, dtype and device, the scalars (scale, window) and the environment switch that chose the Gluon
-kernel; replay() checks the addresses' 16-byte alignment (TMA and triton's specialization read it) and gives up
-(None: the caller takes the normal path) where any tensor is misaligned. Plans exist only while fast_launch is on
-(FLASHTILE_FAST_LAUNCH=0 turns both off) and only for calls without optional features (launch.py decides).
+The key (launch.py builds it) holds everything the launchers read besides the tensors' addresses: every input's shape,
+strides, dtype and device, the scalars (scale, window), the environment switch that chose the Gluon kernel and whether
+that kernel is still on (a failed build turns it off for the process); replay() checks the addresses' 16-byte
+alignment (TMA and triton's specialization read it) and gives up (None: the caller takes the normal path) where any
+tensor is misaligned. Plans exist only while fast_launch is on (FLASHTILE_FAST_LAUNCH=0 turns both off) and only for
+calls without optional features (launch.py decides).
 """
 import weakref
 
@@ -41,7 +42,7 @@ class Plan:
     __slots__ = ("n_inputs", "allocs", "launches", "outputs")
 
 
-DECLINED = "declined"  # _plans[key] of a signature whose launcher returned None (the portable kernels serve it)
+DECLINED = "declined"  # _plans[key] of a signature with no plan: its launcher returned None, or it is not replayable
 
 
 def get(key):
@@ -90,16 +91,18 @@ def record(key, inputs, run, descriptor_type):
         result = run()
     finally:
         _allocs = fast_launch.recorder = None
-    if not _keep_this:
+    # Nothing is kept where an input's address decided (a misaligned tensor: another kernel specialization, no TMA)
+    # or a launch went through triton's own path (a launch hook): the next call of the signature records again.
+    if (not _keep_this or not all(t.data_ptr() & 15 == 0 for t in inputs)
+            or not all(launch[4] is not None for launch in launches)):
         return result
-    if result is not None:
-        plan = _build(inputs, allocs, launches, result, descriptor_type)
-        if plan is not None:
-            _keep(key, plan)
-            counts[1] += 1
-    elif all(t.data_ptr() & 15 == 0 for t in inputs):
-        # Declined for what the key holds (shape thresholds, dtype, strides, device), not for an address: later
-        # calls of this signature go straight to the portable path without running the launcher's checks again.
+    plan = None if result is None else _build(inputs, allocs, launches, result, descriptor_type)
+    if plan is not None:
+        _keep(key, plan)
+        counts[1] += 1
+    else:
+        # Declined (the launcher returned None) or not replayable (an argument a replay cannot rebuild, e.g. a triton
+        # TensorDescriptor) for what the key holds: later calls of this signature take the normal path at once.
         _keep(key, DECLINED)
     return result
 
