@@ -220,9 +220,42 @@ class _PlainProgress:
         pass
 
 
+def _compile_pass(shapes, providers, modes, device, seed):
+    """One call of every provider on every shape (with its backward where a mode times it) before any timing, on
+    CUDA: compiles, launch plans and tile lists are made here. In sessions 14-15 the first shape timed after a
+    kernel's compile measured 0.4-0.8x its speed in other runs: calls host-bound at 512 keys, whose host time per
+    call right after a compile was up to 1.7x the same call's later in the process (benchmarks/host_time.py, pass
+    1 against pass 2; cuDNN's too). 100 ms of calls before each timing did not help. Failures are left to
+    measure(), which records them."""
+    if device.type != "cuda":
+        return
+    backward = any(mode != "fwd" for mode in modes)
+    for i, shape in enumerate(shapes):
+        inputs = make_inputs(shape, device, seed=seed + i)
+        for provider in providers:
+            if _skip_reason(provider, shape, device) is not None:
+                continue
+            try:
+                prep = provider.prepare(*inputs, shape.causal, parse_feature(shape.features))
+                with prep.context():
+                    out = prep.fn()
+                    if backward:
+                        torch.autograd.grad(out, prep.inputs, torch.randn_like(out))
+                    del out
+            except Exception:  # noqa: BLE001  (measure() records it)
+                _release(device, collect=True)
+            finally:
+                prep = None
+                _release(device)
+        inputs = None
+    torch.cuda.synchronize(device)
+
+
 def run_sweep(cfg, providers, device):
-    """Measure every provider on every shape of ``cfg``; returns the list of records."""
+    """Measure every provider on every shape of ``cfg`` (after one call of each: _compile_pass); returns the list of
+    records."""
     shapes = make_shapes(cfg)
+    _compile_pass(shapes, providers, cfg.modes, device, cfg.seed)
     records = []
     bar = _progress(len(shapes) * len(providers))
     base, inputs, i = None, None, -1

@@ -14,18 +14,15 @@ MB = 2**20
 def bench_ms(fn, device, warmup, rep, cuda_graph=False):
     """Median milliseconds of ``fn()``. The caller has already run fn once (compile excluded).
 
-    CUDA: triton.testing.do_bench (L2 flushed between runs) after SETTLE_MS of calls (_settle); with
-    cuda_graph, of replaying one captured call (what a serving loop that captures its decode step pays: no host
-    work per call). CPU:
-    time.perf_counter over repeated calls for about ``rep`` ms (at least 3, at most 50 runs) after
-    ``warmup`` ms of extra warm-up.
+    CUDA: triton.testing.do_bench (L2 flushed between runs); with cuda_graph, of replaying one captured call (what
+    a serving loop that captures its decode step pays: no host work per call). CPU: time.perf_counter over
+    repeated calls for about ``rep`` ms (at least 3, at most 50 runs) after ``warmup`` ms of extra warm-up.
     """
     if device.type == "cuda":
         from triton.testing import do_bench
 
         if cuda_graph:
             fn = _captured(fn)
-        _settle(fn, device)
         return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
     end = time.perf_counter() + warmup / 1e3
     while time.perf_counter() < end:
@@ -36,23 +33,6 @@ def bench_ms(fn, device, warmup, rep, cuda_graph=False):
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
-
-
-SETTLE_MS = 100.0  # wall time of calls before each CUDA timing
-
-
-def _settle(fn, device):
-    """Calls fn for SETTLE_MS of wall time before a timing. In session 14 the first shape timed after a kernel's
-    compile (the GPU idle for seconds) measured 0.4-0.8x the speed the same kernel showed in other runs, most
-    likely at a lower clock, which do_bench's own warm-up (25 ms) did not bring back. Not yet checked on a GPU."""
-    end = time.perf_counter() + SETTLE_MS / 1e3
-    calls = 0
-    while time.perf_counter() < end:
-        fn()
-        calls += 1
-        if calls % 8 == 0:  # a few calls queued: short ones (decode, ~30 us) keep the GPU busy, long ones stop soon
-            torch.cuda.synchronize(device)
-    torch.cuda.synchronize(device)
 
 
 def peak_memory_mb(fn, device, keep=()):
