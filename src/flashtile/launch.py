@@ -34,14 +34,16 @@ def poison_outputs():
 
 
 def _empty(shape, like, dtype=None, poison=None):
-    """An output buffer on like's device; NaN-filled where poison (None: poison_outputs())."""
+    """An output buffer of shape (at least one dim) on like's device; NaN-filled where poison (None:
+    poison_outputs())."""
     dtype = dtype or like.dtype
     if poison is None:
         poison = poison_outputs()
     if poison:
         t = torch.full(shape, float("nan"), dtype=dtype, device=like.device)
     else:
-        t = torch.empty(shape, dtype=dtype, device=like.device)
+        # The sizes as separate arguments: torch parses them ~0.5 us faster than one tuple or torch.Size (host time)
+        t = torch.empty(*shape, dtype=dtype, device=like.device)
     if plans._allocs is not None:  # recording a plan (plans.record)
         plans._allocs.append(t)
     return t
