@@ -24,7 +24,7 @@ On a hit the launch goes straight to the C function of triton 3.6's CudaLauncher
 wrapper included) with the arguments CudaLauncher.__call__ would give it (_Entry.direct), where the launcher needs
 no scratch memory and its calling convention is the one checked here (_direct_launch); else through
 CudaLauncher.__call__. launch() returns the cache entry it used, so a caller that replays one call signature
-(plans.py) can launch it again through replay() without computing the key.
+(plans.py) can launch it again (replay_stream) without computing the key.
 
 Only on the triton this was checked against (gluon_launch.TESTED_TRITON), never under the interpreter, and
 FLASHTILE_FAST_LAUNCH=0 turns it off. Launch hooks (profilers such as proton), pre-run hooks, TRITON_DEBUG and
@@ -337,7 +337,7 @@ class _Entry:
     """A recorded launch: the CompiledKernel, how to call it (direct: launcher.launch, or None: the launcher), the
     device whose cache it came from, the layouts whose ids its key holds (kept alive), and tail: the parameters
     after the positional arguments (all constexprs, so one per key; None where a tail parameter is not a
-    constexpr: then replay() cannot rebuild the call)."""
+    constexpr: then a replay cannot rebuild the call)."""
     __slots__ = ("compiled", "run", "direct", "function", "packed_metadata", "coop", "pdl", "layouts", "device",
                  "tail", "kernel")
 
@@ -426,26 +426,27 @@ def _launch(kernel, grid, args, kwargs):
     return entry
 
 
-def replay(entry, grid, args):
-    """Launch entry's kernel (a launch() of the same key returned it) with args, the call's positional arguments,
-    without computing the key: the caller (plans.py) guarantees that args have the types, specialization (int
-    residues, tensor dtypes and 16-byte alignment, descriptor block shapes and layouts) and constexprs of the
-    recorded call. False, launching nothing, where launch() must decide: the fast path is off, a launch hook,
-    debug knob or pre-run hook is set, the current device is another, a global the kernel read has changed, or the
-    entry cannot rebuild the call."""
-    if not _on or entry.tail is None:
-        return False
+def replay_stream(entries):
+    """The current stream, on which a caller that replays one call signature (plans.py) may launch each of entries
+    (launch() returned them) itself: entry(grid, stream, positional arguments + entry.tail), without computing the
+    key. The caller guarantees that the arguments have the types, specialization (int residues, tensor dtypes and
+    16-byte alignment, descriptor block shapes and layouts) and constexprs of the recorded calls. None, where
+    launch() must decide for every one: the fast path is off, a launch hook or debug knob is set, a pre-run hook is,
+    the current device is another, a global a kernel read has changed, or an entry cannot rebuild its call. Checked
+    once for all entries: nothing between their launches can change any of it."""
+    if not _on:
+        return None
     rt = _rt
-    kernel = entry.kernel
-    if (not _hooks_idle(rt.knobs) or kernel.pre_run_hooks
-            or (kernel.used_global_vals and not _globals_unchanged(kernel))):
-        return False
+    if not _hooks_idle(rt.knobs):
+        return None
     device = rt.driver.active.get_current_device()
-    if device != entry.device:
-        return False
-    counts[0] += 1
-    entry(grid, rt.driver.active.get_current_stream(device), args + entry.tail if entry.tail else args)
-    return True
+    for entry in entries:
+        kernel = entry.kernel
+        if (entry.tail is None or entry.device != device or kernel.pre_run_hooks
+                or (kernel.used_global_vals and not _globals_unchanged(kernel))):
+            return None
+    counts[0] += len(entries)
+    return rt.driver.active.get_current_stream(device)
 
 
 def clear():

@@ -5,8 +5,8 @@ record() watches: the buffers they allocate (launch._empty) and the launches the
 every launch went through fast_launch's cache and every argument is an input, one of those buffers, a TMA descriptor
 of one of them, or a plain scalar, the call becomes a Plan: the arguments as a template with the tensors' and
 descriptors' places marked. A later call with the same key only allocates the buffers, rebuilds the descriptors on the
-new tensors (they hold the pointers), and launches each kernel through fast_launch.replay: no support checks, config
-choice, grid or argument building, and no fast_launch key.
+new tensors (they hold the pointers), and launches each kernel on the stream fast_launch.replay_stream gives: no
+support checks, config choice, grid or argument building, and no fast_launch key.
 
 The key (launch.py builds it) holds everything the launchers read besides the tensors' addresses: every input's shape,
 strides, dtype and device, the scalars (scale, window), the environment switch that chose the Gluon kernel and whether
@@ -30,16 +30,17 @@ _keep_this = True  # False once a launcher of the call being recorded asked for 
 
 
 class _Launch:
-    """One recorded launch: kernel, grid, the positional arguments as a template (None at the tensors' and
-    descriptors' places), tensors: (position, tensor index), descs: (position, tensor index, shape, strides, block
-    shape, layout), kwargs (constexprs and options) and fast_launch's entry."""
-    __slots__ = ("kernel", "grid", "template", "tensors", "descs", "kwargs", "entry")
+    """One recorded launch: kernel, grid, the arguments as a template (None at the tensors' and descriptors' places):
+    the n_args positional ones, then the entry's tail (what fast_launch's entry is called with), tensors: (position,
+    tensor index), descs: (position, tensor index, shape, strides, block shape, layout), kwargs (constexprs and
+    options) and fast_launch's entry."""
+    __slots__ = ("kernel", "grid", "template", "n_args", "tensors", "descs", "kwargs", "entry")
 
 
 class Plan:
-    """A call signature's launches. Tensors are indexed: the inputs first, then the buffers in allocation order
-    (allocs: (shape, dtype) each); outputs: the indices of the returned tensors."""
-    __slots__ = ("n_inputs", "allocs", "launches", "outputs")
+    """A call signature's launches (and their fast_launch entries). Tensors are indexed: the inputs first, then the
+    buffers in allocation order (allocs: (shape, dtype) each); outputs: the indices of the returned tensors."""
+    __slots__ = ("n_inputs", "allocs", "launches", "entries", "outputs")
 
 
 DECLINED = "declined"  # _plans[key] of a signature with no plan: its launcher returned None, or it is not replayable
@@ -151,9 +152,11 @@ def _build(inputs, allocs, launches, result, descriptor_type):
                 template[pos] = None
             elif t not in (int, float, bool, type(None)):
                 return None
-        launch.template = tuple(template)
+        launch.template, launch.n_args = (*template, *entry.tail), len(template)
+        launch.tensors, launch.descs = tuple(launch.tensors), tuple(launch.descs)
         plan.launches.append(launch)
     plan.launches = tuple(plan.launches)
+    plan.entries = tuple(launch.entry for launch in plan.launches)
     return plan
 
 
@@ -169,14 +172,16 @@ def replay(plan, inputs, alloc, make_descriptor):
         if t.data_ptr() & 15:
             return None
         tensors.append(t)
+    stream = fast_launch.replay_stream(plan.entries)  # None: each launch through fast_launch.launch (a hook, ...)
     for launch in plan.launches:
         args = list(launch.template)
         for pos, i in launch.tensors:
             args[pos] = tensors[i]
         for pos, i, shape, strides, block_shape, layout in launch.descs:
             args[pos] = make_descriptor(tensors[i], shape, strides, block_shape, layout)
-        args = tuple(args)
-        if not fast_launch.replay(launch.entry, launch.grid, args):
-            fast_launch.launch(launch.kernel, launch.grid, args, launch.kwargs)
+        if stream is not None:
+            launch.entry(launch.grid, stream, args)
+        else:
+            fast_launch.launch(launch.kernel, launch.grid, tuple(args[:launch.n_args]), launch.kwargs)
     counts[0] += 1
     return tuple(tensors[i] for i in plan.outputs)
