@@ -6,9 +6,17 @@ runs the same context and backward through a torch.autograd.Function instead, sk
 dispatch (see ops.call). Saved: q, k, v, out, lse (and ALiBi slopes, sinks, bias, the dropout seed):
 O(N) memory beyond the bias; the dropout mask is regenerated, never stored.
 """
+from operator import itemgetter
+
 import torch
 
 from . import ops
+
+# Positions in flashtile::fwd's inputs of the tensors that can require grad (q, k, v, alibi_slopes, sink, attn_bias):
+# the others are numbers or integer tensors (cu_seqlens, the dropout seed), which never do.
+_FLOAT_TENSOR_INPUTS = (0, 1, 2, 7, 8, 13)
+_SINK, _BIAS = 8, 13
+_float_tensors = itemgetter(*_FLOAT_TENSOR_INPUTS)  # the op's inputs (or their gradients) at those positions
 
 
 def _setup_context(ctx, inputs, output):
@@ -28,14 +36,15 @@ def _bias_grad(dscores, attn_bias):
     return (dscores.sum(dims, keepdim=True) if dims else dscores).to(attn_bias.dtype)
 
 
-def _backward(ctx, dout, dlse):
+def _grads(ctx, dout, dlse, bias_wanted, sink_wanted):
+    """One gradient per input of flashtile::fwd; bias_wanted / sink_wanted: whether attn_bias / sink need theirs."""
     # dout / dlse None: that output took no part in the loss (_EagerForward does not materialize zero gradients:
     # a zero-filled dlse cost an allocation, a fill and the preprocess's dlse term on every backward).
     q, k, v, out, lse, alibi_slopes, sink, cu_seqlens_q, cu_seqlens_k, attn_bias, rng = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    bias_grad = attn_bias is not None and ctx.needs_input_grad[13]
-    sink_grad = sink is not None and ctx.needs_input_grad[8]
+    bias_grad = attn_bias is not None and bias_wanted
+    sink_grad = sink is not None and sink_wanted
     dq, dk, dv, dscores, dsink = ops.call(ops.bwd, dout, q, k, v, out, lse, dlse, *ctx.scalars, alibi_slopes,
                                           cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, attn_bias, bias_grad,
                                           ctx.dropout_p, rng, ctx.deterministic, sink if sink_grad else None)
@@ -44,29 +53,34 @@ def _backward(ctx, dout, dlse):
     return dq, dk, dv, None, None, None, None, None, dsink, None, None, None, None, dbias, None, None, None
 
 
+def _backward(ctx, dout, dlse):
+    return _grads(ctx, dout, dlse, ctx.needs_input_grad[_BIAS], ctx.needs_input_grad[_SINK])
+
+
 torch.library.register_autograd("flashtile::fwd", _backward, setup_context=_setup_context)
+
+# ctx.needs_input_grad positions of attn_bias and sink in _EagerForward.apply(inputs, *_float_tensors(inputs))
+_EAGER_BIAS, _EAGER_SINK = 1 + _FLOAT_TENSOR_INPUTS.index(_BIAS), 1 + _FLOAT_TENSOR_INPUTS.index(_SINK)
 
 
 class _EagerForward(torch.autograd.Function):
     """flashtile::fwd with the registration's context and backward, called without the op's dispatch.
+    apply(inputs, *_float_tensors(inputs)): the op's inputs as one tuple, and apart the tensors that can require
+    grad, which autograd must see (torch's apply costs host time per argument: ~2.5 us more for all 17).
     (forward takes ctx itself: with a separate setup_context, torch binds the arguments through
     inspect.signature on every call, ~40 us.)"""
 
     @staticmethod
-    def forward(ctx, *inputs):
+    def forward(ctx, inputs, *float_tensors):
         output = ops.eager_call(ops.fwd, *inputs)  # only applied in eager mode (forward below)
         _setup_context(ctx, inputs, output)
-        ctx.set_materialize_grads(False)  # _backward takes None for an unused output's gradient
+        ctx.set_materialize_grads(False)  # _grads takes None for an unused output's gradient
         return output
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return _backward(ctx, dout, dlse)
-
-
-# Positions in flashtile::fwd's inputs of the tensors that can require grad (q, k, v, alibi_slopes, sink, attn_bias):
-# the others are numbers or integer tensors (cu_seqlens, the dropout seed), which never do.
-_FLOAT_TENSOR_INPUTS = (0, 1, 2, 7, 8, 13)
+        needs = ctx.needs_input_grad
+        return None, *_float_tensors(_grads(ctx, dout, dlse, needs[_EAGER_BIAS], needs[_EAGER_SINK]))
 
 
 def forward(*inputs):
@@ -79,5 +93,5 @@ def forward(*inputs):
         for i in _FLOAT_TENSOR_INPUTS:  # a loop, not any() over a generator (host time); each a tensor or None
             t = inputs[i]
             if t is not None and t.requires_grad:
-                return _EagerForward.apply(*inputs)
+                return _EagerForward.apply(inputs, *_float_tensors(inputs))
     return ops.eager_call(ops.fwd, *inputs)
