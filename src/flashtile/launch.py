@@ -709,8 +709,11 @@ def _planned_forward(q, k, v, softmax_scale, window_left, window_right):
     signature has no plan (plans.DECLINED): the caller takes the normal path."""
     gluon_launch = _gluon_modules()[0]
     inputs = (q, k, v)
-    key = ("fwd", _gluon_env(), gluon_launch._disabled is None, _signature(q), _signature(k),
-           _signature(v), plans.aliasing(inputs), softmax_scale, window_left, window_right)
+    # _signature(q), _signature(k), _signature(v) spelled out, and aliasing's common answer first (host time)
+    key = ("fwd", _gluon_env(), gluon_launch._disabled is None, q.shape, q.stride(), q.dtype, q.get_device(),
+           k.shape, k.stride(), k.dtype, k.get_device(), v.shape, v.stride(), v.dtype, v.get_device(),
+           None if q is not k and k is not v and q is not v else plans.aliasing(inputs), softmax_scale, window_left,
+           window_right)
     return _planned(key, inputs, gluon_launch,
                     lambda: (_gluon_forward(q, k, v, softmax_scale, window_left, window_right, 0.0, None, None)
                              or _portable_forward(q, k, v, softmax_scale, window_left, window_right, 0.0, None, None)))

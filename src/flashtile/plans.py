@@ -54,9 +54,9 @@ def get(key):
 def aliasing(tensors):
     """What the key records of which inputs are one tensor: None when all are distinct (the usual case, in C),
     else each one's first place."""
-    ids = tuple(map(id, tensors))
-    if len(set(ids)) == len(ids):
+    if len({*map(id, tensors)}) == len(tensors):
         return None
+    ids = tuple(map(id, tensors))
     return tuple(ids.index(i) for i in ids)
 
 
