@@ -1,6 +1,7 @@
 """Launch plans (plans.py) and fast_launch's direct launcher, on CPU: the Gluon launchers run on CPU tensors
 declared CUDA on an sm90, their kernels' JITFunction.run answered by a stub CompiledKernel whose launcher records
 what it is given (as benchmarks/host_dispatch_cpu.py --e2e)."""
+import threading
 import types
 
 import pytest
@@ -341,3 +342,33 @@ def test_a_launcher_can_ask_for_no_plan(gluon_on_cpu):
     out = plans.record(("key",), (), lambda: plans.dont_keep() or ("out",), None)
     assert out == ("out",) and plans.get(("key",)) is None and plans.counts[1] == recorded
     assert plans.record(("other",), (), lambda: plans.dont_keep(), None) is None and plans.get(("other",)) is None
+
+
+def test_recording_is_one_thread_at_a_time(gluon_on_cpu, monkeypatch):
+    """One thread records at a time, and only its own buffers and launches: a call on another thread meanwhile runs
+    unrecorded and keeps nothing, and its buffers stay out of the recording (session 15's review: with shared
+    recording state, another thread's end of recording cut a backward plan short, whose replays returned gradients no
+    kernel wrote)."""
+    seen = []
+    monkeypatch.setattr(plans, "_build", lambda inputs, allocs, launches, result, descriptor_type: seen.append(allocs))
+    started, release = threading.Event(), threading.Event()
+    q = _qkv()[0]
+
+    def slow_call():
+        own = launch._empty((4,), q)
+        started.set()
+        release.wait(5)
+        return (own,)
+
+    recording = threading.Thread(target=lambda: seen.append(plans.record(("slow",), (q,), slow_call, None)))
+    recording.start()
+    assert started.wait(5)
+    other = plans.record(("other",), (q,), lambda: (launch._empty((4,), q),), None)
+    foreign = launch._empty((4,), q)
+    release.set()
+    recording.join(5)
+    own = seen[1][0]
+    assert len(seen) == 2 and len(seen[0]) == 1 and seen[0][0] is own  # _build saw the recording thread's buffer only
+    assert other[0] is not own and foreign is not own
+    assert plans.get(("other",)) is None and plans.get(("slow",)) is plans.DECLINED
+

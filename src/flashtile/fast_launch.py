@@ -32,6 +32,7 @@ instrumentation send every call through triton, which then sees and reports ever
 """
 import os
 from itertools import repeat
+from threading import get_ident
 from operator import and_, attrgetter, eq, itemgetter, methodcaller, not_
 
 import torch
@@ -43,6 +44,7 @@ _on = None  # FLASHTILE_FAST_LAUNCH != 0 and the tested triton, read at the firs
 _rt = None  # triton pieces used on every fast call (imported once)
 counts = [0, 0]  # [fast launches, recorded launches] in this process (tests and host_time.py read them)
 recorder = None  # a list while plans.py records a call: launch() appends (kernel, grid, args, kwargs, entry)
+recorder_thread = None  # the thread whose launches go to recorder (plans.record's; other threads' never do)
 
 
 def enabled():
@@ -383,8 +385,9 @@ def launch(kernel, grid, args, kwargs):
     """kernel[grid](*args, **kwargs), through the fast path where a previous call proved the specialization.
     Returns the cache entry it launched or recorded, else None (the normal path)."""
     entry = _launch(kernel, grid, args, kwargs)
-    if recorder is not None:
-        recorder.append((kernel, grid, args, kwargs, entry))
+    launches = recorder  # read once: the recording thread may end it meanwhile
+    if launches is not None and recorder_thread == get_ident():
+        launches.append((kernel, grid, args, kwargs, entry))
     return entry
 
 

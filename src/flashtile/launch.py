@@ -7,6 +7,7 @@ can compile it ahead of time for GPUs that are not present.
 import functools
 import os
 from dataclasses import dataclass, replace
+from threading import get_ident
 
 import torch
 
@@ -61,8 +62,9 @@ def _empty(shape, like, dtype=None, poison=None):
     else:
         # The sizes as separate arguments: torch parses them ~0.5 us faster than one tuple or torch.Size (host time)
         t = torch.empty(*shape, dtype=dtype, device=like.device)
-    if plans._allocs is not None:  # recording a plan (plans.record)
-        plans._allocs.append(t)
+    allocs = plans._allocs  # read once: a recording on another thread may end meanwhile
+    if allocs is not None and fast_launch.recorder_thread == get_ident():  # recording a plan (plans.record)
+        allocs.append(t)
     return t
 
 

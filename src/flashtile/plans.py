@@ -8,13 +8,15 @@ descriptors' places marked. A later call with the same key only allocates the bu
 new tensors (they hold the pointers), and launches each kernel on the stream fast_launch.replay_stream gives: no
 support checks, config choice, grid or argument building, and no fast_launch key.
 
-The key (launch.py builds it) holds everything the launchers read besides the tensors' addresses: every input's shape,
-strides, dtype and device, the scalars (scale, window), the environment switch that chose the Gluon kernel and whether
-that kernel is still on (a failed build turns it off for the process); replay() checks the addresses' 16-byte
-alignment (TMA and triton's specialization read it) and gives up (None: the caller takes the normal path) where any
-tensor is misaligned. Plans exist only while fast_launch is on (FLASHTILE_FAST_LAUNCH=0 turns both off) and only for
-calls without optional features (launch.py decides).
+The key (launch.py builds it) holds everything the launchers read of the calls it plans (fp16 / bf16 on CUDA;
+TRITON_INTERPRET is left out, as a switch not expected to change within a process) besides the tensors' addresses:
+every input's shape, strides, dtype and device, the scalars (scale, window), the environment switch that chose the
+Gluon kernel and whether that kernel is still on (a failed build turns it off for the process); replay() checks the
+addresses' 16-byte alignment (TMA and triton's specialization read it) and gives up (None: the caller takes the normal
+path) where any tensor is misaligned. Plans exist only while fast_launch is on (FLASHTILE_FAST_LAUNCH=0 turns both
+off) and only for calls without optional features (launch.py decides).
 """
+import threading
 import weakref
 
 import torch
@@ -24,9 +26,10 @@ from . import fast_launch
 _MAX_PLANS = 256  # call signatures kept (first in, first out): a model has a handful
 _plans = {}  # key -> Plan
 counts = [0, 0]  # [replayed calls, recorded plans] (tests and benchmarks read them)
-_allocs = None  # a list while recording: launch._empty appends each buffer it returns
+_allocs = None  # a list while recording: launch._empty appends each buffer it returns (on the recording thread)
 _constants = weakref.WeakValueDictionary()  # id -> tensor: kept buffers a replay passes as they are (constant())
 _keep_this = True  # False once a launcher of the call being recorded asked for no plan (dont_keep())
+_recording = threading.Lock()  # held by the one thread that records (others' calls run unrecorded meanwhile)
 
 
 class _Launch:
@@ -43,7 +46,7 @@ class Plan:
     __slots__ = ("n_inputs", "allocs", "launches", "entries", "outputs")
 
 
-DECLINED = "declined"  # _plans[key] of a signature with no plan: its launcher returned None, or it is not replayable
+DECLINED = "declined"  # _plans[key] of a signature with no plan: run() returned None, or the call is not replayable
 
 
 def get(key):
@@ -69,7 +72,8 @@ def dont_keep():
     persistent forward's stride order, taken under a CUDA graph capture until its tile list exists), so keep no plan
     (nor a decline) for it."""
     global _keep_this
-    _keep_this = False
+    if fast_launch.recorder_thread == threading.get_ident():
+        _keep_this = False
 
 
 def constant(t):
@@ -82,16 +86,26 @@ def constant(t):
 
 def record(key, inputs, run, descriptor_type):
     """run() (the launcher of one call on inputs, returning a tuple of tensors or None), kept as a plan under key
-    when every launch it made can be replayed. descriptor_type: Gluon's TensorDescriptor class."""
-    global _allocs, _keep_this
-    if not fast_launch.enabled():
+    when every launch it made can be replayed. descriptor_type: Gluon's TensorDescriptor class. One thread records
+    at a time, and only its own buffers and launches: a call on another thread meanwhile (nn.DataParallel's
+    backward threads) runs unrecorded, so no plan can hold another call's launches or miss some of its own."""
+    if not fast_launch.enabled() or not _recording.acquire(blocking=False):
         return run()
+    try:
+        return _record(key, inputs, run, descriptor_type)
+    finally:
+        _recording.release()
+
+
+def _record(key, inputs, run, descriptor_type):
+    global _allocs, _keep_this
     allocs, launches = [], []
     _allocs, fast_launch.recorder, _keep_this = allocs, launches, True
+    fast_launch.recorder_thread = threading.get_ident()
     try:
         result = run()
     finally:
-        _allocs = fast_launch.recorder = None
+        _allocs = fast_launch.recorder = fast_launch.recorder_thread = None
     # Nothing is kept where an input's address decided (a misaligned tensor: another kernel specialization, no TMA)
     # or a launch went through triton's own path (a launch hook): the next call of the signature records again.
     if (not _keep_this or not all(t.data_ptr() & 15 == 0 for t in inputs)
@@ -110,7 +124,7 @@ def record(key, inputs, run, descriptor_type):
 
 def _keep(key, value):
     if len(_plans) >= _MAX_PLANS:
-        del _plans[next(iter(_plans))]
+        _plans.pop(next(iter(_plans), None), None)  # clear() on another thread (a failed replay) may come between
     _plans[key] = value
 
 
