@@ -1,6 +1,7 @@
 """Launch plans (plans.py) and fast_launch's direct launcher, on CPU: the Gluon launchers run on CPU tensors
 declared CUDA on an sm90, their kernels' JITFunction.run answered by a stub CompiledKernel whose launcher records
 what it is given (as benchmarks/host_dispatch_cpu.py --e2e)."""
+import os
 import threading
 import types
 
@@ -371,4 +372,18 @@ def test_recording_is_one_thread_at_a_time(gluon_on_cpu, monkeypatch):
     assert len(seen) == 2 and len(seen[0]) == 1 and seen[0][0] is own  # _build saw the recording thread's buffer only
     assert other[0] is not own and foreign is not own
     assert plans.get(("other",)) is None and plans.get(("slow",)) is plans.DECLINED
+
+
+def test_failed_portable_replay_raises_and_keeps_gluon(gluon_on_cpu, monkeypatch):
+    """A replayed plan of the portable kernels alone that fails raises (the normal path would launch the same
+    kernels) and leaves the Gluon kernels on; the plans are dropped."""
+    q, k, v = _qkv((2, 256, 4, 64))  # D64 causal at 256 keys: the portable kernel
+    _forward(q, k, v, right=0)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("launch failed")
+    monkeypatch.setattr(fast_launch, "replay_stream", broken)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        _forward(q, k, v, right=0)
+    assert gluon_launch._disabled is None and not plans._plans
 

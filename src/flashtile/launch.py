@@ -683,14 +683,16 @@ def _signature(t):
 
 def _plannable(q):
     """q has a dtype and head dim of the Gluon kernels (forward and backward alike), so a plan may exist: other
-    calls go to the launchers without building a plan's key (host time of the portable path)."""
+    calls (fp32, other head dims) go to the launchers without building a plan's key, on the portable kernels too.
+    fp16 / bf16 only also keeps torch's TF32 switch (the portable kernels' fp32 dot precision) out of the key."""
     gluon_launch = _gluon_modules()[0]
     return q.dtype in gluon_launch._DTYPES and q.shape[-1] in gluon_launch.HEAD_DIMS
 
 
 def _replay(plan, inputs, gluon_module):
-    """plans.replay of plan on inputs, buffers on the first input's device; a failing launch disables
-    gluon_module's kernels as _try_gluon would (None: the caller takes the normal path)."""
+    """plans.replay of plan on inputs, buffers on the first input's device. A failing launch drops the plans; in a
+    plan of gluon_module's kernels it disables them as _try_gluon would (None: the caller takes the portable path),
+    in a plan of the portable kernels alone it raises (the normal path would launch the same kernels)."""
     poison = poison_outputs()
     try:
         return plans.replay(plan, inputs, lambda shape, dtype: _empty(shape, inputs[0], dtype, poison),
@@ -699,6 +701,9 @@ def _replay(plan, inputs, gluon_module):
         raise
     except Exception as exc:  # noqa: BLE001  (as _try_gluon: the portable kernels still serve)
         plans.clear()
+        portable = (_attn_fwd, _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_dq_convert)
+        if all(launch.kernel in portable for launch in plan.launches):
+            raise
         gluon_module.disable(exc)
         return None
 
