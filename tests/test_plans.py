@@ -387,3 +387,14 @@ def test_failed_portable_replay_raises_and_keeps_gluon(gluon_on_cpu, monkeypatch
         _forward(q, k, v, right=0)
     assert gluon_launch._disabled is None and not plans._plans
 
+
+def test_environment_switches_are_read_at_each_call(monkeypatch):
+    """launch._env_reader reads os.environ's store at each call: a variable set or removed later, and an os.environ
+    replaced by another mapping (mock.patch("os.environ", {...})), are seen as os.environ.get sees them."""
+    read = launch._env_reader("FLASHTILE_TEST_SWITCH")
+    monkeypatch.delenv("FLASHTILE_TEST_SWITCH", raising=False)
+    assert read() is None
+    monkeypatch.setenv("FLASHTILE_TEST_SWITCH", "1")
+    assert read() == "1" == os.environ.get("FLASHTILE_TEST_SWITCH")
+    monkeypatch.setattr(os, "environ", {"FLASHTILE_TEST_SWITCH": "0"})
+    assert read() == "0"

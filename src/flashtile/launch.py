@@ -31,11 +31,15 @@ def interpreter_active():
 def _env_reader(name):
     """A function returning os.environ.get(name) at each call, from os.environ's own store (CPython's os._Environ
     keeps the encoded variables in a dict, which every update of os.environ writes, monkeypatch.setenv's included):
-    a dict lookup, where os.environ.get costs ~0.7 us of host time (Python-level Mapping.get, key encoding)."""
-    store, key, decode = os.environ._data, os.environ.encodekey(name), os.environ.decodevalue
+    a dict lookup, where os.environ.get costs ~0.7 us of host time (Python-level Mapping.get, key encoding). An
+    os.environ replaced by another object (mock.patch("os.environ", {...})) is read through its get."""
+    environ_type, key, decode = type(os.environ), os.environ.encodekey(name), os.environ.decodevalue
 
     def read():
-        value = store.get(key)
+        environ = os.environ
+        if type(environ) is not environ_type:
+            return environ.get(name)
+        value = environ._data.get(key)
         return None if value is None else decode(value)
     return read
 
