@@ -97,6 +97,24 @@ def test_forward_launches_the_variant(monkeypatch):
     assert grid == (6, 4) and kwargs["CONSUMERS"] == 3 and kwargs["SOFTCAP"] and kwargs["HAS_SINK"]
 
 
+@needs_gluon
+def test_persistent_variant_off_its_kernel_takes_the_default_config(monkeypatch):
+    """A call of a persistent variant that the persistent kernel cannot take (D256, batch > 1, Sk % 64 != 0: ragged
+    descriptors) runs the one-tile kernel with the default's measured config (8 heads per causal group), not the
+    variant's listed order's 4."""
+    seen = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append(kwargs)
+
+    monkeypatch.setattr(gluon_launch, "_attn_fwd_hopper", Recorder())
+    q = torch.empty(2, 1000, 2, 256, dtype=torch.bfloat16)
+    assert not gluon_launch.takes_persistent(gluon_launch.VARIANTS["persistent-sched4"][256], q, q, causal=True)
+    gluon_launch.gluon_forward(q, q, q, causal=True, variant="persistent-sched4")
+    assert seen.pop()["LPT_HEADS"] == gluon_launch.VARIANTS["default"][256].lpt_heads == 8
+
+
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype): Sq off the 192-row tile (a third / two thirds of the last
 # tile), q < k (causal bottom-right), GQA / MQA, ragged batches (Sk % 128 != 0), 1 x 1, fp16.
 SHAPES = [(2, 1024, 1024, 4, 4, torch.bfloat16), (1, 1000, 1000, 4, 2, torch.bfloat16),

@@ -626,6 +626,8 @@ def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", 
                                                                  config)
         fast_launch.launch(_attn_fwd_hopper_persistent, grid, args, {**constexprs, **options})
         return out, lse
+    if config.persistent:  # a persistent variant's call the persistent kernel cannot take (D256 ragged): the one-tile
+        config = VARIANTS["default"][q.shape[-1]]  # kernel with its own measured config, not the variant's order
     grid, args, constexprs, options = gluon_launch_args(q, k, v, out, lse, float(softmax_scale), causal, config,
                                                         window_size, float(softcap), alibi_slopes, sink,
                                                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
