@@ -796,8 +796,9 @@ def main():
     parser.add_argument("--bench-varlen", action="store_true", help="also time varlen against dense (16K tokens)")
     parser.add_argument("--correct-groups", default="", help="only these correct-phase groups (comma list of "
                         "HEAD_DIM:CAUSAL, FEATURE_CASES keys, varlen)")
-    parser.add_argument("--tile-overhead", type=float, default=None, help="bench phase: the listed persistent "
-                        "orders' cost model, a tile's fixed cost in key blocks (persistent_schedule.TILE_OVERHEAD)")
+    parser.add_argument("--tile-overhead", type=float, default=None, help="with --phase bench only: the listed "
+                        "persistent orders' cost model, a tile's fixed cost in key blocks "
+                        "(persistent_schedule.TILE_OVERHEAD)")
     parser.add_argument("--feature-variants", default="", help="with --bench-features: time plain / causal / softcap "
                         "of the default and these variants instead of every feature (the correct phase checks them)")
     args = parser.parse_args()

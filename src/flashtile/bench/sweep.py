@@ -230,6 +230,8 @@ def _compile_pass(shapes, providers, modes, device, seed):
     if device.type != "cuda":
         return
     backward = any(mode != "fwd" for mode in modes)
+    print(f"compiling: one call of {len(providers)} provider(s) on {len(shapes)} shape(s) before the timings",
+          file=sys.stderr, flush=True)
     for i, shape in enumerate(shapes):
         inputs = make_inputs(shape, device, seed=seed + i)
         for provider in providers:
