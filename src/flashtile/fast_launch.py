@@ -32,8 +32,8 @@ instrumentation send every call through triton, which then sees and reports ever
 """
 import os
 from itertools import repeat
-from threading import get_ident
 from operator import and_, attrgetter, eq, itemgetter, methodcaller, not_
+from threading import get_ident
 
 import torch
 
