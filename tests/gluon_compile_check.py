@@ -146,6 +146,8 @@ FEATURES = {
     "bias": dict(attn_bias=True),
     "bias-alibi": dict(alibi_slopes=True, attn_bias=True),
     "bias-combo": dict(window_size=(256, 64), softcap=30.0, alibi_slopes=True, sink=True, attn_bias=True),
+    "dropout": dict(dropout_p=0.1, rng=True),
+    "dropout-combo": dict(window_size=(256, 64), softcap=30.0, alibi_slopes=True, sink=True, dropout_p=0.1, rng=True),
     # Block-sparse flashtile.attention (128 x 128 block masks; no causal flag: the mask is the mask_mod).
     "sparse-window": dict(sparse="window"),
     "sparse-causal": dict(sparse="causal"),
@@ -215,11 +217,14 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1024
         features["alibi_slopes"] = torch.empty(heads_q)
     if features.get("sink"):
         features["sink"] = torch.empty(heads_q)
+    if features.get("rng"):
+        features["rng"] = torch.empty(1, dtype=torch.int64)
     if features.get("attn_bias"):
         bias_q, bias_k = (1400, 1348) if layout == "varlen" else (seqlen_q, seqlen_k)
         features["attn_bias"] = torch.empty(1, heads_q, bias_q, -(-bias_k // 8) * 8, dtype=torch.bfloat16)[..., :bias_k]
-    if "mods" not in features and gluon_launch.takes_persistent(config, q, k, causal, **features,
-                                                                cu_seqlens_q=varlen.get("cu_seqlens_q")):
+    persistent_ok = "mods" not in features and "dropout_p" not in features  # gluon_forward's rule
+    if persistent_ok and gluon_launch.takes_persistent(config, q, k, causal, **features,
+                                                       cu_seqlens_q=varlen.get("cu_seqlens_q")):
         # The persistent kernel (132 SMs: an H200's), as gluon_forward launches it.
         kernel = gluon_launch._attn_fwd_hopper_persistent
         _, args, constexprs, options = gluon_launch.persistent_launch_args(q, k, k, out, lse, 0.1, causal, config,
@@ -257,7 +262,8 @@ def main():
             # The config the launch would run (gluon_launch.takes_config: a three-consumer variant gives a bias or
             # ALiBi the default's).
             config = gluon_launch.takes_config(args.variant, head_dim, FEATURES[feature].get("attn_bias"),
-                                               FEATURES[feature].get("alibi_slopes"))
+                                               FEATURES[feature].get("alibi_slopes"),
+                                               FEATURES[feature].get("dropout_p", 0.0))
             variant = args.variant if config is gluon_launch.VARIANTS[args.variant][head_dim] else "default"
             name = f"d{head_dim}-{'causal' if causal else 'full'}-{variant}"
             if feature != "plain":

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashtile
-from flashtile import gluon_launch
+from flashtile import gluon_launch, launch, philox
 from utils import alibi_slopes, assert_close_rule, assert_varlen_matches_each_sequence, make_qkv, record_calls
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -164,7 +164,9 @@ def test_refuses_windows_with_rows_without_keys():
     q, k, v = make_qkv(1, 300, 200, 2, 2, 128, torch.bfloat16, "cuda", requires_grad=False)
     assert not gluon_launch.gluon_supported(q, k, v, window_size=(50, 50))
     assert gluon_launch.gluon_supported(q, k, v, window_size=(50, 100))
-    assert not gluon_launch.gluon_supported(q, k, v, dropout_p=0.1)
+    seed = torch.zeros(1, dtype=torch.int64, device="cuda")
+    assert not gluon_launch.gluon_supported(q, k, v, window_size=(50, 100), dropout_p=0.1)  # no seed
+    assert gluon_launch.gluon_supported(q, k, v, window_size=(50, 100), dropout_p=0.1, rng=seed)
     assert not gluon_launch.gluon_supported(q, k, v, attn_bias=torch.zeros(1, 1, 300, 200, device="cuda"))
 
 
@@ -187,6 +189,96 @@ def test_flash_attn_func_features_backward(monkeypatch, head_dim):
     out_portable = flashtile.flash_attn_func(q, k, v, sink=sink, **feats)
     assert len(calls) == 1
     grads_portable = torch.autograd.grad(out_portable, (q, k, v, sink), dout)
+    torch.testing.assert_close(out, out_portable, atol=2e-2, rtol=0)
+    for g, gp in zip(grads, grads_portable):
+        torch.testing.assert_close(g, gp, atol=5e-2, rtol=1e-2)
+
+
+def _dropout_keep(seed, batch, heads_q, seqlen_q, seqlen_k, p, device="cuda"):
+    """(B, Hq, Sq, Sk) keep mask of philox's draws (the portable kernels' and the CPU path's)."""
+    bh = torch.arange(batch * heads_q, device=device).view(batch, heads_q, 1, 1)
+    rows = torch.arange(seqlen_q, device=device).view(1, 1, -1, 1)
+    cols = torch.arange(seqlen_k, device=device).view(1, 1, 1, -1)
+    return philox.dropout_keep_mask(seed, bh, rows, cols, seqlen_q, seqlen_k, p)
+
+
+# (id, causal, window_size, softcap, alibi, sink) with dropout 0.3 on top
+DROPOUT_FEATURES = [("plain", False, (-1, -1), 0.0, None, False), ("causal", True, (-1, -1), 0.0, None, False),
+                    ("window-softcap-alibi-sink", False, (200, 100), 30.0, "bh", True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
+@pytest.mark.parametrize("shape", FEATURE_SHAPES[1:], ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}" for b, sq, sk, hq, hk in
+                                                           FEATURE_SHAPES[1:]])
+@pytest.mark.parametrize("feature", DROPOUT_FEATURES, ids=[f[0] for f in DROPOUT_FEATURES])
+def test_dropout_matches_reference(feature, shape, head_dim):
+    """Dropout in the Gluon forward (gluon_dropout's draws): out equals the float64 reference with philox's keep mask
+    (the portable kernels' draws), lse the undropped one, and out the portable kernel's (same mask) within bf16
+    rounding."""
+    _, causal, window_size, softcap, alibi, sink = feature
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
+                       requires_grad=False)
+    feats = dict(window_size=window_size, softcap=softcap, sink=torch.randn(heads_q, device="cuda") if sink else None,
+                 alibi_slopes=alibi_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None)
+    seed, p = 1234567890123, 0.3
+    rng = torch.tensor([seed], dtype=torch.int64, device="cuda")
+    assert gluon_launch.gluon_supported(q, k, v, causal=causal, dropout_p=p, rng=rng, **feats)
+    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, dropout_p=p, rng=rng, **feats)
+    keep = _dropout_keep(seed, batch, heads_q, seqlen_q, seqlen_k, p)
+    ref_feats = dict(feats, dropout_p=p, dropout_mask=keep)
+    ref = flashtile.attention_ref(q, k, v, causal=causal, **ref_feats)
+    assert_close_rule("out", out, ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False, **ref_feats),
+                      torch.bfloat16)
+    _, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True, **feats)
+    torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+    window_left, window_right = (-1, 0) if causal else window_size
+    out_portable, _ = launch._portable_forward(q, k, v, q.shape[-1] ** -0.5, window_left, window_right, softcap,
+                                               feats["alibi_slopes"], feats["sink"], dropout_p=p, rng=rng)
+    torch.testing.assert_close(out, out_portable, atol=2e-2, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+def test_varlen_dropout_matches_dense_draws(head_dim):
+    """Varlen with dropout: each sequence's draws are those of a (B, Hq, max_seqlen_q, max_seqlen_k) batch at its
+    own positions, as the portable varlen kernel draws them (same output within bf16 rounding)."""
+    seqlens_q, seqlens_k = [300, 0, 129, 777], [500, 70, 129, 700]
+    q, k, v = _packed(seqlens_q, seqlens_k, 4, 2, head_dim, device="cuda")
+    cu_q, cu_k = _cu(seqlens_q, "cuda"), _cu(seqlens_k, "cuda")
+    varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(seqlens_q), max_seqlen_k=max(seqlens_k))
+    rng = torch.tensor([42], dtype=torch.int64, device="cuda")
+    for causal in (False, True):
+        assert gluon_launch.gluon_supported(q, k, v, causal=causal, dropout_p=0.2, rng=rng, **varlen)
+        out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, dropout_p=0.2, rng=rng, **varlen)
+        out_portable, lse_portable = launch._portable_forward(q, k, v, head_dim ** -0.5, -1, 0 if causal else -1, 0.0,
+                                                              None, None, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
+                                                              dropout_p=0.2, rng=rng)
+        torch.testing.assert_close(out, out_portable, atol=2e-2, rtol=0)
+        torch.testing.assert_close(lse, lse_portable, atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flash_attn_func_dropout_takes_gluon(monkeypatch, causal):
+    """flash_attn_func with dropout runs the Gluon forward where configs.py wants it; under one torch seed its output
+    and the (portable) backward's gradients equal the portable forward's."""
+    calls = record_calls(monkeypatch, gluon_launch, "gluon_forward")
+    q, k, v = make_qkv(2, 1024, 1024, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=True)
+    dout = torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16)
+    torch.manual_seed(5)
+    out = flashtile.flash_attn_func(q, k, v, dropout_p=0.1, causal=causal)
+    assert len(calls) == 1 and calls[0]["dropout_p"] == 0.1
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    monkeypatch.setenv("FLASHTILE_GLUON", "0")
+    torch.manual_seed(5)
+    out_portable = flashtile.flash_attn_func(q, k, v, dropout_p=0.1, causal=causal)
+    assert len(calls) == 1
+    grads_portable = torch.autograd.grad(out_portable, (q, k, v), dout)
     torch.testing.assert_close(out, out_portable, atol=2e-2, rtol=0)
     for g, gp in zip(grads, grads_portable):
         torch.testing.assert_close(g, gp, atol=5e-2, rtol=1e-2)
@@ -292,9 +384,11 @@ def test_varlen_launch_args():
     assert k_desc.strides == [2**34 - 2 * 64, 2 * 64, 2 * 64, 1] and k_desc.block_shape == [1, 1, config.block_n, 64]
     assert args[7:12] == (0, out.stride(0), out.stride(1), 0, lse.stride(0))  # out / lse strides: no batch
     # cu_seqlens_q / _k, then the bias arguments (placeholder, 0 rows per batch / head) and softmax_scale, then
-    # the fourteen block-sparse arguments: None (constexprs) in a dense launch.
-    assert args[-14:] == (None,) * 14
-    args = args[:-14]
+    # the fourteen block-sparse arguments: None (constexprs) in a dense launch, then dropout's seed (the lse
+    # placeholder), scale and threshold.
+    assert args[-3] is lse and args[-2:] == (1.0, 0)
+    assert args[-17:-3] == (None,) * 14
+    args = args[:-17]
     assert args[-6].dtype == torch.int32 and args[-5].dtype == torch.int32 and args[-3:] == (0, 0, 0.125)
     for seqlen_k, ragged in ((1024, False), (1000, True)):
         qd = torch.empty(2, 1000, 4, 64, dtype=torch.bfloat16)
@@ -545,13 +639,13 @@ def test_bias_launch_args():
                               (torch.empty(1, 1, 300, 1000, dtype=torch.bfloat16).expand(2, 4, -1, -1), 300, (0, 0))):
         _, args, constexprs, _ = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.125, False, config,
                                                                 attn_bias=bias)
-        args = args[:-14]  # the block-sparse arguments (None) last
+        args = args[:-17]  # the block-sparse arguments (None) and dropout's three last
         desc = args[-4]
         assert constexprs["HAS_BIAS"] and args[-3:-1] == steps and args[-1] == 0.125
         assert desc.shape == [rows, 1000] and desc.strides == [bias.stride(2), 1]
         assert desc.block_shape == [128, config.block_n] and desc.base is bias
     _, args, constexprs, _ = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.125, False, config)
-    assert not constexprs["HAS_BIAS"] and args[-18] is lse
+    assert not constexprs["HAS_BIAS"] and args[-21] is lse
     persistent = gluon_launch.VARIANTS["persistent"][128]
     assert gluon_launch.takes_persistent(persistent, q, q)
     assert not gluon_launch.takes_persistent(persistent, q, q, attn_bias=torch.empty(1, 4, 300, 300))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from . import fast_launch
+from . import fast_launch, philox
 from . import launch as _launch  # the NaN-poisoning allocator (a module import: tests patch its attributes)
 from .launch import _arch
 from .persistent_schedule import persistent_schedule
@@ -282,7 +282,7 @@ def bias_ok(attn_bias, q, seqlen_q, seqlen_k):
 
 def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                     attn_bias=None, sink=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                    **other_features):
+                    rng=None, **other_features):
     """True when the Gluon forward can compute flash_attn_func(q, k, v, causal=causal, window_size=window_size,
     softcap=softcap, alibi_slopes=alibi_slopes, sink=sink), or flash_attn_varlen_func with cu_seqlens_q / _k
     and max_seqlen_q / _k: CUDA sm90, no interpreter, fp16/bf16 dense (B, S, H, D) or packed varlen (total, H, D)
@@ -290,13 +290,16 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     every query row seeing at least one key (causal: seqlen_q <= seqlen_k; a window's right side:
     seqlen_q - seqlen_k <= right; varlen rows without keys are handled in the kernel), ALiBi slopes fp32 (Hq,)
     or (B, Hq), sink (Hq,), attn_bias fp16 / bf16 (B or 1, Hq or 1, Sq, Sk) in a layout bias_ok accepts (varlen:
-    (B or 1, Hq or 1, max_seqlen_q, max_seqlen_k)); no dropout, paged keys (block_table) or mods."""
+    (B or 1, Hq or 1, max_seqlen_q, max_seqlen_k)); dropout 0 <= dropout_p < 1 with rng, the int64 (1,) Philox
+    seed on q's device; no paged keys (block_table) or mods."""
     if _attn_fwd_hopper is None or _disabled is not None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
     if other_features and any(v_ is not None and (isinstance(v_, torch.Tensor) or v_)
                               for v_ in other_features.values()):
         return False
-    if dropout_p or softcap < 0:
+    if softcap < 0 or not 0 <= dropout_p < 1:
+        return False
+    if dropout_p and not (isinstance(rng, torch.Tensor) and rng.dtype == torch.int64 and rng.device == q.device):
         return False
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen:
@@ -405,13 +408,14 @@ def bias_descriptor(attn_bias, seqlen_q, seqlen_k, block_n):
 
 def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_size=(-1, -1), softcap=0.0,
                       alibi_slopes=None, sink=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
-                      max_seqlen_k=0, attn_bias=None, mods=None):
+                      max_seqlen_k=0, attn_bias=None, mods=None, dropout_p=0.0, rng=None):
     """(grid, args, constexprs, launch options) of one launch; shared by gluon_forward and the offline
     compile check so both compile the same kernel. Features off leave the constexprs at the plain kernel's.
     mods: a launch.ModArgs with a block mask (sparse_ok): the block-sparse walk, MASK_MOD in partial blocks.
     Varlen (cu_seqlens_q given): q / k / v / out packed (total, H, D), lse (Hq, total_q); the grid covers
     max_seqlen_q rows of every sequence and the kernel reads each one's lengths from cu_seqlens.
-    attn_bias: 4-D, as gluon_supported takes it (its 2-D TMA descriptor: bias_descriptor)."""
+    attn_bias: 4-D, as gluon_supported takes it (its 2-D TMA descriptor: bias_descriptor).
+    dropout_p > 0: rng the int64 (1,) Philox seed (the kernel's HAS_DROPOUT; two-consumer configs only)."""
     varlen = cu_seqlens_q is not None
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
@@ -439,7 +443,8 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
             left if left >= 0 else unbounded, right if right >= 0 else unbounded,
             cu_seqlens_q if varlen else lse, cu_seqlens_k if varlen else lse,
             *(bias_descriptor(attn_bias, seqlen_q, seqlen_k, config.block_n) if attn_bias is not None
-              else (lse, 0, 0)), float(softmax_scale), *_sparse_args(mods))
+              else (lse, 0, 0)), float(softmax_scale), *_sparse_args(mods),
+            rng if dropout_p else lse, 1.0 / (1.0 - dropout_p), philox.dropout_threshold(dropout_p))
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
                       IS_LOCAL=is_local, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
@@ -447,8 +452,10 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
                       TREE_MAX=config.tree_max,
                       HAS_BIAS=attn_bias is not None, CONSUMERS=config.consumers)
     if config.consumers != 2:
-        assert attn_bias is None and alibi_slopes is None and mods is None, \
-            "a bias, ALiBi or a block mask runs two consumers (takes_config, sparse_ok)"
+        assert attn_bias is None and alibi_slopes is None and mods is None and not dropout_p, \
+            "a bias, ALiBi, dropout or a block mask runs two consumers (takes_config, sparse_ok)"
+    if dropout_p:
+        constexprs.update(HAS_DROPOUT=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)  # only then: other launches keep their kernels
     if mods is not None:
@@ -530,13 +537,14 @@ def gluon_sparse_forward(q, k, v, softmax_scale, mods, variant="default"):
     return out, lse
 
 
-def takes_config(variant, head_dim, attn_bias=None, alibi_slopes=None):
+def takes_config(variant, head_dim, attn_bias=None, alibi_slopes=None, dropout_p=0.0):
     """VARIANTS[variant][head_dim], or the default's config where that one cannot serve the call: a
     three-consumer config (192-row tiles, 160 registers per consumer thread) with an attn_bias (the bias ring's
     [BLOCK_M, BLOCK_N] boxes are sized for 128 rows) or ALiBi slopes (the key loop's per-column ALiBi term, 32
-    more live registers, made ptxas spill 296-608 B: tests/gluon_compile_check.py --variant d64-3wg)."""
+    more live registers, made ptxas spill 296-608 B: tests/gluon_compile_check.py --variant d64-3wg) or dropout
+    (its draws take 32 more)."""
     config = VARIANTS[variant][head_dim]
-    if config.consumers != 2 and (attn_bias is not None or alibi_slopes is not None):
+    if config.consumers != 2 and (attn_bias is not None or alibi_slopes is not None or dropout_p):
         return VARIANTS["default"][head_dim]
     return config
 
@@ -602,13 +610,15 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
 
 def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", window_size=(-1, -1), softcap=0.0,
                   alibi_slopes=None, sink=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
-                  max_seqlen_k=0, attn_bias=None):
+                  max_seqlen_k=0, attn_bias=None, dropout_p=0.0, rng=None):
     """out (q's shape and dtype) and lse fp32 (B, Hq, Sq), or (Hq, total_q) for packed varlen q / k / v with
     cu_seqlens_q / _k, natural log (as the portable forward writes it, including the sink when there is one, so
     the existing backward runs on them). Requires gluon_supported(q, k, v, causal, window_size=..., softcap=...,
     alibi_slopes=..., sink=..., attn_bias=..., cu_seqlens_q=..., ...) and softmax_scale > 0 (without score
     features the running max is taken before scaling). attn_bias: 4-D (B or 1, Hq or 1, Sq, Sk), added to the
-    scores after softcap and ALiBi, before the masks (kernels/common._scores' order)."""
+    scores after softcap and ALiBi, before the masks (kernels/common._scores' order). dropout_p > 0: rng is the
+    int64 (1,) Philox seed; the probabilities are dropped as the portable kernels drop them (the same draws), so the
+    portable backward regenerates the mask."""
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     poison = _launch.poison_outputs()  # NaN-poisoned under FLASHTILE_POISON_OUTPUTS=1, as the other launchers
@@ -618,8 +628,9 @@ def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", 
         lse = _launch._empty((shape[1], shape[0]), q, torch.float32, poison)
     else:
         lse = _launch._empty((shape[0], shape[2], shape[1]), q, torch.float32, poison)
-    config = takes_config(variant, q.shape[-1], attn_bias, alibi_slopes)
-    if takes_persistent(config, q, k, causal, window_size, softcap, alibi_slopes, sink, cu_seqlens_q, attn_bias):
+    config = takes_config(variant, q.shape[-1], attn_bias, alibi_slopes, dropout_p)
+    if not dropout_p and takes_persistent(config, q, k, causal, window_size, softcap, alibi_slopes, sink,
+                                          cu_seqlens_q, attn_bias):
         # launch.py says causal as the window (-1, 0): the persistent kernel knows only plain and causal.
         is_causal = mask_mode(causal, window_size)[0]
         grid, args, constexprs, options = persistent_launch_args(q, k, v, out, lse, float(softmax_scale), is_causal,
@@ -631,6 +642,6 @@ def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", 
     grid, args, constexprs, options = gluon_launch_args(q, k, v, out, lse, float(softmax_scale), causal, config,
                                                         window_size, float(softcap), alibi_slopes, sink,
                                                         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                        attn_bias)
+                                                        attn_bias, dropout_p=dropout_p, rng=rng)
     fast_launch.launch(_attn_fwd_hopper, grid, args, {**constexprs, **options})
     return out, lse

@@ -650,9 +650,10 @@ def _try_gluon(env_var, wanted, supported, run, disable):
 
 
 def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None):
+                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None,
+                   dropout_p=0.0, rng=None):
     """(out, lse) from the Hopper Gluon forward (gluon_launch.py; plain, causal, windows, softcap, ALiBi, sinks,
-    additive biases in the layouts gluon_launch.bias_ok takes; dense or varlen) where configs.py says it is
+    additive biases in the layouts gluon_launch.bias_ok takes, dropout; dense or varlen) where configs.py says it is
     faster (keyed by head dim and causal: a window other than (-1, 0) counts as not causal; varlen by
     max_seqlen_k; a bias takes the thresholds of its mask) on a tested triton, else None. FLASHTILE_GLUON=1 takes
     it wherever it is supported, =0 never. A launch that fails to build disables it for the process (one
@@ -665,11 +666,13 @@ def _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, a
     features = dict(window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes, sink=sink)
     if attn_bias is not None:
         features["attn_bias"] = attn_bias
+    if dropout_p:
+        features.update(dropout_p=dropout_p, rng=rng)
     if varlen:
         features.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                         max_seqlen_k=max_seqlen_k)
-    plain = gluon_launch.plain_dense(False, (window_left, window_right), softcap, alibi_slopes, sink, cu_seqlens_q,
-                                     attn_bias)
+    plain = not dropout_p and gluon_launch.plain_dense(False, (window_left, window_right), softcap, alibi_slopes, sink,
+                                                       cu_seqlens_q, attn_bias)
     return _try_gluon(
         "FLASHTILE_GLUON",
         lambda: gluon_launch.tested_triton() and configs.gluon_fwd_wanted(q.shape[-1], causal, keys, span, plain),
@@ -767,24 +770,24 @@ def _flash_attn_forward(q, k, v, softmax_scale, window_left, window_right, softc
     dropout_p > 0: rng is the int64 (1,) Philox seed on q's device; the backward gets the same one.
     mods: ModArgs (programmable attention) or None.
     """
-    # The Gluon forward serves dense and varlen calls without dropout or mods, biases in the layouts it reads by TMA
+    # The Gluon forward serves dense and varlen calls without mods, biases in the layouts it reads by TMA
     # (gluon_launch.bias_ok; the others stay here), and its out / lse are what the portable backward expects with
-    # or without a bias (paged varlen has its own launcher, _flash_attn_forward_varlen_paged, which never comes
-    # here).
-    plain = softmax_scale > 0 and not dropout_p and mods is None
+    # or without a bias or dropout (the same draws: gluon_dropout) (paged varlen has its own launcher,
+    # _flash_attn_forward_varlen_paged, which never comes here).
+    gluon_candidate = softmax_scale > 0 and mods is None
     if (mods is not None and q.is_cuda and softmax_scale > 0 and not dropout_p and cu_seqlens_q is None
             and sink is None and attn_bias is None and alibi_slopes is None and not softcap):
         result = _gluon_sparse_forward(q, k, v, softmax_scale, window_left, window_right, mods)
         if result is not None:
             return result
-    if plain and q.is_cuda:
+    if gluon_candidate and q.is_cuda:
         result = None
         if (alibi_slopes is None and sink is None and cu_seqlens_q is None and attn_bias is None and not softcap
-                and _plannable(q)):
+                and not dropout_p and _plannable(q)):
             result = _planned_forward(q, k, v, softmax_scale, window_left, window_right)
         if result is None:
             result = _gluon_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
-                                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias)
+                                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, dropout_p, rng)
         if result is not None:
             return result
     return _portable_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,

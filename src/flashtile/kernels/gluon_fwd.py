@@ -36,6 +36,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .common import LOG2E, _tanh
+from .gluon_dropout import dropout_apply, dropout_row_counters, dropout_words
 from .gluon_grid import _heavy_first
 from .gluon_sparse import _list_tile_key, _mask_mod_scores, _sparse_tile_key
 
@@ -257,7 +258,8 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
              b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False,
              key0=0, seqlen_q=0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
              MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
-             CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False):
+             CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
+             drop_seed=0, drop_rows=0, drop_thr=0, HAS_DROPOUT: gl.constexpr = False):
     """Key block j >= 1 (keys key_lo + j * BLOCK_N + [0, BLOCK_N)): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1},
     softmax S_j while the PV runs, then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i,
     p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it. P_CVT_ASM: see _to_p. TREE_MAX: see
@@ -267,7 +269,9 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     softmax_scale. A bias can hide every key of a row (-inf): the row max is then -inf and 0 is subtracted instead.
     BLOCK_SPARSE (plain scores only, MASKED tiles: a block mask's partial blocks): the tile's keys are
     key0 + [0, BLOCK_N), MASK_MOD is evaluated (_mask_mod_scores) and a row may have seen no key so far (0 is
-    subtracted then). The full blocks run the dense unmasked step (every row of the tile real and seeing every key)."""
+    subtracted then). The full blocks run the dense unmasked step (every row of the tile real and seeing every key).
+    HAS_DROPOUT: P_j's dropped entries are zeroed after l_i took them (gluon_dropout; drop_rows from
+    dropout_row_counters, drop_thr the integer threshold); the draws are made while S_j runs."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
     stage = j % STAGES
@@ -284,6 +288,8 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         # Read while S_j runs (its latency hidden). With other features, after the wait: 32 more registers
         # live across it made ptxas spill (D128 window + softcap + ALiBi + sink + bias: 340 B).
         bias = _bias_tile(b_bufs, b_ready, j, WG, STAGES, s_layout)  # [WG_M, BLOCK_N], 16-bit
+    if HAS_DROPOUT:
+        words = dropout_words(drop_seed, drop_rows, key_lo + j * BLOCK_N, BLOCK_N, 4)  # integer work beside S_j
     # wgmma groups retire in order: one outstanding means S_j is done and the PV may still run.
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_M, BLOCK_N]
     mbarrier.arrive(k_empty.index(stage))
@@ -353,6 +359,8 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         alpha = gl.exp2(m_i - m_new)  # [WG_M]
         p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
     l_i = l_i * alpha + gl.sum(p_f32, axis=1)
+    if HAS_DROPOUT:
+        p_f32 = dropout_apply(p_f32, words, drop_thr)  # [WG_M, BLOCK_N]: l_i counts the dropped entries, O does not
     p_next = gl.convert_layout(_to_p(p_f32, p, P_CVT_ASM), p.type.layout, assert_trivial=True)
     # P_{j-1} (registers) is read by the PV wgmma until it retires: keep it alive through the wait.
     o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
@@ -375,7 +383,9 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         b_bufs=None, b_ready=None, b_empty=None, sm_scale=0.0, HAS_BIAS: gl.constexpr = False,
                         full_ptr=None, part_ptr=None, list_off=0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None,
                         aux3=None, MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
-                        SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False):
+                        SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
+                        drop_seed=0, drop_base=0, drop_row_groups=0, drop_thr=0, dropout_scale=1.0,
+                        HAS_DROPOUT: gl.constexpr = False):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
     of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
@@ -383,7 +393,10 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     HAS_BIAS likewise (a bias of -inf on every key a row sees), as the portable kernel writes them.
     BLOCK_SPARSE: the n_blocks key tiles of _sparse_tile_key (full_ptr / part_ptr), the first n_full unmasked (the
     first one masked anyway, as every block 0), the rest evaluating MASK_MOD(off_b, off_h, q_idx, kv_idx,
-    aux0..aux3); rows that see no key get 0 and lse -inf."""
+    aux0..aux3); rows that see no key get 0 and lse -inf.
+    HAS_DROPOUT: probabilities dropped as kernels/common._dropout_keep drops them (Philox key drop_seed, counters
+    from drop_base, drop_row_groups = ceil(max_k / 8) per row, 16-bit threshold drop_thr), the kept ones scaled by
+    dropout_scale = 1 / (1 - dropout_p); lse stays the undropped one."""
     dtype: gl.constexpr = q_smem.dtype
     SCORES: gl.constexpr = SOFTCAP or HAS_ALIBI or IS_LOCAL  # scores pass through _feature_scores
     # One warpgroup, 64 rows: S is [64, BLOCK_N] and O [64, HEAD_DIM] in wgmma accumulator layouts; P feeds
@@ -395,6 +408,9 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q_view = q_smem.index(WG)
     row0 = start_m + WG * WG_M
+    drop_rows = 0
+    if HAS_DROPOUT:
+        drop_rows = dropout_row_counters(drop_base, row0, drop_row_groups, WG_M, BLOCK_N, 4)  # [WG_M] int64
     alibi_log2 = 0.0
     if HAS_ALIBI:
         alibi_log2 = gl.load(alibi_ptr) * LOG2E
@@ -416,6 +432,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     bias = 0.0
     if HAS_BIAS:
         bias = _bias_tile(b_bufs, b_ready, 0, WG, STAGES, s_layout)  # [WG_M, BLOCK_N], 16-bit
+    if HAS_DROPOUT:
+        words = dropout_words(drop_seed, drop_rows, key_lo, BLOCK_N, 4)
     s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_M, BLOCK_N]
     mbarrier.arrive(k_empty.index(0))
     if HAS_BIAS:
@@ -468,6 +486,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
         l_i = gl.sum(p_f32, axis=1)  # [WG_M]
         if HAS_SINK:
             l_i = l_i + gl.exp2(sink_log2 - m_i)
+    if HAS_DROPOUT:
+        p_f32 = dropout_apply(p_f32, words, drop_thr)  # [WG_M, BLOCK_N]
     p = gl.convert_layout(p_f32.to(dtype), p_layout, assert_trivial=True)  # [WG_M, BLOCK_N]
     o_acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, o_layout)
 
@@ -481,7 +501,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, IS_LOCAL, SOFTCAP,
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
-                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS)
+                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
+                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT)
         full_start = gl.maximum(n_lead, 1)
     else:
         full_start = 1
@@ -505,7 +526,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX, alibi_cols, 1,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
-                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS)
+                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
+                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT)
         for j in range(left_end, right_start):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
@@ -513,7 +535,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
-                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS)
+                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
+                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT)
         for j in range(right_start, n_full):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
@@ -521,7 +544,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX, alibi_cols, -1,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
-                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS)
+                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
+                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT)
     else:
         for j in range(full_start, n_full):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
@@ -530,7 +554,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, IS_LOCAL, SOFTCAP,
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
-                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS)
+                                          HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
+                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT)
     for j in range(gl.maximum(n_full, 1), n_blocks):
         key0 = 0
         if BLOCK_SPARSE:
@@ -543,7 +568,9 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                       b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                       HAS_BIAS=HAS_BIAS, key0=key0, seqlen_q=seqlen_q, off_b=off_b, off_h=off_h,
                                       aux0=aux0, aux1=aux1, aux2=aux2, aux3=aux3, MASK_MOD=MASK_MOD,
-                                      BLOCK_SPARSE=BLOCK_SPARSE, CONSUMERS=CONSUMERS, EVEN_N=EVEN_N)
+                                      BLOCK_SPARSE=BLOCK_SPARSE, CONSUMERS=CONSUMERS, EVEN_N=EVEN_N,
+                                      drop_seed=drop_seed, drop_rows=drop_rows, drop_thr=drop_thr,
+                                      HAS_DROPOUT=HAS_DROPOUT)
 
     # The last block's PV.
     last = (n_blocks - 1) % STAGES
@@ -554,7 +581,10 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
 
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     l_o = gl.convert_layout(l_i, o_row)
-    out = o_acc * (1.0 / l_o)[:, None]  # [WG_M, HEAD_DIM]
+    if HAS_DROPOUT:
+        out = o_acc * (dropout_scale / l_o)[:, None]  # [WG_M, HEAD_DIM]
+    else:
+        out = o_acc * (1.0 / l_o)[:, None]  # [WG_M, HEAD_DIM]
     rows = row0 + gl.arange(0, WG_M, layout=o_row)  # [WG_M]
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
     in_seq = rows < seqlen_q
@@ -594,13 +624,14 @@ def _store_rows_without_keys(out_ptr, lse_ptr, stride_om, seqlen_q, start_m, sin
 # dtype) instead of one per seqlen class. TMA does the loads, so the hints would buy nothing there.
 @gluon.jit(do_not_specialize=["stride_lse_b", "stride_lse_h", "seqlen_q", "seqlen_k", "heads_q",
                               "group_size", "stride_alibi_b", "window_left", "window_right", "bias_rows_b",
-                              "bias_rows_h"])
+                              "bias_rows_h", "dropout_threshold"])
 def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h, stride_alibi_b,
                      seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
                      CuSeqlensQ, CuSeqlensK, b_desc, bias_rows_b, bias_rows_h, sm_scale,
                      KvNum, KvIdx, FullKvNum, FullKvIdx, stride_bm_b, stride_bm_h, stride_bm_m,
                      stride_bi_b, stride_bi_h, stride_bi_m, Aux0, Aux1, Aux2, Aux3,
+                     Rng, dropout_scale, dropout_threshold,
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                      IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
@@ -610,7 +641,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      HAS_BIAS: gl.constexpr = False, MASK_MOD: gl.constexpr = None,
                      BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
                      SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
-                     LPT_HEADS: gl.constexpr = 0):
+                     LPT_HEADS: gl.constexpr = 0, HAS_DROPOUT: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -639,9 +670,13 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     dim is then cdiv(Sq, 64 * CONSUMERS).
     EVEN_N (BLOCK_SPARSE with Sk % SPARSE_N == 0): no listed key tile reaches past Sk (_mask_mod_scores).
     LPT_HEADS (> 0: dense causal launches, GluonConfig.lpt_heads): programs start by groups of that many heads, every
-    head's longest rows first (gluon_grid._heavy_first); 0: head by head, each head's longest rows first."""
+    head's longest rows first (gluon_grid._heavy_first); 0: head by head, each head's longest rows first.
+    HAS_DROPOUT (two consumers): Rng holds the int64 Philox seed; probabilities dropped where their 16-bit draw is
+    below dropout_threshold (kernels/common._dropout_keep's draws, made by gluon_dropout), the kept ones scaled by
+    dropout_scale = 1 / (1 - dropout_p); Lse stays the undropped one (what kernels/bwd.py expects)."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not HAS_BIAS and not BLOCK_SPARSE),
                      "CONSUMERS: 2, or 3 without a bias or a block mask")
+    gl.static_assert(CONSUMERS == 2 or not HAS_DROPOUT, "HAS_DROPOUT: two consumers")
     gl.static_assert(LPT_HEADS == 0 or (IS_CAUSAL and not (IS_LOCAL or VARLEN or BLOCK_SPARSE)),
                      "LPT_HEADS: dense causal launches")
     BLOCK_M: gl.constexpr = CONSUMERS * WG_M
@@ -656,6 +691,15 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     off_h = pid_bh % heads_q
     off_hk = off_h // group_size
     start_m = pid_m * BLOCK_M
+    drop_seed = 0
+    drop_base = 0
+    drop_row_groups = 0
+    if HAS_DROPOUT:
+        # kernels/common._dropout_rng's counters: (B, Hq, max_q, ceil(max_k / 8)), seqlen_q / seqlen_k still the
+        # maxima here under VARLEN.
+        drop_seed = gl.load(Rng)
+        drop_row_groups = (seqlen_k + 7) // 8
+        drop_base = (off_b * heads_q + off_h).to(gl.int64) * seqlen_q * drop_row_groups
     if VARLEN:
         # Sequence off_b: rows [q_start, q_start + seqlen_q) of the packed q, keys likewise.
         q_start = gl.load(CuSeqlensQ + off_b)
@@ -822,14 +866,16 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    window_right, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale,
                                    HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
-                                   MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N)),
+                                   MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N, drop_seed, drop_base,
+                                   drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
                                    window_right, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
-                                   Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N)),
+                                   Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N, drop_seed, drop_base,
+                                   drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                                v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
                                q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,

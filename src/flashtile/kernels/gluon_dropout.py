@@ -1,0 +1,101 @@
+"""Dropout's keep mask in the Hopper Gluon kernels: the draws of kernels/common._dropout_keep (the portable kernels'
+and flashtile.philox's), made for a 64-row wgmma accumulator tile.
+
+Element (b, h, i, j) takes the 16-bit half j % 2 of output (j % 8) // 2 of the Philox call at counter
+rng_base + i * ceil(max_k / 8) + j // 8. A thread of the wgmma accumulator holds, of every group of eight keys, one
+pair of consecutive keys (2 (lane % 4) and the next): one 32-bit output of the group's call. So the four lanes of a
+quad share their calls. Each lane makes a quarter of them (group_layout: a group's call lands on lane g % 4 of the
+quad), and one exchange inside the warp (word_layout) hands every lane its word of each call: eight Philox calls per
+thread and 128-key block instead of thirty-two.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@gluon.constexpr_function
+def group_layout(rows, groups, warps):
+    """Layout of [rows, groups] Philox counters (one per row and eight keys): rows as the wgmma accumulator has
+    them (lanes 4-31 step rows by 1, 2, 4, warps by 16, a register by 8), groups 0-3 on the four lanes of a quad,
+    the rest in registers."""
+    return gl.DistributedLinearLayout([[8, 0]] + [[0, g] for g in (4, 8, 16, 32, 64) if g < groups],
+                                      [[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+                                      [[16 << w, 0] for w in range(warps.bit_length() - 1)], [], [rows, groups])
+
+
+@gluon.constexpr_function
+def word_layout(rows, words, warps):
+    """Layout of [rows, words] 32-bit draws (word c holds keys 2c and 2c + 1) in the wgmma accumulator's places:
+    lane % 4 holds the words c % 4 == lane % 4, rows as group_layout."""
+    return gl.DistributedLinearLayout([[8, 0]] + [[0, c] for c in (4, 8, 16, 32, 64) if c < words],
+                                      [[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+                                      [[16 << w, 0] for w in range(warps.bit_length() - 1)], [], [rows, words])
+
+
+@gluon.jit
+def _mul_a(x):
+    """(low, high) 32-bit halves of Philox's round multiplier A = 0xD2511F53 times x (uint32): one mul.wide (one
+    IMAD.WIDE) where umulhi and a low multiply compile to two IMADs."""
+    return gl.inline_asm_elementwise("{ .reg .b64 t; mul.wide.u32 t, $2, 0xD2511F53; mov.b64 {$0, $1}, t; }",
+                                     "=r,=r,r", [x], dtype=(gl.uint32, gl.uint32), is_pure=True, pack=1)
+
+
+@gluon.jit
+def _mul_b(x):
+    """(low, high) halves of Philox's round multiplier B = 0xCD9E8D57 times x (as _mul_a)."""
+    return gl.inline_asm_elementwise("{ .reg .b64 t; mul.wide.u32 t, $2, 0xCD9E8D57; mov.b64 {$0, $1}, t; }",
+                                     "=r,=r,r", [x], dtype=(gl.uint32, gl.uint32), is_pure=True, pack=1)
+
+
+@gluon.jit
+def _philox4x32(seed, counter):
+    """Philox-4x32-10 of int64 counters under int64 key seed: tl.randint4x(seed, counter)'s four uint32 outputs
+    (the same rounds and key schedule as triton.language.random.philox_impl)."""
+    k0 = (seed & 0xFFFFFFFF).to(gl.uint32)
+    k1 = ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
+    c0 = counter.to(gl.uint32)
+    c1 = (counter >> 32).to(gl.uint32)
+    # Round 1 with c2 = c3 = 0: B * c2 = 0.
+    lo_a, hi_a = _mul_a(c0)
+    c0, c1, c2, c3 = c1 ^ k0, c0 * 0, hi_a ^ k1, lo_a
+    for _ in gl.static_range(9):
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+        lo_b, hi_b = _mul_b(c2)
+        lo_a, hi_a = _mul_a(c0)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+    return c0, c1, c2, c3
+
+
+@gluon.jit
+def dropout_row_counters(rng_base, row0, row_groups, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                         WARPS: gl.constexpr):
+    """[ROWS] int64 first Philox counters of rows row0 + [0, ROWS): rng_base + row * row_groups, row_groups =
+    ceil(max_k / 8) (loop-invariant: computed once per tile)."""
+    layout: gl.constexpr = group_layout(ROWS, BLOCK_N // 8, WARPS)
+    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    return rng_base + rows.to(gl.int64) * row_groups
+
+
+@gluon.jit
+def dropout_words(seed, row_ctr, key0, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
+    """[ROWS, BLOCK_N / 2] uint32 draws of keys key0 + [0, BLOCK_N) (key0 a multiple of 8) in word_layout: word c
+    holds key 2c in its low half and key 2c + 1 in its high half. row_ctr from dropout_row_counters."""
+    ROWS: gl.constexpr = row_ctr.shape[0]
+    G: gl.constexpr = BLOCK_N // 8
+    layout: gl.constexpr = group_layout(ROWS, G, WARPS)
+    groups = key0 // 8 + gl.arange(0, G, layout=gl.SliceLayout(0, layout))  # [G]
+    r0, r1, r2, r3 = _philox4x32(seed, row_ctr[:, None] + groups[None, :])  # [ROWS, G] each, uint32
+    # t[m, g, x, y] = output 2x + y of group g, so the reshape puts output a of group g at word 4g + a.
+    t = gl.join(gl.join(r0, r1), gl.join(r2, r3)).permute(0, 1, 3, 2)  # [ROWS, G, 2, 2]
+    w = t.reshape([ROWS, BLOCK_N // 2])
+    return gl.convert_layout(w, word_layout(ROWS, BLOCK_N // 2, WARPS))  # the exchange inside each warp
+
+
+@gluon.jit
+def dropout_apply(p, words, threshold):
+    """p ([ROWS, BLOCK_N] fp32) with 0 where the key's 16-bit draw (dropout_words) is below threshold (the integer
+    threshold of philox.dropout_threshold): the kept probabilities, unscaled."""
+    thr = threshold.to(gl.uint32)
+    keep = gl.join((words & 0xFFFF) >= thr, words >= (thr << 16))  # [ROWS, BLOCK_N / 2, 2]: even key, odd key
+    keep = gl.convert_layout(keep.reshape([p.shape[0], p.shape[1]]), p.type.layout)
+    return gl.where(keep, p, 0.0)
