@@ -49,6 +49,10 @@ FEATURES = {
     "bias-alibi-window": (True, dict(window_size=(256, -1), alibi_slopes="alibi", attn_bias="bias")),
     "bias-window": (False, dict(window_size=(100, 50), attn_bias="bias")),
     "bias-combo": (True, dict(window_size=(256, -1), softcap=30.0, alibi_slopes="alibi", attn_bias="bias")),
+    # Dropout (D64 / D128: DROPOUT_HEAD_DIMS), alone and with the score features
+    "dropout": (False, dict(dropout_p=0.1, rng="rng")),
+    "dropout-causal": (True, dict(dropout_p=0.1, rng="rng")),
+    "dropout-combo": (True, dict(window_size=(256, -1), softcap=30.0, alibi_slopes="alibi", dropout_p=0.1, rng="rng")),
     # Block-sparse flashtile.attention (gluon_compile_check.sparse_mods: 128 x 128 block masks, their transposed
     # lists; no causal flag, the mask is the mask_mod); dense only (sparse_ok).
     "sparse-window": (False, dict(sparse="window")),
@@ -125,6 +129,8 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000
     if features.get("attn_bias") is not None:
         dtype = torch.float32 if features["attn_bias"] == "bias32" else torch.bfloat16
         features = dict(features, attn_bias=torch.empty(1, heads_q, seqlen_q, seqlen_k, dtype=dtype))
+    if features.get("rng") is not None:
+        features = dict(features, rng=torch.empty(1, dtype=torch.int64))
     if features.get("sparse"):
         features = dict(features)
         block = features.pop("sparse_block", (128, 128))
@@ -190,6 +196,9 @@ def main():
             if "attn_bias" in kwargs and (args.varlen or not gluon_bwd_launch.bias_shared_ok(
                     head_dim, config, torch.float32 if kwargs["attn_bias"] == "bias32" else torch.bfloat16)):
                 print(f"d{head_dim}-{feature}-default: skipped (bias: dense only, where bias_shared_ok takes it)")
+                continue
+            if "dropout_p" in kwargs and head_dim not in gluon_bwd_launch.DROPOUT_HEAD_DIMS:
+                print(f"d{head_dim}-{feature}-default: skipped (dropout: D64 / D128)")
                 continue
             if "sparse" in kwargs and (args.varlen or head_dim not in gluon_bwd_launch.SPARSE_HEAD_DIMS):
                 print(f"d{head_dim}-{feature}-default: skipped (block-sparse: dense only)")

@@ -11,6 +11,8 @@ ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == 
 # dkdv_launch_args' last arguments: the block-sparse ones (4 lists, 6 strides, 4 aux tensors; None when dense,
 # test_gluon_sparse_bwd.py has them); the tests below index the arguments before them from the end.
 SPARSE_TAIL = 14
+DROPOUT_TAIL = 3  # Rng, dropout_scale, dropout_threshold: the kernel's last arguments
+TAIL = SPARSE_TAIL + DROPOUT_TAIL
 
 
 def test_unsupported_without_hopper():
@@ -76,7 +78,8 @@ def test_dkdv_launch_args_leave_plain_and_causal_alone():
     def launch_args(causal, **kw):
         _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, causal,
                                                                    config, **kw)
-        return args[:-SPARSE_TAIL][-10:-5], constexprs
+        assert args[-DROPOUT_TAIL:] == (None, 1.0, 0) and "HAS_DROPOUT" not in constexprs  # no dropout
+        return args[:-TAIL][-10:-5], constexprs
 
     for causal in (False, True):
         tail, constexprs = launch_args(causal)
@@ -95,7 +98,7 @@ def test_dkdv_launch_args_leave_plain_and_causal_alone():
     assert softcap_log2 == pytest.approx(30.0 * 1.4426950408889634)
     _, args, _, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, False, config,
                                                       softcap=30.0)
-    args = args[:-SPARSE_TAIL]
+    args = args[:-TAIL]
     assert args[-12] == pytest.approx(0.125 / 30.0)  # qk_scale = softmax_scale / softcap, as the forward's
     assert args[-3:] == (None,) * 3  # no bias: bias_desc, bias_batch, bias_heads
 
@@ -120,8 +123,8 @@ def test_dkdv_launch_args_bias():
         for bias, shape, strides in cases:
             _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, True,
                                                                        config, attn_bias=bias)
-            assert args[-SPARSE_TAIL:] == (None,) * SPARSE_TAIL
-            args = args[:-SPARSE_TAIL]
+            assert args[-TAIL:-DROPOUT_TAIL] == (None,) * SPARSE_TAIL
+            args = args[:-TAIL]
             desc, batch, heads = args[-3:]
             assert constexprs["HAS_BIAS"] and desc.base is bias and (batch, heads) == tuple(shape[:2])
             assert list(desc.shape) == shape and list(desc.strides) == strides, (desc.shape, desc.strides)
@@ -345,7 +348,7 @@ def test_dkdv_launch_args_varlen():
         assert list(args[4].shape) == [4, rows.shape[1]] and list(args[4].strides) == [rows.shape[1], 1]
         assert args[10:17] == (0, 256, 128, 0, 256, 128, 512)  # dK / dV (batch, row, head), dq_accum's row
         assert args[17:20] == (400, 500, 448)  # max lengths, max_seqlen_q in whole 64-row tiles
-        tail = args[:-SPARSE_TAIL]
+        tail = args[:-TAIL]
         assert tail[-5] is cu_q and tail[-4] is cu_k and tail[-3:] == (None,) * 3  # then the bias arguments (off)
         desc = args[9]
         if variant == "atomics":
@@ -361,7 +364,7 @@ def test_dkdv_launch_args_varlen():
                                               torch.empty(2, 500, 2, 128, dtype=torch.bfloat16),
                                               torch.empty(2, 320, 4, 128), 0.1, False,
                                               gluon_bwd_launch.VARIANTS["default"][128])
-    assert dense[1][:-SPARSE_TAIL][-5:] == (None,) * 5 and not dense[2]["VARLEN"]  # cu_seqlens, then the bias arguments
+    assert dense[1][:-TAIL][-5:] == (None,) * 5 and not dense[2]["VARLEN"]  # cu_seqlens, then the bias arguments
 
 
 @pytest.mark.usefixtures("pretend_hopper")
@@ -381,12 +384,12 @@ def test_supports_varlen():
 
 
 def test_backward_asks_gluon_for_features_not_for_the_rest():
-    """_flash_attn_backward's gate: windows, softcap, ALiBi, varlen and a bias without gradient reach
-    _gluon_backward (which may refuse); a bias gradient, dropout, mods and deterministic never do."""
+    """_flash_attn_backward's gate: windows, softcap, ALiBi, varlen, dropout and a bias without gradient reach
+    _gluon_backward (which may refuse); a bias gradient, mods and deterministic never do."""
     ok = launch._gluon_bwd_candidate  # the bias itself is not an argument: gluon_bwd_supported decides on it
     assert ok(False, 0.0, None, False)
     assert not ok(True, 0.0, None, False)  # bias_grad: dS is written by the portable dQ kernel
-    assert not ok(False, 0.1, None, False)
+    assert ok(False, 0.1, None, False)  # gluon_bwd_supported takes D64 / D128 (DROPOUT_HEAD_DIMS)
     assert not ok(False, 0.0, object(), False)
     assert not ok(False, 0.0, None, True)
 
@@ -659,6 +662,37 @@ def test_features_match_reference(monkeypatch, shape, feature, head_dim):
     assert calls
     ref64, reflow = references(q, k, v, dout, causal, **kw)
     for name, got, r64, rlow in zip(("dq", "dk", "dv"), grads, ref64[1:], reflow[1:]):
+        assert_close_rule(name, got, r64, rlow, dtype)
+
+
+# Dropout 0.2 on top of these (name, causal, flash_attn_func keywords), D64 / D128 (gluon_bwd_launch.DROPOUT_HEAD_DIMS)
+DROPOUT_FEATURES = [("plain", False, {}), ("causal", True, {}),
+                    ("combo", True, dict(window_size=(300, -1), softcap=20.0, alibi_slopes="bh"))]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("feature", DROPOUT_FEATURES, ids=[f[0] for f in DROPOUT_FEATURES])
+@pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
+                                                       for b, sq, sk, hq, hk, dt in FEATURE_SHAPES])
+def test_dropout_matches_reference(monkeypatch, shape, feature, head_dim):
+    """FLASHTILE_GLUON_BWD=1 with dropout: the Gluon backward regenerates the forward's mask (gluon_dropout's draws);
+    the gradients match the float64 reference computed with the mask return_attn_probs gives."""
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
+    _, causal, kw = feature
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
+    kw = dict(kw, alibi_slopes=_alibi(kw.get("alibi_slopes"), batch, heads_q))
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device="cuda")
+    torch.manual_seed(3)
+    out, _, probs = flashtile.flash_attn_func(q, k, v, dropout_p=0.2, causal=causal, return_attn_probs=True, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert len(calls) == 1 and calls[0]["dropout_p"] == 0.2
+    ref64, reflow = references(q, k, v, dout, causal, dropout_p=0.2, dropout_mask=~torch.signbit(probs), **kw)
+    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out, *grads), ref64, reflow):
         assert_close_rule(name, got, r64, rlow, dtype)
 
 

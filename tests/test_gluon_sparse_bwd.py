@@ -74,13 +74,13 @@ def test_dkdv_launch_args_sparse():
         assert constexprs["BLOCK_SPARSE"] and constexprs["MASK_MOD"] is mods.mask_mod
         assert (constexprs["SPARSE_M"], constexprs["SPARSE_N"]) == block
         assert not (constexprs["IS_CAUSAL"] or constexprs["IS_LOCAL"] or constexprs["HAS_BIAS"])
-        tail = args[-14:]
+        tail = args[-17:-3]  # the fourteen block-sparse arguments, then dropout's three
         assert all(a is b for a, b in zip(tail[:4], mods.q_lists))
         num, idx = mods.q_lists[0], mods.q_lists[1]
         assert tail[4:10] == (0, 0, num.stride(2), 0, 0, idx.stride(2))  # B and H broadcast (size 1)
         assert tail[10] is limits and tail[11:] == (None,) * 3
     _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, False, config)
-    assert args[-14:] == (None,) * 14 and "BLOCK_SPARSE" not in constexprs
+    assert args[-17:-3] == (None,) * 14 and "BLOCK_SPARSE" not in constexprs
 
 
 @pytest.mark.skipif(not launch.interpreter_active(), reason="runs the preprocess on CPU tensors: interpreter only")
@@ -104,7 +104,7 @@ def test_gluon_backward_launches_the_sparse_kernel(monkeypatch):
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == k.shape
     (grid, args, kwargs), = seen
     assert grid == (3, 2) and kwargs["BLOCK_SPARSE"] and kwargs["MASK_MOD"] is mods.mask_mod
-    assert args[-14] is mods.q_lists[0]
+    assert args[-17] is mods.q_lists[0]
 
 
 @pytest.fixture

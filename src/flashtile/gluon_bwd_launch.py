@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import fast_launch, launch  # launch: the shared preprocess and the NaN-poisoning allocator
+from . import fast_launch, launch, philox  # launch: the shared preprocess and the NaN-poisoning allocator
 from .gluon_launch import (LOG2E, _supported_device, _varlen_ok, alibi_ok, block_list_args, grid_order_variants,
                            mask_mode, record_sparse_failure, tma_descriptor, torch_layout)
 
@@ -110,6 +110,7 @@ VARIANTS = {
 # tiles in flight read more heads' Q / dO than L2 holds).
 VARIANTS.update(grid_order_variants(VARIANTS["default"]))
 HEAD_DIMS = (64, 128, 256)
+DROPOUT_HEAD_DIMS = (64, 128)  # D256's split-D tiles have no dropout: the portable backward serves it
 
 
 def block_n(head_dim):
@@ -133,21 +134,25 @@ def _tma_3d_ok(t):
 
 def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0,
                         alibi_slopes=None, attn_bias=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
-                        max_seqlen_k=0, **other_features):
+                        max_seqlen_k=0, rng=None, **other_features):
     """True when the Gluon backward can compute the gradients of flash_attn_func(q, k, v, causal=causal,
     window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes), or of flash_attn_varlen_func with
     cu_seqlens_q / cu_seqlens_k (int32 (B + 1,)) and max_seqlen_q / max_seqlen_k: CUDA sm90, no interpreter,
     fp16/bf16 dense (B, S, H, D) or packed (total, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0,
     TMA-compatible strides of q, k, v, dout, ALiBi slopes fp32 (Hq,) or (B, Hq) on q's device; attn_bias (dense
     only: 4-D, broadcastable to (B, Hq, Sq, Sk), no gradient) on q's device where bias_tma_ok and bias_shared_ok
-    accept it (D64; D128 with an fp16 / bf16 bias); no dropout, paged keys or mods. A bias with a gradient
-    (bias_grad=True) is refused here and in launch._gluon_bwd_candidate."""
+    accept it (D64; D128 with an fp16 / bf16 bias); dropout 0 <= dropout_p < 1 at D64 / D128 with rng, the
+    forward's int64 (1,) Philox seed on q's device; no paged keys or mods. A bias with a gradient (bias_grad=True)
+    is refused here and in launch._gluon_bwd_candidate."""
     if (_attn_bwd_dkdv_hopper is None or _disabled is not None
             or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
         return False
     if other_features and any(v_ not in (None, False, 0, 0.0) for v_ in other_features.values()):
         return False
-    if dropout_p or not softcap >= 0:
+    if not softcap >= 0 or not 0 <= dropout_p < 1:
+        return False
+    if dropout_p and not (isinstance(rng, torch.Tensor) and rng.dtype == torch.int64 and rng.device == q.device
+                          and q.shape[-1] in DROPOUT_HEAD_DIMS):
         return False
     varlen = cu_seqlens_q is not None
     tensors = (q, k, v, out, dout)
@@ -335,7 +340,7 @@ def _dq_descriptor(dq_accum, block_m, max_seqlen_q_pad=None):
 
 def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config,
                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                     max_seqlen_q=0, max_seqlen_k=0, attn_bias=None, mods=None):
+                     max_seqlen_q=0, max_seqlen_k=0, attn_bias=None, mods=None, dropout_p=0.0, rng=None):
     """(grid, args, constexprs, launch options) of the dK/dV kernel; shared with the offline compile check.
     lse2, delta: (B, Hq, Sq_pad) fp32; dq_accum: (B, Sq_pad, Hq, D) fp32, Sq_pad a multiple of config.block_m.
     Varlen (cu_seqlens_q given): packed q / k / v / dout / dk / dv (total, H, D), lse2 / delta in the varlen row
@@ -344,7 +349,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
     Features off pass None for their arguments and leave the constexprs at the plain kernel's (same signature,
     same compiled kernel); causal with a left window is the window (left, 0) (gluon_launch.mask_mode).
     attn_bias (dense only): 4-D broadcastable to (B, Hq, Sq, Sk) that bias_tma_ok accepts, or None.
-    mods: a launch.ModArgs with a block mask that sparse_ok accepts (plain scores, dense), or None."""
+    mods: a launch.ModArgs with a block mask that sparse_ok accepts (plain scores, dense), or None.
+    dropout_p > 0: rng the forward's int64 (1,) Philox seed (the kernel's HAS_DROPOUT; D64 / D128)."""
     varlen = cu_seqlens_q is not None
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
@@ -376,7 +382,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
             (right if right >= 0 else unbounded) if is_local else None,
             cu_seqlens_q, cu_seqlens_k,
             *(_bias_args(attn_bias, config.block_m, keys) if attn_bias is not None else (None, None, None)),
-            *_sparse_args(mods))
+            *_sparse_args(mods), rng if dropout_p else None, 1.0 / (1.0 - dropout_p),
+            philox.dropout_threshold(dropout_p))
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, IS_CAUSAL=is_causal,
                       DQ_SPLIT_D=config.dq_split_d, CONSUMER_REGS=config.consumer_regs,
                       LOADER_REGS=config.loader_regs, IS_LOCAL=is_local, SOFTCAP=softcap > 0,
@@ -385,6 +392,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
                       HAS_BIAS=attn_bias is not None)
     if config.rows_in_acc:  # only then: the other launches keep the constexprs (and kernels) they had
         constexprs.update(ROWS_IN_ACC=True, ROWS_ZERO_FILL=not varlen)
+    if dropout_p:
+        constexprs.update(HAS_DROPOUT=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)
     if mods is not None:
@@ -432,18 +441,19 @@ def sparse_failed(mods, exc):
     record_sparse_failure(_sparse_failed, "backward", mods, exc)
 
 
-def refused_features(causal, window_size, softcap, alibi_slopes, attn_bias, cu_seqlens_q, mods=None):
+def refused_features(causal, window_size, softcap, alibi_slopes, attn_bias, cu_seqlens_q, mods=None, dropout_p=0.0):
     """The names of the features a call has beyond plain or causal dense attention (the ones the rows_in_acc
     variants refuse); empty for a plain call. A causal mask given as the window (-1, 0) is causal, not a window."""
     return [name for name, on in (
         ("window_size", mask_mode(causal, window_size)[1]), ("softcap", bool(softcap)),
         ("alibi_slopes", alibi_slopes is not None), ("attn_bias", attn_bias is not None),
-        ("mods", mods is not None), ("cu_seqlens_q", cu_seqlens_q is not None)) if on]
+        ("mods", mods is not None), ("cu_seqlens_q", cu_seqlens_q is not None), ("dropout_p", bool(dropout_p))) if on]
 
 
 def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dlse=None, variant="default",
                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None, sink_parts=None,
-                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None, mods=None):
+                   cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None, mods=None,
+                   dropout_p=0.0, rng=None):
     """dq, dk, dv (the shapes and dtypes of q, k, v) of flash_attn_func(q, k, v, softmax_scale, causal,
     window_size, softcap, alibi_slopes) from its out and lse (B, Hq, Sq) fp32; dlse: the gradient flowing into
     lse (lse's shape) or None. Requires gluon_bwd_supported(q, k, v, out, dout, causal, window_size=...,
@@ -455,12 +465,14 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     int32 (B + 1,), max_seqlen_q / max_seqlen_k): packed (total, H, D) tensors and lse (Hq, total_q), as
     flash_attn_varlen_func's. attn_bias (dense only): the forward's additive bias (4-D, broadcastable to
     (B, Hq, Sq, Sk); no gradient) or None. mods: flashtile.attention's block mask and mask_mod (a launch.ModArgs
-    that sparse_ok accepts; plain scores, dense) or None."""
+    that sparse_ok accepts; plain scores, dense) or None. dropout_p > 0 (D64 / D128): rng is the forward's Philox
+    seed; the kernel regenerates its mask (gluon_dropout)."""
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     config = VARIANTS[variant][q.shape[-1]]
     if config.rows_in_acc:
-        refused = refused_features(causal, window_size, softcap, alibi_slopes, attn_bias, cu_seqlens_q, mods)
+        refused = refused_features(causal, window_size, softcap, alibi_slopes, attn_bias, cu_seqlens_q, mods,
+                                   dropout_p)
         if refused:
             raise ValueError(f"variant {variant!r} takes plain or causal dense calls only, not {', '.join(refused)} "
                              f"(its tile loops would spill: gluon_bwd_launch.GluonBwdConfig.rows_in_acc)")
@@ -498,7 +510,7 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,
                                                        float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                                                       max_seqlen_q, max_seqlen_k, attn_bias, mods)
+                                                       max_seqlen_q, max_seqlen_k, attn_bias, mods, dropout_p, rng)
     fast_launch.launch(_attn_bwd_dkdv_hopper, grid, args, {**constexprs, **options})
     dq = launch._empty(q.shape, q, poison=poison)
     if cu_seqlens_q is not None:  # the conversion's (B, Sq_pad, Hq, D) view: one batch of every packed row

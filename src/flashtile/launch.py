@@ -875,14 +875,14 @@ def _flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqle
 
 def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, sink=None, sink_parts=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                    max_seqlen_q=0, max_seqlen_k=0, attn_bias=None):
+                    max_seqlen_q=0, max_seqlen_k=0, attn_bias=None, dropout_p=0.0, rng=None):
     """(dq, dk, dv) from the Hopper Gluon backward (gluon_bwd_launch.py; plain, causal, sliding window, softcap,
-    ALiBi, a bias without gradient (dense); dense or varlen) where configs.py says it is faster on a tested triton,
-    else None. causal / window_size as flash_attn_func's (a causal call with a left window is the window (left,
-    0)); features follow the plain / causal key thresholds (causal: any window whose right side is 0), windows
-    narrower than configs.GLUON_BWD_MIN_WINDOW keys keep the portable kernels, and varlen is keyed by
-    max_seqlen_k. FLASHTILE_GLUON_BWD=1 takes it wherever it is supported, =0 never. A launch that fails to build
-    disables it for the process (one warning), returns None."""
+    ALiBi, a bias without gradient (dense), dropout (D64 / D128: the forward's mask from rng); dense or varlen) where
+    configs.py says it is faster on a tested triton, else None. causal / window_size as flash_attn_func's (a causal
+    call with a left window is the window (left, 0)); features follow the plain / causal key thresholds (causal: any
+    window whose right side is 0), windows narrower than configs.GLUON_BWD_MIN_WINDOW keys keep the portable
+    kernels, and varlen is keyed by max_seqlen_k. FLASHTILE_GLUON_BWD=1 takes it wherever it is supported, =0
+    never. A launch that fails to build disables it for the process (one warning), returns None."""
     gluon_launch, gluon_bwd_launch = _gluon_modules()
     left, right = window_size
     span = _window_span(left, right)
@@ -894,7 +894,10 @@ def _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, causal, window
                         max_seqlen_k=max_seqlen_k)
     if attn_bias is not None:
         features["attn_bias"] = attn_bias
-    plain = not gluon_bwd_launch.refused_features(causal, window_size, softcap, alibi_slopes, attn_bias, cu_seqlens_q)
+    if dropout_p:
+        features.update(dropout_p=dropout_p, rng=rng)
+    plain = not gluon_bwd_launch.refused_features(causal, window_size, softcap, alibi_slopes, attn_bias, cu_seqlens_q,
+                                                  dropout_p=dropout_p)
     variant = configs.gluon_bwd_variant(q.shape[-1], gluon_launch.mask_mode(causal, window_size)[0], plain)
     return _try_gluon(
         "FLASHTILE_GLUON_BWD",
@@ -938,11 +941,11 @@ def _gluon_sparse_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_
 
 
 def _gluon_bwd_candidate(bias_grad, dropout_p, mods, deterministic):
-    """Whether _flash_attn_backward asks the Gluon backward at all: no dropout, no bias gradient (the Gluon kernel
-    reads a bias, it writes no dS), no mods, not deterministic (its dQ reductions run in no fixed order). Windows,
-    softcap, ALiBi, varlen and a bias's layout (gluon_bwd_launch.bias_tma_ok, bias_shared_ok; dense only) are its
-    own to refuse or take."""
-    return not deterministic and not bias_grad and not dropout_p and mods is None
+    """Whether _flash_attn_backward asks the Gluon backward at all: no bias gradient (the Gluon kernel reads a bias,
+    it writes no dS), no mods, not deterministic (its dQ reductions run in no fixed order). Windows, softcap, ALiBi,
+    varlen, dropout (D64 / D128) and a bias's layout (gluon_bwd_launch.bias_tma_ok, bias_shared_ok; dense only) are
+    its own to refuse or take."""
+    return not deterministic and not bias_grad and mods is None
 
 
 def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
@@ -974,14 +977,14 @@ def _flash_attn_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_le
     if q.is_cuda and _gluon_bwd_candidate(bias_grad, dropout_p, mods, deterministic):
         grads = None
         if (dlse is None and sink is None and alibi_slopes is None and not softcap and attn_bias is None
-                and cu_seqlens_q is None and _plannable(q)):
+                and cu_seqlens_q is None and not dropout_p and _plannable(q)):
             grads = _planned_backward(dout, q, k, v, out, lse, softmax_scale, window_left, window_right)
         if grads is None:
             grads = _gluon_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_right == 0,
                                     window_size=(window_left, window_right), softcap=softcap,
                                     alibi_slopes=alibi_slopes, sink=sink, sink_parts=parts, cu_seqlens_q=cu_seqlens_q,
                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                                    attn_bias=attn_bias)
+                                    attn_bias=attn_bias, dropout_p=dropout_p, rng=rng)
         if grads is not None:
             return (*grads, q.new_empty(0, dtype=torch.float32), _dsink(parts, q))
     return _portable_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,

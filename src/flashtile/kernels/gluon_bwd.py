@@ -60,6 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .common import LOG2E, _tanh
+from .gluon_dropout import dropout_keep_t
 from .gluon_grid import _heavy_first
 from .gluon_sparse import _list_tile_key, _sparse_tile_key
 
@@ -260,7 +261,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
               SOFTCAP: gl.constexpr, HAS_ALIBI: gl.constexpr, DQ_TMA_REDUCE: gl.constexpr = 0,
               HAS_BIAS: gl.constexpr = False, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
               MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False, ROWS_IN_ACC: gl.constexpr = False,
-              ROWS_ZERO_FILL: gl.constexpr = False):
+              ROWS_ZERO_FILL: gl.constexpr = False, drop_seed=0, drop_base=0, drop_row_groups=0, drop_thr=0,
+              dropout_scale=1.0, HAS_DROPOUT: gl.constexpr = False):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
     dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm, or under
     DQ_TMA_REDUCE (1 or 2: buffers per warpgroup) through one of this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_bufs
@@ -275,7 +277,11 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     (folded by the launcher); the S^T wgmma starts from the first and the dP^T one from the second (_issue_rows_t),
     so P^T = exp2(acc * qk_scale) and dS^T = P^T * acc: no [BLOCK_M] row vector is live beside the accumulators
     (at BLOCK_M 128 each is 32 registers per thread). ROWS_ZERO_FILL: the launcher filled the rows past seqlen_q
-    with -inf / 0 (P = 0, dS = 0 there), so the slices need no mask."""
+    with -inf / 0 (P = 0, dS = 0 there), so the slices need no mask.
+    HAS_DROPOUT (not ROWS_IN_ACC): the forward's dropout mask of this tile (gluon_dropout.dropout_keep_t: seed
+    drop_seed, the query head's first counter drop_base, drop_row_groups = ceil(max_k / 8) per row, threshold
+    drop_thr), drawn while S^T runs: dV takes P^T's kept entries times dropout_scale = 1 / (1 - dropout_p), and
+    dP^T (the gradient of the dropped, scaled P^T) becomes the undropped P^T's the same way before dS^T."""
     dtype: gl.constexpr = q_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -294,7 +300,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     # as under SOFTCAP. D64 (half the dK / dV registers) keeps the plain order without spills.
     # BLOCK_SPARSE's partial tiles at D128 likewise: a mask_mod evaluated beside dP^T's accumulator spilled 22-54
     # loads / stores per tile (sparse-window, sparse-aux); full tiles keep the plain order.
-    LATE_DP: gl.constexpr = (HAS_BIAS or (BLOCK_SPARSE and MASKED)) and HEAD_DIM > 64
+    LATE_DP: gl.constexpr = (HAS_BIAS or (BLOCK_SPARSE and MASKED) or HAS_DROPOUT) and HEAD_DIM > 64
     if ROWS_IN_ACC:
         cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
         in_seq = cols < seqlen_q
@@ -311,6 +317,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             dp_tok = _issue_t(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
         cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
         in_seq = cols < seqlen_q
+        if HAS_DROPOUT:  # integer work beside the S^T wgmma
+            keep = dropout_keep_t(drop_seed, drop_base, drop_row_groups, key0, m, drop_thr, WG_N, BLOCK_M, s_layout)
         if LATE_DP:
             s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
         elif SOFTCAP:
@@ -351,11 +359,16 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         dp_tok = _issue_t(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
         # dV^T += P^T dO right behind it: it runs while dS^T is made (groups retire in order: one outstanding
         # means dP^T is done).
-        p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
+        p_v = p
+        if HAS_DROPOUT:
+            p_v = gl.where(keep, p * dropout_scale, 0.0)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
+        p_op = gl.convert_layout(p_v.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
         dp = warpgroup_mma_wait(1, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     elif not SOFTCAP:
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
+    if HAS_DROPOUT:
+        dp = gl.where(keep, dp * dropout_scale, 0.0)  # the undropped P^T's gradient (delta is rowsum(dO * O) still)
     if ROWS_IN_ACC:
         ds_lp = (p * dp).to(dtype)  # [WG_N, BLOCK_M] = dS^T (dp is dP^T - delta)
     else:
@@ -368,7 +381,10 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         else:
             ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
     if not LATE_DP:
-        p_op = gl.convert_layout(p.to(dtype), op_layout, assert_trivial=True)
+        p_v = p
+        if HAS_DROPOUT:
+            p_v = gl.where(keep, p * dropout_scale, 0.0)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
+        p_op = gl.convert_layout(p_v.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
     ds_op = gl.convert_layout(ds_lp, op_layout, assert_trivial=True)
     dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)
@@ -436,14 +452,17 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                         ROWS_IN_ACC: gl.constexpr, ROWS_ZERO_FILL: gl.constexpr, sp_num=None, sp_idx=None,
                         sp_full_num=None, sp_full_idx=None, sp_num_base=0, sp_idx_base=0, sp_num_h=0, sp_idx_h=0,
                         off_b=0, off_h0=0, aux0=None, aux1=None, aux2=None, aux3=None, MASK_MOD: gl.constexpr = None,
-                        BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128):
+                        BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128, drop_seed=0, drop_base0=0,
+                        drop_head=0, drop_row_groups=0, drop_thr=0, dropout_scale=1.0,
+                        HAS_DROPOUT: gl.constexpr = False):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
     the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
     _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
     DK / DV; dq_base: the group's first head in DQAccum; alibi_ptr: the group's first head's slope.
     DQ_TMA_REDUCE: dQ by dq_desc (batch dq_b, the group's first head at column dq_c0) from this warpgroup's
     DQ_TMA_REDUCE buffers of dq_bufs. BLOCK_SPARSE: the query tiles of the key block's transposed lists instead
-    (_consumer_sparse_walk; m_lo, n_masked, n_tiles, n_lead, n_skip unused)."""
+    (_consumer_sparse_walk; m_lo, n_masked, n_tiles, n_lead, n_skip unused). HAS_DROPOUT: the group's first query
+    head's first dropout counter drop_base0, drop_head counters per head (_bwd_step)."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -471,6 +490,7 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
             alibi_log2 = 0.0
             if HAS_ALIBI:
                 alibi_log2 = gl.load(alibi_ptr + g) * LOG2E  # query head off_hk * group_size + g
+            drop_base = drop_base0 + g * drop_head  # that head's first dropout counter
             for t in range(0, n_masked):
                 dk, dv = _bwd_step(
                     it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 0), dk, dv, k_view, v_view,
@@ -478,7 +498,9 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                     ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
                     alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
                     BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
-                    HAS_BIAS, ROWS_IN_ACC=ROWS_IN_ACC, ROWS_ZERO_FILL=ROWS_ZERO_FILL)
+                    HAS_BIAS, ROWS_IN_ACC=ROWS_IN_ACC, ROWS_ZERO_FILL=ROWS_ZERO_FILL, drop_seed=drop_seed,
+                    drop_base=drop_base, drop_row_groups=drop_row_groups, drop_thr=drop_thr,
+                    dropout_scale=dropout_scale, HAS_DROPOUT=HAS_DROPOUT)
             for t in range(n_masked, n_tiles):
                 dk, dv = _bwd_step(
                     it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view, v_view,
@@ -486,7 +508,9 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                     ds_ready, dq_ptr, stride_dqm, key0, seqlen_q, seqlen_k, causal_offset, qk_scale, softcap_log2,
                     alibi_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c, bias_bufs, WG, HEAD_DIM,
                     BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
-                    HAS_BIAS, ROWS_IN_ACC=ROWS_IN_ACC, ROWS_ZERO_FILL=ROWS_ZERO_FILL)
+                    HAS_BIAS, ROWS_IN_ACC=ROWS_IN_ACC, ROWS_ZERO_FILL=ROWS_ZERO_FILL, drop_seed=drop_seed,
+                    drop_base=drop_base, drop_row_groups=drop_row_groups, drop_thr=drop_thr,
+                    dropout_scale=dropout_scale, HAS_DROPOUT=HAS_DROPOUT)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-add has read dq_smem before the program exits
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
@@ -510,7 +534,8 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                          sp_full_num=None, sp_full_idx=None, sp_num_base=0, sp_idx_base=0, sp_num_h=0, sp_idx_h=0,
                          off_b=0, off_h0=0, aux0=None, aux1=None, aux2=None, aux3=None,
                          MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
-                         SPARSE_M: gl.constexpr = 128):
+                         SPARSE_M: gl.constexpr = 128, drop_seed=0, drop_base0=0, drop_head=0, drop_row_groups=0,
+                         drop_thr=0, dropout_scale=1.0, HAS_DROPOUT: gl.constexpr = False):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
@@ -519,7 +544,8 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                         DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE, HAS_BIAS, ROWS_IN_ACC,
                         ROWS_ZERO_FILL, sp_num, sp_idx,
                         sp_full_num, sp_full_idx, sp_num_base, sp_idx_base, sp_num_h, sp_idx_h, off_b, off_h0, aux0,
-                        aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_M)
+                        aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_M, drop_seed, drop_base0, drop_head,
+                        drop_row_groups, drop_thr, dropout_scale, HAS_DROPOUT)
 
 
 @gluon.jit
@@ -853,14 +879,15 @@ def _consumer1_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, del
 
 # Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "seqlen_q_pad", "heads_q", "heads_kv", "group_size",
-                               "stride_alibi_b", "window_left", "window_right", "bias_batch", "bias_heads"])
+                               "stride_alibi_b", "window_left", "window_right", "bias_batch", "bias_heads",
+                               "dropout_threshold"])
 def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, DK, DV, DQAccum, dq_desc,
                           stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
                           seqlen_q, seqlen_k, seqlen_q_pad, heads_q, heads_kv, group_size, qk_scale, softmax_scale,
                           Alibi, stride_alibi_b, softcap_log2, window_left, window_right, CuSeqlensQ, CuSeqlensK,
                           bias_desc, bias_batch, bias_heads, QNum, QIdx, FullQNum, FullQIdx, stride_bm_b,
                           stride_bm_h, stride_bm_n, stride_bi_b, stride_bi_h, stride_bi_n, Aux0, Aux1, Aux2, Aux3,
-                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                          Rng, dropout_scale, dropout_threshold, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                           STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, DQ_SPLIT_D: gl.constexpr,
                           CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_LOCAL: gl.constexpr = False,
                           SOFTCAP: gl.constexpr = False, HAS_ALIBI: gl.constexpr = False,
@@ -868,7 +895,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           HAS_BIAS: gl.constexpr = False, MASK_MOD: gl.constexpr = None,
                           BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
                           SPARSE_N: gl.constexpr = 128, ROWS_IN_ACC: gl.constexpr = False,
-                          ROWS_ZERO_FILL: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0):
+                          ROWS_ZERO_FILL: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
+                          HAS_DROPOUT: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -902,6 +930,10 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     ROWS_IN_ACC (dense, plain or causal): lse2_desc / delta_desc hold -lse2 / qk_scale and -delta (gluon_backward
     folds them), onto which S^T and dP^T accumulate (_issue_rows_t); ROWS_ZERO_FILL: their rows past seqlen_q hold
     -inf / 0, read without a mask.
+    HAS_DROPOUT (D64 / D128, not BLOCK_SPARSE or ROWS_IN_ACC): Rng holds the forward's int64 Philox seed; the tiles
+    regenerate its mask (kernels/common._dropout_keep's draws; threshold dropout_threshold) and dropout_scale =
+    1 / (1 - dropout_p) (_bwd_step); lse2 / delta as without dropout (delta = rowsum(dO * O) of the dropped O).
+    Else Rng is unread, dropout_scale 1 and dropout_threshold 0.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
@@ -916,6 +948,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
         "ROWS_IN_ACC / ROWS_ZERO_FILL: dense plain or causal scores, D64 / D128")
     gl.static_assert(LPT_HEADS == 0 or (IS_CAUSAL and not (IS_LOCAL or VARLEN or BLOCK_SPARSE)),
                      "LPT_HEADS: dense causal launches")
+    gl.static_assert(not HAS_DROPOUT or not (SPLIT_D or BLOCK_SPARSE or ROWS_IN_ACC),
+                     "HAS_DROPOUT: D64 / D128, without a block mask or ROWS_IN_ACC")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)
@@ -924,6 +958,17 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     start_n = pid_n * BLOCK_N
     off_b = pid_bh // heads_kv
     off_hk = pid_bh % heads_kv
+    drop_seed = 0
+    drop_base0 = 0
+    drop_head = 0
+    drop_row_groups = 0
+    if HAS_DROPOUT:
+        # kernels/common._dropout_rng's counters: (B, Hq, max_q, ceil(max_k / 8)), seqlen_q / seqlen_k still the
+        # maxima here under VARLEN; the group's query heads from off_hk * group_size.
+        drop_seed = gl.load(Rng)
+        drop_row_groups = (seqlen_k + 7) // 8
+        drop_head = seqlen_q.to(gl.int64) * drop_row_groups
+        drop_base0 = (off_b * heads_q + off_hk * group_size).to(gl.int64) * drop_head
     q_start = 0
     k_start = 0
     if VARLEN:
@@ -1173,14 +1218,18 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                    softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
                                    softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs, 0,
                                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                   DQ_TMA_REDUCE, HAS_BIAS, ROWS_IN_ACC, ROWS_ZERO_FILL)),
+                                   DQ_TMA_REDUCE, HAS_BIAS, ROWS_IN_ACC, ROWS_ZERO_FILL, None, None, None, None, 0,
+                                   0, 0, 0, 0, 0, None, None, None, None, None, False, 128, drop_seed, drop_base0,
+                                   drop_head, drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT)),
             (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                     q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                     n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
                                     softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip, alibi_ptr,
                                     softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, bias_bufs,
                                     HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
-                                    DQ_TMA_REDUCE, HAS_BIAS, ROWS_IN_ACC, ROWS_ZERO_FILL)),
+                                    DQ_TMA_REDUCE, HAS_BIAS, ROWS_IN_ACC, ROWS_ZERO_FILL, None, None, None, None, 0,
+                                    0, 0, 0, 0, 0, None, None, None, None, None, False, 128, drop_seed, drop_base0,
+                                    drop_head, drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                                lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0,
                                kv_r0, row_b, row_c0, start_n, off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles,

@@ -99,3 +99,26 @@ def dropout_apply(p, words, threshold):
     keep = gl.join((words & 0xFFFF) >= thr, words >= (thr << 16))  # [ROWS, BLOCK_N / 2, 2]: even key, odd key
     keep = gl.convert_layout(keep.reshape([p.shape[0], p.shape[1]]), p.type.layout)
     return gl.where(keep, p, 0.0)
+
+
+@gluon.jit
+def dropout_keep_t(seed, head_base, row_groups, key0, m, threshold, KEYS: gl.constexpr, QUERIES: gl.constexpr,
+                   layout: gl.constexpr):
+    """[KEYS, QUERIES] keep mask (True: kept) of a transposed tile, keys key0 + [0, KEYS) on rows (key0 a multiple of
+    8) and queries m + [0, QUERIES) on columns, in `layout` (the backward's S^T accumulator). head_base: the head's
+    first counter (kernels/common._dropout_base), row_groups = ceil(max_k / 8). A group's eight keys lie on eight
+    rows, which the accumulator spreads over lanes: each call is made once (a [KEYS / 8, QUERIES] blocked tile) and
+    the compiler moves the booleans into place."""
+    G: gl.constexpr = KEYS // 8
+    calls: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
+    groups = key0 // 8 + gl.arange(0, G, layout=gl.SliceLayout(1, calls))  # [G]
+    queries = m + gl.arange(0, QUERIES, layout=gl.SliceLayout(0, calls))  # [QUERIES]
+    r0, r1, r2, r3 = _philox4x32(seed, head_base + queries.to(gl.int64)[None, :] * row_groups + groups[:, None])
+    # Output a of group g holds key 8g + 2a in its low half and key 8g + 2a + 1 in its high half. The 16-bit draws
+    # move into the accumulator's places (one shared-memory round trip), compared there.
+    d01 = gl.join(gl.join(r0 & 0xFFFF, r0 >> 16), gl.join(r1 & 0xFFFF, r1 >> 16))
+    d23 = gl.join(gl.join(r2 & 0xFFFF, r2 >> 16), gl.join(r3 & 0xFFFF, r3 >> 16))
+    draws = gl.join(d01, d23).to(gl.uint16)  # [G, QUERIES, half, a % 2, a // 2]
+    draws = draws.permute(0, 4, 3, 2, 1).reshape([KEYS, QUERIES])  # key 8g + 4 (a // 2) + 2 (a % 2) + half
+    keep = gl.convert_layout(draws, layout) >= threshold.to(gl.uint16)
+    return keep
