@@ -367,6 +367,23 @@ def test_varlen_support_rule(as_if_hopper):
 
 
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
+def test_dropout_launch_args():
+    """Dropout: the seed, 1 / (1 - p) and philox's threshold as the last three arguments and HAS_DROPOUT, the rest
+    of the launch unchanged; a three-consumer variant takes the default's two consumers (the draws' registers)."""
+    q = torch.empty(2, 1000, 4, 64, dtype=torch.bfloat16)
+    out, lse, seed = torch.empty_like(q), torch.empty(2, 4, 1000), torch.zeros(1, dtype=torch.int64)
+    config = gluon_launch.VARIANTS["default"][64]
+    grid, args, constexprs, options = gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.125, True, config)
+    grid_d, args_d, constexprs_d, options_d = gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.125, True, config,
+                                                                             dropout_p=0.1, rng=seed)
+    assert args_d[-3] is seed and args_d[-2:] == (1 / 0.9, philox.dropout_threshold(0.1))
+    assert args[-3] is lse and args[-2:] == (1.0, 0) and "HAS_DROPOUT" not in constexprs
+    assert constexprs_d.pop("HAS_DROPOUT") and constexprs_d == constexprs and (grid_d, options_d) == (grid, options)
+    assert gluon_launch.takes_config("d64-3wg", 64).consumers == 3
+    assert gluon_launch.takes_config("d64-3wg", 64, dropout_p=0.1) is gluon_launch.VARIANTS["default"][64]
+
+
+@pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
 def test_varlen_launch_args():
     """Varlen: ragged 4-D descriptors, the grid over max_seqlen_q, packed out / (Hq, total) lse without batch
     strides; dense batches ragged only when a key block can span two sequences."""

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashtile
-from flashtile import configs, gluon_bwd_launch, launch
+from flashtile import configs, gluon_bwd_launch, launch, philox
 from conftest import DEVICE
 from utils import assert_close_rule, make_qkv, record_calls, references
 
@@ -63,6 +63,44 @@ def test_refuses_bad_feature_arguments():
     assert not _supported(q, k, v, alibi_slopes=torch.ones(2))  # Hq slopes per batch
     assert not _supported(q, k, v, alibi_slopes=torch.ones(3, 4))  # batch 2
     assert not _supported(q, k, v, alibi_slopes=[1.0] * 4)
+
+
+@pytest.mark.usefixtures("pretend_hopper")
+def test_dropout_support_rule():
+    """Dropout with its int64 seed at D64 / D128, dense (DROPOUT_HEAD_DIMS); not at D256 (split-D tiles), not
+    without a seed, not with varlen (not yet run on a GPU), not p >= 1."""
+    seed = torch.zeros(1, dtype=torch.int64)
+    for head_dim in (64, 128, 256):
+        q, k, v = make_qkv(2, 1000, 777, 4, 2, head_dim, torch.bfloat16, "cpu", requires_grad=False)
+        assert _supported(q, k, v, dropout_p=0.1, rng=seed) == (head_dim != 256)
+        assert _supported(q, k, v, dropout_p=0.0, rng=None)
+    assert not _supported(q, k, v, dropout_p=0.1)  # no seed
+    assert not _supported(q, k, v, dropout_p=0.1, rng=torch.zeros(1, dtype=torch.int32))
+    q, k, v = make_qkv(2, 1000, 777, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
+    assert not _supported(q, k, v, dropout_p=1.0, rng=seed)
+    qp, kp = q.flatten(0, 1), k.flatten(0, 1)
+    cu_q, cu_k = torch.tensor([0, 1000, 2000], dtype=torch.int32), torch.tensor([0, 777, 1554], dtype=torch.int32)
+    varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1000, max_seqlen_k=777)
+    assert _supported(qp, kp, kp, **varlen)
+    assert not _supported(qp, kp, kp, dropout_p=0.1, rng=seed, **varlen)
+
+
+def test_dkdv_launch_args_dropout():
+    """Dropout: the seed tensor, 1 / (1 - p) and philox's integer threshold as the kernel's last three arguments,
+    HAS_DROPOUT on; the rest of the launch as without it."""
+    if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
+        pytest.skip("no Gluon Hopper API in this triton")
+    q = torch.empty(2, 300, 4, 128, dtype=torch.bfloat16)
+    k = torch.empty(2, 500, 2, 128, dtype=torch.bfloat16)
+    config = gluon_bwd_launch.VARIANTS["default"][128]
+    rows, acc = torch.empty(2, 4, 320), torch.empty(2, 320, 4, 128)
+    seed = torch.zeros(1, dtype=torch.int64)
+    launch_args = [gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, True, config, **kw)
+                   for kw in ({}, dict(dropout_p=0.25, rng=seed))]
+    (grid, args, constexprs, options), (grid_d, args_d, constexprs_d, options_d) = launch_args
+    assert args_d[-3] is seed and args_d[-2:] == (1 / 0.75, philox.dropout_threshold(0.25)) == (1 / 0.75, 16384)
+    assert constexprs_d.pop("HAS_DROPOUT") and constexprs_d == constexprs and (grid_d, options_d) == (grid, options)
+    assert all(a is b or a == b for a, b in zip(args_d[10:-3], args[10:-3]))
 
 
 def test_dkdv_launch_args_leave_plain_and_causal_alone():
@@ -812,6 +850,39 @@ def test_varlen_matches_each_sequence(monkeypatch, head_dim, feature, causal):
                                    dout[None, rows], causal, **dict(kw, alibi_slopes=slopes))
         for name, got, r64, rlow in zip(("dq", "dk", "dv"), (dq[rows], dk[keys], dv[keys]), ref64[1:], reflow[1:]):
             assert_close_rule(f"{name} (sequence {b})", got[None], r64, rlow, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+def test_varlen_dropout_matches_portable(head_dim, causal):
+    """The kernel's VARLEN with HAS_DROPOUT (gluon_backward called directly: gluon_bwd_supported refuses the pair
+    until this has passed on a GPU): each sequence's draws are those of its positions in the (B, Hq, max_seqlen_q,
+    max_seqlen_k) layout, so the gradients equal the portable backward's from the same forward."""
+    dtype, heads_q, heads_kv, p = torch.bfloat16, 4, 2, 0.2
+    lens_q, lens_k = [s for s, _ in VARLEN_LENGTHS], [s for _, s in VARLEN_LENGTHS]
+    cu_q = torch.tensor([0] + lens_q).cumsum(0).to(device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0] + lens_k).cumsum(0).to(device="cuda", dtype=torch.int32)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(sum(lens_q), heads_q, head_dim, generator=gen).to(dtype=dtype, device="cuda")
+    k = torch.randn(sum(lens_k), heads_kv, head_dim, generator=gen).to(dtype=dtype, device="cuda")
+    v = torch.randn(sum(lens_k), heads_kv, head_dim, generator=gen).to(dtype=dtype, device="cuda")
+    dout = torch.randn(q.shape, generator=gen).to(dtype=dtype, device="cuda")
+    rng = torch.tensor([987654321], dtype=torch.int64, device="cuda")
+    varlen = (cu_q, cu_k, max(lens_q), max(lens_k))
+    scale, right = head_dim ** -0.5, 0 if causal else -1
+    out, lse = launch._portable_forward(q, k, v, scale, -1, right, 0.0, None, None, *varlen, dropout_p=p, rng=rng)
+    assert not gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal, dropout_p=p, rng=rng,
+                                                    cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                                                    max_seqlen_k=max(lens_k))
+    grads = gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, scale, causal, cu_seqlens_q=cu_q,
+                                            cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+                                            dropout_p=p, rng=rng)
+    portable = launch._portable_backward(dout, q, k, v, out, lse, None, scale, -1, right, 0.0, None, *varlen,
+                                         dropout_p=p, rng=rng)[:3]
+    for name, got, want in zip(("dq", "dk", "dv"), grads, portable):
+        torch.testing.assert_close(got, want, atol=5e-2, rtol=1e-2, msg=name)
 
 
 # Every variant besides the default (gluon_bwd_launch.VARIANTS), at each head dim it has, against the float64
