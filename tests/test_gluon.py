@@ -129,6 +129,17 @@ FEATURE_SHAPES = [(1, 1000, 1000, 4, 2), (1, 130, 257, 2, 2), (1, 777, 999, 8, 2
                   (2, 300, 1000, 4, 2)]  # the last: key blocks span sequences (ragged descriptors)
 
 
+def _feature_inputs(feature, shape, head_dim):
+    """(causal, q, k, v, gluon_forward's feature keywords) of a FEATURES entry at a FEATURE_SHAPES shape, bf16 CUDA."""
+    _, causal, window_size, softcap, alibi, sink = feature
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
+                       requires_grad=False)
+    feats = dict(window_size=window_size, softcap=softcap, sink=torch.randn(heads_q, device="cuda") if sink else None,
+                 alibi_slopes=alibi_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None)
+    return causal, q, k, v, feats
+
+
 def _check_gluon_forward(q, k, v, causal, feats):
     """The Gluon forward takes these features and its out / lse (natural log) match the float64 reference
     (DESIGN.md's rule; lse within 2e-3)."""
@@ -148,12 +159,7 @@ def _check_gluon_forward(q, k, v, causal, feats):
 @pytest.mark.parametrize("feature", FEATURES, ids=[f[0] for f in FEATURES])
 def test_features_match_reference(feature, shape, head_dim):
     """Softcap, ALiBi, sinks and sliding windows (each a constexpr of the kernel) against the float64 reference."""
-    _, causal, window_size, softcap, alibi, sink = feature
-    batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
-    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
-                       requires_grad=False)
-    feats = dict(window_size=window_size, softcap=softcap, sink=torch.randn(heads_q, device="cuda") if sink else None,
-                 alibi_slopes=alibi_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None)
+    causal, q, k, v, feats = _feature_inputs(feature, shape, head_dim)
     _check_gluon_forward(q, k, v, causal, feats)
 
 
@@ -217,16 +223,12 @@ def test_dropout_matches_reference(feature, shape, head_dim):
     """Dropout in the Gluon forward (gluon_dropout's draws): out equals the float64 reference with philox's keep mask
     (the portable kernels' draws), lse the undropped one, and out the portable kernel's (same mask) within bf16
     rounding."""
-    _, causal, window_size, softcap, alibi, sink = feature
-    batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
-    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
-                       requires_grad=False)
-    feats = dict(window_size=window_size, softcap=softcap, sink=torch.randn(heads_q, device="cuda") if sink else None,
-                 alibi_slopes=alibi_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None)
+    causal, q, k, v, feats = _feature_inputs(feature, shape, head_dim)
     seed, p = 1234567890123, 0.3
     rng = torch.tensor([seed], dtype=torch.int64, device="cuda")
     assert gluon_launch.gluon_supported(q, k, v, causal=causal, dropout_p=p, rng=rng, **feats)
     out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, dropout_p=p, rng=rng, **feats)
+    (batch, seqlen_q, heads_q, _), seqlen_k = q.shape, k.shape[1]
     keep = _dropout_keep(seed, batch, heads_q, seqlen_q, seqlen_k, p)
     ref_feats = dict(feats, dropout_p=p, dropout_mask=keep)
     ref = flashtile.attention_ref(q, k, v, causal=causal, **ref_feats)
@@ -234,9 +236,10 @@ def test_dropout_matches_reference(feature, shape, head_dim):
                       torch.bfloat16)
     _, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True, **feats)
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
-    window_left, window_right = (-1, 0) if causal else window_size
-    out_portable, _ = launch._portable_forward(q, k, v, q.shape[-1] ** -0.5, window_left, window_right, softcap,
-                                               feats["alibi_slopes"], feats["sink"], dropout_p=p, rng=rng)
+    window_left, window_right = (-1, 0) if causal else feats["window_size"]
+    out_portable, _ = launch._portable_forward(q, k, v, q.shape[-1] ** -0.5, window_left, window_right,
+                                               feats["softcap"], feats["alibi_slopes"], feats["sink"], dropout_p=p,
+                                               rng=rng)
     torch.testing.assert_close(out, out_portable, atol=2e-2, rtol=0)
 
 

@@ -678,6 +678,19 @@ def _alibi(kind, batch, heads):
     return (torch.rand(shape, generator=torch.Generator().manual_seed(2)) * 0.1).cuda()
 
 
+def _gluon_feature_call(monkeypatch, shape, feature, head_dim):
+    """FLASHTILE_GLUON_BWD=1 and NaN-poisoned outputs, and a FEATURE_SHAPES shape's inputs with a FEATURES entry's
+    keywords (ALiBi slopes made): (causal, keywords, dtype, q, k, v, dout) on CUDA."""
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    _, causal, kw = feature
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
+    kw = dict(kw, alibi_slopes=_alibi(kw.get("alibi_slopes"), batch, heads_q))
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device="cuda")
+    return causal, kw, dtype, q, k, v, dout
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 # D256 features: benchmarks/gluon_bwd_check.py --check-dims 256 (about ten more D256 compiles would stretch the tier).
@@ -688,14 +701,8 @@ def _alibi(kind, batch, heads):
 def test_features_match_reference(monkeypatch, shape, feature, head_dim):
     """FLASHTILE_GLUON_BWD=1: gradients with windows / softcap / ALiBi from the Gluon backward (after flashtile's
     own forward, so lse is the one the kernel recomputes P against) against the float64 reference."""
-    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
-    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
-    _, causal, kw = feature
-    batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
-    kw = dict(kw, alibi_slopes=_alibi(kw.get("alibi_slopes"), batch, heads_q))
-    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda")
-    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device="cuda")
+    causal, kw, dtype, q, k, v, dout = _gluon_feature_call(monkeypatch, shape, feature, head_dim)
     grads = torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=causal, **kw), (q, k, v), dout)
     assert calls
     ref64, reflow = references(q, k, v, dout, causal, **kw)
@@ -717,14 +724,8 @@ DROPOUT_FEATURES = [("plain", False, {}), ("causal", True, {}),
 def test_dropout_matches_reference(monkeypatch, shape, feature, head_dim):
     """FLASHTILE_GLUON_BWD=1 with dropout: the Gluon backward regenerates the forward's mask (gluon_dropout's draws);
     the gradients match the float64 reference computed with the mask return_attn_probs gives."""
-    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
-    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
-    _, causal, kw = feature
-    batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
-    kw = dict(kw, alibi_slopes=_alibi(kw.get("alibi_slopes"), batch, heads_q))
-    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda")
-    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device="cuda")
+    causal, kw, dtype, q, k, v, dout = _gluon_feature_call(monkeypatch, shape, feature, head_dim)
     torch.manual_seed(3)
     out, _, probs = flashtile.flash_attn_func(q, k, v, dropout_p=0.2, causal=causal, return_attn_probs=True, **kw)
     grads = torch.autograd.grad(out, (q, k, v), dout)

@@ -60,7 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .common import LOG2E, _tanh
-from .gluon_dropout import dropout_keep_t
+from .gluon_dropout import dropout_keep_t, dropout_rng
 from .gluon_grid import _heavy_first
 from .gluon_sparse import _list_tile_key, _sparse_tile_key
 
@@ -958,17 +958,10 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     start_n = pid_n * BLOCK_N
     off_b = pid_bh // heads_kv
     off_hk = pid_bh % heads_kv
-    drop_seed = 0
-    drop_base0 = 0
-    drop_head = 0
-    drop_row_groups = 0
-    if HAS_DROPOUT:
-        # kernels/common._dropout_rng's counters: (B, Hq, max_q, ceil(max_k / 8)), seqlen_q / seqlen_k still the
-        # maxima here under VARLEN; the group's query heads from off_hk * group_size.
-        drop_seed = gl.load(Rng)
-        drop_row_groups = (seqlen_k + 7) // 8
-        drop_head = seqlen_q.to(gl.int64) * drop_row_groups
-        drop_base0 = (off_b * heads_q + off_hk * group_size).to(gl.int64) * drop_head
+    # Dropout's counters from the maxima (seqlen_q / seqlen_k are still those here under VARLEN), from the group's
+    # first query head off_hk * group_size.
+    drop_seed, drop_base0, drop_head, drop_row_groups = dropout_rng(Rng, off_b * heads_q + off_hk * group_size,
+                                                                    seqlen_q, seqlen_k, HAS_DROPOUT)
     q_start = 0
     k_start = 0
     if VARLEN:

@@ -67,6 +67,23 @@ def _philox4x32(seed, counter):
 
 
 @gluon.jit
+def dropout_rng(Rng, first_bh, seqlen_q, seqlen_k, HAS_DROPOUT: gl.constexpr):
+    """(seed, first counter of (batch, query head) first_bh = b * Hq + h, counters per head, per row) of
+    kernels/common._dropout_rng's (B, Hq, max_q, ceil(max_k / 8)) layout, seqlen_q / seqlen_k the maxima; zeros
+    without dropout (one return statement: the branch is resolved at compile time)."""
+    seed = 0
+    base = 0
+    per_head = 0
+    row_groups = 0
+    if HAS_DROPOUT:
+        seed = gl.load(Rng)
+        row_groups = (seqlen_k + 7) // 8
+        per_head = seqlen_q.to(gl.int64) * row_groups
+        base = first_bh.to(gl.int64) * per_head
+    return seed, base, per_head, row_groups
+
+
+@gluon.jit
 def dropout_row_counters(rng_base, row0, row_groups, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
                          WARPS: gl.constexpr):
     """[ROWS] int64 first Philox counters of rows row0 + [0, ROWS): rng_base + row * row_groups, row_groups =

@@ -36,7 +36,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .common import LOG2E, _tanh
-from .gluon_dropout import dropout_apply, dropout_row_counters, dropout_words
+from .gluon_dropout import dropout_apply, dropout_rng, dropout_row_counters, dropout_words
 from .gluon_grid import _heavy_first
 from .gluon_sparse import _list_tile_key, _mask_mod_scores, _sparse_tile_key
 
@@ -691,15 +691,9 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     off_h = pid_bh % heads_q
     off_hk = off_h // group_size
     start_m = pid_m * BLOCK_M
-    drop_seed = 0
-    drop_base = 0
-    drop_row_groups = 0
-    if HAS_DROPOUT:
-        # kernels/common._dropout_rng's counters: (B, Hq, max_q, ceil(max_k / 8)), seqlen_q / seqlen_k still the
-        # maxima here under VARLEN.
-        drop_seed = gl.load(Rng)
-        drop_row_groups = (seqlen_k + 7) // 8
-        drop_base = (off_b * heads_q + off_h).to(gl.int64) * seqlen_q * drop_row_groups
+    # Dropout's counters from the maxima: seqlen_q / seqlen_k are still those here under VARLEN.
+    drop_seed, drop_base, _, drop_row_groups = dropout_rng(Rng, off_b * heads_q + off_h, seqlen_q, seqlen_k,
+                                                           HAS_DROPOUT)
     if VARLEN:
         # Sequence off_b: rows [q_start, q_start + seqlen_q) of the packed q, keys likewise.
         q_start = gl.load(CuSeqlensQ + off_b)
