@@ -347,6 +347,24 @@ def as_if_hopper(monkeypatch):
 
 
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
+def test_dropout_support_rule(as_if_hopper):
+    """Dropout with its int64 seed on q's device, at every head dim, alone or with the score features; not without a
+    seed, not p >= 1, not with a bias (the draws' shared memory does not fit beside the bias ring)."""
+    seed = torch.zeros(1, dtype=torch.int64)
+    for head_dim in (64, 128, 256):
+        q, k, v = make_qkv(2, 300, 500, 4, 2, head_dim, torch.bfloat16, "cpu", requires_grad=False)
+        assert gluon_launch.gluon_supported(q, k, v, dropout_p=0.1, rng=seed)
+        assert gluon_launch.gluon_supported(q, k, v, causal=True, window_size=(64, 0), softcap=5.0,
+                                            alibi_slopes=torch.rand(4), sink=torch.zeros(4), dropout_p=0.1, rng=seed)
+        assert not gluon_launch.gluon_supported(q, k, v, dropout_p=0.1)
+        assert not gluon_launch.gluon_supported(q, k, v, dropout_p=0.1, rng=seed.int())
+        assert not gluon_launch.gluon_supported(q, k, v, dropout_p=1.0, rng=seed)
+        bias = torch.zeros(1, 4, 300, 504, dtype=torch.bfloat16)[..., :500]
+        assert gluon_launch.gluon_supported(q, k, v, attn_bias=bias)
+        assert not gluon_launch.gluon_supported(q, k, v, attn_bias=bias, dropout_p=0.1, rng=seed)
+
+
+@pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
 def test_varlen_support_rule(as_if_hopper):
     lens_q, lens_k = [5, 0, 130, 1], [7, 3, 0, 1]
     q, k, v = _packed(lens_q, lens_k, 4, 2, 128)
@@ -355,7 +373,8 @@ def test_varlen_support_rule(as_if_hopper):
     assert gluon_launch.gluon_supported(q, k, v, **varlen)
     assert gluon_launch.gluon_supported(q, k, v, causal=True, **varlen)  # rows without keys: handled in the kernel
     assert gluon_launch.gluon_supported(q, k, v, window_size=(8, 0), softcap=5.0, sink=torch.zeros(4), **varlen)
-    assert not gluon_launch.gluon_supported(q, k, v, dropout_p=0.1, **varlen)
+    assert not gluon_launch.gluon_supported(q, k, v, dropout_p=0.1, **varlen)  # no seed
+    assert gluon_launch.gluon_supported(q, k, v, dropout_p=0.1, rng=torch.zeros(1, dtype=torch.int64), **varlen)
     assert not gluon_launch.gluon_supported(q, k, v, block_table=torch.zeros(4, 1, dtype=torch.int32), **varlen)
     assert not gluon_launch.gluon_supported(q, k, v, **dict(varlen, cu_seqlens_q=cu_q.long()))
     assert not gluon_launch.gluon_supported(q, k, v, **dict(varlen, cu_seqlens_k=_cu(lens_k[:3])))

@@ -68,7 +68,7 @@ def test_refuses_bad_feature_arguments():
 @pytest.mark.usefixtures("pretend_hopper")
 def test_dropout_support_rule():
     """Dropout with its int64 seed at D64 / D128, dense (DROPOUT_HEAD_DIMS); not at D256 (split-D tiles), not
-    without a seed, not with varlen (not yet run on a GPU), not p >= 1."""
+    without a seed, not with varlen (not yet run on a GPU), not with a bias (shared memory), not p >= 1."""
     seed = torch.zeros(1, dtype=torch.int64)
     for head_dim in (64, 128, 256):
         q, k, v = make_qkv(2, 1000, 777, 4, 2, head_dim, torch.bfloat16, "cpu", requires_grad=False)
@@ -78,6 +78,9 @@ def test_dropout_support_rule():
     assert not _supported(q, k, v, dropout_p=0.1, rng=torch.zeros(1, dtype=torch.int32))
     q, k, v = make_qkv(2, 1000, 777, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
     assert not _supported(q, k, v, dropout_p=1.0, rng=seed)
+    bias = torch.zeros(1, 4, 1000, 784, dtype=torch.bfloat16)[..., :777]
+    assert _supported(q, k, v, attn_bias=bias)
+    assert not _supported(q, k, v, attn_bias=bias, dropout_p=0.1, rng=seed)
     qp, kp = q.flatten(0, 1), k.flatten(0, 1)
     cu_q, cu_k = torch.tensor([0, 1000, 2000], dtype=torch.int32), torch.tensor([0, 777, 1554], dtype=torch.int32)
     varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1000, max_seqlen_k=777)

@@ -141,9 +141,9 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     fp16/bf16 dense (B, S, H, D) or packed (total, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0,
     TMA-compatible strides of q, k, v, dout, ALiBi slopes fp32 (Hq,) or (B, Hq) on q's device; attn_bias (dense
     only: 4-D, broadcastable to (B, Hq, Sq, Sk), no gradient) on q's device where bias_tma_ok and bias_shared_ok
-    accept it (D64; D128 with an fp16 / bf16 bias); dropout 0 <= dropout_p < 1 at D64 / D128, dense, with rng, the
-    forward's int64 (1,) Philox seed on q's device; no paged keys or mods. A bias with a gradient (bias_grad=True)
-    is refused here and in launch._gluon_bwd_candidate."""
+    accept it (D64; D128 with an fp16 / bf16 bias); dropout 0 <= dropout_p < 1 at D64 / D128, dense, without a
+    bias, with rng, the forward's int64 (1,) Philox seed on q's device; no paged keys or mods. A bias with a
+    gradient (bias_grad=True) is refused here and in launch._gluon_bwd_candidate."""
     if (_attn_bwd_dkdv_hopper is None or _disabled is not None
             or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
         return False
@@ -155,7 +155,9 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     # Varlen with dropout: the kernel takes it (VARLEN and HAS_DROPOUT), but that pair has not run on a GPU yet
     # (tests/test_gluon_bwd.py::test_varlen_dropout_matches_portable calls gluon_backward directly): the portable
     # backward serves it meanwhile.
-    if dropout_p and (varlen or q.shape[-1] not in DROPOUT_HEAD_DIMS or not (
+    # With a bias, the draws' shared-memory exchange (~7.8 KB) does not fit beside the bias ring (D128 bf16 bias:
+    # 238,688 B of 232,448).
+    if dropout_p and (varlen or attn_bias is not None or q.shape[-1] not in DROPOUT_HEAD_DIMS or not (
             isinstance(rng, torch.Tensor) and rng.dtype == torch.int64 and rng.device == q.device)):
         return False
     tensors = (q, k, v, out, dout)

@@ -291,7 +291,7 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     seqlen_q - seqlen_k <= right; varlen rows without keys are handled in the kernel), ALiBi slopes fp32 (Hq,)
     or (B, Hq), sink (Hq,), attn_bias fp16 / bf16 (B or 1, Hq or 1, Sq, Sk) in a layout bias_ok accepts (varlen:
     (B or 1, Hq or 1, max_seqlen_q, max_seqlen_k)); dropout 0 <= dropout_p < 1 with rng, the int64 (1,) Philox
-    seed on q's device; no paged keys (block_table) or mods."""
+    seed on q's device, without a bias; no paged keys (block_table) or mods."""
     if _attn_fwd_hopper is None or _disabled is not None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
     if other_features and any(v_ is not None and (isinstance(v_, torch.Tensor) or v_)
@@ -300,6 +300,10 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     if softcap < 0 or not 0 <= dropout_p < 1:
         return False
     if dropout_p and not (isinstance(rng, torch.Tensor) and rng.dtype == torch.int64 and rng.device == q.device):
+        return False
+    if dropout_p and attn_bias is not None:
+        # The draws' per-warp exchange takes ~3.8 KB of shared memory, which the bias ring has used up (D128 / D256:
+        # 233,600 B of 232,448 at launch).
         return False
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen:

@@ -5,8 +5,9 @@ Element (b, h, i, j) takes the 16-bit half j % 2 of output (j % 8) // 2 of the P
 rng_base + i * ceil(max_k / 8) + j // 8. A thread of the wgmma accumulator holds, of every group of eight keys, one
 pair of consecutive keys (2 (lane % 4) and the next): one 32-bit output of the group's call. So the four lanes of a
 quad share their calls. Each lane makes a quarter of them (group_layout: a group's call lands on lane g % 4 of the
-quad), and one exchange inside the warp (word_layout) hands every lane its word of each call: eight Philox calls per
-thread and 128-key block instead of thirty-two.
+quad), and one exchange inside the warp (word_layout; the compiler routes it through a per-warp shared-memory scratch,
+st.shared + ldmatrix, no CTA barrier: ~3.8 KB) hands every lane its word of each call: eight Philox calls per thread
+and 128-key block instead of thirty-two.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -125,7 +126,7 @@ def dropout_keep_t(seed, head_base, row_groups, key0, m, threshold, KEYS: gl.con
     8) and queries m + [0, QUERIES) on columns, in `layout` (the backward's S^T accumulator). head_base: the head's
     first counter (kernels/common._dropout_base), row_groups = ceil(max_k / 8). A group's eight keys lie on eight
     rows, which the accumulator spreads over lanes: each call is made once (a [KEYS / 8, QUERIES] blocked tile) and
-    the compiler moves the booleans into place."""
+    its 16-bit draws move into place through shared memory (~7.8 KB of the kernel's), compared there."""
     G: gl.constexpr = KEYS // 8
     calls: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
     groups = key0 // 8 + gl.arange(0, G, layout=gl.SliceLayout(1, calls))  # [G]

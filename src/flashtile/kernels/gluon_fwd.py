@@ -677,6 +677,8 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not HAS_BIAS and not BLOCK_SPARSE),
                      "CONSUMERS: 2, or 3 without a bias or a block mask")
     gl.static_assert(CONSUMERS == 2 or not HAS_DROPOUT, "HAS_DROPOUT: two consumers")
+    # The draws follow key_lo + j * BLOCK_N, not a block mask's listed tiles.
+    gl.static_assert(not (HAS_DROPOUT and BLOCK_SPARSE), "HAS_DROPOUT: no block mask")
     gl.static_assert(LPT_HEADS == 0 or (IS_CAUSAL and not (IS_LOCAL or VARLEN or BLOCK_SPARSE)),
                      "LPT_HEADS: dense causal launches")
     BLOCK_M: gl.constexpr = CONSUMERS * WG_M
