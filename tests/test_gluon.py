@@ -245,6 +245,24 @@ def test_dropout_matches_reference(feature, shape, head_dim):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
+def test_dropout_mask_is_exact(head_dim):
+    """q = 0 makes every probability 1 / Sk, and v[j] = the one-hot row e_(j % D) makes out[i, c] * Sk * (1 - p) the
+    number of kept keys j = c (mod D) of row i: it must equal the count from philox's mask exactly, so a single
+    misplaced draw fails (a comparison within bf16 tolerance would not see it)."""
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, p, seed = 2, 300, 1000, 4, 2, 0.3, 77
+    q = torch.zeros(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda").to(torch.bfloat16)
+    one_hot = torch.nn.functional.one_hot(torch.arange(seqlen_k, device="cuda") % head_dim, head_dim).float()
+    v = one_hot.to(torch.bfloat16)[None, :, None].expand(batch, -1, heads_kv, -1).contiguous()
+    out, _ = gluon_launch.gluon_forward(q, k, v, dropout_p=p, rng=torch.tensor([seed], device="cuda"))
+    counts = _dropout_keep(seed, batch, heads_q, seqlen_q, seqlen_k, p).float() @ one_hot  # (B, Hq, Sq, D)
+    got = (out.float() * (seqlen_k * (1 - p))).round().permute(0, 2, 1, 3)
+    assert torch.equal(got, counts)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 def test_varlen_dropout_matches_dense_draws(head_dim):
     """Varlen with dropout: each sequence's draws are those of a (B, Hq, max_seqlen_q, max_seqlen_k) batch at its

@@ -858,6 +858,30 @@ def test_varlen_matches_each_sequence(monkeypatch, head_dim, feature, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+def test_dropout_mask_is_exact(head_dim):
+    """q = 0 makes every probability 1 / Sk, and dout[i] = the one-hot row e_(i % D) makes dv[j, c] * Sk * (1 - p)
+    the number of kept (query head of the group, row i = c (mod D)) pairs of key j: it must equal the count from
+    philox's mask exactly (the backward's own draws, gluon_dropout.dropout_keep_t)."""
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, p, seed = 2, 300, 1000, 4, 2, 0.3, 91
+    q = torch.zeros(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda").to(torch.bfloat16)
+    v = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda").to(torch.bfloat16)
+    one_hot = torch.nn.functional.one_hot(torch.arange(seqlen_q, device="cuda") % head_dim, head_dim).float()
+    dout = one_hot.to(torch.bfloat16)[None, :, None].expand(batch, -1, heads_q, -1).contiguous()
+    rng = torch.tensor([seed], device="cuda")
+    out, lse = launch._portable_forward(q, k, v, head_dim ** -0.5, -1, -1, 0.0, None, None, dropout_p=p, rng=rng)
+    _, _, dv = gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, head_dim ** -0.5, dropout_p=p, rng=rng)
+    bh = torch.arange(batch * heads_q, device="cuda").view(batch, heads_q, 1, 1)
+    keep = philox.dropout_keep_mask(seed, bh, torch.arange(seqlen_q, device="cuda").view(1, 1, -1, 1),
+                                    torch.arange(seqlen_k, device="cuda").view(1, 1, 1, -1), seqlen_q, seqlen_k, p)
+    groups = keep.float().view(batch, heads_kv, heads_q // heads_kv, seqlen_q, seqlen_k)
+    counts = torch.einsum("bkgij,ic->bjkc", groups, one_hot)  # (B, Sk, Hk, D)
+    assert torch.equal((dv.float() * (seqlen_k * (1 - p))).round(), counts)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 def test_varlen_dropout_matches_portable(head_dim, causal):
