@@ -4,32 +4,24 @@ and flashtile.philox's), made for a 64-row wgmma accumulator tile.
 Element (b, h, i, j) takes the 16-bit half j % 2 of output (j % 8) // 2 of the Philox call at counter
 rng_base + i * ceil(max_k / 8) + j // 8. A thread of the wgmma accumulator holds, of every group of eight keys, one
 pair of consecutive keys (2 (lane % 4) and the next): one 32-bit output of the group's call. So the four lanes of a
-quad share their calls. Each lane makes a quarter of them (group_layout: a group's call lands on lane g % 4 of the
-quad), and one exchange inside the warp (word_layout; the compiler routes it through a per-warp shared-memory scratch,
-st.shared + ldmatrix, no CTA barrier: ~3.8 KB) hands every lane its word of each call: eight Philox calls per thread
-and 128-key block instead of thirty-two.
+quad share their calls. Each lane makes a quarter of them (quad_layout: a group's call lands on lane g % 4 of the
+quad), and one exchange inside the warp (to quad_layout's words; the compiler routes it through a per-warp
+shared-memory scratch, st.shared + ldmatrix, no CTA barrier: ~3.8 KB) hands every lane its word of each call: eight
+Philox calls per thread and 128-key block instead of thirty-two.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 
 @gluon.constexpr_function
-def group_layout(rows, groups, warps):
-    """Layout of [rows, groups] Philox counters (one per row and eight keys): rows as the wgmma accumulator has
-    them (lanes 4-31 step rows by 1, 2, 4, warps by 16, a register by 8), groups 0-3 on the four lanes of a quad,
-    the rest in registers."""
-    return gl.DistributedLinearLayout([[8, 0]] + [[0, g] for g in (4, 8, 16, 32, 64) if g < groups],
+def quad_layout(rows, cols, warps):
+    """Layout of a [rows, cols] tile whose rows sit as the wgmma accumulator's (lanes 4-31 step rows by 1, 2, 4,
+    warps by 16, a register by 8) and whose column c sits on lane c % 4 of the quad, the rest in registers. Two
+    tiles take it: the Philox counters (a column per group of eight keys: each lane of a quad makes a quarter of the
+    calls) and the 32-bit draws (word c holds keys 2c and 2c + 1: where the accumulator holds those keys)."""
+    return gl.DistributedLinearLayout([[8, 0]] + [[0, c] for c in (4, 8, 16, 32, 64) if c < cols],
                                       [[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-                                      [[16 << w, 0] for w in range(warps.bit_length() - 1)], [], [rows, groups])
-
-
-@gluon.constexpr_function
-def word_layout(rows, words, warps):
-    """Layout of [rows, words] 32-bit draws (word c holds keys 2c and 2c + 1) in the wgmma accumulator's places:
-    lane % 4 holds the words c % 4 == lane % 4, rows as group_layout."""
-    return gl.DistributedLinearLayout([[8, 0]] + [[0, c] for c in (4, 8, 16, 32, 64) if c < words],
-                                      [[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-                                      [[16 << w, 0] for w in range(warps.bit_length() - 1)], [], [rows, words])
+                                      [[16 << w, 0] for w in range(warps.bit_length() - 1)], [], [rows, cols])
 
 
 @gluon.jit
@@ -89,24 +81,24 @@ def dropout_row_counters(rng_base, row0, row_groups, ROWS: gl.constexpr, BLOCK_N
                          WARPS: gl.constexpr):
     """[ROWS] int64 first Philox counters of rows row0 + [0, ROWS): rng_base + row * row_groups, row_groups =
     ceil(max_k / 8) (loop-invariant: computed once per tile)."""
-    layout: gl.constexpr = group_layout(ROWS, BLOCK_N // 8, WARPS)
+    layout: gl.constexpr = quad_layout(ROWS, BLOCK_N // 8, WARPS)
     rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     return rng_base + rows.to(gl.int64) * row_groups
 
 
 @gluon.jit
 def dropout_words(seed, row_ctr, key0, BLOCK_N: gl.constexpr, WARPS: gl.constexpr):
-    """[ROWS, BLOCK_N / 2] uint32 draws of keys key0 + [0, BLOCK_N) (key0 a multiple of 8) in word_layout: word c
+    """[ROWS, BLOCK_N / 2] uint32 draws of keys key0 + [0, BLOCK_N) (key0 a multiple of 8) in quad_layout: word c
     holds key 2c in its low half and key 2c + 1 in its high half. row_ctr from dropout_row_counters."""
     ROWS: gl.constexpr = row_ctr.shape[0]
     G: gl.constexpr = BLOCK_N // 8
-    layout: gl.constexpr = group_layout(ROWS, G, WARPS)
+    layout: gl.constexpr = quad_layout(ROWS, G, WARPS)
     groups = key0 // 8 + gl.arange(0, G, layout=gl.SliceLayout(0, layout))  # [G]
     r0, r1, r2, r3 = _philox4x32(seed, row_ctr[:, None] + groups[None, :])  # [ROWS, G] each, uint32
     # t[m, g, x, y] = output 2x + y of group g, so the reshape puts output a of group g at word 4g + a.
     t = gl.join(gl.join(r0, r1), gl.join(r2, r3)).permute(0, 1, 3, 2)  # [ROWS, G, 2, 2]
     w = t.reshape([ROWS, BLOCK_N // 2])
-    return gl.convert_layout(w, word_layout(ROWS, BLOCK_N // 2, WARPS))  # the exchange inside each warp
+    return gl.convert_layout(w, quad_layout(ROWS, BLOCK_N // 2, WARPS))  # the exchange inside each warp
 
 
 @gluon.jit
