@@ -60,7 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .common import LOG2E, _tanh
-from .gluon_dropout import dropout_keep_t, dropout_rng
+from .gluon_dropout import dropout_keep_t, dropout_kept, dropout_rng
 from .gluon_grid import _heavy_first
 from .gluon_sparse import _list_tile_key, _sparse_tile_key
 
@@ -301,6 +301,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     # BLOCK_SPARSE's partial tiles at D128 likewise: a mask_mod evaluated beside dP^T's accumulator spilled 22-54
     # loads / stores per tile (sparse-window, sparse-aux); full tiles keep the plain order.
     LATE_DP: gl.constexpr = (HAS_BIAS or (BLOCK_SPARSE and MASKED) or HAS_DROPOUT) and HEAD_DIM > 64
+    keep = 0  # the dropout mask (HAS_DROPOUT; a placeholder otherwise)
     if ROWS_IN_ACC:
         cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
         in_seq = cols < seqlen_q
@@ -359,16 +360,13 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         dp_tok = _issue_t(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
         # dV^T += P^T dO right behind it: it runs while dS^T is made (groups retire in order: one outstanding
         # means dP^T is done).
-        p_v = p
-        if HAS_DROPOUT:
-            p_v = gl.where(keep, p * dropout_scale, 0.0)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
+        p_v = dropout_kept(p, keep, dropout_scale, HAS_DROPOUT)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
         p_op = gl.convert_layout(p_v.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
         dp = warpgroup_mma_wait(1, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     elif not SOFTCAP:
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
-    if HAS_DROPOUT:
-        dp = gl.where(keep, dp * dropout_scale, 0.0)  # the undropped P^T's gradient (delta is rowsum(dO * O) still)
+    dp = dropout_kept(dp, keep, dropout_scale, HAS_DROPOUT)  # the undropped P^T's gradient (delta: rowsum(dO * O))
     if ROWS_IN_ACC:
         ds_lp = (p * dp).to(dtype)  # [WG_N, BLOCK_M] = dS^T (dp is dP^T - delta)
     else:
@@ -381,9 +379,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         else:
             ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
     if not LATE_DP:
-        p_v = p
-        if HAS_DROPOUT:
-            p_v = gl.where(keep, p * dropout_scale, 0.0)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
+        p_v = dropout_kept(p, keep, dropout_scale, HAS_DROPOUT)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
         p_op = gl.convert_layout(p_v.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
     ds_op = gl.convert_layout(ds_lp, op_layout, assert_trivial=True)

@@ -112,6 +112,14 @@ def dropout_apply(p, words, threshold):
 
 
 @gluon.jit
+def dropout_kept(x, keep, scale, HAS_DROPOUT: gl.constexpr):
+    """x where the element is kept, times scale = 1 / (1 - dropout_p), 0 where dropped; x itself without dropout."""
+    if HAS_DROPOUT:
+        x = gl.where(keep, x * scale, 0.0)
+    return x
+
+
+@gluon.jit
 def dropout_keep_t(seed, head_base, row_groups, key0, m, threshold, KEYS: gl.constexpr, QUERIES: gl.constexpr,
                    layout: gl.constexpr):
     """[KEYS, QUERIES] keep mask (True: kept) of a transposed tile, keys key0 + [0, KEYS) on rows (key0 a multiple of
