@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from . import fast_launch, launch, philox  # launch: the shared preprocess and the NaN-poisoning allocator
-from .gluon_launch import (LOG2E, _supported_device, _varlen_ok, alibi_ok, block_list_args, grid_order_variants,
-                           mask_mode, record_sparse_failure, tma_descriptor, torch_layout)
+from .gluon_launch import (LOG2E, _supported_device, _varlen_ok, alibi_ok, block_list_args, dropout_ok,
+                           grid_order_variants, mask_mode, record_sparse_failure, tma_descriptor, torch_layout)
 
 try:
     from triton.experimental.gluon import language as _gl
@@ -149,7 +149,7 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
         return False
     if other_features and any(v_ not in (None, False, 0, 0.0) for v_ in other_features.values()):
         return False
-    if not softcap >= 0 or not 0 <= dropout_p < 1:
+    if not softcap >= 0 or not dropout_ok(dropout_p, rng, q):
         return False
     varlen = cu_seqlens_q is not None
     # Varlen with dropout: the kernel takes it (VARLEN and HAS_DROPOUT), but that pair has not run on a GPU yet
@@ -157,8 +157,7 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     # backward serves it meanwhile.
     # With a bias, the draws' shared-memory exchange (~7.8 KB) does not fit beside the bias ring (D128 bf16 bias:
     # 238,688 B of 232,448).
-    if dropout_p and (varlen or attn_bias is not None or q.shape[-1] not in DROPOUT_HEAD_DIMS or not (
-            isinstance(rng, torch.Tensor) and rng.dtype == torch.int64 and rng.device == q.device)):
+    if dropout_p and (varlen or attn_bias is not None or q.shape[-1] not in DROPOUT_HEAD_DIMS):
         return False
     tensors = (q, k, v, out, dout)
     for t in tensors:  # a loop, not all() over a generator: ~1 us less per call

@@ -236,6 +236,12 @@ def alibi_ok(alibi_slopes, q, batch, heads_q):
         and alibi_slopes.dtype == torch.float32 and tuple(alibi_slopes.shape) in ((heads_q, ), (batch, heads_q)))
 
 
+def dropout_ok(dropout_p, rng, q):
+    """No dropout, or 0 < dropout_p < 1 with the seed the Gluon kernels read: an int64 tensor on q's device."""
+    return dropout_p == 0 or (0 < dropout_p < 1 and isinstance(rng, torch.Tensor) and rng.dtype == torch.int64
+                              and rng.device == q.device)
+
+
 BIAS_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -297,9 +303,7 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     if other_features and any(v_ is not None and (isinstance(v_, torch.Tensor) or v_)
                               for v_ in other_features.values()):
         return False
-    if softcap < 0 or not 0 <= dropout_p < 1:
-        return False
-    if dropout_p and not (isinstance(rng, torch.Tensor) and rng.dtype == torch.int64 and rng.device == q.device):
+    if softcap < 0 or not dropout_ok(dropout_p, rng, q):
         return False
     if dropout_p and attn_bias is not None:
         # The draws' per-warp exchange takes ~3.8 KB of shared memory, which the bias ring has used up (D128 / D256:
