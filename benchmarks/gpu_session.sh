@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device call per phase (each fits the 10-minute limit), output under $OUT. From the repo root:
-#   bash benchmarks/gpu_session.sh tests 1    # the GPU test tier, part 1: the Gluon kernels' files and varlen
+#   bash benchmarks/gpu_session.sh tests 1    # the GPU test tier, part 1: the Gluon forward's files, varlen, the
+#                                             # launch paths, dropout, features and programmable attention
 #   bash benchmarks/gpu_session.sh tests 2    # part 2: every other file (the whole tier no longer fits one call)
-#   bash benchmarks/gpu_session.sh tests both # on a two-GPU machine: part 1 on GPU 0 beside part 2 on GPU 1 (~580 s;
-#                                             # on a fresh machine, whose triton cache is empty, both ran past 580 s)
+#   bash benchmarks/gpu_session.sh tests both # on a two-GPU machine: part 1 on GPU 0 beside part 2 on GPU 1 (session
+#                                             # 17, a fresh machine: 501 / 523 s)
 #   bash benchmarks/gpu_session.sh tests ids FILE  # the test ids in FILE, one per line (benchmarks/tier_rest.py
 #                                             # writes those an earlier call did not finish)
 #   bash benchmarks/gpu_session.sh bench      # the default sweep, all providers (~6 min)
@@ -32,9 +33,11 @@ case "$phase" in
             tail -n 4 "$OUT/part1.log" "$OUT/part2.log"
             exit 0
         fi
-        gluon_files="tests/test_gluon.py tests/test_gluon_bwd.py tests/test_gluon_alibi_split.py
-            tests/test_gluon_persistent_protocol.py tests/test_varlen.py tests/test_fast_launch.py
-            tests/test_gluon_sparse.py tests/test_gluon_sparse_bwd.py tests/test_gluon_3wg.py"
+        # Two halves of about equal time (session 17: 1060 and 1298 tests, 501 / 523 s on a fresh x2 machine)
+        part1_files="tests/test_gluon.py tests/test_gluon_3wg.py tests/test_gluon_persistent_protocol.py
+            tests/test_gluon_sparse.py tests/test_varlen.py tests/test_fast_launch.py tests/test_plans.py
+            tests/test_dropout.py tests/test_persistent_schedule.py tests/test_gluon_grid_order.py
+            tests/test_features.py tests/test_programmable.py"
         if [ "$part" = ids ]; then  # ids hold spaces and brackets: one argument per line
             [ $# -ge 1 ] || { echo "tests ids FILE: FILE lists test ids, one per line" >&2; exit 2; }
             mapfile -t ids < <(grep -v '^[[:space:]]*$' "$1")
@@ -46,8 +49,8 @@ case "$phase" in
             exit 0
         fi
         case "$part" in
-            1) files="$gluon_files" ;;
-            2) files="tests/ $(for f in $gluon_files; do printf -- '--ignore=%s ' "$f"; done)" ;;
+            1) files="$part1_files" ;;
+            2) files="tests/ $(for f in $part1_files; do printf -- '--ignore=%s ' "$f"; done)" ;;
             *) echo "tests 1, tests 2, tests both or tests ids FILE" >&2; exit 2 ;;
         esac
         # shellcheck disable=SC2086  # files is a word list

@@ -85,7 +85,7 @@ def test_dropout_support_rule():
     cu_q, cu_k = torch.tensor([0, 1000, 2000], dtype=torch.int32), torch.tensor([0, 777, 1554], dtype=torch.int32)
     varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1000, max_seqlen_k=777)
     assert _supported(qp, kp, kp, **varlen)
-    assert not _supported(qp, kp, kp, dropout_p=0.1, rng=seed, **varlen)
+    assert _supported(qp, kp, kp, dropout_p=0.1, rng=seed, **varlen)  # the kernel's VARLEN with HAS_DROPOUT
 
 
 def test_dkdv_launch_args_dropout():
@@ -885,9 +885,8 @@ def test_dropout_mask_is_exact(head_dim):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 def test_varlen_dropout_matches_portable(head_dim, causal):
-    """The kernel's VARLEN with HAS_DROPOUT (gluon_backward called directly: gluon_bwd_supported refuses the pair
-    until this has passed on a GPU): each sequence's draws are those of its positions in the (B, Hq, max_seqlen_q,
-    max_seqlen_k) layout, so the gradients equal the portable backward's from the same forward."""
+    """The kernel's VARLEN with HAS_DROPOUT: each sequence's draws are those of its positions in the (B, Hq,
+    max_seqlen_q, max_seqlen_k) layout, so the gradients equal the portable backward's from the same forward."""
     dtype, heads_q, heads_kv, p = torch.bfloat16, 4, 2, 0.2
     lens_q, lens_k = [s for s, _ in VARLEN_LENGTHS], [s for _, s in VARLEN_LENGTHS]
     cu_q = torch.tensor([0] + lens_q).cumsum(0).to(device="cuda", dtype=torch.int32)
@@ -901,9 +900,9 @@ def test_varlen_dropout_matches_portable(head_dim, causal):
     varlen = (cu_q, cu_k, max(lens_q), max(lens_k))
     scale, right = head_dim ** -0.5, 0 if causal else -1
     out, lse = launch._portable_forward(q, k, v, scale, -1, right, 0.0, None, None, *varlen, dropout_p=p, rng=rng)
-    assert not gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal, dropout_p=p, rng=rng,
-                                                    cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
-                                                    max_seqlen_k=max(lens_k))
+    assert gluon_bwd_launch.gluon_bwd_supported(q, k, v, out, dout, causal, dropout_p=p, rng=rng,
+                                                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                                                max_seqlen_k=max(lens_k))
     grads = gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, scale, causal, cu_seqlens_q=cu_q,
                                             cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
                                             dropout_p=p, rng=rng)

@@ -152,12 +152,9 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     if not softcap >= 0 or not dropout_ok(dropout_p, rng, q):
         return False
     varlen = cu_seqlens_q is not None
-    # Varlen with dropout: the kernel takes it (VARLEN and HAS_DROPOUT), but that pair has not run on a GPU yet
-    # (tests/test_gluon_bwd.py::test_varlen_dropout_matches_portable calls gluon_backward directly): the portable
-    # backward serves it meanwhile.
     # With a bias, the draws' shared-memory exchange (~7.8 KB) does not fit beside the bias ring (D128 bf16 bias:
     # 238,688 B of 232,448).
-    if dropout_p and (varlen or attn_bias is not None or q.shape[-1] not in DROPOUT_HEAD_DIMS):
+    if dropout_p and (attn_bias is not None or q.shape[-1] not in DROPOUT_HEAD_DIMS):
         return False
     tensors = (q, k, v, out, dout)
     for t in tensors:  # a loop, not all() over a generator: ~1 us less per call
