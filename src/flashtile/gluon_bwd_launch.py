@@ -12,7 +12,7 @@ import functools
 import math
 import os
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -62,7 +62,6 @@ class GluonBwdConfig:
     # on the rows past seqlen_q so the kernel reads them unmasked (ROWS_ZERO_FILL).
     rows_in_acc: bool = False
     lpt_heads: int = 0  # dense causal: grid order by groups of this many heads (0: head by head)
-    batch_inner: bool = False  # dense calls with a batch-broadcast bias: the grid batch-fastest (BATCH_INNER)
 
 
 # Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
@@ -78,9 +77,9 @@ class GluonBwdConfig:
 VARIANTS = {
     # dQ through shared memory and TMA reduce-adds (session 8: 1.12-1.45x the atomics' speed at 1K-16K, every head dim)
     # D128 / D256 causal: heavy-first grid order by groups of 8 heads (lpt_heads; session 13, below)
-    "default": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1, batch_inner=True),
-                128: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8, batch_inner=True),
-                256: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8, batch_inner=True)},
+    "default": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1),
+                128: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8),
+                256: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8)},
     # dQ by per-thread fp32 red.global.add (the default up to session 7)
     "atomics": {64: GluonBwdConfig(stages=3, dq_split_d=False), 128: GluonBwdConfig(stages=2),
                 256: GluonBwdConfig(stages=2)},
@@ -110,9 +109,6 @@ VARIANTS = {
 # the old order. Groups of 32 heads ran slower than 8, the whole grid at once up to 38 % slower than head-major (the
 # tiles in flight read more heads' Q / dO than L2 holds).
 VARIANTS.update(grid_order_variants(VARIANTS["default"]))
-# "bias-batch-outer": a bias broadcast over the batch read from HBM once per batch, the order before session 17
-# (the default's batch_inner reads it once per (KV head, key block)).
-VARIANTS["bias-batch-outer"] = {d: replace(c, batch_inner=False) for d, c in VARIANTS["default"].items()}
 HEAD_DIMS = (64, 128, 256)
 DROPOUT_HEAD_DIMS = (64, 128)  # D256's split-D tiles have no dropout: the portable backward serves it
 
@@ -375,8 +371,6 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
     unbounded = seqlen_q + seqlen_k  # as launch.ScoreArgs: no position difference reaches it
     alibi = alibi_slopes.float().contiguous() if alibi_slopes is not None else None
     keys = block_n(head_dim)
-    # (descriptor, bias batch, bias heads): bias batch 1 when the bias is broadcast over the batch
-    bias_args = _bias_args(attn_bias, config.block_m, keys) if attn_bias is not None else (None, None, None)
     args = (_descriptor(q, config.block_m), _descriptor(k, keys), _descriptor(v, keys),
             _descriptor(dout, config.block_m), _row_descriptor(lse2, config.block_m),
             _row_descriptor(delta, config.block_m), dk, dv, dq_accum, dq_desc,
@@ -388,7 +382,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
             (left if left >= 0 else unbounded) if is_local else None,
             (right if right >= 0 else unbounded) if is_local else None,
             cu_seqlens_q, cu_seqlens_k,
-            *bias_args, *_sparse_args(mods), rng if dropout_p else None, 1.0 / (1.0 - dropout_p),
+            *(_bias_args(attn_bias, config.block_m, keys) if attn_bias is not None else (None, None, None)),
+            *_sparse_args(mods), rng if dropout_p else None, 1.0 / (1.0 - dropout_p),
             philox.dropout_threshold(dropout_p))
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, STAGES=config.stages, IS_CAUSAL=is_causal,
                       DQ_SPLIT_D=config.dq_split_d, CONSUMER_REGS=config.consumer_regs,
@@ -402,8 +397,6 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
         constexprs.update(HAS_DROPOUT=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)
-    if config.batch_inner and attn_bias is not None and not varlen and batch > 1 and bias_args[1] == 1:
-        constexprs.update(BATCH_INNER=True)
     if mods is not None:
         constexprs.update(MASK_MOD=mods.mask_mod, BLOCK_SPARSE=True, SPARSE_M=mods.block_size[0],
                           SPARSE_N=mods.block_size[1])

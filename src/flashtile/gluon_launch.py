@@ -89,7 +89,6 @@ class GluonConfig:
     # rank by rank over all heads)
     schedule: bool = False  # persistent, causal: the host lists each CTA's tiles (persistent_schedule.py) in the
     # lpt_heads order
-    batch_inner: bool = False  # dense calls with a batch-broadcast bias: the grid batch-fastest (BATCH_INNER)
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.persistent):
@@ -116,9 +115,8 @@ class GluonConfig:
 _TREE_CVT = dict(p_cvt_asm=True, tree_max=True)
 VARIANTS = {
     # D128 / D256 causal: heavy-first grid order by groups of 8 heads (lpt_heads; session 13, below).
-    "default": {64: GluonConfig(128, 3, batch_inner=True, **_TREE_CVT),
-                128: GluonConfig(128, 2, lpt_heads=8, batch_inner=True, **_TREE_CVT),
-                256: GluonConfig(64, 2, lpt_heads=8, batch_inner=True)},
+    "default": {64: GluonConfig(128, 3, **_TREE_CVT), 128: GluonConfig(128, 2, lpt_heads=8, **_TREE_CVT),
+                256: GluonConfig(64, 2, lpt_heads=8)},
     "plain-softmax": {64: GluonConfig(128, 3), 128: GluonConfig(128, 2)},  # the session-5 default
     "no-pingpong": {64: GluonConfig(128, 3, pingpong=False), 128: GluonConfig(128, 2, pingpong=False),
                     256: GluonConfig(64, 2, pingpong=False)},
@@ -180,9 +178,6 @@ def persistent_order_variants():
 
 
 VARIANTS.update({**grid_order_variants(VARIANTS["default"]), **persistent_order_variants()})
-# "bias-batch-outer": a bias broadcast over the batch read from HBM once per batch, the order before session 17
-# (the default's batch_inner reads it once per (head, row tile)).
-VARIANTS["bias-batch-outer"] = {d: replace(c, batch_inner=False) for d, c in VARIANTS["default"].items()}
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -447,9 +442,6 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
     unbounded = seqlen_q + seqlen_k  # as launch.ScoreArgs: no position difference reaches it
     alibi = alibi_slopes.float().contiguous() if alibi_slopes is not None else lse  # lse: an unread placeholder
     sink_t = sink.float().contiguous() if sink is not None else lse
-    # (descriptor, rows per batch, rows per head): rows per batch 0 when the bias is broadcast over the batch
-    bias_args = (bias_descriptor(attn_bias, seqlen_q, seqlen_k, config.block_n) if attn_bias is not None
-                 else (lse, 0, 0))
     args = (_descriptor(q, WG_M.value, ragged), _descriptor(k, config.block_n, ragged),
             _descriptor(v, config.block_n, ragged), out, lse,
             alibi, sink_t, *out_strides, *lse_strides,
@@ -458,7 +450,8 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
             softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E, float(softcap) * LOG2E,
             left if left >= 0 else unbounded, right if right >= 0 else unbounded,
             cu_seqlens_q if varlen else lse, cu_seqlens_k if varlen else lse,
-            *bias_args, float(softmax_scale), *_sparse_args(mods),
+            *(bias_descriptor(attn_bias, seqlen_q, seqlen_k, config.block_n) if attn_bias is not None
+              else (lse, 0, 0)), float(softmax_scale), *_sparse_args(mods),
             rng if dropout_p else lse, 1.0 / (1.0 - dropout_p), philox.dropout_threshold(dropout_p))
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
@@ -473,8 +466,6 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
         constexprs.update(HAS_DROPOUT=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)  # only then: other launches keep their kernels
-    if config.batch_inner and attn_bias is not None and not varlen and batch > 1 and bias_args[1] == 0:
-        constexprs.update(BATCH_INNER=True)
     if mods is not None:
         # EVEN_N: every listed key block lies inside Sk, so partial tiles need no sequence-end mask.
         constexprs.update(MASK_MOD=mods.mask_mod, BLOCK_SPARSE=True, SPARSE_M=mods.block_size[0],

@@ -892,7 +892,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
                           SPARSE_N: gl.constexpr = 128, ROWS_IN_ACC: gl.constexpr = False,
                           ROWS_ZERO_FILL: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
-                          HAS_DROPOUT: gl.constexpr = False, BATCH_INNER: gl.constexpr = False):
+                          HAS_DROPOUT: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -930,8 +930,6 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     regenerate its mask (kernels/common._dropout_keep's draws; threshold dropout_threshold) and dropout_scale =
     1 / (1 - dropout_p) (_bwd_step); lse2 / delta as without dropout (delta = rowsum(dO * O) of the dropped O).
     Else Rng is unread, dropout_scale 1 and dropout_threshold 0.
-    BATCH_INNER (dense, a bias broadcast over the batch): grid dim 1 runs batch-fastest (pid_bh = hk * B + b), so the
-    batch's CTAs of one (KV head, key block) run side by side and read each bias box from HBM once between them.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
@@ -954,13 +952,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     if LPT_HEADS > 0:  # causal: the first key blocks (the most query tiles) of LPT_HEADS heads at a time
         pid_n, pid_bh = _heavy_first(pid_n, pid_bh, gl.num_programs(0), gl.num_programs(1), LPT_HEADS)
     start_n = pid_n * BLOCK_N
-    if BATCH_INNER:
-        n_batch = gl.num_programs(1) // heads_kv
-        off_b = pid_bh % n_batch
-        off_hk = pid_bh // n_batch
-    else:
-        off_b = pid_bh // heads_kv
-        off_hk = pid_bh % heads_kv
+    off_b = pid_bh // heads_kv
+    off_hk = pid_bh % heads_kv
     # Dropout's counters from the maxima (seqlen_q / seqlen_k are still those here under VARLEN), from the group's
     # first query head off_hk * group_size.
     drop_seed, drop_base0, drop_head, drop_row_groups = dropout_rng(Rng, off_b * heads_q + off_hk * group_size,

@@ -641,8 +641,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      HAS_BIAS: gl.constexpr = False, MASK_MOD: gl.constexpr = None,
                      BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
                      SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
-                     LPT_HEADS: gl.constexpr = 0, HAS_DROPOUT: gl.constexpr = False,
-                     BATCH_INNER: gl.constexpr = False):
+                     LPT_HEADS: gl.constexpr = 0, HAS_DROPOUT: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -672,8 +671,6 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     EVEN_N (BLOCK_SPARSE with Sk % SPARSE_N == 0): no listed key tile reaches past Sk (_mask_mod_scores).
     LPT_HEADS (> 0: dense causal launches, GluonConfig.lpt_heads): programs start by groups of that many heads, every
     head's longest rows first (gluon_grid._heavy_first); 0: head by head, each head's longest rows first.
-    BATCH_INNER (dense, a bias broadcast over the batch): grid dim 1 runs batch-fastest (pid_bh = h * B + b), so the
-    batch's CTAs of one (head, row tile) run side by side and read each bias box from HBM once between them.
     HAS_DROPOUT (two consumers): Rng holds the int64 Philox seed; probabilities dropped where their 16-bit draw is
     below dropout_threshold (kernels/common._dropout_keep's draws, made by gluon_dropout), the kept ones scaled by
     dropout_scale = 1 / (1 - dropout_p); Lse stays the undropped one (what kernels/bwd.py expects)."""
@@ -692,13 +689,8 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
         pid_m = gl.num_programs(0) - 1 - pid_m
     elif IS_CAUSAL or IS_LOCAL or BLOCK_SPARSE:
         pid_m = gl.num_programs(0) - 1 - pid_m  # longest rows first (a causal block mask's too)
-    if BATCH_INNER:
-        n_batch = gl.num_programs(1) // heads_q
-        off_b = pid_bh % n_batch
-        off_h = pid_bh // n_batch
-    else:
-        off_b = pid_bh // heads_q
-        off_h = pid_bh % heads_q
+    off_b = pid_bh // heads_q
+    off_h = pid_bh % heads_q
     off_hk = off_h // group_size
     start_m = pid_m * BLOCK_M
     # Dropout's counters from the maxima: seqlen_q / seqlen_k are still those here under VARLEN.
