@@ -912,6 +912,34 @@ def test_varlen_dropout_matches_portable(head_dim, causal):
         torch.testing.assert_close(got, want, atol=5e-2, rtol=1e-2, msg=name)
 
 
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_dropout_call_takes_gluon(monkeypatch, causal):
+    """flash_attn_varlen_func with dropout: the backward reaches the Gluon kernel (FLASHTILE_GLUON_BWD=1) and its
+    gradients equal the portable backward's (FLASHTILE_GLUON_BWD=0) from the same seed, so the same mask."""
+    dtype, heads_q, heads_kv, head_dim, p = torch.bfloat16, 4, 2, 128, 0.2
+    lens_q, lens_k = [s for s, _ in VARLEN_LENGTHS], [s for _, s in VARLEN_LENGTHS]
+    cu_q = torch.tensor([0] + lens_q).cumsum(0).to(device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0] + lens_k).cumsum(0).to(device="cuda", dtype=torch.int32)
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(sum(n), h, head_dim, generator=gen).to(dtype=dtype, device="cuda")
+               for n, h in ((lens_q, heads_q), (lens_k, heads_kv), (lens_k, heads_kv)))
+    dout = torch.randn(q.shape, generator=gen).to(dtype=dtype, device="cuda")
+    calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
+    grads = {}
+    for gluon in ("1", "0"):
+        monkeypatch.setenv("FLASHTILE_GLUON_BWD", gluon)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(3)
+        out = flashtile.flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), dropout_p=p,
+                                               causal=causal)
+        grads[gluon] = torch.autograd.grad(out, leaves, dout)
+        assert len(calls) == 1 and calls[0]["dropout_p"] == p  # the Gluon call only
+    for name, got, want in zip(("dq", "dk", "dv"), grads["1"], grads["0"]):
+        torch.testing.assert_close(got, want, atol=5e-2, rtol=1e-2, msg=name)
+
 # Every variant besides the default (gluon_bwd_launch.VARIANTS), at each head dim it has, against the float64
 # reference, both masks: the check script times them; this keeps them correct. Tails of a 128-row tile (333,
 # 1000), q != k both ways, GQA, two batches; the plain-only variants (d64-bm128*) take these plain / causal calls.
