@@ -67,8 +67,8 @@ def test_refuses_bad_feature_arguments():
 
 @pytest.mark.usefixtures("pretend_hopper")
 def test_dropout_support_rule():
-    """Dropout with its int64 seed at D64 / D128, dense (DROPOUT_HEAD_DIMS); not at D256 (split-D tiles), not
-    without a seed, not with varlen (not yet run on a GPU), not with a bias (shared memory), not p >= 1."""
+    """Dropout with its int64 seed at D64 / D128, dense or varlen (DROPOUT_HEAD_DIMS); not at D256 (split-D tiles),
+    not without a seed, not with a bias (shared memory), not p >= 1."""
     seed = torch.zeros(1, dtype=torch.int64)
     for head_dim in (64, 128, 256):
         q, k, v = make_qkv(2, 1000, 777, 4, 2, head_dim, torch.bfloat16, "cpu", requires_grad=False)
@@ -86,6 +86,10 @@ def test_dropout_support_rule():
     varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1000, max_seqlen_k=777)
     assert _supported(qp, kp, kp, **varlen)
     assert _supported(qp, kp, kp, dropout_p=0.1, rng=seed, **varlen)  # the kernel's VARLEN with HAS_DROPOUT
+    q256, k256 = (make_qkv(2, 1000, 777, 4, 2, 256, torch.bfloat16, "cpu", requires_grad=False)[i].flatten(0, 1)
+                  for i in (0, 1))
+    assert _supported(q256, k256, k256, **varlen)
+    assert not _supported(q256, k256, k256, dropout_p=0.1, rng=seed, **varlen)
 
 
 def test_dkdv_launch_args_dropout():
@@ -912,7 +916,6 @@ def test_varlen_dropout_matches_portable(head_dim, causal):
         torch.testing.assert_close(got, want, atol=5e-2, rtol=1e-2, msg=name)
 
 
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -937,8 +940,10 @@ def test_varlen_dropout_call_takes_gluon(monkeypatch, causal):
                                                causal=causal)
         grads[gluon] = torch.autograd.grad(out, leaves, dout)
         assert len(calls) == 1 and calls[0]["dropout_p"] == p  # the Gluon call only
+        assert gluon_bwd_launch._disabled is None  # it ran: a failed launch would have fallen back to portable
     for name, got, want in zip(("dq", "dk", "dv"), grads["1"], grads["0"]):
         torch.testing.assert_close(got, want, atol=5e-2, rtol=1e-2, msg=name)
+
 
 # Every variant besides the default (gluon_bwd_launch.VARIANTS), at each head dim it has, against the float64
 # reference, both masks: the check script times them; this keeps them correct. Tails of a 128-row tile (333,

@@ -1,6 +1,6 @@
 """Host side of the Hopper Gluon backward (kernels/gluon_bwd.py): support check, descriptors, launches.
 
-launch._flash_attn_backward uses it for the dense backward (plain, causal, sliding window, softcap, ALiBi, an
+launch._flash_attn_backward uses it for the dense and varlen backward (plain, causal, sliding window, softcap, ALiBi, an
 additive bias without gradient whose layout TMA can read: bias_tma_ok, bias_shared_ok) when
 configs.gluon_bwd_wanted() and gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is
 supported, =0 never. flashtile.attention's block-sparse calls (sparse_ok: a block mask, a mask_mod or none, D64 /
@@ -141,9 +141,9 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     fp16/bf16 dense (B, S, H, D) or packed (total, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0,
     TMA-compatible strides of q, k, v, dout, ALiBi slopes fp32 (Hq,) or (B, Hq) on q's device; attn_bias (dense
     only: 4-D, broadcastable to (B, Hq, Sq, Sk), no gradient) on q's device where bias_tma_ok and bias_shared_ok
-    accept it (D64; D128 with an fp16 / bf16 bias); dropout 0 <= dropout_p < 1 at D64 / D128, dense, without a
-    bias, with rng, the forward's int64 (1,) Philox seed on q's device; no paged keys or mods. A bias with a
-    gradient (bias_grad=True) is refused here and in launch._gluon_bwd_candidate."""
+    accept it (D64; D128 with an fp16 / bf16 bias); dropout 0 <= dropout_p < 1 at D64 / D128, dense or varlen,
+    without a bias, with rng, the forward's int64 (1,) Philox seed on q's device; no paged keys or mods. A bias
+    with a gradient (bias_grad=True) is refused here and in launch._gluon_bwd_candidate."""
     if (_attn_bwd_dkdv_hopper is None or _disabled is not None
             or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
         return False
