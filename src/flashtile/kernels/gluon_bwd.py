@@ -60,7 +60,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .common import LOG2E, _tanh
-from .gluon_dropout import dropout_keep_t, dropout_kept, dropout_rng
+from .gluon_dropout import (dropout_keep_t, dropout_kept, dropout_kept_grad, dropout_kept_p, dropout_rng,
+                            dropout_signed)
 from .gluon_grid import _heavy_first
 from .gluon_sparse import _list_tile_key, _sparse_tile_key
 
@@ -354,19 +355,31 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             visible = _visible_t(keys, cols, seqlen_q, seqlen_k, causal_offset, window_left, window_right, off_b, off_h,
                                  aux0, aux1, aux2, aux3, IS_CAUSAL, IS_LOCAL, BLOCK_SPARSE, MASK_MOD)
         p = gl.where(visible, p, 0.0)
+    # Dropout at D128 (LATE_DP): the mask rides in P^T's sign from here, so its 32 booleans per thread no longer live
+    # beside dP^T's accumulator and dK / dV (spill loads / stores per tile loop 298 -> 176); |p| is the probability.
+    # D64 keeps the booleans: it had no spills there, and the signed form compiled to more instructions.
+    SIGNED_MASK: gl.constexpr = HAS_DROPOUT and LATE_DP
+    p = dropout_signed(p, keep, SIGNED_MASK)
     if LATE_DP:
         if SOFTCAP:
             p_dt = p * (1.0 - t * t)  # [WG_N, BLOCK_M]: P^T times softcap's derivative, so t dies before dP^T
         dp_tok = _issue_t(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
         # dV^T += P^T dO right behind it: it runs while dS^T is made (groups retire in order: one outstanding
         # means dP^T is done).
-        p_v = dropout_kept(p, keep, dropout_scale, HAS_DROPOUT)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
+        p_v = dropout_kept_p(p, dropout_scale, SIGNED_MASK)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
         p_op = gl.convert_layout(p_v.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
         dp = warpgroup_mma_wait(1, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     elif not SOFTCAP:
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
-    dp = dropout_kept(dp, keep, dropout_scale, HAS_DROPOUT)  # the undropped P^T's gradient (delta: rowsum(dO * O))
+    # dP^T becomes the undropped P^T's gradient (delta: rowsum(dO * O))
+    if SIGNED_MASK:
+        dp = dropout_kept_grad(dp, p, dropout_scale, True)
+        p = gl.abs(p)  # the probabilities again (an operand modifier of the multiplies below)
+        if SOFTCAP:
+            p_dt = gl.abs(p_dt)
+    else:
+        dp = dropout_kept(dp, keep, dropout_scale, HAS_DROPOUT)
     if ROWS_IN_ACC:
         ds_lp = (p * dp).to(dtype)  # [WG_N, BLOCK_M] = dS^T (dp is dP^T - delta)
     else:

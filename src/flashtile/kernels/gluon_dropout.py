@@ -120,6 +120,32 @@ def dropout_kept(x, keep, scale, HAS_DROPOUT: gl.constexpr):
 
 
 @gluon.jit
+def dropout_signed(p, keep, HAS_DROPOUT: gl.constexpr):
+    """Probabilities p >= 0 with the dropout mask in their sign bit: -p where dropped (a dropped 0 becomes -0.0,
+    whose products below are 0 either way), so the mask takes no registers of its own after this; p without
+    dropout. |p| is the probability again (an operand modifier, no instruction)."""
+    if HAS_DROPOUT:
+        p = gl.where(keep, p, -p)
+    return p
+
+
+@gluon.jit
+def dropout_kept_p(p, scale, HAS_DROPOUT: gl.constexpr):
+    """Of dropout_signed's p: the kept probabilities times scale = 1 / (1 - dropout_p), 0 where dropped."""
+    if HAS_DROPOUT:
+        p = gl.maximum(p, 0.0) * scale
+    return p
+
+
+@gluon.jit
+def dropout_kept_grad(x, p, scale, HAS_DROPOUT: gl.constexpr):
+    """x where dropout_signed's p is kept (p >= 0), times scale; 0 where dropped."""
+    if HAS_DROPOUT:
+        x = gl.where(p >= 0.0, x * scale, 0.0)
+    return x
+
+
+@gluon.jit
 def dropout_keep_t(seed, head_base, row_groups, key0, m, threshold, KEYS: gl.constexpr, QUERIES: gl.constexpr,
                    layout: gl.constexpr):
     """[KEYS, QUERIES] keep mask (True: kept) of a transposed tile, keys key0 + [0, KEYS) on rows (key0 a multiple of
