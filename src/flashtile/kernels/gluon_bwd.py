@@ -282,7 +282,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     HAS_DROPOUT (not ROWS_IN_ACC): the forward's dropout mask of this tile (gluon_dropout.dropout_keep_t: seed
     drop_seed, the query head's first counter drop_base, drop_row_groups = ceil(max_k / 8) per row, threshold
     drop_thr), drawn while S^T runs: dV takes P^T's kept entries times dropout_scale = 1 / (1 - dropout_p), and
-    dP^T (the gradient of the dropped, scaled P^T) becomes the undropped P^T's the same way before dS^T."""
+    dP^T (the gradient of the dropped, scaled P^T) becomes the undropped P^T's the same way before dS^T. At D128
+    (LATE_DP) the mask rides in P^T's sign once P^T is made (gluon_dropout.dropout_signed)."""
     dtype: gl.constexpr = q_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])

@@ -139,7 +139,8 @@ def dropout_kept_p(p, scale, HAS_DROPOUT: gl.constexpr):
 
 @gluon.jit
 def dropout_kept_grad(x, p, scale, HAS_DROPOUT: gl.constexpr):
-    """x where dropout_signed's p is kept (p >= 0), times scale; 0 where dropped."""
+    """x where dropout_signed's p is kept (p >= 0), times scale; 0 where dropped. A dropped 0 (-0.0) counts as kept:
+    callers multiply the result by |p| = 0. A NaN p gives 0 (dropout_kept_p too), where the boolean form kept NaN."""
     if HAS_DROPOUT:
         x = gl.where(p >= 0.0, x * scale, 0.0)
     return x
