@@ -676,6 +676,7 @@ FEATURES = [("window-256-0", False, dict(window_size=(256, 0))), ("window-100-50
             ("combo", True, dict(window_size=(300, -1), softcap=20.0, alibi_slopes="bh"))]
 FEATURE_SHAPES = [(2, 1000, 1000, 4, 2, torch.bfloat16), (1, 777, 999, 8, 1, torch.bfloat16),
                   (1, 999, 777, 4, 4, torch.float16)]
+FEATURE_SHAPE_IDS = [f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}" for b, sq, sk, hq, hk, dt in FEATURE_SHAPES]
 
 
 def _alibi(kind, batch, heads):
@@ -703,8 +704,7 @@ def _gluon_feature_call(monkeypatch, shape, feature, head_dim):
 # D256 features: benchmarks/gluon_bwd_check.py --check-dims 256 (about ten more D256 compiles would stretch the tier).
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("feature", FEATURES, ids=[f[0] for f in FEATURES])
-@pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
-                                                       for b, sq, sk, hq, hk, dt in FEATURE_SHAPES])
+@pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=FEATURE_SHAPE_IDS)
 def test_features_match_reference(monkeypatch, shape, feature, head_dim):
     """FLASHTILE_GLUON_BWD=1: gradients with windows / softcap / ALiBi from the Gluon backward (after flashtile's
     own forward, so lse is the one the kernel recomputes P against) against the float64 reference."""
@@ -726,8 +726,7 @@ DROPOUT_FEATURES = [("plain", False, {}), ("causal", True, {}),
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("feature", DROPOUT_FEATURES, ids=[f[0] for f in DROPOUT_FEATURES])
-@pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
-                                                       for b, sq, sk, hq, hk, dt in FEATURE_SHAPES])
+@pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=FEATURE_SHAPE_IDS)
 def test_dropout_matches_reference(monkeypatch, shape, feature, head_dim):
     """FLASHTILE_GLUON_BWD=1 with dropout: the Gluon backward regenerates the forward's mask (gluon_dropout's draws);
     the gradients match the float64 reference computed with the mask return_attn_probs gives."""
@@ -767,8 +766,7 @@ def _bias(kind, dtype, batch, heads, seqlen_q, seqlen_k):
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("feature", BIAS_FEATURES, ids=[f[0] for f in BIAS_FEATURES])
-@pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
-                                                       for b, sq, sk, hq, hk, dt in FEATURE_SHAPES])
+@pytest.mark.parametrize("shape", FEATURE_SHAPES, ids=FEATURE_SHAPE_IDS)
 def test_bias_matches_reference(monkeypatch, shape, feature, head_dim):
     """FLASHTILE_GLUON_BWD=1: gradients of q, k, v with an additive bias (no gradient; flashtile's forward, Gluon or
     portable as dispatch decides, makes out / lse) from the Gluon backward against the float64 reference; an fp32
@@ -884,6 +882,18 @@ def test_dropout_mask_is_exact(head_dim):
     assert torch.equal((dv.float() * (seqlen_k * (1 - p))).round(), counts)
 
 
+def _varlen_dropout_inputs(head_dim, seed):
+    """VARLEN_LENGTHS' sequences as packed bf16 CUDA inputs (4 query heads, 2 KV heads), drawn in the order q, k, v,
+    dout from a generator seeded with seed: (lens_q, lens_k, cu_q, cu_k, q, k, v, dout)."""
+    lens_q, lens_k = [s for s, _ in VARLEN_LENGTHS], [s for _, s in VARLEN_LENGTHS]
+    cu_q, cu_k = (torch.tensor([0] + lens).cumsum(0).to(device="cuda", dtype=torch.int32) for lens in (lens_q, lens_k))
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(sum(n), h, head_dim, generator=gen).to(dtype=torch.bfloat16, device="cuda")
+               for n, h in ((lens_q, 4), (lens_k, 2), (lens_k, 2)))
+    dout = torch.randn(q.shape, generator=gen).to(dtype=torch.bfloat16, device="cuda")
+    return lens_q, lens_k, cu_q, cu_k, q, k, v, dout
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -891,15 +901,8 @@ def test_dropout_mask_is_exact(head_dim):
 def test_varlen_dropout_matches_portable(head_dim, causal):
     """The kernel's VARLEN with HAS_DROPOUT: each sequence's draws are those of its positions in the (B, Hq,
     max_seqlen_q, max_seqlen_k) layout, so the gradients equal the portable backward's from the same forward."""
-    dtype, heads_q, heads_kv, p = torch.bfloat16, 4, 2, 0.2
-    lens_q, lens_k = [s for s, _ in VARLEN_LENGTHS], [s for _, s in VARLEN_LENGTHS]
-    cu_q = torch.tensor([0] + lens_q).cumsum(0).to(device="cuda", dtype=torch.int32)
-    cu_k = torch.tensor([0] + lens_k).cumsum(0).to(device="cuda", dtype=torch.int32)
-    gen = torch.Generator().manual_seed(5)
-    q = torch.randn(sum(lens_q), heads_q, head_dim, generator=gen).to(dtype=dtype, device="cuda")
-    k = torch.randn(sum(lens_k), heads_kv, head_dim, generator=gen).to(dtype=dtype, device="cuda")
-    v = torch.randn(sum(lens_k), heads_kv, head_dim, generator=gen).to(dtype=dtype, device="cuda")
-    dout = torch.randn(q.shape, generator=gen).to(dtype=dtype, device="cuda")
+    p = 0.2
+    lens_q, lens_k, cu_q, cu_k, q, k, v, dout = _varlen_dropout_inputs(head_dim, 5)
     rng = torch.tensor([987654321], dtype=torch.int64, device="cuda")
     varlen = (cu_q, cu_k, max(lens_q), max(lens_k))
     scale, right = head_dim ** -0.5, 0 if causal else -1
@@ -922,14 +925,8 @@ def test_varlen_dropout_matches_portable(head_dim, causal):
 def test_varlen_dropout_call_takes_gluon(monkeypatch, causal):
     """flash_attn_varlen_func with dropout: the backward reaches the Gluon kernel (FLASHTILE_GLUON_BWD=1) and its
     gradients equal the portable backward's (FLASHTILE_GLUON_BWD=0) from the same seed, so the same mask."""
-    dtype, heads_q, heads_kv, head_dim, p = torch.bfloat16, 4, 2, 128, 0.2
-    lens_q, lens_k = [s for s, _ in VARLEN_LENGTHS], [s for _, s in VARLEN_LENGTHS]
-    cu_q = torch.tensor([0] + lens_q).cumsum(0).to(device="cuda", dtype=torch.int32)
-    cu_k = torch.tensor([0] + lens_k).cumsum(0).to(device="cuda", dtype=torch.int32)
-    gen = torch.Generator().manual_seed(6)
-    q, k, v = (torch.randn(sum(n), h, head_dim, generator=gen).to(dtype=dtype, device="cuda")
-               for n, h in ((lens_q, heads_q), (lens_k, heads_kv), (lens_k, heads_kv)))
-    dout = torch.randn(q.shape, generator=gen).to(dtype=dtype, device="cuda")
+    p = 0.2
+    lens_q, lens_k, cu_q, cu_k, q, k, v, dout = _varlen_dropout_inputs(128, 6)
     calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
     grads = {}
     for gluon in ("1", "0"):
