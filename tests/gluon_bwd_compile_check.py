@@ -135,14 +135,6 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1000
         features = dict(features)
         block = features.pop("sparse_block", (128, 128))
         features["mods"] = sparse_mods(features.pop("sparse"), batch, seqlen_q, seqlen_k, block)
-    score_features = (bool(features.get("softcap")) or features.get("alibi_slopes") is not None
-                      or features.get("attn_bias") is not None or bool(features.get("dropout_p")))
-    if not varlen and gluon_bwd_launch.dq_fused_ok(config, head_dim, causal, features.get("window_size", (-1, -1)),
-                                                   seqlen_q, seqlen_k, mods=features.get("mods"),
-                                                   score_features=score_features):
-        # as gluon_backward: the kernel converts dQ itself (DQ_FUSED)
-        counts = torch.empty(batch, heads_q, seqlen_q_pad // config.block_m, 2, dtype=torch.int32)
-        features = dict(features, dq=torch.empty_like(q), dq_counts=counts)
     kernel = gluon_bwd_launch._attn_bwd_dkdv_hopper
     _, args, constexprs, options = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, dq_accum, 0.1,
                                                                      causal, config, **features)

@@ -359,12 +359,8 @@ def test_preprocess_zeroes_dq_accum(varlen):
         pad = acc[:, 70:]
     delta = torch.full(geo.row_buffer_shape(out), float("nan"), device=dev)
     lse2 = torch.full(geo.row_buffer_shape(out), float("nan"), device=dev)
-    # dense: DQ_FUSED's counters of the 64-row tiles as well (every int32 of them, from -1)
-    counts = None if varlen else torch.full((2, heads, 2, 2), -1, dtype=torch.int32, device=dev)
-    launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, dq_accum=acc,
-                             dq_counts=None if varlen else (counts, 64)).run()
+    launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, dq_accum=acc).run()
     assert torch.equal(real, torch.zeros_like(real)) and pad.isnan().all()
-    assert varlen or torch.equal(counts, torch.zeros_like(counts))
     rowsum = (out * dout).sum(-1)  # (..., tokens, heads)
     if varlen:
         got = torch.cat([delta[:, 16 * (b + int(cu[b]) // 16):][:, :n] for b, n in enumerate(lens)], dim=1)
@@ -372,65 +368,6 @@ def test_preprocess_zeroes_dq_accum(varlen):
         assert torch.allclose(got, rowsum.T, atol=1e-5)
     else:
         assert torch.allclose(delta[..., :70], rowsum.transpose(1, 2), atol=1e-5)
-
-
-def test_preprocess_zeroes_dq_counts_per_tile():
-    """COUNT_BLOCK 128 (the D64 128-row tiles) with the preprocess's 64-row programs: the program starting each tile
-    zeroes its two counters, for every tile of every (batch, head), and nothing past them. GPU or interpreter."""
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    out = torch.randn(2, 300, 3, 64, device=dev)
-    lse = torch.randn(2, 3, 300, device=dev)
-    geo = launch.Geometry.of(out, out)
-    rows = torch.empty(geo.row_buffer_shape(out), device=dev)
-    buf = torch.full((2 * 3 * 3 * 2 + 8,), -1, dtype=torch.int32, device=dev)  # 8 spare ints after the counters
-    counts = buf[:-8].view(2, 3, 3, 2)  # three 128-row tiles of 300 rows
-    launch.preprocess_launch(geo, out, out, lse, None, rows, rows.clone(), dq_counts=(counts, 128)).run()
-    assert (counts == 0).all() and (buf[-8:] == -1).all()
-
-
-@pytest.mark.skipif(gluon_bwd_launch._attn_bwd_dkdv_hopper is None, reason="no Gluon Hopper API in this triton")
-def test_dq_fused_rule(monkeypatch):
-    """The dK/dV kernel writes dQ itself (DQ_FUSED) for dense D64 / D128 calls with dQ by TMA reduce-add, plain or
-    causal with Sk >= Sq (every query tile has a key block); not with score features, a window, varlen, a block
-    mask, D256, the atomics variant, a causal Sq > Sk, or FLASHTILE_DQ_FUSED=0."""
-    ok = gluon_bwd_launch.dq_fused_ok
-    variants = gluon_bwd_launch.VARIANTS
-    for head_dim in (64, 128):
-        config = variants["default"][head_dim]
-        assert ok(config, head_dim, False, (-1, -1), 1000, 300) and ok(config, head_dim, True, (-1, -1), 300, 1000)
-        assert ok(config, head_dim, True, (-1, -1), 1000, 1000) and ok(config, head_dim, True, (-1, 0), 500, 500)
-        assert not ok(config, head_dim, True, (-1, -1), 1000, 999)  # rows 0 of a causal Sq > Sk see no key
-        assert not ok(config, head_dim, False, (256, 0), 1000, 1000)
-        assert not ok(config, head_dim, False, (-1, -1), 1000, 1000, varlen=True)
-        assert not ok(config, head_dim, False, (-1, -1), 1000, 1000, mods=object())
-        assert not ok(config, head_dim, False, (-1, -1), 1000, 1000, score_features=True)
-        assert not ok(variants["atomics"][head_dim], head_dim, False, (-1, -1), 1000, 1000)
-    assert ok(variants["d64-bm128"][64], 64, True, (-1, -1), 1000, 1000)
-    assert not ok(variants["default"][256], 256, False, (-1, -1), 1000, 1000)
-    monkeypatch.setattr(configs, "DQ_FUSED", False)
-    assert not ok(variants["default"][128], 128, False, (-1, -1), 1000, 1000)
-
-
-def test_dkdv_launch_args_dq_fused():
-    """dq and its counters right after dq_desc, DQ_FUSED on; without them None there and the constexprs as before."""
-    if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
-        pytest.skip("no Gluon Hopper API in this triton")
-    q = torch.empty(2, 300, 4, 128, dtype=torch.bfloat16)
-    k = torch.empty(2, 500, 2, 128, dtype=torch.bfloat16)
-    config = gluon_bwd_launch.VARIANTS["default"][128]
-    rows, acc = torch.empty(2, 4, 320), torch.empty(2, 320, 4, 128)
-    dq, counts = torch.empty_like(q), torch.empty(2, 4, 5, 2, dtype=torch.int32)
-    grid, args, constexprs, options = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125,
-                                                                        True, config)
-    grid_f, args_f, constexprs_f, options_f = gluon_bwd_launch.dkdv_launch_args(
-        q, k, k, q, rows, rows, k, k, acc, 0.125, True, config, dq=dq, dq_counts=counts)
-    assert args[10:12] == (None, None) and "DQ_FUSED" not in constexprs
-    assert args_f[10] is dq and args_f[11] is counts and constexprs_f.pop("DQ_FUSED")
-    assert constexprs_f == constexprs and (grid_f, options_f) == (grid, options)
-    assert all(a is b or a == b for a, b in zip(args_f[12:], args[12:]))
-    with pytest.raises(AssertionError):  # counters of 64-row tiles over Sq_pad = 320: (B, Hq, 5, 2)
-        gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, True, config, dq=dq,
-                                          dq_counts=counts[:, :, :4])
 
 
 def test_dkdv_launch_args_varlen():
@@ -454,9 +391,8 @@ def test_dkdv_launch_args_varlen():
         assert list(args[0].shape) == [1, 700, 512] and list(args[0].strides) == [700 * 512, 512, 1]
         assert list(args[1].shape) == [1, 900, 256] and list(args[1].block_shape) == [1, 128, 128]
         assert list(args[4].shape) == [4, rows.shape[1]] and list(args[4].strides) == [rows.shape[1], 1]
-        assert args[10:12] == (None, None)  # varlen: no DQ_FUSED (dq, its counters)
-        assert args[12:19] == (0, 256, 128, 0, 256, 128, 512)  # dK / dV (batch, row, head), dq_accum's row
-        assert args[19:22] == (400, 500, 448)  # max lengths, max_seqlen_q in whole 64-row tiles
+        assert args[10:17] == (0, 256, 128, 0, 256, 128, 512)  # dK / dV (batch, row, head), dq_accum's row
+        assert args[17:20] == (400, 500, 448)  # max lengths, max_seqlen_q in whole 64-row tiles
         tail = args[:-TAIL]
         assert tail[-5] is cu_q and tail[-4] is cu_k and tail[-3:] == (None,) * 3  # then the bias arguments (off)
         desc = args[9]
@@ -729,35 +665,6 @@ def test_matches_reference(monkeypatch, shape, head_dim, causal):
     ref64, reflow = references(q, k, v, dout, causal)
     for name, got, r64, rlow in zip(("dq", "dk", "dv"), grads, ref64[1:], reflow[1:]):
         assert_close_rule(name, got, r64, rlow, dtype)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
-def test_dq_fused_takes_no_conversion_launch(monkeypatch, head_dim, causal):
-    """DQ_FUSED: dq comes out of the dK/dV kernel with no conversion launch, and matches the conversion path's (the
-    fp32 sums' order differs between runs: within a rounding; dK / dV are untouched) and the float64 reference, on
-    a shape with tails, Sk > Sq and two query heads per KV head (NaN-poisoned outputs)."""
-    from flashtile import plans
-
-    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
-    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    converts = record_calls(monkeypatch, launch, "dq_convert_launch")
-    q, k, v = make_qkv(2, 1000, 1100, 4, 2, head_dim, torch.bfloat16, "cuda")
-    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=q.dtype, device="cuda")
-    fused = torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
-    assert not converts
-    monkeypatch.setattr(configs, "DQ_FUSED", False)
-    plans.clear()  # the signature's plan holds the fused launches
-    unfused = torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
-    plans.clear()
-    assert len(converts) == 1
-    torch.testing.assert_close(fused[0], unfused[0], rtol=1e-2, atol=1e-3)
-    assert torch.equal(fused[1], unfused[1]) and torch.equal(fused[2], unfused[2])
-    ref64, reflow = references(q, k, v, dout, causal)
-    for name, got, r64, rlow in zip(("dq", "dk", "dv"), fused, ref64[1:], reflow[1:]):
-        assert_close_rule(name, got, r64, rlow, torch.bfloat16)
 
 
 # Score features against the float64 reference with the same features: (name, causal, flash_attn_func keywords;

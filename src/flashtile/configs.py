@@ -221,9 +221,6 @@ D256_BWD_VARIANTS = {
                  BwdConfig(TileConfig(32, 32, 4, 2), _D256_DQ)),
 }
 D256_BWD = os.environ.get("FLASHTILE_D256_BWD", "")  # read once, at import
-# The Gluon backward's dK/dV kernel converts each finished dQ tile itself (gluon_bwd_launch.dq_fused_ok) instead of a
-# conversion launch after it; FLASHTILE_DQ_FUSED=0 keeps the launch (read once, at import; for measurements).
-DQ_FUSED = os.environ.get("FLASHTILE_DQ_FUSED", "1") != "0"
 if D256_BWD and D256_BWD not in D256_BWD_VARIANTS:
     raise ValueError(f"FLASHTILE_D256_BWD={D256_BWD!r}: expected one of {sorted(D256_BWD_VARIANTS)}")
 

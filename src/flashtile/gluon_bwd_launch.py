@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import configs, fast_launch, launch, philox  # launch: the shared preprocess and the NaN-poisoning allocator
+from . import fast_launch, launch, philox  # launch: the shared preprocess and the NaN-poisoning allocator
 from .gluon_launch import (LOG2E, _supported_device, _varlen_ok, alibi_ok, block_list_args, dropout_ok,
                            grid_order_variants, mask_mode, record_sparse_failure, tma_descriptor, torch_layout)
 
@@ -339,25 +339,9 @@ def _dq_descriptor(dq_accum, block_m, max_seqlen_q_pad=None):
                           [dq_accum.stride(0), dq_accum.stride(1), 1], [1, block_m, DQ_BOX_N], layout)
 
 
-def dq_fused_ok(config, head_dim, causal, window_size, seqlen_q, seqlen_k, varlen=False, mods=None,
-                score_features=False):
-    """Whether the dK/dV kernel writes dQ itself (kernels/gluon_bwd.py's DQ_FUSED: the program that completes a
-    query tile's reduce-adds converts it) instead of a conversion launch after it: dQ by TMA reduce-add, D64 / D128,
-    plain or causal dense calls (no window, block mask or score_features: softcap, ALiBi, a bias, dropout, whose
-    tile loops it perturbed into more spills, e.g. D128 causal with a bias 3 -> 19 loads / stores per loop), and
-    causal only with Sk >= Sq (every query tile then has a key block to finish it; the rows of a causal Sq > Sk
-    that see no key get their zeros from the conversion). FLASHTILE_DQ_FUSED=0 (configs.DQ_FUSED) turns it off."""
-    if (not configs.DQ_FUSED or not config.dq_tma_reduce or head_dim > 128 or varlen or mods is not None
-            or score_features):
-        return False
-    is_causal, is_local, _, _ = mask_mode(causal, window_size)
-    return not is_local and (not is_causal or seqlen_k >= seqlen_q)
-
-
 def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config,
                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                     max_seqlen_q=0, max_seqlen_k=0, attn_bias=None, mods=None, dropout_p=0.0, rng=None,
-                     dq=None, dq_counts=None):
+                     max_seqlen_q=0, max_seqlen_k=0, attn_bias=None, mods=None, dropout_p=0.0, rng=None):
     """(grid, args, constexprs, launch options) of the dK/dV kernel; shared with the offline compile check.
     lse2, delta: (B, Hq, Sq_pad) fp32; dq_accum: (B, Sq_pad, Hq, D) fp32, Sq_pad a multiple of config.block_m.
     Varlen (cu_seqlens_q given): packed q / k / v / dout / dk / dv (total, H, D), lse2 / delta in the varlen row
@@ -367,9 +351,7 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
     same compiled kernel); causal with a left window is the window (left, 0) (gluon_launch.mask_mode).
     attn_bias (dense only): 4-D broadcastable to (B, Hq, Sq, Sk) that bias_tma_ok accepts, or None.
     mods: a launch.ModArgs with a block mask that sparse_ok accepts (plain scores, dense), or None.
-    dropout_p > 0: rng the forward's int64 (1,) Philox seed (the kernel's HAS_DROPOUT; D64 / D128).
-    dq (contiguous, q's shape and dtype) and dq_counts ((B, Hq, Sq_pad / block_m, 2) int32, zeroed by the
-    preprocess), where dq_fused_ok: the kernel writes dq itself (DQ_FUSED)."""
+    dropout_p > 0: rng the forward's int64 (1,) Philox seed (the kernel's HAS_DROPOUT; D64 / D128)."""
     varlen = cu_seqlens_q is not None
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
@@ -391,7 +373,7 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
     keys = block_n(head_dim)
     args = (_descriptor(q, config.block_m), _descriptor(k, keys), _descriptor(v, keys),
             _descriptor(dout, config.block_m), _row_descriptor(lse2, config.block_m),
-            _row_descriptor(delta, config.block_m), dk, dv, dq_accum, dq_desc, dq, dq_counts,
+            _row_descriptor(delta, config.block_m), dk, dv, dq_accum, dq_desc,
             *dk_strides, *dv_strides, dq_row_stride,
             seqlen_q, seqlen_k, seqlen_q_pad, heads_q, heads_kv, heads_q // heads_kv,
             softmax_scale / softcap if softcap > 0 else softmax_scale * LOG2E, softmax_scale,
@@ -413,9 +395,6 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
         constexprs.update(ROWS_IN_ACC=True, ROWS_ZERO_FILL=not varlen)
     if dropout_p:
         constexprs.update(HAS_DROPOUT=True)
-    if dq is not None:
-        assert dq.is_contiguous() and dq_counts is not None and dq_counts.shape[2] * config.block_m == seqlen_q_pad
-        constexprs.update(DQ_FUSED=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)
     if mods is not None:
@@ -527,23 +506,16 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     # in the dK/dV kernel the scale and sign cost 46 more instructions per tile and thread), and read the padded
     # rows past seqlen_q unmasked (ROWS_ZERO_FILL: the preprocess writes lse2 -inf and delta 0 there).
     fold = (seqlen_q_pad, float(softmax_scale)) if config.rows_in_acc else None
-    counts = None  # DQ_FUSED: the dK/dV kernel writes dq, counting each query tile's adds here
-    score_features = bool(softcap) or alibi_slopes is not None or attn_bias is not None or bool(dropout_p)
-    if cu_seqlens_q is None and dq_fused_ok(config, head_dim, causal, window_size, seqlen_q, k.shape[1], mods=mods,
-                                            score_features=score_features):
-        counts = launch._empty((batch, heads_q, seqlen_q_pad // config.block_m, 2), q, torch.int32, poison)
-    launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum, fold,
-                             None if counts is None else (counts, config.block_m)).run()
+    launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum, fold).run()
     dk, dv = launch._empty(k.shape, k, poison=poison), launch._empty(v.shape, v, poison=poison)
-    dq = launch._empty(q.shape, q, poison=poison)
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,
                                                        float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                                                       max_seqlen_q, max_seqlen_k, attn_bias, mods, dropout_p, rng,
-                                                       None if counts is None else dq, counts)
+                                                       max_seqlen_q, max_seqlen_k, attn_bias, mods, dropout_p, rng)
     fast_launch.launch(_attn_bwd_dkdv_hopper, grid, args, {**constexprs, **options})
+    dq = launch._empty(q.shape, q, poison=poison)
     if cu_seqlens_q is not None:  # the conversion's (B, Sq_pad, Hq, D) view: one batch of every packed row
         launch.dq_convert_launch(dq_accum[None], dq[None], float(softmax_scale)).run()
-    elif counts is None:
+    else:
         launch.dq_convert_launch(dq_accum, dq, float(softmax_scale)).run()
     return dq, dk, dv

@@ -57,12 +57,12 @@ def poison_outputs():
 
 def _empty(shape, like, dtype=None, poison=None):
     """An output buffer of shape (at least one dim) on like's device; NaN-filled where poison (None:
-    poison_outputs()), -1 for an integer dtype."""
+    poison_outputs())."""
     dtype = dtype or like.dtype
     if poison is None:
         poison = poison_outputs()
     if poison:
-        t = torch.full(shape, float("nan") if dtype.is_floating_point else -1, dtype=dtype, device=like.device)
+        t = torch.full(shape, float("nan"), dtype=dtype, device=like.device)
     else:
         # The sizes as separate arguments: torch parses them ~0.5 us faster than one tuple or torch.Size (host time)
         t = torch.empty(*shape, dtype=dtype, device=like.device)
@@ -512,28 +512,24 @@ def sink_grad(parts, heads_q):
     return -parts.view(-1, heads_q, parts.shape[-1]).sum((0, 2))
 
 
-def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=None, dq_accum=None, fold=None,
-                      dq_counts=None):
+def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=None, dq_accum=None, fold=None):
     """The backward's preprocess: delta = rowsum(dO * O) - dlse and lse2 = lse * log2(e), both of shape
     geo.row_buffer_shape; dlse (lse's shape) or None; with sink (Hq,) fp32, the sink gradient's pieces into
     parts (sink_parts); with dq_accum (fp32, (B, Sq_pad, Hq, D), or (total_q + pad, Hq, D) for varlen), its rows
     of real queries zeroed. Shared by the portable and the Gluon backward. fold (dense only): (rows_pad, scale)
     for kernels/bwd.py's ROWS_IN_ACC (-lse2 / (scale * log2 e) and -delta on rows_pad rows: delta and lse2 are
-    (B, Hq, rows_pad)). dq_counts (dense): (counts, tile rows), the Gluon backward's DQ_FUSED counters (B, Hq,
-    tiles, 2) int32 to zero (kernels/bwd.py's COUNT_BLOCK)."""
+    (B, Hq, rows_pad))."""
     rows_pad, fold_scale = (fold[0], -1.0 / (fold[1] * LOG2E)) if fold is not None else (geo.seqlen_q, 0.0)
     return KernelLaunch(
         _attn_bwd_preprocess, (_cdiv(rows_pad, PRE_BLOCK), geo.batch * geo.heads_q),
         (out, dout, lse, dlse if dlse is not None else lse, delta, lse2, geo.cu_args(lse)[0],
          sink if sink is not None else lse, parts if parts is not None else lse,
-         dq_accum if dq_accum is not None else lse, dq_counts[0] if dq_counts is not None else lse,
-         *_strides3(out), *_strides3(dout), *geo.lse_strides(lse),
+         dq_accum if dq_accum is not None else lse, *_strides3(out), *_strides3(dout), *geo.lse_strides(lse),
          *geo.lse_strides(lse2), *(_strides3(dq_accum) if dq_accum is not None else (0, 0, 0)), geo.seqlen_q,
-         geo.heads_q, rows_pad, fold_scale, dq_counts[0].shape[2] if dq_counts is not None else 0),
+         geo.heads_q, rows_pad, fold_scale),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=_head_dim_padded(geo.head_dim), BLOCK_M=PRE_BLOCK,
              IS_VARLEN=geo.is_varlen, HAS_DLSE=dlse is not None, HAS_SINK=sink is not None,
-             ZERO_DQ=dq_accum is not None, **({"ROWS_IN_ACC": True} if fold is not None else {}),
-             **({"COUNT_BLOCK": dq_counts[1]} if dq_counts is not None else {})),
+             ZERO_DQ=dq_accum is not None, **({"ROWS_IN_ACC": True} if fold is not None else {})),
     )
 
 

@@ -13,16 +13,15 @@ from .common import (LOG2E, _block_list, _dropout_base, _dropout_keep, _key_rang
 
 
 @triton.jit
-def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, SinkPart, DQAccum, DQCount,
+def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, SinkPart, DQAccum,
                          stride_ob, stride_om, stride_oh,
                          stride_dob, stride_dom, stride_doh,
                          stride_lse_b, stride_lse_h, stride_row_b, stride_row_h,
                          stride_dqa_b, stride_dqa_m, stride_dqa_h,
-                         seqlen_q, heads_q, rows_pad, fold_scale, count_tiles,
+                         seqlen_q, heads_q, rows_pad, fold_scale,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                          IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, HAS_SINK: tl.constexpr,
-                         ZERO_DQ: tl.constexpr = False, ROWS_IN_ACC: tl.constexpr = False,
-                         COUNT_BLOCK: tl.constexpr = 0):
+                         ZERO_DQ: tl.constexpr = False, ROWS_IN_ACC: tl.constexpr = False):
     """Delta = rowsum(dO * O) - dLse; Lse2 = lse * log2(e), with +inf for rows that saw no key (so P = 0 there).
 
     Lse and DLse (the gradient flowing into lse, HAS_DLSE) have lse's layout: (B, Hq, Sq), or (Hq, total_q) in
@@ -32,9 +31,6 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
     logit's gradient (negated) in per-program pieces that the host sums in a fixed order (deterministic).
     ZERO_DQ: also zero rows < seqlen_q of DQAccum, the Gluon backward's fp32 dQ buffer ((B, Sq_pad, Hq, D), or
     (total_q + pad, Hq, D) in varlen mode), in place of a separate memset launch (FA3's preprocess does the same).
-    COUNT_BLOCK (> 0, dense; a multiple of BLOCK_M): zero the two int32 counters of each COUNT_BLOCK-row query tile
-    starting in this program's rows, DQCount[b, h, tile, :] of (B, Hq, count_tiles, 2): the Gluon backward's DQ_FUSED
-    counts the dQ adds each tile has received there.
     ROWS_IN_ACC (dense; the Gluon backward's rows_in_acc variants start their S^T / dP^T accumulators from these
     rows): Lse2 * fold_scale (-1 / (scale * log2 e)) and -Delta, written for every row below rows_pad (the padded
     row count the kernel reads unmasked), with Lse2 = +inf and Delta = 0 past seqlen_q so P and dS are 0 there.
@@ -75,11 +71,6 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
                     + off_h * stride_dqa_h + rows * stride_dqa_m + offs_d[None, :])
         tl.store(dqa_ptrs, tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32),
                  mask=(offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :])
-    if COUNT_BLOCK > 0:
-        if start_m % COUNT_BLOCK == 0:
-            slots = tl.arange(0, 2)
-            tl.store(DQCount + (pid_bh.to(tl.int64) * count_tiles + start_m // COUNT_BLOCK) * 2 + slots,
-                     tl.zeros([2], tl.int32))
     if HAS_SINK:  # lse >= sink on every row, so the exponent is <= 0
         p_sink = tl.exp(tl.load(Sink + off_h).to(tl.float32) - lse)
         part = tl.sum(tl.where(offs_m < seqlen_q, p_sink * delta, 0.0), axis=0)

@@ -451,68 +451,6 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
 
 
 @gluon.jit
-def _bulk_wait(lane, PENDING: gl.constexpr):
-    """cp.async.bulk.wait_group PENDING (not .read): this thread's bulk groups but the newest PENDING are complete,
-    their writes done. lane: a tensor with one element per thread (the asm runs once per thread); returned as it was,
-    so what uses it comes after the wait."""
-    if PENDING == 0:
-        lane = gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n mov.b32 $0, $1;", "=r,r", [lane],
-                                         dtype=gl.int32, is_pure=False, pack=1)
-    elif PENDING == 2:
-        lane = gl.inline_asm_elementwise("cp.async.bulk.wait_group 2;\n mov.b32 $0, $1;", "=r,r", [lane],
-                                         dtype=gl.int32, is_pure=False, pack=1)
-    else:
-        gl.static_assert(PENDING == 4, "_bulk_wait: 0, 2 or 4 groups in flight")
-        lane = gl.inline_asm_elementwise("cp.async.bulk.wait_group 4;\n mov.b32 $0, $1;", "=r,r", [lane],
-                                         dtype=gl.int32, is_pure=False, pack=1)
-    return lane
-
-
-@gluon.jit
-def _dq_finish(dq_count, dq_src, dq_dst, stride_dqm, seqlen_q, n_kv, n_q_tiles, causal_offset, scale, col0, m_lo,
-               n_tiles, group_size, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-               DQ_SPLIT_D: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """DQ_FUSED, once this warpgroup's tiles are done and dK / dV stored (their registers free): wait until its dQ
-    reduce-adds are complete (written, not only read), count each of its query tiles (the n_tiles from row m_lo of
-    each of the group_size heads) in the tile's counter, and write dQ = DQAccum * scale, in dQ's dtype, for the
-    tiles whose count this completed (every key block that visits the tile has added into it): the conversion
-    launch's work, done here while the tiles are likely still in L2. dq_count: the group's first head's counters
-    ((B, Hq, n_q_tiles, 2) int32, zeroed by the preprocess; slot WG under DQ_SPLIT_D, where each warpgroup adds its
-    own DQ_N columns, else slot 0 counting both warpgroups); dq_src / dq_dst: the group's first head's column 0 at
-    row 0 of DQAccum / dQ (row stride stride_dqm both); col0: this warpgroup's first dQ column."""
-    DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
-    SLOT: gl.constexpr = WG if DQ_SPLIT_D else 0
-    PER_PROGRAM: gl.constexpr = 1 if DQ_SPLIT_D else 2  # arrivals per visiting program
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # one tile per thread
-    lane = _bulk_wait(gl.arange(0, 128, layout=one), 0)
-    gl.thread_barrier()  # the thread that issued the reduce-adds has waited before any tile is counted
-    cvt: gl.constexpr = gl.BlockedLayout([1, 4], [128 // DQ_N, DQ_N // 4], [4, 1], [1, 0])
-    rows0 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, cvt))
-    cols = col0 + gl.arange(0, DQ_N, layout=gl.SliceLayout(0, cvt))
-    total = group_size * n_tiles
-    for t0 in range(0, total, 128):
-        t = t0 + lane  # [128]: tile t of head t // n_tiles
-        valid = t < total
-        g = t // n_tiles
-        m = m_lo + (t - g * n_tiles) * BLOCK_M
-        if IS_CAUSAL:  # key block n visits the tiles from (n * 2 WG_N - causal_offset) // BLOCK_M on
-            n_in = gl.minimum(gl.cdiv(m + BLOCK_M + causal_offset, 2 * WG_N), n_kv)
-        else:
-            n_in = gl.full([128], 0, gl.int32, one) + n_kv
-        old = gl.atomic_add(dq_count + (g * n_q_tiles + m // BLOCK_M) * 2 + SLOT, gl.full([128], 1, gl.int32, one),
-                            mask=valid, sem="acq_rel", scope="gpu")
-        done = valid & (old == PER_PROGRAM * n_in - 1)  # this warpgroup completed tile t
-        nxt = gl.min(gl.where(done, t, total), axis=0)
-        while nxt < total:
-            g1 = nxt // n_tiles
-            rows = m_lo + (nxt - g1 * n_tiles) * BLOCK_M + rows0
-            offs = rows.to(gl.int64)[:, None] * stride_dqm + (g1 * HEAD_DIM + cols)[None, :]
-            acc = gl.load(dq_src + offs, cache_modifier=".cg")  # [BLOCK_M, DQ_N] fp32, from L2 (the adds went there)
-            gl.store(dq_dst + offs, (acc * scale).to(dq_dst.dtype.element_ty), mask=(rows < seqlen_q)[:, None])
-            nxt = gl.min(gl.where(done & (t > nxt), t, total), axis=0)
-
-
-@gluon.jit
 def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked,
                         n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
@@ -526,8 +464,7 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                         off_b=0, off_h0=0, aux0=None, aux1=None, aux2=None, aux3=None, MASK_MOD: gl.constexpr = None,
                         BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128, drop_seed=0, drop_base0=0,
                         drop_head=0, drop_row_groups=0, drop_thr=0, dropout_scale=1.0,
-                        HAS_DROPOUT: gl.constexpr = False, dq_out=0, dq_count=0, n_kv=0, n_q_tiles=0,
-                        DQ_FUSED: gl.constexpr = False):
+                        HAS_DROPOUT: gl.constexpr = False):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
     the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
     _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
@@ -535,10 +472,7 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     DQ_TMA_REDUCE: dQ by dq_desc (batch dq_b, the group's first head at column dq_c0) from this warpgroup's
     DQ_TMA_REDUCE buffers of dq_bufs. BLOCK_SPARSE: the query tiles of the key block's transposed lists instead
     (_consumer_sparse_walk; m_lo, n_masked, n_tiles, n_lead, n_skip unused). HAS_DROPOUT: the group's first query
-    head's first dropout counter drop_base0, drop_head counters per head (_bwd_step).
-    DQ_FUSED (DQ_TMA_REDUCE, dense, no window or block mask): each tile's reduce-adds are counted once complete (a
-    tile later), and the warpgroup that completes a tile's count writes its dQ (_dq_tile_done; dq_out: the group's
-    first head in dQ, dq_count its counters, n_kv the key blocks, n_q_tiles the query tiles per head)."""
+    head's first dropout counter drop_base0, drop_head counters per head (_bwd_step)."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -595,9 +529,6 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     rows64 = rows.to(gl.int64)[:, None]
     gl.store(dk_base + rows64 * stride_dkn + cols[None, :], (dk * softmax_scale).to(dtype), mask=in_seq)
     gl.store(dv_base + rows64 * stride_dvn + cols[None, :], dv.to(dtype), mask=in_seq)
-    if DQ_FUSED:
-        _dq_finish(dq_count, dq_base, dq_out, stride_dqm, seqlen_q, n_kv, n_q_tiles, causal_offset, softmax_scale,
-                   dq_col, m_lo, n_tiles, group_size, WG, HEAD_DIM, BLOCK_M, DQ_SPLIT_D, IS_CAUSAL)
 
 
 @gluon.jit
@@ -614,8 +545,7 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                          off_b=0, off_h0=0, aux0=None, aux1=None, aux2=None, aux3=None,
                          MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
                          SPARSE_M: gl.constexpr = 128, drop_seed=0, drop_base0=0, drop_head=0, drop_row_groups=0,
-                         drop_thr=0, dropout_scale=1.0, HAS_DROPOUT: gl.constexpr = False, dq_out=0, dq_count=0,
-                         n_kv=0, n_q_tiles=0, DQ_FUSED: gl.constexpr = False):
+                         drop_thr=0, dropout_scale=1.0, HAS_DROPOUT: gl.constexpr = False):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
@@ -625,8 +555,7 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                         ROWS_ZERO_FILL, sp_num, sp_idx,
                         sp_full_num, sp_full_idx, sp_num_base, sp_idx_base, sp_num_h, sp_idx_h, off_b, off_h0, aux0,
                         aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_M, drop_seed, drop_base0, drop_head,
-                        drop_row_groups, drop_thr, dropout_scale, HAS_DROPOUT, dq_out, dq_count, n_kv, n_q_tiles,
-                        DQ_FUSED)
+                        drop_row_groups, drop_thr, dropout_scale, HAS_DROPOUT)
 
 
 @gluon.jit
@@ -962,8 +891,8 @@ def _consumer1_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, del
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k", "seqlen_q_pad", "heads_q", "heads_kv", "group_size",
                                "stride_alibi_b", "window_left", "window_right", "bias_batch", "bias_heads",
                                "dropout_threshold"])
-def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, DK, DV, DQAccum, dq_desc, DQOut,
-                          DQCount, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
+def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, DK, DV, DQAccum, dq_desc,
+                          stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqm,
                           seqlen_q, seqlen_k, seqlen_q_pad, heads_q, heads_kv, group_size, qk_scale, softmax_scale,
                           Alibi, stride_alibi_b, softcap_log2, window_left, window_right, CuSeqlensQ, CuSeqlensK,
                           bias_desc, bias_batch, bias_heads, QNum, QIdx, FullQNum, FullQIdx, stride_bm_b,
@@ -977,7 +906,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
                           SPARSE_N: gl.constexpr = 128, ROWS_IN_ACC: gl.constexpr = False,
                           ROWS_ZERO_FILL: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
-                          HAS_DROPOUT: gl.constexpr = False, DQ_FUSED: gl.constexpr = False):
+                          HAS_DROPOUT: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -1015,10 +944,6 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     regenerate its mask (kernels/common._dropout_keep's draws; threshold dropout_threshold) and dropout_scale =
     1 / (1 - dropout_p) (_bwd_step); lse2 / delta as without dropout (delta = rowsum(dO * O) of the dropped O).
     Else Rng is unread, dropout_scale 1 and dropout_threshold 0.
-    DQ_FUSED (DQ_TMA_REDUCE at D64 / D128; dense, no window or block mask; causal only with Sk >= Sq, so that every
-    query tile is visited by some key block): the program that completes a query tile's dQ writes it into DQOut
-    ((B, Sq, Hq, D), dQ's dtype, row stride stride_dqm as DQAccum's), counting in DQCount ((B, Hq, Sq_pad /
-    BLOCK_M, 2) int32, zeroed by the preprocess); no conversion launch follows. Else DQOut and DQCount are None.
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
@@ -1035,8 +960,6 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                      "LPT_HEADS: dense causal launches")
     gl.static_assert(not HAS_DROPOUT or not (SPLIT_D or BLOCK_SPARSE or ROWS_IN_ACC),
                      "HAS_DROPOUT: D64 / D128, without a block mask or ROWS_IN_ACC")
-    gl.static_assert(not DQ_FUSED or (DQ_TMA_REDUCE > 0 and not (SPLIT_D or VARLEN or IS_LOCAL or BLOCK_SPARSE)),
-                     "DQ_FUSED: dQ by TMA reduce-add, D64 / D128 dense, no window or block mask")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)
@@ -1205,16 +1128,6 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
         row_b = off_b * heads_q
         row_c0 = 0
     # Features that are off pass constexpr 0 to the partitions (their None arguments cannot be captured).
-    dq_out = 0
-    dq_count = 0
-    n_kv = 0
-    n_q_tiles = 0
-    if DQ_FUSED:
-        n_q_tiles = seqlen_q_pad // BLOCK_M
-        n_kv = gl.cdiv(seqlen_k, BLOCK_N)
-        first_head = off_b * heads_q + off_hk * group_size
-        dq_count = DQCount + first_head.to(gl.int64) * n_q_tiles * 2
-        dq_out = DQOut + off_b.to(gl.int64) * seqlen_q * stride_dqm + off_hk * group_size * HEAD_DIM
     alibi_ptr = 0
     if HAS_ALIBI:
         alibi_ptr = Alibi + off_b * stride_alibi_b + off_hk * group_size
@@ -1310,8 +1223,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                                    DQ_TMA_REDUCE, HAS_BIAS, ROWS_IN_ACC, ROWS_ZERO_FILL, None, None, None, None, 0,
                                    0, 0, 0, 0, 0, None, None, None, None, None, False, 128, drop_seed, drop_base0,
-                                   drop_head, drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT,
-                                   dq_out, dq_count, n_kv, n_q_tiles, DQ_FUSED)),
+                                   drop_head, drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT)),
             (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                     q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                     n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
@@ -1320,8 +1232,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                     HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                                     DQ_TMA_REDUCE, HAS_BIAS, ROWS_IN_ACC, ROWS_ZERO_FILL, None, None, None, None, 0,
                                     0, 0, 0, 0, 0, None, None, None, None, None, False, 128, drop_seed, drop_base0,
-                                    drop_head, drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT,
-                                    dq_out, dq_count, n_kv, n_q_tiles, DQ_FUSED)),
+                                    drop_head, drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                                lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0,
                                kv_r0, row_b, row_c0, start_n, off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles,
