@@ -667,6 +667,49 @@ def test_matches_reference(monkeypatch, shape, head_dim, causal):
         assert_close_rule(name, got, r64, rlow, dtype)
 
 
+def test_short_rows_store_through_shared_memory(monkeypatch):
+    """STORE_VIA_SMEM (dK / dV through shared memory) up to configs.GLUON_BWD_SMEM_EPILOGUE_MAX_KEYS keys at D64 /
+    D128; past it, and at D256, the constexprs stay as they were (the kernel compiles as before)."""
+    if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
+        pytest.skip("no Gluon Hopper API in this triton")
+    monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_KEYS", 500)
+    for head_dim in (64, 128, 256):
+        config = gluon_bwd_launch.VARIANTS["default"][head_dim]
+        for keys in (500, 501):
+            q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
+            k = torch.empty(2, keys, 2, head_dim, dtype=torch.bfloat16)
+            rows, acc = torch.empty(2, 4, 320), torch.empty(2, 320, 4, head_dim)
+            _, _, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, True,
+                                                                    config)
+            assert constexprs.get("STORE_VIA_SMEM", False) == (keys == 500 and head_dim != 256)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+def test_both_dkdv_epilogues(monkeypatch, head_dim, causal):
+    """dK / dV stored through shared memory (short rows) and from the accumulators (GLUON_BWD_SMEM_EPILOGUE_MAX_KEYS
+    below the row): bitwise the same dK / dV, on a shape with key and query tails, GQA and NaN-poisoned outputs."""
+    from flashtile import plans
+
+    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    q, k, v = make_qkv(2, 1000, 1100, 4, 2, head_dim, torch.bfloat16, "cuda")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=q.dtype, device="cuda")
+    grads = []
+    for most in (4096, 0):
+        monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_KEYS", most)
+        plans.clear()  # a signature's plan holds its first call's launches
+        grads.append(torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout))
+    plans.clear()
+    assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2])
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-2, atol=1e-3)  # dQ: the adds' order differs
+    ref64, reflow = references(q, k, v, dout, causal)
+    for name, got, r64, rlow in zip(("dq", "dk", "dv"), grads[0], ref64[1:], reflow[1:]):
+        assert_close_rule(name, got, r64, rlow, torch.bfloat16)
+
+
 # Score features against the float64 reference with the same features: (name, causal, flash_attn_func keywords;
 # "alibi-h" / "alibi-bh" stand for (Hq,) / (B, Hq) slopes).
 FEATURES = [("window-256-0", False, dict(window_size=(256, 0))), ("window-100-50", False, dict(window_size=(100, 50))),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import fast_launch, launch, philox  # launch: the shared preprocess and the NaN-poisoning allocator
+from . import configs, fast_launch, launch, philox  # launch: the shared preprocess and the NaN-poisoning allocator
 from .gluon_launch import (LOG2E, _supported_device, _varlen_ok, alibi_ok, block_list_args, dropout_ok,
                            grid_order_variants, mask_mode, record_sparse_failure, tma_descriptor, torch_layout)
 
@@ -395,6 +395,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
         constexprs.update(ROWS_IN_ACC=True, ROWS_ZERO_FILL=not varlen)
     if dropout_p:
         constexprs.update(HAS_DROPOUT=True)
+    if head_dim <= 128 and seqlen_k <= configs.GLUON_BWD_SMEM_EPILOGUE_MAX_KEYS:
+        constexprs.update(STORE_VIA_SMEM=True)  # only then: longer rows keep the kernel they had
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)
     if mods is not None:

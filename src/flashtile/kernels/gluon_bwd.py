@@ -451,6 +451,24 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
 
 
 @gluon.jit
+def _store_rows_via(buf, x, base, stride, key0, seqlen_k):
+    """Rows key0 + [0, WG_N) of x ([WG_N, D] 16-bit, the wgmma accumulator's layout) to base + row * stride, those
+    below seqlen_k, through the free shared-memory tile buf ([WG_N, D], NVMMA-swizzled): read back as 16-byte row
+    pieces, the stores fill whole sectors (from the accumulator layout, 4-byte pieces took 2.7-4.3 us per program
+    at D128: session 18's trace, bwd-epilogue-h200-2026-11-30-s18). The barriers: buf is whole before it is read,
+    and read before it is written again."""
+    D: gl.constexpr = x.shape[1]
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // D, D // 8], [4, 1], [1, 0])
+    gl.thread_barrier()  # the previous tile's readers of buf are done
+    buf.store(x)
+    gl.thread_barrier()
+    rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, layout))  # [WG_N]
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))  # [D]
+    gl.store(base + rows.to(gl.int64)[:, None] * stride + cols[None, :], buf.load(layout),
+             mask=(rows < seqlen_k)[:, None])
+
+
+@gluon.jit
 def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked,
                         n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale,
@@ -464,7 +482,7 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                         off_b=0, off_h0=0, aux0=None, aux1=None, aux2=None, aux3=None, MASK_MOD: gl.constexpr = None,
                         BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128, drop_seed=0, drop_base0=0,
                         drop_head=0, drop_row_groups=0, drop_thr=0, dropout_scale=1.0,
-                        HAS_DROPOUT: gl.constexpr = False):
+                        HAS_DROPOUT: gl.constexpr = False, STORE_VIA_SMEM: gl.constexpr = False):
     """Keys start_n + WG * 64 + [0, 64): dK, dV over the n_tiles query tiles from row m_lo of every query head of
     the group (the first n_masked of each need the causal / window / key-end mask; under IS_LOCAL in the order of
     _tile_row); writes those rows of dK and dV. dk_base / dv_base: this (batch, kv head)'s rows of
@@ -472,7 +490,8 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     DQ_TMA_REDUCE: dQ by dq_desc (batch dq_b, the group's first head at column dq_c0) from this warpgroup's
     DQ_TMA_REDUCE buffers of dq_bufs. BLOCK_SPARSE: the query tiles of the key block's transposed lists instead
     (_consumer_sparse_walk; m_lo, n_masked, n_tiles, n_lead, n_skip unused). HAS_DROPOUT: the group's first query
-    head's first dropout counter drop_base0, drop_head counters per head (_bwd_step)."""
+    head's first dropout counter drop_base0, drop_head counters per head (_bwd_step). STORE_VIA_SMEM: dK / dV
+    leave through shared memory in 16-byte row pieces (_store_rows_via), else from the accumulators' layout."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
@@ -523,12 +542,17 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                     dropout_scale=dropout_scale, HAS_DROPOUT=HAS_DROPOUT)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-add has read dq_smem before the program exits
-    rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))  # [HEAD_DIM]
-    in_seq = (rows < seqlen_k)[:, None]
-    rows64 = rows.to(gl.int64)[:, None]
-    gl.store(dk_base + rows64 * stride_dkn + cols[None, :], (dk * softmax_scale).to(dtype), mask=in_seq)
-    gl.store(dv_base + rows64 * stride_dvn + cols[None, :], dv.to(dtype), mask=in_seq)
+    if STORE_VIA_SMEM:
+        # This warpgroup's half of V's buffer is free now (no one else reads it): dV, then dK, go out through it.
+        _store_rows_via(v_view, dv.to(dtype), dv_base, stride_dvn, key0, seqlen_k)
+        _store_rows_via(v_view, (dk * softmax_scale).to(dtype), dk_base, stride_dkn, key0, seqlen_k)
+    else:
+        rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, acc_layout))  # [HEAD_DIM]
+        in_seq = (rows < seqlen_k)[:, None]
+        rows64 = rows.to(gl.int64)[:, None]
+        gl.store(dk_base + rows64 * stride_dkn + cols[None, :], (dk * softmax_scale).to(dtype), mask=in_seq)
+        gl.store(dv_base + rows64 * stride_dvn + cols[None, :], dv.to(dtype), mask=in_seq)
 
 
 @gluon.jit
@@ -545,7 +569,8 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                          off_b=0, off_h0=0, aux0=None, aux1=None, aux2=None, aux3=None,
                          MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
                          SPARSE_M: gl.constexpr = 128, drop_seed=0, drop_base0=0, drop_head=0, drop_row_groups=0,
-                         drop_thr=0, dropout_scale=1.0, HAS_DROPOUT: gl.constexpr = False):
+                         drop_thr=0, dropout_scale=1.0, HAS_DROPOUT: gl.constexpr = False,
+                         STORE_VIA_SMEM: gl.constexpr = False):
     _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty,
                         do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles,
                         group_size, seqlen_q, seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn,
@@ -555,7 +580,7 @@ def _consumer1_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs,
                         ROWS_ZERO_FILL, sp_num, sp_idx,
                         sp_full_num, sp_full_idx, sp_num_base, sp_idx_base, sp_num_h, sp_idx_h, off_b, off_h0, aux0,
                         aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_M, drop_seed, drop_base0, drop_head,
-                        drop_row_groups, drop_thr, dropout_scale, HAS_DROPOUT)
+                        drop_row_groups, drop_thr, dropout_scale, HAS_DROPOUT, STORE_VIA_SMEM)
 
 
 @gluon.jit
@@ -906,7 +931,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
                           SPARSE_N: gl.constexpr = 128, ROWS_IN_ACC: gl.constexpr = False,
                           ROWS_ZERO_FILL: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
-                          HAS_DROPOUT: gl.constexpr = False):
+                          HAS_DROPOUT: gl.constexpr = False, STORE_VIA_SMEM: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -944,6 +969,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     regenerate its mask (kernels/common._dropout_keep's draws; threshold dropout_threshold) and dropout_scale =
     1 / (1 - dropout_p) (_bwd_step); lse2 / delta as without dropout (delta = rowsum(dO * O) of the dropped O).
     Else Rng is unread, dropout_scale 1 and dropout_threshold 0.
+    STORE_VIA_SMEM (D64 / D128): dK and dV leave through the warpgroup's half of V's shared buffer, as 16-byte row
+    pieces (gluon_bwd_launch.dkdv_launch_args sets it for short rows: configs.GLUON_BWD_SMEM_EPILOGUE_MAX_KEYS).
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
@@ -1177,7 +1204,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                                    DQ_TMA_REDUCE, HAS_BIAS, False, False, QNum, QIdx, FullQNum, FullQIdx,
                                    sp_num_base, sp_idx_base, stride_bm_h, stride_bi_h, off_b, off_h0, Aux0, Aux1,
-                                   Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_M)),
+                                   Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_M, 0, 0, 0, 0, 0, 1.0, False,
+                                   STORE_VIA_SMEM)),
             (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                     q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                     n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
@@ -1186,7 +1214,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                     HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                                     DQ_TMA_REDUCE, HAS_BIAS, False, False, QNum, QIdx, FullQNum, FullQIdx, sp_num_base,
                                     sp_idx_base, stride_bm_h, stride_bi_h, off_b, off_h0, Aux0, Aux1, Aux2, Aux3,
-                                    MASK_MOD, BLOCK_SPARSE, SPARSE_M)),
+                                    MASK_MOD, BLOCK_SPARSE, SPARSE_M, 0, 0, 0, 0, 0, 1.0, False, STORE_VIA_SMEM)),
             (_sparse_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs,
                                       do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty,
                                       desc_b, row_b, start_n, off_hk * HEAD_DIM, off_h0, group_size, QNum, QIdx,
@@ -1223,7 +1251,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                    HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                                    DQ_TMA_REDUCE, HAS_BIAS, ROWS_IN_ACC, ROWS_ZERO_FILL, None, None, None, None, 0,
                                    0, 0, 0, 0, 0, None, None, None, None, None, False, 128, drop_seed, drop_base0,
-                                   drop_head, drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT)),
+                                   drop_head, drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT,
+                                   STORE_VIA_SMEM)),
             (_consumer1_partition, (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready,
                                     q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                     n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
@@ -1232,7 +1261,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                                     HEAD_DIM, BLOCK_M, STAGES, IS_CAUSAL, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                                     DQ_TMA_REDUCE, HAS_BIAS, ROWS_IN_ACC, ROWS_ZERO_FILL, None, None, None, None, 0,
                                     0, 0, 0, 0, 0, None, None, None, None, None, False, 128, drop_seed, drop_base0,
-                                    drop_head, drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT)),
+                                    drop_head, drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT,
+                                    STORE_VIA_SMEM)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                                lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0,
                                kv_r0, row_b, row_c0, start_n, off_hk * HEAD_DIM, off_hk * group_size, m_lo, n_tiles,
