@@ -7,33 +7,16 @@ their bandwidth against the 4.3 TB/s copy ceiling.
 """
 import argparse
 import dataclasses
-from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.profiler import ProfilerActivity, profile
 
 from flashtile import flash_attn_func, launch
-from flashtile.bench.timing import bench_ms
+from flashtile.bench.timing import bench_ms, kernel_us
 
-CALLS = 10
+CALLS = 10  # profiled calls per shape
 TOKENS, HIDDEN = 16384, 2048
-
-
-def kernel_us(fn):
-    """{kernel name: mean CUDA us per call} over CALLS calls of fn (run once before)."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            fn()
-        torch.cuda.synchronize()
-    times = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            times[event.name[:48]] += event.device_time / CALLS
-    return times
 
 
 def backward_calls(head_dim, seqlen, causal):
@@ -65,7 +48,7 @@ def profile_shapes(head_dims, seqlens, causals):
                 print(f"D{head_dim} S{seqlen} {'causal' if causal else 'plain'} (B{TOKENS // seqlen} "
                       f"H{HIDDEN // head_dim}):")
                 for name, fn in backward_calls(head_dim, seqlen, causal).items():
-                    kernels = kernel_us(fn)
+                    kernels = kernel_us(fn, CALLS, 48)
                     ms = bench_ms(fn, torch.device("cuda"), 25, 100)
                     parts = ", ".join(f"{n} {t:.1f}" for n, t in sorted(kernels.items(), key=lambda kv: -kv[1]))
                     print(f"  {name:10s} do_bench {ms * 1e3:8.1f} us; kernels {sum(kernels.values()):8.1f} us: "

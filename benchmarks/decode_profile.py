@@ -8,32 +8,15 @@ Shapes as in the decode bench (Hq 32, Hk 4, D 128, bf16, one query token, contig
 graph time and the sum of the kernels' times is what fusing the combine into the split kernel could save at most.
 """
 import argparse
-from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
 from flashtile import flash_attn_with_kvcache
 from flashtile.bench.decode import GQA, HEAD_DIM, HEADS_Q, kv_bytes
-from flashtile.bench.timing import bench_ms
+from flashtile.bench.timing import bench_ms, kernel_us
 
-CALLS = 20
-
-
-def kernel_us(fn):
-    """{kernel name: mean CUDA us per call} over CALLS eager calls."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            fn()
-        torch.cuda.synchronize()
-    times = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            times[event.name[:60]] += event.device_time / CALLS
-    return times
+CALLS = 20  # profiled calls per shape
 
 
 def main():
@@ -56,7 +39,7 @@ def main():
             ideal_us = kv_bytes(batch, cache_len, heads_kv, HEAD_DIM, 2) / 4300e9 * 1e6
             print(f"B{batch} L{cache_len}: K/V read at 4.3 TB/s = {ideal_us:.1f} us")
             for name, fn in calls.items():
-                kernels = kernel_us(fn)  # runs fn once first: compiled before the graph is captured
+                kernels = kernel_us(fn, CALLS)  # runs fn once first: compiled before the graph is captured
                 graph_us = bench_ms(fn, torch.device("cuda"), 5, 20, cuda_graph=True) * 1e3
                 parts = ", ".join(f"{n} {t:.1f}" for n, t in sorted(kernels.items(), key=lambda kv: -kv[1]))
                 print(f"  {name:9s} graph {graph_us:7.1f} us; kernels sum {sum(kernels.values()):7.1f} us: {parts}")

@@ -35,6 +35,26 @@ def bench_ms(fn, device, warmup, rep, cuda_graph=False):
     return statistics.median(times) * 1e3
 
 
+def kernel_us(fn, calls=20, width=60):
+    """{kernel name (its first width characters): mean CUDA us per call} of calls calls of fn, from torch.profiler,
+    after one untimed call (compiles, first-call allocations)."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times[event.name[:width]] += event.device_time / calls
+    return times
+
+
 def peak_memory_mb(fn, device, keep=()):
     """Peak memory in MB (2**20 bytes) that one call of ``fn()`` needs beyond what already exists.
 
