@@ -70,16 +70,19 @@ def memory_kernels(head_dim):
     default_pre = launch.PRE_BLOCK
     print(f"D{head_dim}: preprocess (reads 2 x {elems * 2 / 1e6:.0f} MB, writes {elems * 4 / 1e6:.0f} MB), "
           f"dQ conversion (reads {elems * 4 / 1e6:.0f} MB, writes {elems * 2 / 1e6:.0f} MB)")
-    for block in (32, 64, 128):
-        for warps in (2, 4, 8):
-            launch.PRE_BLOCK = block
-            pre = dataclasses.replace(launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2,
-                                                               dq_accum=dq_accum), num_warps=warps)
-            pre.run()
-            us = bench_ms(pre.run, device, 25, 100) * 1e3
-            print(f"  preprocess BLOCK_M {block:3d} warps {warps}: {us:7.1f} us, "
-                  f"{elems * 8 / us / 1e6:5.2f} TB/s{'  (default)' if (block, warps) == (default_pre, 4) else ''}")
-    launch.PRE_BLOCK = default_pre
+    try:
+        for block in (32, 64, 128):
+            for warps in (2, 4, 8):
+                launch.PRE_BLOCK = block
+                pre = dataclasses.replace(launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2,
+                                                                   dq_accum=dq_accum), num_warps=warps)
+                pre.run()
+                us = bench_ms(pre.run, device, 25, 100) * 1e3
+                default = "  (default)" if (block, warps) == (default_pre, 4) else ""
+                print(f"  preprocess BLOCK_M {block:3d} warps {warps}: {us:7.1f} us, "
+                      f"{elems * 8 / us / 1e6:5.2f} TB/s{default}")
+    finally:
+        launch.PRE_BLOCK = default_pre
     for block in (32, 64, 128):
         for warps in (2, 4, 8):
             conv = launch.KernelLaunch(

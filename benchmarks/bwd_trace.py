@@ -25,7 +25,8 @@ SHAPES = [(128, 1024, False), (128, 1024, True), (128, 4096, False), (128, 4096,
 
 
 def _replace(text, old, new, count=1):
-    assert text.count(old) == count, f"anchor not found {count}x (kernels/gluon_bwd.py changed?):\n{old}"
+    if text.count(old) != count:
+        raise SystemExit(f"anchor not found {count}x (kernels/gluon_bwd.py changed?):\n{old}")
     return text.replace(old, new)
 
 
@@ -175,10 +176,15 @@ def main():
     if args.run:
         return run()
     tree = Path(args.tree)
+    marker = tree / ".bwd_trace"  # only a tree this script made is replaced
+    if tree.exists() and any(tree.iterdir()) and not marker.exists():
+        raise SystemExit(f"{tree} exists and was not made by bwd_trace.py: pass another --tree")
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(Path(__file__).resolve().parents[1] / "src", tree)
+    marker.touch()
     patch(tree)
-    env = dict(os.environ, PYTHONPATH=str(tree), FLASHTILE_FAST_LAUNCH="0")
+    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, FLASHTILE_FAST_LAUNCH="0")
     return subprocess.run([sys.executable, __file__, "--run"], env=env, check=True).returncode
 
 

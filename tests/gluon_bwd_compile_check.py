@@ -1,14 +1,15 @@
 """Compile the Hopper Gluon backward (kernels/gluon_bwd.py) ahead of time for sm90 and report what it became.
 
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python tests/gluon_bwd_compile_check.py [--variants all]
-        [--head-dims 64,128] [--features all] [--dump DIR] [--loop-ops]
+        [--head-dims 64,128] [--features all] [--dump DIR] [--loop-ops] [--seqlen 1000]
 Per case (head dim x mask / feature x variant): registers / spills from ptxas -v, shared memory, PTX instruction
 counts (wgmma, TMA, mbarriers, atomics, TMA reduce-adds and their bulk-group waits), ptxas warnings (C7515
 "wgmma serialized" must not appear) and the spill loads / stores (LDL / STL) inside the per-tile loops' SASS
 (loops with HGMMA and MUFU.EX2). Feature cases
 (--features; window, softcap, ALiBi, combos) compile the default variant only. Exits 1 if a case fails to
 compile, spills inside a per-tile loop or serializes its wgmmas (spills in the per-head prologue / epilogue
-are reported, as the plain kernel has them).
+are reported, as the plain kernel has them). --seqlen (query and key rows; 2 query heads per KV head): the default
+1000 compiles the short-program kernel (STORE_VIA_SMEM, configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS), 4096 the other.
 """
 import argparse
 import re
@@ -177,6 +178,7 @@ def main():
     parser.add_argument("--dump", default="", help="write each case's ttgir / ptx / ptxas report here")
     parser.add_argument("--loop-ops", action="store_true", help="SASS opcode counts of each per-tile loop")
     parser.add_argument("--varlen", action="store_true", help="packed varlen launches instead of dense ones")
+    parser.add_argument("--seqlen", type=int, default=1000, help="query and key rows of each case")
     args = parser.parse_args()
     print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
     variants = list(gluon_bwd_launch.VARIANTS) if args.variants == "all" else args.variants.split(",")
@@ -209,7 +211,7 @@ def main():
         if args.varlen:
             name, kwargs = name + "-varlen", dict(kwargs, varlen=True)
         try:
-            compiled = compile_case(head_dim, causal, config, **kwargs)
+            compiled = compile_case(head_dim, causal, config, seqlen_q=args.seqlen, seqlen_k=args.seqlen, **kwargs)
         except Exception as exc:  # noqa: BLE001
             bad += 1
             print(f"{name}: FAILED to compile: {type(exc).__name__}: {str(exc)[:2000]}")

@@ -667,21 +667,34 @@ def test_matches_reference(monkeypatch, shape, head_dim, causal):
         assert_close_rule(name, got, r64, rlow, dtype)
 
 
-def test_short_rows_store_through_shared_memory(monkeypatch):
-    """STORE_VIA_SMEM (dK / dV through shared memory) up to configs.GLUON_BWD_SMEM_EPILOGUE_MAX_KEYS keys at D64 /
-    D128; past it, and at D256, the constexprs stay as they were (the kernel compiles as before)."""
+def test_short_programs_store_through_shared_memory(monkeypatch):
+    """STORE_VIA_SMEM (dK / dV through shared memory) at D64 / D128 while a program's query rows (seqlen_q, or
+    max_seqlen_q, times the query heads per KV head) are at most configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS; past it,
+    and at D256, the constexprs stay as they were (the kernel compiles as before). Dense and varlen."""
     if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
         pytest.skip("no Gluon Hopper API in this triton")
-    monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_KEYS", 500)
+    monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS", 600)
+    rows = torch.empty(2, 4, 320)
     for head_dim in (64, 128, 256):
         config = gluon_bwd_launch.VARIANTS["default"][head_dim]
-        for keys in (500, 501):
-            q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
-            k = torch.empty(2, keys, 2, head_dim, dtype=torch.bfloat16)
-            rows, acc = torch.empty(2, 4, 320), torch.empty(2, 320, 4, head_dim)
+        acc = torch.empty(2, 320, 4, head_dim)
+        for seqlen_q in (300, 301):  # two query heads per KV head: 600 and 602 rows
+            q = torch.empty(2, seqlen_q, 4, head_dim, dtype=torch.bfloat16)
+            k = torch.empty(2, 2000, 2, head_dim, dtype=torch.bfloat16)  # the key count does not matter
             _, _, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, True,
                                                                     config)
-            assert constexprs.get("STORE_VIA_SMEM", False) == (keys == 500 and head_dim != 256)
+            if seqlen_q == 300 and head_dim != 256:
+                assert constexprs.pop("STORE_VIA_SMEM")
+            assert "STORE_VIA_SMEM" not in constexprs
+    q = torch.empty(600, 4, 128, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 300, 600], dtype=torch.int32)
+    for most, short in ((600, True), (599, False)):  # varlen: max_seqlen_q 300
+        monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS", most)
+        _, _, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(
+            q, q[:, :2], q[:, :2], q, torch.empty(4, 800), torch.empty(4, 800), q[:, :2], q[:, :2],
+            torch.empty(664, 4, 128), 0.1, False, config, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=300,
+            max_seqlen_k=300)
+        assert constexprs.get("STORE_VIA_SMEM") is (True if short else None)
 
 
 @pytest.mark.gpu
@@ -689,20 +702,27 @@ def test_short_rows_store_through_shared_memory(monkeypatch):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 def test_both_dkdv_epilogues(monkeypatch, head_dim, causal):
-    """dK / dV stored through shared memory (short rows) and from the accumulators (GLUON_BWD_SMEM_EPILOGUE_MAX_KEYS
-    below the row): bitwise the same dK / dV, on a shape with key and query tails, GQA and NaN-poisoned outputs."""
+    """dK / dV stored through shared memory (a short program) and from the accumulators (the rows' threshold 0):
+    both calls through the Gluon backward with the intended constexpr, bitwise the same dK / dV, on a shape with key
+    and query tails, GQA and NaN-poisoned outputs."""
     from flashtile import plans
 
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
+    flags = []
+    args_of = gluon_bwd_launch.dkdv_launch_args
+    monkeypatch.setattr(gluon_bwd_launch, "dkdv_launch_args", lambda *a, **kw: (
+        lambda got: flags.append(got[2].get("STORE_VIA_SMEM", False)) or got)(args_of(*a, **kw)))
     q, k, v = make_qkv(2, 1000, 1100, 4, 2, head_dim, torch.bfloat16, "cuda")
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=q.dtype, device="cuda")
     grads = []
     for most in (4096, 0):
-        monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_KEYS", most)
+        monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS", most)
         plans.clear()  # a signature's plan holds its first call's launches
         grads.append(torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout))
     plans.clear()
+    assert len(calls) == 2 and flags == [True, False]
     assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2])
     torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-2, atol=1e-3)  # dQ: the adds' order differs
     ref64, reflow = references(q, k, v, dout, causal)

@@ -156,12 +156,14 @@ GLUON_BWD_MIN_WINDOW = 1024
 # speed / cuDNN at 1K / 4K / 16K, default / d64-bm128 / d64-bm128-split: 0.87 / 0.89 / 0.92, 0.91 / 0.98 / 0.99,
 # 0.92 / 0.98 / 1.01; causal 0.93 / 0.98 / 0.96, 0.93 / 1.02 / 1.00, 0.95 / 1.05 / 1.05.
 GLUON_BWD_PLAIN = {(64, False): "d64-bm128-split", (64, True): "d64-bm128"}
-# Up to this many keys (seqlen_k, or max_seqlen_k), the D64 / D128 backward's dK / dV leave through shared memory
-# as 16-byte row pieces (kernel STORE_VIA_SMEM) instead of the accumulators' 4-byte pieces: 3.5 -> 1.1 us per program
-# at D128, backward +3-12 % at 512-1K keys, +1-2 % at 2K; at 4K mixed (causal D128 -2 to -4 % in two runs) and at 16K
-# 1.5-2.5 % slower (three alternated runs; cause not found: the tile loops compile the same), so longer rows keep the
-# previous kernel (bwd-epilogue-h200-2026-11-30-s18).
-GLUON_BWD_SMEM_EPILOGUE_MAX_KEYS = 2048
+# Up to this many query rows per dK/dV program (seqlen_q, or max_seqlen_q, times the query heads per KV head: the
+# rows its tile loop walks), the D64 / D128 backward's dK / dV leave through shared memory as 16-byte row pieces
+# (kernel STORE_VIA_SMEM) instead of the accumulators' 4-byte pieces: 3.5 -> 1.1 us per program at D128. Measured
+# with Sq = Sk and one query head per KV head: backward +3-12 % at 512-1K rows, +1-2 % at 2K; at 4K mixed (causal
+# D128 -1 to -4 %) and at 16K 1.5-2.5 % slower (three alternated runs). The cause is not found: the epilogue also moves
+# the tile loops' code a little (D128: +0-5 SASS per full loop, +21 in one masked loop), a candidate. Longer programs
+# keep the previous kernel (bwd-epilogue-h200-2026-11-30-s18).
+GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS = 2048
 # Varlen (packed sequences) follows the same table by max_seqlen_k: session 9 (varlen-bwd-h200-2026-11-30-s9, 2K / 8K
 # keys, D64 / D128, causal both) timed it 1.19-1.38x faster than the portable varlen backward, within 6 % of the
 # dense Gluon backward on the same tokens.

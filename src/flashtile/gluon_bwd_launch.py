@@ -395,8 +395,9 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
         constexprs.update(ROWS_IN_ACC=True, ROWS_ZERO_FILL=not varlen)
     if dropout_p:
         constexprs.update(HAS_DROPOUT=True)
-    if head_dim <= 128 and seqlen_k <= configs.GLUON_BWD_SMEM_EPILOGUE_MAX_KEYS:
-        constexprs.update(STORE_VIA_SMEM=True)  # only then: longer rows keep the kernel they had
+    # The query rows a program walks (every head of its group): longer programs keep the kernel they had.
+    if head_dim <= 128 and seqlen_q * (heads_q // heads_kv) <= configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS:
+        constexprs.update(STORE_VIA_SMEM=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)
     if mods is not None:

@@ -970,7 +970,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     1 / (1 - dropout_p) (_bwd_step); lse2 / delta as without dropout (delta = rowsum(dO * O) of the dropped O).
     Else Rng is unread, dropout_scale 1 and dropout_threshold 0.
     STORE_VIA_SMEM (D64 / D128): dK and dV leave through the warpgroup's half of V's shared buffer, as 16-byte row
-    pieces (gluon_bwd_launch.dkdv_launch_args sets it for short rows: configs.GLUON_BWD_SMEM_EPILOGUE_MAX_KEYS).
+    pieces (gluon_bwd_launch.dkdv_launch_args sets it for short programs: configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS).
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
@@ -987,6 +987,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                      "LPT_HEADS: dense causal launches")
     gl.static_assert(not HAS_DROPOUT or not (SPLIT_D or BLOCK_SPARSE or ROWS_IN_ACC),
                      "HAS_DROPOUT: D64 / D128, without a block mask or ROWS_IN_ACC")
+    gl.static_assert(not (STORE_VIA_SMEM and SPLIT_D), "STORE_VIA_SMEM: D64 / D128")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)
