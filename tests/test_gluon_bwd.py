@@ -670,7 +670,8 @@ def test_matches_reference(monkeypatch, shape, head_dim, causal):
 def test_short_programs_store_through_shared_memory(monkeypatch):
     """STORE_VIA_SMEM (dK / dV through shared memory) at D64 / D128 while a program's query rows (seqlen_q, or
     max_seqlen_q, times the query heads per KV head) are at most configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS; past it,
-    and at D256, the constexprs stay as they were (the kernel compiles as before). Dense and varlen."""
+    at D256 and for d64-bm128-split under a causal mask, the constexprs stay as they were (the kernel compiles as
+    before). Dense and varlen."""
     if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
         pytest.skip("no Gluon Hopper API in this triton")
     monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS", 600)
@@ -695,6 +696,14 @@ def test_short_programs_store_through_shared_memory(monkeypatch):
             torch.empty(664, 4, 128), 0.1, False, config, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=300,
             max_seqlen_k=300)
         assert constexprs.get("STORE_VIA_SMEM") is (True if short else None)
+    # d64-bm128-split keeps the previous epilogue under a causal mask (plain calls' variant; it spilled there)
+    q, k = torch.empty(2, 256, 4, 64, dtype=torch.bfloat16), torch.empty(2, 256, 4, 64, dtype=torch.bfloat16)
+    rows, acc = torch.empty(2, 4, 256), torch.empty(2, 256, 4, 64)
+    for variant, causal, short in (("d64-bm128-split", False, True), ("d64-bm128-split", True, False),
+                                   ("d64-bm128", True, True)):
+        _, _, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, causal,
+                                                                gluon_bwd_launch.VARIANTS[variant][64])
+        assert constexprs.get("STORE_VIA_SMEM") is (True if short else None), (variant, causal)
 
 
 @pytest.mark.gpu
