@@ -60,8 +60,7 @@ def memory_kernels(head_dim):
     batch, heads, seqlen = TOKENS // 4096, HIDDEN // head_dim, 4096
     out, dout = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     lse = torch.randn(batch, heads, seqlen, device="cuda")
-    q = out
-    geo = launch.Geometry.of(q, q)
+    geo = launch.Geometry.of(out, out)
     delta, lse2 = (torch.empty(batch, heads, seqlen, device="cuda") for _ in range(2))
     dq_accum = torch.empty(batch, seqlen, heads, head_dim, device="cuda")
     dq = torch.empty_like(out)
@@ -85,10 +84,7 @@ def memory_kernels(head_dim):
         launch.PRE_BLOCK = default_pre
     for block in (32, 64, 128):
         for warps in (2, 4, 8):
-            conv = launch.KernelLaunch(
-                launch._attn_bwd_dq_convert, (launch._cdiv(seqlen, block), batch * heads),
-                (dq_accum, dq, dq_accum.stride(0), dq_accum.stride(1), dq.stride(0), dq.stride(1), dq.stride(2),
-                 seqlen, heads, 0.5), dict(HEAD_DIM=head_dim, BLOCK_M=block), num_warps=warps)
+            conv = dataclasses.replace(launch.dq_convert_launch(dq_accum, dq, 0.5, block), num_warps=warps)
             conv.run()
             us = bench_ms(conv.run, device, 25, 100) * 1e3
             print(f"  dq convert BLOCK_M {block:3d} warps {warps}: {us:7.1f} us, "

@@ -696,7 +696,7 @@ def test_short_programs_store_through_shared_memory(monkeypatch):
             torch.empty(664, 4, 128), 0.1, False, config, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=300,
             max_seqlen_k=300)
         assert constexprs.get("STORE_VIA_SMEM") is (True if short else None)
-    # d64-bm128-split keeps the previous epilogue under a causal mask (plain calls' variant; it spilled there)
+    # d64-bm128-split keeps the previous epilogue under a causal mask (its smem_epilogue_causal: it spilled there)
     q, k = torch.empty(2, 256, 4, 64, dtype=torch.bfloat16), torch.empty(2, 256, 4, 64, dtype=torch.bfloat16)
     rows, acc = torch.empty(2, 4, 256), torch.empty(2, 256, 4, 64)
     for variant, causal, short in (("d64-bm128-split", False, True), ("d64-bm128-split", True, False),
@@ -721,8 +721,13 @@ def test_both_dkdv_epilogues(monkeypatch, head_dim, causal):
     calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
     flags = []
     args_of = gluon_bwd_launch.dkdv_launch_args
-    monkeypatch.setattr(gluon_bwd_launch, "dkdv_launch_args", lambda *a, **kw: (
-        lambda got: flags.append(got[2].get("STORE_VIA_SMEM", False)) or got)(args_of(*a, **kw)))
+
+    def launch_args(*args, **kwargs):
+        got = args_of(*args, **kwargs)
+        flags.append(got[2].get("STORE_VIA_SMEM", False))
+        return got
+
+    monkeypatch.setattr(gluon_bwd_launch, "dkdv_launch_args", launch_args)
     q, k, v = make_qkv(2, 1000, 1100, 4, 2, head_dim, torch.bfloat16, "cuda")
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=q.dtype, device="cuda")
     grads = []

@@ -533,10 +533,10 @@ def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=N
     )
 
 
-def dq_convert_launch(dq_accum, dq, scale):
-    """dq (B, Sq, Hq, D) = dq_accum[:, :Sq] * scale: the Gluon backward's fp32 (B, Sq_pad, Hq, D) dQ buffer."""
+def dq_convert_launch(dq_accum, dq, scale, block_m=64):
+    """dq (B, Sq, Hq, D) = dq_accum[:, :Sq] * scale: the Gluon backward's fp32 (B, Sq_pad, Hq, D) dQ buffer, block_m
+    rows per program."""
     batch, seqlen_q, heads_q, head_dim = dq.shape
-    block_m = 64
     return KernelLaunch(
         _attn_bwd_dq_convert, (_cdiv(seqlen_q, block_m), batch * heads_q),
         (dq_accum, dq, dq_accum.stride(0), dq_accum.stride(1), *_strides3(dq), seqlen_q, heads_q, scale),

@@ -459,7 +459,7 @@ def _store_rows_via(buf, x, base, stride, key0, seqlen_k):
     and read before it is written again."""
     D: gl.constexpr = x.shape[1]
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // D, D // 8], [4, 1], [1, 0])
-    gl.thread_barrier()  # the previous tile's readers of buf are done
+    gl.thread_barrier()  # buf's earlier readers (the wgmmas, or the previous call's loads) are done
     buf.store(x)
     gl.thread_barrier()
     rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, layout))  # [WG_N]
