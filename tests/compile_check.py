@@ -164,7 +164,7 @@ def _mod_args(features, q):
                                mods.adapter(mask, pool) if mask is not None else None, block_mask)
 
 
-def _append_launches(features, q, k_cache, pdl):
+def _append_launches(features, q, k_cache):
     """The rotary-append kernel for one new token of a decode step, cos/sin in fp32 as models keep them."""
     half = features.get("rotary_half")
     cos = torch.zeros(4096, half) if half else None
@@ -175,7 +175,7 @@ def _append_launches(features, q, k_cache, pdl):
     new = k_cache[:1, :1]
     return launch.rotary_append_launches(q, q, k_cache, k_cache, new, new, cos, cos, seqlens, table,
                                          features.get("interleaved", False), q_local=True,
-                                         cache_add=50 if seqlens is None else 0, pdl=pdl)
+                                         cache_add=50 if seqlens is None else 0)
 
 
 def check_case(arch, case):
@@ -206,7 +206,6 @@ def check_case(arch, case):
         "window_right", -1), features.get("softcap", 0.0), slopes, lse, bias, dropout_p, rng,
         approx_tanh=features.get("approx_tanh", False))
     sink = torch.zeros(heads_q) if features.get("sink") else None
-    pdl = arch >= (9, 0)  # the inference kernels' programmatic dependent launch, as launch.pdl_enabled on a GPU
     if features.get("kvcache") or features.get("decode"):
         if features.get("scalar_seqlens"):
             geo = dataclasses.replace(geo, seqused_add=50)
@@ -218,12 +217,12 @@ def check_case(arch, case):
             geo = dataclasses.replace(geo, key_start=torch.tensor([3], dtype=torch.int32))
     mods = _mod_args(features, q) if features.get("flex") or features.get("score_mod") else None
     if features.get("append"):
-        launches = _append_launches(features, q[:, :1], k, pdl)
+        launches = _append_launches(features, q[:, :1], k)
     elif features.get("decode"):
         lse = torch.zeros(1, heads_q, q.shape[1])
         cfg, splits = launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"), interpreter=False)
         assert splits > 1, "the compile check needs the combine kernel"
-        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, pdl)
+        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits)
     else:
         launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False, mods=mods)
     if not any(features.get(name) for name in ("kvcache", "decode", "paged", "append")):  # paged KV is inference only

@@ -179,7 +179,6 @@ def main():
     parser.add_argument("--loop-ops", action="store_true", help="SASS opcode counts of each per-tile loop")
     parser.add_argument("--varlen", action="store_true", help="packed varlen launches instead of dense ones")
     parser.add_argument("--seqlen", type=int, default=1000, help="query and key rows of each case")
-    parser.add_argument("--pdl", action="store_true", help="as a programmatic dependent launch (the kernel's PDL)")
     args = parser.parse_args()
     print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
     variants = list(gluon_bwd_launch.VARIANTS) if args.variants == "all" else args.variants.split(",")
@@ -211,8 +210,6 @@ def main():
     for name, head_dim, causal, config, kwargs in cases:
         if args.varlen:
             name, kwargs = name + "-varlen", dict(kwargs, varlen=True)
-        if args.pdl:
-            name, kwargs = name + "-pdl", dict(kwargs, pdl=True)
         try:
             compiled = compile_case(head_dim, causal, config, seqlen_q=args.seqlen, seqlen_k=args.seqlen, **kwargs)
         except Exception as exc:  # noqa: BLE001

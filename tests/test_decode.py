@@ -1,6 +1,4 @@
 """Split-KV decoding in flash_attn_with_kvcache: every split count gives the reference's output and lse."""
-import dataclasses
-
 import pytest
 import torch
 
@@ -214,30 +212,6 @@ def test_num_splits_heuristic():
     assert configs.num_splits_heuristic(1, 10_000, sms) <= configs.MAX_SPLITS
 
 
-def test_pdl_only_where_the_gpu_has_it(monkeypatch):
-    """Programmatic dependent launch: on sm90+ outside the interpreter (with a triton that has grid dependency
-    control), unless FLASHTILE_PDL=0; a decode step's launches carry the launch option and the kernels' PDL
-    constexpr together (one without the other would be unsafe or useless)."""
-    from flashtile.kernels import common
-    assert launch.pdl_enabled((9, 0), False) == (common.gdc_wait is not None)
-    assert not launch.pdl_enabled((8, 0), False) and not launch.pdl_enabled(None, False)
-    assert not launch.pdl_enabled((9, 0), True)  # the interpreter
-    monkeypatch.setenv("FLASHTILE_PDL", "0")
-    assert not launch.pdl_enabled((9, 0), False)
-
-    q, k_cache, _ = make_cache("cpu", 2, 1, 8, 2, 64)
-    geo = dataclasses.replace(launch.Geometry.of(q, k_cache), seqused_add=64)
-    lse = torch.empty(2, 8, 1)
-    sa = launch.ScoreArgs.make(geo, 0.1, -1, -1, 0.0, None, lse)
-    cfg = configs.decode_config((9, 0), 32, 4, q.dtype)
-    for pdl in (False, True):
-        launches = launch.splitkv_launches(geo, q, k_cache, k_cache, q, lse, sa, cfg, 3, pdl)
-        launches += launch.rotary_append_launches(q, q, k_cache, k_cache, k_cache[:, :1], k_cache[:, :1], None,
-                                                  None, None, None, False, True, 60, pdl)
-        assert [kl.kernel.fn.__name__ for kl in launches] == ["_attn_fwd_splitkv", "_attn_combine", "_rotary_append"]
-        assert all(kl.pdl == pdl and kl.constexprs["PDL"] == pdl for kl in launches)
-
-
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
 def test_bad_num_splits(bad):
     q, k_cache, v_cache = make_cache("cpu", 1, 1, 2, 1, 16)
@@ -288,32 +262,6 @@ def test_gpu_decode(dtype, num_splits, page_size):
                                                  cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"),
                                                  num_splits=num_splits, return_softmax_lse=True)
     check(out, lse, q, k_cache, v_cache, lengths, causal=True)
-
-
-@pytest.mark.gpu
-def test_gpu_decode_pdl_matches_serial_launches(monkeypatch):
-    """The H200 takes a decode step's kernels as programmatic dependent launches (append, split-KV, combine), and
-    they give the bits of the same kernels launched one after the other (FLASHTILE_PDL=0)."""
-    from flashtile import fast_launch
-    assert launch.pdl_enabled(launch._arch(torch.device("cuda")), False)
-    q, k_cache, v_cache = make_cache("cuda", 3, 1, 32, 4, 8192, head_dim=128, dtype=torch.bfloat16)
-    new_k, new_v = (torch.randn(3, 1, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    cos, sin = (torch.rand(8192, 64, device="cuda") for _ in range(2))
-    seqlens = torch.tensor([7, 4000, 8000], dtype=torch.int32, device="cuda")
-    options = []
-    run = fast_launch.launch
-    monkeypatch.setattr(fast_launch, "launch", lambda kernel, grid, args, kwargs: (
-        options.append((kernel.fn.__name__, kwargs.get("launch_pdl", False))), run(kernel, grid, args, kwargs))[1])
-    results = []
-    for pdl in ("1", "0"):
-        monkeypatch.setenv("FLASHTILE_PDL", pdl)
-        kc, vc = k_cache.clone(), v_cache.clone()
-        out = flashtile.flash_attn_with_kvcache(q, kc, vc, new_k, new_v, cos, sin, cache_seqlens=seqlens,
-                                                causal=True, num_splits=5)
-        results.append((out, kc, vc))
-    assert options == [("_rotary_append", True), ("_attn_fwd_splitkv", True), ("_attn_combine", True),
-                       ("_rotary_append", False), ("_attn_fwd_splitkv", False), ("_attn_combine", False)]
-    assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
 @pytest.mark.gpu

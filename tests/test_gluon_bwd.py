@@ -744,42 +744,6 @@ def test_both_dkdv_epilogues(monkeypatch, head_dim, causal):
         assert_close_rule(name, got, r64, rlow, torch.bfloat16)
 
 
-@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_pdl_backward_matches_serial_launches(monkeypatch, causal):
-    """The Gluon backward's three kernels (preprocess, dK/dV, dQ conversion) as programmatic dependent launches
-    (the default on the H200) give the dK / dV bits of serial launches (FLASHTILE_PDL=0) and dQ within the
-    reduce-adds' reordering, with NaN-poisoned outputs; each launch had the option it was meant to have."""
-    from flashtile import fast_launch, plans
-
-    monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
-    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
-    options = []
-    run = fast_launch.launch
-    monkeypatch.setattr(fast_launch, "launch", lambda kernel, grid, args, kwargs: (
-        options.append((kernel.fn.__name__, kwargs.get("launch_pdl", False))), run(kernel, grid, args, kwargs))[1])
-    q, k, v = make_qkv(2, 1000, 1100, 4, 2, 128, torch.bfloat16, "cuda")
-    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=q.dtype, device="cuda")
-    grads = []
-    plans.clear()  # a replayed plan launches without fast_launch.launch
-    for pdl in ("1", "0"):
-        monkeypatch.setenv("FLASHTILE_PDL", pdl)
-        out = flashtile.flash_attn_func(q, k, v, causal=causal)
-        del options[:]
-        grads.append(torch.autograd.grad(out, (q, k, v), dout))
-        want = pdl == "1"
-        assert options == [("_attn_bwd_preprocess", want), ("_attn_bwd_dkdv_hopper", want),
-                           ("_attn_bwd_dq_convert", want)]
-    plans.clear()
-    assert len(calls) == 2
-    assert torch.equal(grads[0][1], grads[1][1]) and torch.equal(grads[0][2], grads[1][2])
-    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-2, atol=1e-3)  # dQ: the adds' order differs
-    ref64, reflow = references(q, k, v, dout, causal)
-    for name, got, r64, rlow in zip(("dq", "dk", "dv"), grads[0], ref64[1:], reflow[1:]):
-        assert_close_rule(name, got, r64, rlow, torch.bfloat16)
-
-
 # Score features against the float64 reference with the same features: (name, causal, flash_attn_func keywords;
 # "alibi-h" / "alibi-bh" stand for (Hq,) / (B, Hq) slopes).
 FEATURES = [("window-256-0", False, dict(window_size=(256, 0))), ("window-100-50", False, dict(window_size=(100, 50))),

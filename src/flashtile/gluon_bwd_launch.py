@@ -346,8 +346,7 @@ def _dq_descriptor(dq_accum, block_m, max_seqlen_q_pad=None):
 
 def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale, causal, config,
                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                     max_seqlen_q=0, max_seqlen_k=0, attn_bias=None, mods=None, dropout_p=0.0, rng=None,
-                     pdl=False):
+                     max_seqlen_q=0, max_seqlen_k=0, attn_bias=None, mods=None, dropout_p=0.0, rng=None):
     """(grid, args, constexprs, launch options) of the dK/dV kernel; shared with the offline compile check.
     lse2, delta: (B, Hq, Sq_pad) fp32; dq_accum: (B, Sq_pad, Hq, D) fp32, Sq_pad a multiple of config.block_m.
     Varlen (cu_seqlens_q given): packed q / k / v / dout / dk / dv (total, H, D), lse2 / delta in the varlen row
@@ -357,8 +356,7 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
     same compiled kernel); causal with a left window is the window (left, 0) (gluon_launch.mask_mode).
     attn_bias (dense only): 4-D broadcastable to (B, Hq, Sq, Sk) that bias_tma_ok accepts, or None.
     mods: a launch.ModArgs with a block mask that sparse_ok accepts (plain scores, dense), or None.
-    dropout_p > 0: rng the forward's int64 (1,) Philox seed (the kernel's HAS_DROPOUT; D64 / D128).
-    pdl: as a programmatic dependent launch (launch.pdl_enabled; the kernel's PDL)."""
+    dropout_p > 0: rng the forward's int64 (1,) Philox seed (the kernel's HAS_DROPOUT; D64 / D128)."""
     varlen = cu_seqlens_q is not None
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k
@@ -411,12 +409,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
     if mods is not None:
         constexprs.update(MASK_MOD=mods.mask_mod, BLOCK_SPARSE=True, SPARSE_M=mods.block_size[0],
                           SPARSE_N=mods.block_size[1])
-    options = dict(num_warps=4, maxnreg=config.maxnreg)
-    if pdl:
-        constexprs.update(PDL=True)
-        options.update(launch_pdl=True)
     grid = (math.ceil(seqlen_k / keys), batch * heads_kv)
-    return grid, args, constexprs, options
+    return grid, args, constexprs, dict(num_warps=4, maxnreg=config.maxnreg)
 
 
 def _sparse_args(mods):
@@ -521,18 +515,16 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     # in the dK/dV kernel the scale and sign cost 46 more instructions per tile and thread), and read the padded
     # rows past seqlen_q unmasked (ROWS_ZERO_FILL: the preprocess writes lse2 -inf and delta 0 there).
     fold = (seqlen_q_pad, float(softmax_scale)) if config.rows_in_acc else None
-    pdl = launch.pdl_enabled(launch._arch(q.device), False)
-    launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum, fold, pdl).run()
+    launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum, fold).run()
     dk, dv = launch._empty(k.shape, k, poison=poison), launch._empty(v.shape, v, poison=poison)
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,
                                                        float(softcap), alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                                                       max_seqlen_q, max_seqlen_k, attn_bias, mods, dropout_p, rng,
-                                                       pdl)
+                                                       max_seqlen_q, max_seqlen_k, attn_bias, mods, dropout_p, rng)
     fast_launch.launch(_attn_bwd_dkdv_hopper, grid, args, {**constexprs, **options})
     dq = launch._empty(q.shape, q, poison=poison)
     if cu_seqlens_q is not None:  # the conversion's (B, Sq_pad, Hq, D) view: one batch of every packed row
-        launch.dq_convert_launch(dq_accum[None], dq[None], float(softmax_scale), pdl=pdl).run()
+        launch.dq_convert_launch(dq_accum[None], dq[None], float(softmax_scale)).run()
     else:
-        launch.dq_convert_launch(dq_accum, dq, float(softmax_scale), pdl=pdl).run()
+        launch.dq_convert_launch(dq_accum, dq, float(softmax_scale)).run()
     return dq, dk, dv

@@ -12,7 +12,6 @@ from threading import get_ident
 import torch
 
 from . import configs, fast_launch, philox, plans
-from .kernels import common as _common
 from .kernels.bwd import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_dq_convert, _attn_bwd_preprocess
 from .kernels.decode import _attn_combine, _attn_fwd_splitkv
 from .kernels.fwd import _attn_fwd, _attn_probs
@@ -46,7 +45,6 @@ def _env_reader(name):
 
 
 _poison_env = _env_reader("FLASHTILE_POISON_OUTPUTS")
-_pdl_env = _env_reader("FLASHTILE_PDL")
 _gluon_env = _env_reader("FLASHTILE_GLUON")  # the switches read by the planned calls' keys
 _gluon_bwd_env = _env_reader("FLASHTILE_GLUON_BWD")
 
@@ -93,15 +91,6 @@ def _next_pow2(n):
 def _head_dim_padded(head_dim):
     # tl.dot needs at least 16 along the reduction; tiles need a power of two.
     return max(16, _next_pow2(head_dim))
-
-
-def pdl_enabled(arch, interpreter):
-    """Programmatic dependent launch (PDL) for the kernels that take it (a PDL constexpr: common._pdl_start): such
-    a kernel's programs may start while the stream's previous kernel finishes, and wait for it on the GPU
-    (griddepcontrol.wait), which hides the launch gap between the kernels of one call (a decode step's append,
-    split-KV and combine kernels). sm90+ with triton >= 3.3; FLASHTILE_PDL=0 turns it off."""
-    return (not interpreter and arch is not None and arch >= (9, 0) and _common.gdc_wait is not None
-            and _pdl_env() != "0")
 
 
 def _dot_precision(dtype):
@@ -215,13 +204,10 @@ class KernelLaunch:
     constexprs: dict
     num_warps: int = 4
     num_stages: int = 1
-    pdl: bool = False  # a programmatic dependent launch; the kernel's PDL constexpr is set too (pdl_enabled)
 
     def run(self):
-        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
-        if self.pdl:  # only then: the interpreter and triton < 3.3 take no launch_pdl option
-            options["launch_pdl"] = True
-        fast_launch.launch(self.kernel, self.grid, self.args, {**self.constexprs, **options})
+        fast_launch.launch(self.kernel, self.grid, self.args,
+                           {**self.constexprs, "num_warps": self.num_warps, "num_stages": self.num_stages})
 
 
 @dataclass  # not frozen, as Geometry: built on every call
@@ -404,11 +390,10 @@ def splitkv_plan(geo, max_seqlen_k, num_splits, arch, dtype, device, interpreter
     return cfg, configs.num_splits_heuristic(programs, _cdiv(max_seqlen_k, cfg.BLOCK_N), _num_sms(device))
 
 
-def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, pdl=False):
+def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
     """The split-KV kernel, and with num_splits > 1 the combine kernel, writing out (q's shape) and lse
     (B, Hq, Sq). The splits' partial outputs go to an fp32 workspace (num_splits, B, Sq, Hq, D) and lse
-    (num_splits, B, Hq, Sq); one split writes out and lse directly. pdl: both as programmatic dependent launches
-    (pdl_enabled)."""
+    (num_splits, B, Hq, Sq); one split writes out and lse directly."""
     group_size = geo.heads_q // geo.heads_kv
     head_dim_pad = _head_dim_padded(geo.head_dim)
     if num_splits > 1:
@@ -430,8 +415,8 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, pdl=False):
              IS_LOCAL=sa.constexprs["IS_LOCAL"], SOFTCAP=sa.constexprs["SOFTCAP"],
              HAS_ALIBI=sa.constexprs["HAS_ALIBI"], **geo.page_constexprs(k, cfg.BLOCK_N),
              LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
-             DOT_PRECISION=_dot_precision(q.dtype), HAS_SEQUSED_TENSOR=geo.seqused_k is not None, PDL=pdl),
-        cfg.num_warps, cfg.num_stages, pdl,
+             DOT_PRECISION=_dot_precision(q.dtype), HAS_SEQUSED_TENSOR=geo.seqused_k is not None),
+        cfg.num_warps, cfg.num_stages,
     )
     if num_splits == 1:
         return [main]
@@ -439,15 +424,14 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, pdl=False):
         _attn_combine, (geo.batch * geo.seqlen_q * geo.heads_q,),
         (out_acc, lse_acc, out, lse, split_strides[0], *_strides3(acc4), split_strides[1], lse3.stride(0),
          lse3.stride(1), *_strides3(out), lse.stride(0), lse.stride(1), geo.seqlen_q, geo.heads_q, num_splits),
-        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_S=16, PDL=pdl), pdl=pdl,
+        dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_S=16),
     )
     return [main, combine]
 
 
 def rotary_append_launches(q, q_out, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table,
-                           interleaved, q_local, cache_add=0, pdl=False):
-    """The KV-cache append with fused rotary as one launch (none when there is nothing to do); pdl: as a
-    programmatic dependent launch (pdl_enabled).
+                           interleaved, q_local, cache_add=0):
+    """The KV-cache append with fused rotary as one launch (none when there is nothing to do).
 
     q_out: q's shape, written with the rotated q when rotary_cos is given (else neither read nor written).
     k, v (B, Sk_new, Hk, D) or None; rotary_cos/sin (seqlen_ro, rotary_dim / 2) or None; row b's new tokens go
@@ -474,8 +458,8 @@ def rotary_append_launches(q, q_out, k_cache, v_cache, k, v, rotary_cos, rotary_
          seqlen_q, seqlen_new, heads_q_rot, rotary_cos.shape[1] if rotary else 0, cache_add),
         dict(HEAD_DIM=q.shape[3], HEAD_DIM_PAD=_next_pow2(q.shape[3]), ROTARY=rotary,
              INTERLEAVED=interleaved, Q_LOCAL=q_local, PAGED=block_table is not None,
-             HAS_CACHE_SEQLENS=cache_seqlens is not None, PDL=pdl),
-        num_warps=1, pdl=pdl,
+             HAS_CACHE_SEQLENS=cache_seqlens is not None),
+        num_warps=1,
     )]
 
 
@@ -486,8 +470,7 @@ def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seq
     rotary = rotary_cos is not None
     q_out = _empty(q.shape, q) if rotary else q.new_empty(0)
     for launch in rotary_append_launches(q, q_out if rotary else q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                         cache_seqlens, block_table, interleaved, q_local, cache_add,
-                                         pdl_enabled(_arch(q.device), interpreter_active())):
+                                         cache_seqlens, block_table, interleaved, q_local, cache_add):
         launch.run()
     return q_out
 
@@ -529,14 +512,13 @@ def sink_grad(parts, heads_q):
     return -parts.view(-1, heads_q, parts.shape[-1]).sum((0, 2))
 
 
-def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=None, dq_accum=None, fold=None,
-                      pdl=False):
+def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=None, dq_accum=None, fold=None):
     """The backward's preprocess: delta = rowsum(dO * O) - dlse and lse2 = lse * log2(e), both of shape
     geo.row_buffer_shape; dlse (lse's shape) or None; with sink (Hq,) fp32, the sink gradient's pieces into
     parts (sink_parts); with dq_accum (fp32, (B, Sq_pad, Hq, D), or (total_q + pad, Hq, D) for varlen), its rows
     of real queries zeroed. Shared by the portable and the Gluon backward. fold (dense only): (rows_pad, scale)
     for kernels/bwd.py's ROWS_IN_ACC (-lse2 / (scale * log2 e) and -delta on rows_pad rows: delta and lse2 are
-    (B, Hq, rows_pad)). pdl: as a programmatic dependent launch (pdl_enabled)."""
+    (B, Hq, rows_pad))."""
     rows_pad, fold_scale = (fold[0], -1.0 / (fold[1] * LOG2E)) if fold is not None else (geo.seqlen_q, 0.0)
     return KernelLaunch(
         _attn_bwd_preprocess, (_cdiv(rows_pad, PRE_BLOCK), geo.batch * geo.heads_q),
@@ -547,20 +529,18 @@ def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=N
          geo.heads_q, rows_pad, fold_scale),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=_head_dim_padded(geo.head_dim), BLOCK_M=PRE_BLOCK,
              IS_VARLEN=geo.is_varlen, HAS_DLSE=dlse is not None, HAS_SINK=sink is not None,
-             ZERO_DQ=dq_accum is not None, **({"ROWS_IN_ACC": True} if fold is not None else {}),
-             **({"PDL": True} if pdl else {})),
-        pdl=pdl,
+             ZERO_DQ=dq_accum is not None, **({"ROWS_IN_ACC": True} if fold is not None else {})),
     )
 
 
-def dq_convert_launch(dq_accum, dq, scale, block_m=64, pdl=False):
+def dq_convert_launch(dq_accum, dq, scale, block_m=64):
     """dq (B, Sq, Hq, D) = dq_accum[:, :Sq] * scale: the Gluon backward's fp32 (B, Sq_pad, Hq, D) dQ buffer, block_m
-    rows per program; pdl: as a programmatic dependent launch (pdl_enabled)."""
+    rows per program."""
     batch, seqlen_q, heads_q, head_dim = dq.shape
     return KernelLaunch(
         _attn_bwd_dq_convert, (_cdiv(seqlen_q, block_m), batch * heads_q),
         (dq_accum, dq, dq_accum.stride(0), dq_accum.stride(1), *_strides3(dq), seqlen_q, heads_q, scale),
-        dict(HEAD_DIM=head_dim, BLOCK_M=block_m, **({"PDL": True} if pdl else {})), pdl=pdl,
+        dict(HEAD_DIM=head_dim, BLOCK_M=block_m),
     )
 
 
@@ -868,8 +848,7 @@ def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, sof
     arch, interpreter = _arch(q.device), interpreter_active()
     if uses_splitkv(geo, num_splits):
         cfg, splits = splitkv_plan(geo, max_seqlen_k, num_splits, arch, q.dtype, q.device, interpreter)
-        launches = splitkv_launches(geo, q, k_cache, v_cache, out, lse, sa, cfg, splits,
-                                    pdl_enabled(arch, interpreter))
+        launches = splitkv_launches(geo, q, k_cache, v_cache, out, lse, sa, cfg, splits)
     else:
         launches = forward_launches(geo, q, k_cache, v_cache, out, lse, None, sa, arch, interpreter)
     for launch in launches:
@@ -935,7 +914,7 @@ def _planned_backward(dout, q, k, v, out, lse, softmax_scale, window_left, windo
     from its plan after the first call of its signature (as _planned_forward; FLASHTILE_GLUON_BWD)."""
     gluon_bwd_launch = _gluon_modules()[1]
     inputs = (dout, q, k, v, out, lse)
-    key = ("bwd", _gluon_bwd_env(), _pdl_env(), gluon_bwd_launch._disabled is None, _signature(dout),
+    key = ("bwd", _gluon_bwd_env(), gluon_bwd_launch._disabled is None, _signature(dout),
            _signature(q), _signature(k), _signature(v), _signature(out), _signature(lse), plans.aliasing(inputs),
            softmax_scale, window_left, window_right)
     return _planned(key, inputs, gluon_bwd_launch,

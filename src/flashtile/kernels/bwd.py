@@ -6,8 +6,8 @@ loops over every query head of its group, so GQA sums need no atomics and result
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _block_list, _dropout_base, _dropout_keep, _key_range, _load_tile, _pdl_start,
-                     _query_block, _query_range, _row_base, _scores, _segment, _seq_offset, _seq_range, _store_tile,
+from .common import (LOG2E, _block_list, _dropout_base, _dropout_keep, _key_range, _load_tile, _query_block,
+                     _query_range, _row_base, _scores, _segment, _seq_offset, _seq_range, _store_tile,
                      _sparse_tile_start)
 
 
@@ -21,8 +21,7 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
                          seqlen_q, heads_q, rows_pad, fold_scale,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                          IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, HAS_SINK: tl.constexpr,
-                         ZERO_DQ: tl.constexpr = False, ROWS_IN_ACC: tl.constexpr = False,
-                         PDL: tl.constexpr = False):
+                         ZERO_DQ: tl.constexpr = False, ROWS_IN_ACC: tl.constexpr = False):
     """Delta = rowsum(dO * O) - dLse; Lse2 = lse * log2(e), with +inf for rows that saw no key (so P = 0 there).
 
     Lse and DLse (the gradient flowing into lse, HAS_DLSE) have lse's layout: (B, Hq, Sq), or (Hq, total_q) in
@@ -35,9 +34,7 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
     ROWS_IN_ACC (dense; the Gluon backward's rows_in_acc variants start their S^T / dP^T accumulators from these
     rows): Lse2 * fold_scale (-1 / (scale * log2 e)) and -Delta, written for every row below rows_pad (the padded
     row count the kernel reads unmasked), with Lse2 = +inf and Delta = 0 past seqlen_q so P and dS are 0 there.
-    PDL: common._pdl_start.
     """
-    _pdl_start(PDL)
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_q).to(tl.int64)
     off_h = (pid_bh % heads_q).to(tl.int64)
@@ -447,11 +444,9 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
 
 @triton.jit
 def _attn_bwd_dq_convert(DQAccum, DQ, stride_ab, stride_am, stride_qb, stride_qm, stride_qh, seqlen_q, heads_q,
-                         scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr = False):
+                         scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """DQ = DQAccum * scale in DQ's dtype, for the Gluon backward's fp32 dQ buffer (B, Sq_pad, Hq, HEAD_DIM) with
-    a unit head stride of HEAD_DIM (a power of two). One program per (BLOCK_M rows, batch * head). PDL:
-    common._pdl_start (after the dK/dV kernel's last reduce-add)."""
-    _pdl_start(PDL)
+    a unit head stride of HEAD_DIM (a power of two). One program per (BLOCK_M rows, batch * head)."""
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_q).to(tl.int64)
     off_h = (pid_bh % heads_q).to(tl.int64)

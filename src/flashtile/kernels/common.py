@@ -2,24 +2,8 @@
 import triton
 import triton.language as tl
 
-try:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # triton < 3.3: no grid dependency control; launch.pdl_enabled() is then False
-    gdc_launch_dependents = gdc_wait = None
-
 
 LOG2E = tl.constexpr(1.4426950408889634)
-
-
-@triton.jit
-def _pdl_start(PDL: tl.constexpr):
-    """Under a programmatic dependent launch (launch.pdl_enabled: sm90+), this kernel's programs may start while
-    the stream's previous kernel is still running: wait here until that kernel has finished and its writes are
-    visible, then let the next such launch start its own programs early (they wait in turn). Call before the first
-    global memory access; without PDL both are no-ops."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
 
 
 @triton.jit

@@ -11,7 +11,7 @@ split the first kernel writes the final output directly.
 import triton
 import triton.language as tl
 
-from .common import _key_range_of_rows, _key_start, _load_tile, _pdl_start, _segment, _store_tile
+from .common import _key_range_of_rows, _key_start, _load_tile, _segment, _store_tile
 from .fwd import LN2, _attn_fwd_inner
 
 
@@ -32,7 +32,7 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart,
                       IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, PAGED: tl.constexpr,
                       LEFTPAD: tl.constexpr, LEFT_BOUNDED: tl.constexpr, DOT_PRECISION: tl.constexpr,
                       HAS_SEQUSED_TENSOR: tl.constexpr, PAGE_SHIFT: tl.constexpr = -1,
-                      PAGE_PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
+                      PAGE_PREFETCH: tl.constexpr = False):
     """Writes split s's Out[s] (B, Sq, Hq, D) and Lse[s] (B, Hq, Sq) (natural log) at s * stride_os / stride_ls.
 
     Out/Lse are the fp32 workspace (num_splits > 1) or the final output and lse (one split, strides 0 along
@@ -40,10 +40,9 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart,
     (K, V: (B, capacity, Hk, D)) or, when PAGED, in the pages BlockTable[b] lists (K, V: (num_pages, page_size,
     Hk, D)); with LEFTPAD only the cache tokens from KeyStart[b] on. A split that sees no key of a row writes
     output 0 and lse -inf for it.
-    PAGED, PAGE_SHIFT: see common._kv_tile_ptrs; PAGE_PREFETCH: see fwd._attn_fwd_inner; PDL: common._pdl_start.
+    PAGED, PAGE_SHIFT: see common._kv_tile_ptrs; PAGE_PREFETCH: see fwd._attn_fwd_inner.
     Score arguments: see common._scores.
     """
-    _pdl_start(PDL)
     split = tl.program_id(0).to(tl.int64)
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_kv).to(tl.int64)
@@ -113,13 +112,10 @@ def _attn_combine(OutAccum, LseAccum, Out, Lse,
                   stride_ob, stride_om, stride_oh,
                   stride_lse_b, stride_lse_h,
                   seqlen_q, heads_q, num_splits,
-                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr,
-                  PDL: tl.constexpr = False):
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
     """One program per (batch, query position, query head): Out = sum_s exp(lse_s - lse) * OutAccum[s],
     lse = log sum_s exp(lse_s), streaming the splits BLOCK_S at a time with a running maximum. Splits
-    with lse_s = -inf (no visible key) weigh 0; a row no split saw gets output 0 and lse -inf. PDL:
-    common._pdl_start (the split kernel's partials are read only after it)."""
-    _pdl_start(PDL)
+    with lse_s = -inf (no visible key) weigh 0; a row no split saw gets output 0 and lse -inf."""
     pid = tl.program_id(0)
     off_b = (pid // (seqlen_q * heads_q)).to(tl.int64)
     pos = ((pid // heads_q) % seqlen_q).to(tl.int64)

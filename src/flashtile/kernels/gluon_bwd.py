@@ -62,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .common import LOG2E, _tanh
 from .gluon_dropout import (dropout_keep_t, dropout_kept, dropout_kept_grad, dropout_kept_p, dropout_rng,
                             dropout_signed)
-from .gluon_grid import _heavy_first, _pdl_start
+from .gluon_grid import _heavy_first
 from .gluon_sparse import _list_tile_key, _sparse_tile_key
 
 try:  # triton >= 3.7 names the TMA reduce-add (cp.reduce.async.bulk.tensor ... .add)
@@ -931,8 +931,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
                           SPARSE_N: gl.constexpr = 128, ROWS_IN_ACC: gl.constexpr = False,
                           ROWS_ZERO_FILL: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
-                          HAS_DROPOUT: gl.constexpr = False, STORE_VIA_SMEM: gl.constexpr = False,
-                          PDL: gl.constexpr = False):
+                          HAS_DROPOUT: gl.constexpr = False, STORE_VIA_SMEM: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -972,7 +971,6 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     Else Rng is unread, dropout_scale 1 and dropout_threshold 0.
     STORE_VIA_SMEM (D64 / D128): dK and dV leave through the warpgroup's half of V's shared buffer, as 16-byte row
     pieces (gluon_bwd_launch.dkdv_launch_args sets it for short programs: configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS).
-    PDL: launched as a programmatic dependent launch (gluon_grid._pdl_start: it waits for the preprocess first).
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
@@ -991,7 +989,6 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                      "HAS_DROPOUT: D64 / D128, without a block mask or ROWS_IN_ACC")
     gl.static_assert(not (STORE_VIA_SMEM and SPLIT_D), "STORE_VIA_SMEM: D64 / D128")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
-    _pdl_start(PDL)
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)
     if LPT_HEADS > 0:  # causal: the first key blocks (the most query tiles) of LPT_HEADS heads at a time

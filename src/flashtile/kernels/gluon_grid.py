@@ -1,5 +1,5 @@
 """Grid order of the Hopper Gluon kernels' causal launches (kernels/gluon_fwd.py, gluon_fwd_persistent.py and
-gluon_bwd.py import it), and their grid dependency control."""
+gluon_bwd.py import it)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -24,15 +24,3 @@ def _heavy_first(pid_x, pid_bh, n_x, n_bh, GROUP: gl.constexpr):
     tiles start first (longest-processing-time order), while the tiles in flight still share a few heads' K / V
     (forward) or Q / dO (backward) in L2."""
     return _heavy_first_linear(pid_bh * n_x + pid_x, n_x, n_bh, GROUP)
-
-
-@gluon.jit
-def _pdl_start(PDL: gl.constexpr):
-    """common._pdl_start for Gluon kernels (Gluon has no gdc_wait; the same PTX): under a programmatic dependent
-    launch, wait for the stream's previous kernel, then let the next PDL launch start early. Before any global
-    memory access."""
-    if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                  pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)

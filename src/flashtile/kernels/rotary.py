@@ -10,8 +10,6 @@ Channels from rotary_dim on are copied unchanged.
 import triton
 import triton.language as tl
 
-from .common import _pdl_start
-
 
 @triton.jit
 def _rotate_head(src, dst, cos_row, sin_row, stride_cos_f, stride_sin_f, rotary_half, offs_d,
@@ -51,15 +49,14 @@ def _rotary_append(Q, QOut, K, V, KCache, VCache, Cos, Sin, CacheSeqlens, BlockT
                    seqlen_q, seqlen_new, heads_q_rot, rotary_half, cache_add,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, ROTARY: tl.constexpr,
                    INTERLEAVED: tl.constexpr, Q_LOCAL: tl.constexpr, PAGED: tl.constexpr,
-                   HAS_CACHE_SEQLENS: tl.constexpr, PDL: tl.constexpr = False):
+                   HAS_CACHE_SEQLENS: tl.constexpr):
     """Grid (max token count, B, heads_q_rot + Hk). Q, QOut: (B, Sq, Hq, D); K, V: (B, Sk_new, Hk, D); new token i
     of row b lands at cache position cache_len + i, where cache_len = cache_add (+ CacheSeqlens[b] when
     HAS_CACHE_SEQLENS: an int cache length needs no device tensor): in KCache/VCache (B, capacity, Hk, D), or when
     PAGED in page BlockTable[b, pos // page_size] at slot pos % page_size of (num_pages, page_size, Hk, D).
     Positions into Cos/Sin (seqlen_ro, rotary_dim / 2): cache_len + i for keys and, with Q_LOCAL
-    (causal or windowed), for queries; else cache_len for every query. PDL: common._pdl_start.
+    (causal or windowed), for queries; else cache_len for every query.
     """
-    _pdl_start(PDL)
     tok = tl.program_id(0)
     off_b = tl.program_id(1).to(tl.int64)
     head = tl.program_id(2)
