@@ -54,8 +54,9 @@ case "$phase" in
             *) echo "tests 1, tests 2, tests both or tests ids FILE" >&2; exit 2 ;;
         esac
         # shellcheck disable=SC2086  # files is a word list
-        timeout -k 5 580 python3 -m pytest -v -p no:cacheprovider -n 16 --dist worksteal -rfE --tb=short -W ignore $files \
-            -k "not flex_mods_match and not kernels_compile" "$@" > "$OUT/gpu-tier.txt" 2>&1 || true
+        # --durations: each part's slowest tests, to rebalance the parts (session 19: part 2 took 549 of its 580 s)
+        timeout -k 5 580 python3 -m pytest -v -p no:cacheprovider -n 16 --dist worksteal -rfE --tb=short -W ignore \
+            --durations=40 $files -k "not flex_mods_match and not kernels_compile" "$@" > "$OUT/gpu-tier.txt" 2>&1 || true
         { grep -E "^(FAILED|ERROR)" "$OUT/gpu-tier.txt" || true; } | head -40; tail -3 "$OUT/gpu-tier.txt" ;;
     bench)
         python3 -m flashtile.bench --out "$OUT/h200" "$@" > "$OUT/bench.log" 2>&1; tail -60 "$OUT/bench.log" ;;
