@@ -40,6 +40,27 @@ def test_matches_reference(shape, head_dim, causal):
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
+def test_o_via_smem_matches_register_stores(monkeypatch, head_dim, causal):
+    """The one-tile kernel's two epilogues (O through the Q tile, O from the accumulators) give the same bits, on a
+    shape with a query tail (rows past Sq never stored), ragged key blocks and GQA, into NaN-poisoned outputs."""
+    from flashtile import configs
+
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    q, k, v = make_qkv(2, 777, 999, 8, 2, head_dim, torch.bfloat16, "cuda", requires_grad=False)
+    outs = []
+    for heads in (configs.GLUON_FWD_SMEM_EPILOGUE, frozenset()):
+        monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", heads)
+        outs.append(gluon_launch.gluon_forward(q, k, v, causal=causal))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    ref = flashtile.attention_ref(q, k, v, causal=causal)
+    assert_close_rule("out", outs[0][0], ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False),
+                      torch.bfloat16)
+
+
 # The persistent kernel on 7 CTAs (dozens of tiles each: the barriers' running phases) and the 132-SM grid.
 PERSISTENT_SHAPES = [(4, 512, 512, 16, 16, torch.bfloat16), (3, 300, 700, 8, 2, torch.bfloat16),
                      (1, 1000, 1000, 4, 2, torch.float16), (2, 640, 640, 8, 8, torch.bfloat16)]
@@ -418,9 +439,35 @@ def test_dropout_launch_args():
                                                                              dropout_p=0.1, rng=seed)
     assert args_d[-3] is seed and args_d[-2:] == (1 / 0.9, philox.dropout_threshold(0.1))
     assert args[-3] is lse and args[-2:] == (1.0, 0) and "HAS_DROPOUT" not in constexprs
+    assert constexprs.pop("O_VIA_SMEM") and "O_VIA_SMEM" not in constexprs_d  # the plain launch's epilogue only
     assert constexprs_d.pop("HAS_DROPOUT") and constexprs_d == constexprs and (grid_d, options_d) == (grid, options)
     assert gluon_launch.takes_config("d64-3wg", 64).consumers == 3
     assert gluon_launch.takes_config("d64-3wg", 64, dropout_p=0.1) is gluon_launch.VARIANTS["default"][64]
+
+
+@pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
+def test_o_via_smem_only_for_plain_dense_two_consumer_launches():
+    """The one-tile kernel's O through shared memory (O_VIA_SMEM): plain and causal dense launches of two consumers
+    at the head dims configs.GLUON_FWD_SMEM_EPILOGUE lists; score features, a bias, dropout, varlen and three
+    consumers keep the kernel they had (no O_VIA_SMEM constexpr at all)."""
+    q = torch.empty(2, 1000, 4, 128, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 1000)
+    config = gluon_launch.VARIANTS["default"][128]
+
+    def constexprs(q=q, out=out, lse=lse, config=config, **kw):
+        return gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.125, kw.pop("causal", False), config, **kw)[2]
+
+    assert constexprs()["O_VIA_SMEM"] and constexprs(causal=True)["O_VIA_SMEM"]
+    for kw in (dict(window_size=(100, 0)), dict(softcap=30.0), dict(alibi_slopes=torch.ones(4)),
+               dict(sink=torch.zeros(4)), dict(dropout_p=0.1, rng=torch.zeros(1, dtype=torch.int64)),
+               dict(attn_bias=torch.zeros(1, 4, 1000, 1000, dtype=torch.bfloat16))):
+        assert "O_VIA_SMEM" not in constexprs(**kw), kw
+    packed, cu = q.view(2000, 4, 128), torch.tensor([0, 1000, 2000], dtype=torch.int32)
+    assert "O_VIA_SMEM" not in constexprs(q=packed, out=packed, lse=torch.empty(4, 2000), cu_seqlens_q=cu,
+                                          cu_seqlens_k=cu, max_seqlen_q=1000, max_seqlen_k=1000)
+    q64 = torch.empty(2, 1000, 4, 64, dtype=torch.bfloat16)
+    assert "O_VIA_SMEM" not in constexprs(q=q64, out=q64, config=gluon_launch.VARIANTS["d64-3wg"][64])
+    assert constexprs(q=q64, out=q64, config=gluon_launch.VARIANTS["default"][64])["O_VIA_SMEM"]
 
 
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")

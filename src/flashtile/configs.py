@@ -128,6 +128,14 @@ GLUON_FWD_PERSISTENT = {(128, False): ("persistent-tma", 0, 4096), (128, True): 
 # / 0.96, 8K 0.88 / 0.96 / 0.90, 16K 0.94 / 1.07 (other run); causal 2K 0.82 / 0.70 / 0.85, 3K 0.83 / 0.81 / 0.82,
 # 4K 0.88 / 0.85 / 0.91, 8K 0.93 / 1.00 / 0.86, 16K 0.98 / 1.05.
 GLUON_FWD_LONG = {(64, False): ("d64-3wg", 2049), (64, True): ("d64-3wg", 8192)}
+# Head dims whose one-tile Gluon forward (two consumers; plain and causal dense launches) stores O through each
+# warpgroup's Q tile in 16-byte row pieces instead of from the accumulators in 4-byte pieces (kernels/gluon_fwd.py's
+# O_VIA_SMEM). Session 19's ncu profile of the D256 causal forward at 512 keys (ncu-h200-2026-11-30-s19): load /
+# store queue stalls (lg_throttle) 1.5 per issued instruction, cuDNN's 0. A/B (fwd-epilogue-h200-2026-11-30-s19,
+# TFLOP/s, two alternated runs): D256 causal 512 / 1K / 2K 265-267 / 390-395 / 506-513 -> 316 / 440-441 / 556-558,
+# D256 8K / 16K 671-694 / 678 -> 698 / 702; D128 8K / 16K within the runs' spread (632-638 / 630-639 -> 638-649 /
+# 635-645). The persistent kernels (the other short rows) keep their own epilogues.
+GLUON_FWD_SMEM_EPILOGUE = frozenset({64, 128, 256})
 # Sliding windows: the keys a row sees. At D128 8K a 256-key window ran 7 % slower in Gluon than in the portable
 # 64x64 tiles, 1024 and 4096 ran 16-19 % faster (gluon-ext-h200-2026-11-29-s5).
 GLUON_FWD_MIN_WINDOW = 1024

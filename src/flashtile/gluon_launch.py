@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from . import fast_launch, philox
+from . import configs, fast_launch, philox
 from . import launch as _launch  # the NaN-poisoning allocator (a module import: tests patch its attributes)
 from .launch import _arch
 from .persistent_schedule import persistent_schedule
@@ -464,6 +464,12 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
             "a bias, ALiBi, dropout or a block mask runs two consumers (takes_config, sparse_ok)"
     if dropout_p:
         constexprs.update(HAS_DROPOUT=True)
+    # O through each warpgroup's Q tile: plain and causal dense launches of two consumers (session 19); feature,
+    # varlen, bias, dropout and block-sparse launches keep the kernel they had.
+    plain = not (varlen or is_local or softcap > 0 or alibi_slopes is not None or sink is not None
+                 or attn_bias is not None or mods is not None or dropout_p)
+    if plain and config.consumers == 2 and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE:
+        constexprs.update(O_VIA_SMEM=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)  # only then: other launches keep their kernels
     if mods is not None:

@@ -62,6 +62,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .common import LOG2E, _tanh
 from .gluon_dropout import (dropout_keep_t, dropout_kept, dropout_kept_grad, dropout_kept_p, dropout_rng,
                             dropout_signed)
+from .gluon_epilogue import _store_rows_via
 from .gluon_grid import _heavy_first
 from .gluon_sparse import _list_tile_key, _sparse_tile_key
 
@@ -448,24 +449,6 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
         gl.atomic_add(dq_ptr + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq, sem="relaxed")
     return dk, dv
-
-
-@gluon.jit
-def _store_rows_via(buf, x, base, stride, key0, seqlen_k):
-    """Rows key0 + [0, WG_N) of x ([WG_N, D] 16-bit, the wgmma accumulator's layout) to base + row * stride, those
-    below seqlen_k, through the free shared-memory tile buf ([WG_N, D], NVMMA-swizzled): read back as 16-byte row
-    pieces, the stores fill whole sectors (from the accumulator layout, 4-byte pieces took 2.7-4.3 us per program
-    at D128: session 18's trace, bwd-epilogue-h200-2026-11-30-s18). The barriers: buf is whole before it is read,
-    and read before it is written again."""
-    D: gl.constexpr = x.shape[1]
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // D, D // 8], [4, 1], [1, 0])
-    gl.thread_barrier()  # buf's earlier readers (the wgmmas, or the previous call's loads) are done
-    buf.store(x)
-    gl.thread_barrier()
-    rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, layout))  # [WG_N]
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))  # [D]
-    gl.store(base + rows.to(gl.int64)[:, None] * stride + cols[None, :], buf.load(layout),
-             mask=(rows < seqlen_k)[:, None])
 
 
 @gluon.jit

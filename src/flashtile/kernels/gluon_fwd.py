@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from .common import LOG2E, _tanh
 from .gluon_dropout import dropout_apply, dropout_rng, dropout_row_counters, dropout_words
+from .gluon_epilogue import _store_rows_via
 from .gluon_grid import _heavy_first
 from .gluon_sparse import _list_tile_key, _mask_mod_scores, _sparse_tile_key
 
@@ -385,7 +386,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         aux3=None, MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
                         SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
                         drop_seed=0, drop_base=0, drop_row_groups=0, drop_thr=0, dropout_scale=1.0,
-                        HAS_DROPOUT: gl.constexpr = False):
+                        HAS_DROPOUT: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
     of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
@@ -396,7 +397,10 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     aux0..aux3); rows that see no key get 0 and lse -inf.
     HAS_DROPOUT: probabilities dropped as kernels/common._dropout_keep drops them (Philox key drop_seed, counters
     from drop_base, drop_row_groups = ceil(max_k / 8) per row, 16-bit threshold drop_thr), the kept ones scaled by
-    dropout_scale = 1 / (1 - dropout_p); lse stays the undropped one."""
+    dropout_scale = 1 / (1 - dropout_p); lse stays the undropped one.
+    O_VIA_SMEM: the rows leave through the warpgroup's Q tile (free after its last QK^T; the one-tile kernel loads
+    no other Q into it) as 16-byte row pieces (gluon_epilogue._store_rows_via), else from the accumulator's layout
+    in 4-byte pieces."""
     dtype: gl.constexpr = q_smem.dtype
     SCORES: gl.constexpr = SOFTCAP or HAS_ALIBI or IS_LOCAL  # scores pass through _feature_scores
     # One warpgroup, 64 rows: S is [64, BLOCK_N] and O [64, HEAD_DIM] in wgmma accumulator layouts; P feeds
@@ -594,8 +598,11 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
         # m = -inf (its O and l are NaN / 0, row-local); write what the portable kernel writes.
         seen = m_o > float("-inf")  # [WG_M]
         out = gl.where(seen[:, None], out, 0.0)
-    o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
-    gl.store(o_ptrs, out.to(dtype), mask=in_seq[:, None])
+    if O_VIA_SMEM:
+        _store_rows_via(q_view, out.to(dtype), out_ptr, stride_om, row0, seqlen_q)
+    else:
+        o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
+        gl.store(o_ptrs, out.to(dtype), mask=in_seq[:, None])
     lse = (m_o + gl.log2(l_o)) * LN2  # [WG_M], natural log
     if VARLEN or HAS_BIAS or BLOCK_SPARSE:
         lse = gl.where(seen, lse, float("-inf"))
@@ -641,7 +648,8 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      HAS_BIAS: gl.constexpr = False, MASK_MOD: gl.constexpr = None,
                      BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
                      SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
-                     LPT_HEADS: gl.constexpr = 0, HAS_DROPOUT: gl.constexpr = False):
+                     LPT_HEADS: gl.constexpr = 0, HAS_DROPOUT: gl.constexpr = False,
+                     O_VIA_SMEM: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -673,10 +681,13 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     head's longest rows first (gluon_grid._heavy_first); 0: head by head, each head's longest rows first.
     HAS_DROPOUT (two consumers): Rng holds the int64 Philox seed; probabilities dropped where their 16-bit draw is
     below dropout_threshold (kernels/common._dropout_keep's draws, made by gluon_dropout), the kept ones scaled by
-    dropout_scale = 1 / (1 - dropout_p); Lse stays the undropped one (what kernels/bwd.py expects)."""
+    dropout_scale = 1 / (1 - dropout_p); Lse stays the undropped one (what kernels/bwd.py expects).
+    O_VIA_SMEM (two consumers): each warpgroup's output rows leave through its Q tile in 16-byte row pieces
+    (_consumer_partition); gluon_launch_args sets it where configs.GLUON_FWD_SMEM_EPILOGUE says."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not HAS_BIAS and not BLOCK_SPARSE),
                      "CONSUMERS: 2, or 3 without a bias or a block mask")
     gl.static_assert(CONSUMERS == 2 or not HAS_DROPOUT, "HAS_DROPOUT: two consumers")
+    gl.static_assert(CONSUMERS == 2 or not O_VIA_SMEM, "O_VIA_SMEM: two consumers")
     # The draws follow key_lo + j * BLOCK_N, not a block mask's listed tiles.
     gl.static_assert(not (HAS_DROPOUT and BLOCK_SPARSE), "HAS_DROPOUT: no block mask")
     gl.static_assert(LPT_HEADS == 0 or (IS_CAUSAL and not (IS_LOCAL or VARLEN or BLOCK_SPARSE)),
@@ -863,7 +874,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale,
                                    HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
                                    MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N, drop_seed, drop_base,
-                                   drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT)),
+                                   drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT, O_VIA_SMEM)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
@@ -871,7 +882,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N, drop_seed, drop_base,
-                                   drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT)),
+                                   drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT, O_VIA_SMEM)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                                v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
                                q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
