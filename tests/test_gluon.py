@@ -47,14 +47,19 @@ def test_matches_reference(shape, head_dim, causal):
 def test_o_via_smem_matches_register_stores(monkeypatch, head_dim, causal):
     """The one-tile kernel's two epilogues (O through the Q tile, O from the accumulators) give the same bits, on a
     shape with a query tail (rows past Sq never stored), ragged key blocks and GQA, into NaN-poisoned outputs."""
-    from flashtile import configs
+    from flashtile import configs, fast_launch
 
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     q, k, v = make_qkv(2, 777, 999, 8, 2, head_dim, torch.bfloat16, "cuda", requires_grad=False)
+    flags = []
+    run = fast_launch.launch
+    monkeypatch.setattr(fast_launch, "launch", lambda kernel, grid, args, kwargs: (
+        flags.append(kwargs.get("O_VIA_SMEM", False)), run(kernel, grid, args, kwargs))[1])
     outs = []
-    for heads in (configs.GLUON_FWD_SMEM_EPILOGUE, frozenset()):
+    for heads in (frozenset({head_dim}), frozenset()):
         monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", heads)
         outs.append(gluon_launch.gluon_forward(q, k, v, causal=causal))
+    assert flags == [True, False]  # one launch each, the first through shared memory
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     ref = flashtile.attention_ref(q, k, v, causal=causal)
     assert_close_rule("out", outs[0][0], ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False),
@@ -439,17 +444,18 @@ def test_dropout_launch_args():
                                                                              dropout_p=0.1, rng=seed)
     assert args_d[-3] is seed and args_d[-2:] == (1 / 0.9, philox.dropout_threshold(0.1))
     assert args[-3] is lse and args[-2:] == (1.0, 0) and "HAS_DROPOUT" not in constexprs
-    assert constexprs.pop("O_VIA_SMEM") and "O_VIA_SMEM" not in constexprs_d  # the plain launch's epilogue only
     assert constexprs_d.pop("HAS_DROPOUT") and constexprs_d == constexprs and (grid_d, options_d) == (grid, options)
     assert gluon_launch.takes_config("d64-3wg", 64).consumers == 3
     assert gluon_launch.takes_config("d64-3wg", 64, dropout_p=0.1) is gluon_launch.VARIANTS["default"][64]
 
 
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
-def test_o_via_smem_only_for_plain_dense_two_consumer_launches():
+def test_o_via_smem_only_for_plain_dense_two_consumer_launches(monkeypatch):
     """The one-tile kernel's O through shared memory (O_VIA_SMEM): plain and causal dense launches of two consumers
-    at the head dims configs.GLUON_FWD_SMEM_EPILOGUE lists; score features, a bias, dropout, varlen and three
-    consumers keep the kernel they had (no O_VIA_SMEM constexpr at all)."""
+    at the head dims configs.GLUON_FWD_SMEM_EPILOGUE lists; score features, a bias, dropout, varlen, three
+    consumers, other head dims and the persistent kernels keep the kernel they had (no O_VIA_SMEM constexpr).
+    (Block-sparse launches: the same `plain` test in gluon_launch_args, not built here.)"""
+    from flashtile import configs
     q = torch.empty(2, 1000, 4, 128, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 1000)
     config = gluon_launch.VARIANTS["default"][128]
@@ -467,7 +473,16 @@ def test_o_via_smem_only_for_plain_dense_two_consumer_launches():
                                           cu_seqlens_k=cu, max_seqlen_q=1000, max_seqlen_k=1000)
     q64 = torch.empty(2, 1000, 4, 64, dtype=torch.bfloat16)
     assert "O_VIA_SMEM" not in constexprs(q=q64, out=q64, config=gluon_launch.VARIANTS["d64-3wg"][64])
+    assert 64 not in configs.GLUON_FWD_SMEM_EPILOGUE  # unmeasured at D64 (configs.py)
+    assert "O_VIA_SMEM" not in constexprs(q=q64, out=q64, config=gluon_launch.VARIANTS["default"][64])
+    monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", frozenset({64}))
     assert constexprs(q=q64, out=q64, config=gluon_launch.VARIANTS["default"][64])["O_VIA_SMEM"]
+    assert "O_VIA_SMEM" not in constexprs()  # D128 out of the set
+    # The persistent kernels store O their own way.
+    monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", frozenset({64, 128, 256}))
+    for variant in ("persistent", "persistent-tma"):
+        assert "O_VIA_SMEM" not in gluon_launch.persistent_launch_args(
+            q, q, q, out, lse, 0.125, True, gluon_launch.VARIANTS[variant][128], sm_count=132)[2]
 
 
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")

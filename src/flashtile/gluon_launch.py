@@ -464,8 +464,9 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
             "a bias, ALiBi, dropout or a block mask runs two consumers (takes_config, sparse_ok)"
     if dropout_p:
         constexprs.update(HAS_DROPOUT=True)
-    # O through each warpgroup's Q tile: plain and causal dense launches of two consumers (session 19); feature,
-    # varlen, bias, dropout and block-sparse launches keep the kernel they had.
+    # O through each warpgroup's Q tile: plain and causal dense launches of two consumers at the head dims
+    # configs.GLUON_FWD_SMEM_EPILOGUE lists (session 19); feature, varlen, bias, dropout and block-sparse launches,
+    # three consumers and the other head dims keep the kernel they had.
     plain = not (varlen or is_local or softcap > 0 or alibi_slopes is not None or sink is not None
                  or attn_bias is not None or mods is not None or dropout_p)
     if plain and config.consumers == 2 and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE:

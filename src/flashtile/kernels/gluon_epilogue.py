@@ -9,9 +9,11 @@ def _store_rows_via(buf, x, base, stride, row0, rows_end):
     rows_end, through the free shared-memory tile buf ([R, D], NVMMA-swizzled): read back as 16-byte row pieces, the
     stores fill whole sectors (from the accumulator layout, 4-byte pieces took 2.7-4.3 us per dK / dV program at
     D128: session 18's trace, bwd-epilogue-h200-2026-11-30-s18). The barriers: buf is whole before it is read, and
-    read before it is written again. Call from one warpgroup's partition (the barriers are that partition's)."""
+    read before it is written again. Call from one warpgroup's partition of 4 warps (the layout's warps; the barriers
+    are that partition's)."""
     R: gl.constexpr = x.shape[0]
     D: gl.constexpr = x.shape[1]
+    gl.static_assert(D >= 16 and D <= 256, "rows of 16 to 256 columns: a warp covers 256 // D rows")
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // D, D // 8], [4, 1], [1, 0])
     gl.thread_barrier()  # buf's earlier readers (the wgmmas, or the previous call's loads) are done
     buf.store(x)

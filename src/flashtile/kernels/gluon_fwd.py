@@ -590,7 +590,6 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     else:
         out = o_acc * (1.0 / l_o)[:, None]  # [WG_M, HEAD_DIM]
     rows = row0 + gl.arange(0, WG_M, layout=o_row)  # [WG_M]
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
     in_seq = rows < seqlen_q
     m_o = gl.convert_layout(m_i, o_row)  # [WG_M]
     if VARLEN or HAS_BIAS or BLOCK_SPARSE:
@@ -601,6 +600,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     if O_VIA_SMEM:
         _store_rows_via(q_view, out.to(dtype), out_ptr, stride_om, row0, seqlen_q)
     else:
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
         o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
         gl.store(o_ptrs, out.to(dtype), mask=in_seq[:, None])
     lse = (m_o + gl.log2(l_o)) * LN2  # [WG_M], natural log
