@@ -13,6 +13,8 @@
 #   bash benchmarks/gpu_session.sh tune [ARGS]  # tile sweep, e.g. tune --head-dims 256 --seqlen 4096
 #   bash benchmarks/gpu_session.sh sparse     # block-sparse vs dense flashtile vs FlexAttention, 16K tokens
 #   bash benchmarks/gpu_session.sh decode     # KV-cache decoding, flashtile vs SDPA (~1 min, capped at 4)
+#   bash benchmarks/gpu_session.sh ncu REGEX CASE...  # Nsight Compute on the kernels matching REGEX in each
+#                                             # benchmarks/ncu_cases.py CASE (~10-20 s each): $OUT/ncu-CASE.txt
 set -euo pipefail
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT="${OUT:-out}"
@@ -72,11 +74,26 @@ case "$phase" in
     sparse)
         python3 -m flashtile.bench --modes sparse --out "$OUT/sparse" "$@" > "$OUT/sparse.log" 2>&1
         tail -40 "$OUT/sparse.log" ;;
+    ncu)  # hardware counters (Firecracker machines; --clock-control none leaves the clocks alone): the second launch
+        # of each matching kernel (ncu_cases.py runs its call twice: the first compiles)
+        [ $# -ge 2 ] || { echo "ncu REGEX CASE...: see benchmarks/ncu_cases.py for the cases" >&2; exit 2; }
+        regex="$1"
+        shift
+        for case in "$@"; do
+            echo "== $case"
+            timeout 120 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+                --section Occupancy --section WarpStateStats --section LaunchStats --section InstructionStats \
+                --metrics "smsp__inst_executed.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+                -k "regex:$regex" --launch-skip 1 --launch-count 1 python3 benchmarks/ncu_cases.py "$case" \
+                > "$OUT/ncu-$case.txt" 2>&1 || true
+            grep -E "Duration|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|inst_executed.sum|stalled_(barrier|lg_throttle|long_scoreboard|wait|math_pipe_throttle|mio_throttle|short_scoreboard)_per" \
+                "$OUT/ncu-$case.txt" || tail -5 "$OUT/ncu-$case.txt"
+        done ;;
     decode)  # records stream to the log and $OUT/decode/decode.jsonl; the budget stops it cleanly
         timeout -k 20 300 python3 -m flashtile.bench --modes decode --providers flashtile,sdpa --max-seconds 240 \
             --no-plots --out "$OUT/decode" "$@" 2>&1 | tee "$OUT/decode.log" | tail -70 ;;
     tune)
         python3 benchmarks/tune.py --out "$OUT/tune.json" "$@" 2>&1 | tee "$OUT/tune.log" | tail -12 ;;
     *)
-        echo "unknown phase $phase: tests, bench, features, varlen, sparse, decode or tune" >&2; exit 2 ;;
+        echo "unknown phase $phase: tests, bench, features, varlen, sparse, decode, ncu or tune" >&2; exit 2 ;;
 esac
