@@ -47,14 +47,19 @@ def test_matches_reference(shape, head_dim, causal):
 def test_o_via_smem_matches_register_stores(monkeypatch, head_dim, causal):
     """The one-tile kernel's two epilogues (O through the Q tile, O from the accumulators) give the same bits, on a
     shape with a query tail (rows past Sq never stored), ragged key blocks and GQA, into NaN-poisoned outputs."""
-    from flashtile import configs, fast_launch
+    from flashtile import configs
 
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     q, k, v = make_qkv(2, 777, 999, 8, 2, head_dim, torch.bfloat16, "cuda", requires_grad=False)
     flags = []
-    run = fast_launch.launch
-    monkeypatch.setattr(fast_launch, "launch", lambda kernel, grid, args, kwargs: (
-        flags.append(kwargs.get("O_VIA_SMEM", False)), run(kernel, grid, args, kwargs))[1])
+    args_of = gluon_launch.gluon_launch_args
+
+    def launch_args(*args, **kwargs):
+        got = args_of(*args, **kwargs)
+        flags.append(got[2].get("O_VIA_SMEM", False))
+        return got
+
+    monkeypatch.setattr(gluon_launch, "gluon_launch_args", launch_args)
     outs = []
     for heads in (frozenset({head_dim}), frozenset()):
         monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", heads)
