@@ -71,6 +71,41 @@ def test_o_via_smem_matches_register_stores(monkeypatch, head_dim, causal):
                       torch.bfloat16)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("variant", ["persistent", "persistent-7cta", "persistent-sched4"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [128, 256], ids=["d128", "d256"])
+def test_persistent_o_via_smem_matches_register_stores(monkeypatch, head_dim, causal, variant):
+    """The persistent kernel's O through one shared tile the consumers take in turns (O_VIA_SMEM) gives the register
+    stores' bits: on 7 CTAs (each runs dozens of epilogues: the o_free barrier's running parity) and the full grid,
+    with a query tail (Sq % 64 != 0, batch 2: no TMA store), GQA, into NaN-poisoned outputs."""
+    from flashtile import configs
+
+    if variant == "persistent-sched4" and not causal:
+        pytest.skip("the listed schedule orders causal tiles")
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    q, k, v = make_qkv(2, 600, 640, 8, 2, head_dim, torch.bfloat16, "cuda", requires_grad=False)
+    flags = []
+    args_of = gluon_launch.persistent_launch_args
+
+    def launch_args(*args, **kwargs):
+        got = args_of(*args, **kwargs)
+        flags.append(got[2].get("O_VIA_SMEM", False))
+        return got
+
+    monkeypatch.setattr(gluon_launch, "persistent_launch_args", launch_args)
+    outs = []
+    for heads in (frozenset({head_dim}), frozenset()):
+        monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", heads)
+        outs.append(gluon_launch.gluon_forward(q, k, v, causal=causal, variant=variant))
+    assert flags == [True, False]  # one persistent launch each, the first through shared memory
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    ref = flashtile.attention_ref(q, k, v, causal=causal)
+    assert_close_rule("out", outs[0][0], ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False),
+                      torch.bfloat16)
+
+
 # The persistent kernel on 7 CTAs (dozens of tiles each: the barriers' running phases) and the 132-SM grid.
 PERSISTENT_SHAPES = [(4, 512, 512, 16, 16, torch.bfloat16), (3, 300, 700, 8, 2, torch.bfloat16),
                      (1, 1000, 1000, 4, 2, torch.float16), (2, 640, 640, 8, 8, torch.bfloat16)]
@@ -458,7 +493,7 @@ def test_dropout_launch_args():
 def test_o_via_smem_only_for_plain_dense_two_consumer_launches(monkeypatch):
     """The one-tile kernel's O through shared memory (O_VIA_SMEM): plain and causal dense launches of two consumers
     at the head dims configs.GLUON_FWD_SMEM_EPILOGUE lists; score features, a bias, dropout, varlen, three
-    consumers, other head dims and the persistent kernels keep the kernel they had (no O_VIA_SMEM constexpr).
+    consumers and other head dims keep the kernel they had (no O_VIA_SMEM constexpr).
     (Block-sparse launches: the same `plain` test in gluon_launch_args, not built here.)"""
     from flashtile import configs
     q = torch.empty(2, 1000, 4, 128, dtype=torch.bfloat16)
@@ -483,8 +518,9 @@ def test_o_via_smem_only_for_plain_dense_two_consumer_launches(monkeypatch):
     monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", frozenset({64}))
     assert constexprs(q=q64, out=q64, config=gluon_launch.VARIANTS["default"][64])["O_VIA_SMEM"]
     assert "O_VIA_SMEM" not in constexprs()  # D128 out of the set
-    # The persistent kernels store O their own way.
-    monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", frozenset({64, 128, 256}))
+    # The persistent kernel's own O_VIA_SMEM (one shared tile where O is not stored by TMA;
+    # test_persistent_launch_args) follows the same set.
+    monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", frozenset({64, 256}))
     for variant in ("persistent", "persistent-tma"):
         assert "O_VIA_SMEM" not in gluon_launch.persistent_launch_args(
             q, q, q, out, lse, 0.125, True, gluon_launch.VARIANTS[variant][128], sm_count=132)[2]
@@ -692,6 +728,9 @@ def test_persistent_launch_args():
                                                                      torch.empty(qt.shape[0], qt.shape[2], qt.shape[1]),
                                                                      0.125, False, tma_config, sm_count=132)
         assert constexprs["O_TMA"] == o_tma and (args[3].block_shape == [64, 128] if o_tma else args[3] is args[4])
+        # Without the TMA store, O leaves through one shared tile (configs.GLUON_FWD_SMEM_EPILOGUE's head dims).
+        assert constexprs.get("O_VIA_SMEM", False) == (not o_tma)
+    assert gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, False, config, sm_count=132)[2]["O_VIA_SMEM"]
     assert gluon_launch.takes_persistent(config, q, q) and gluon_launch.takes_persistent(config, q, q, causal=True)
     assert not gluon_launch.takes_persistent(gluon_launch.VARIANTS["default"][128], q, q)
     assert not gluon_launch.takes_persistent(config, q, q, window_size=(64, 0))

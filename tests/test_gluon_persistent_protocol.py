@@ -3,7 +3,8 @@ warp and the two consumer warpgroups as generators that yield the mbarrier parit
 counters for the ring / turn / Q phases across tiles of different lengths, TMA loads landing at random later
 times. Random interleavings must finish (no deadlock) and every Q K^T / P V must read the block it expects (no
 buffer overwritten early, no phase aliasing). Mutations of the kernel's counters (a per-tile reset, a constant
-Q phase, no q_empty wait) make it fail."""
+Q phase, no q_empty wait) make it fail. O_VIA_SMEM's epilogues: one O tile the two consumers take in turns (o_free,
+parity WG ^ 1); one parity for both fails (test_o_tile_parity_mutation_fails)."""
 
 import random
 
@@ -25,14 +26,16 @@ class Bar:
         return (self.phase & 1) != parity
 
 
-def run(tile_blocks, stages, pingpong=True, seed=0):
+def run(tile_blocks, stages, pingpong=True, seed=0, o_parity=lambda wg: wg ^ 1):
     """One CTA's tiles (tile_blocks: key blocks per tile) under a random interleaving; raises on a deadlock or a
-    GEMM that would read the wrong block."""
+    GEMM that would read the wrong block (or an epilogue whose O tile another one overwrote). o_parity(wg): the
+    o_free parity an epilogue of consumer wg waits for."""
     rng = random.Random(seed)
     q_bar, q_empty = Bar(1), Bar(2)
     k_ready, v_ready = [Bar(1) for _ in range(stages)], [Bar(1) for _ in range(stages)]
     k_empty, v_empty = [Bar(2) for _ in range(stages)], [Bar(2) for _ in range(stages)]
     turn = [Bar(1), Bar(1)]
+    o_free, o_buf = Bar(1), [None]  # O_VIA_SMEM: the O tile and which (tile, warpgroup) wrote it
     k_buf, v_buf, q_buf = [None] * stages, [None] * stages, [None]  # which block / tile each buffer holds
     in_flight = []  # TMA loads issued, not landed: (barrier, buffer list, index, value)
 
@@ -88,6 +91,11 @@ def run(tile_blocks, stages, pingpong=True, seed=0):
             yield None
             assert v_buf[last % stages] == last, ("last PV read", wg, t, last, v_buf)
             v_empty[last % stages].arrive()
+            yield lambda: o_free.done(o_parity(wg))
+            o_buf[0] = (t, wg)
+            yield None  # the rows are read back
+            assert o_buf[0] == (t, wg), ("O tile", wg, t, o_buf)
+            o_free.arrive()
             c += n
 
     actors = [loader(), consumer(0), consumer(1)]
@@ -114,3 +122,20 @@ def test_persistent_protocol_random_schedules():
         stages = rng.choice([1, 2, 3, 4])
         tiles = [rng.randint(1, 6) for _ in range(rng.randint(1, 8))]  # key blocks per tile of one CTA
         run(tiles, stages, pingpong=rng.random() < 0.8, seed=seed)
+
+
+def test_o_tile_parity_mutation_fails():
+    """Both consumers waiting for the same o_free parity (the fresh barrier passes the first wait of each): every
+    interleaving fails, by a deadlock later or by one epilogue overwriting the other's O tile (some do the latter)."""
+    overwrites = 0
+    for seed in range(50):
+        try:
+            run([2, 3, 1], 2, seed=seed, o_parity=lambda wg: 1)
+        except AssertionError as error:
+            assert "O tile" in str(error), error
+            overwrites += 1
+        except RuntimeError as error:
+            assert "deadlock" in str(error)
+        else:
+            raise AssertionError(f"seed {seed}: the mutated parity finished")
+    assert overwrites > 0

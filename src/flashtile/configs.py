@@ -134,7 +134,9 @@ GLUON_FWD_LONG = {(64, False): ("d64-3wg", 2049), (64, True): ("d64-3wg", 8192)}
 # store queue stalls (lg_throttle) 1.5 per issued instruction, cuDNN's 0. A/B (fwd-epilogue-h200-2026-11-30-s19,
 # TFLOP/s, two alternated runs): D256 causal 512 / 1K / 2K 265-267 / 390-395 / 506-513 -> 316 / 440-441 / 556-558,
 # D256 8K / 16K 671-694 / 678 -> 698 / 702; D128 8K / 16K within the runs' spread (632-638 / 630-639 -> 638-649 /
-# 635-645). The persistent kernels (the other short rows) keep their own epilogues. D64 (its two-consumer one-tile
+# 635-645). The persistent kernel takes the set too where it does not store O by TMA (D256 always: no room for
+# two O buffers): one shared O tile its two consumers take in turns (kernels/gluon_fwd_persistent.py, session 20).
+# D64 (its two-consumer one-tile
 # launches: causal rows of 4097-8191 keys) is unmeasured: it keeps the register stores (both epilogues give the same
 # bits there: tests/test_gluon.py::test_o_via_smem_matches_register_stores).
 GLUON_FWD_SMEM_EPILOGUE = frozenset({128, 256})

@@ -612,6 +612,8 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
                       RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm, TREE_MAX=config.tree_max, O_TMA=o_tma)
+    if not o_tma and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE:  # O through one shared tile (session 20)
+        constexprs.update(O_VIA_SMEM=True)
     schedule = None
     if config.schedule and is_causal:
         schedule = persistent_schedule(q.device, n_m, n_bh, ctas, config.lpt_heads or n_bh, seqlen_q, seqlen_k,

@@ -31,6 +31,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from .gluon_epilogue import _store_rows_via
 from .gluon_fwd import (LN2, RAGGED_BILLION, WG_M, _mask_scores, _row_max, _tma_load, _to_p, _turn_pass,
                         _turn_wait)
 from .gluon_grid import _heavy_first_linear
@@ -189,15 +190,18 @@ def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empt
 
 @gluon.jit
 def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
-                          o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
+                          o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
                           seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, Schedule, qk_scale,
                           WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, P_CVT_ASM: gl.constexpr,
                           TREE_MAX: gl.constexpr, O_TMA: gl.constexpr, LPT_HEADS: gl.constexpr = 0,
-                          SCHEDULE: gl.constexpr = False):
+                          SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False):
     """Rows WG * 64 + [0, 64) of each of the CTA's tiles (gluon_fwd._consumer_partition's online softmax).
     O_TMA: O goes out through o_smem[WG] by a TMA store (o_desc: (B * Sq, Hq * D), boxes [64, D]) that runs on
-    while the next tile's GEMMs do; the next epilogue waits for it before it writes the buffer again."""
+    while the next tile's GEMMs do; the next epilogue waits for it before it writes the buffer again.
+    O_VIA_SMEM: O goes out through o_smem[0], one tile the two warpgroups take in turns (their epilogues alternate,
+    WG 0's first: the ping-pong's order), as 16-byte row pieces (gluon_epilogue._store_rows_via); o_free counts the
+    epilogues that have read it back. The Q tile cannot serve (the next tile's Q is loaded into it meanwhile)."""
     BLOCK_M: gl.constexpr = 2 * WG_M
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -263,7 +267,15 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
         out = o_acc * (1.0 / l_o)[:, None]  # [WG_M, HEAD_DIM]
         rows = row0 + gl.arange(0, WG_M, layout=o_row)  # [WG_M]
         in_seq = rows < seqlen_q
-        if O_TMA:
+        if O_VIA_SMEM:
+            # Epilogue e = 2 t + WG of this CTA waits for epilogue e - 1 (the other warpgroup's): completion e - 1 of
+            # o_free, parity WG ^ 1 (the fresh barrier counts phase 1 as complete: epilogue 0 does not wait).
+            mbarrier.wait(o_free, WG ^ 1)
+            out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+            _store_rows_via(o_smem.index(0), out.to(dtype), out_ptr, stride_om, row0, seqlen_q)
+            gl.thread_barrier()  # every warp has read o_smem back
+            mbarrier.arrive(o_free)
+        elif O_TMA:
             # The previous tile's store has read o_smem[WG] (one thread issued it: the barrier tells the rest).
             tma.store_wait(0)
             gl.thread_barrier()
@@ -296,15 +308,18 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                 CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, RAGGED: gl.constexpr = False,
                                 P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
                                 O_TMA: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
-                                SCHEDULE: gl.constexpr = False):
+                                SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False):
     """_attn_fwd_hopper's plain / causal forward over n_tiles = n_m * n_bh tiles (n_m = cdiv(Sq, 128) query
     tiles, n_bh = B * Hq), tile i on CTA i % grid, or with SCHEDULE the CTA's tiles in Schedule (an int32 tensor,
     persistent_schedule.schedule_table for this grid; unused without SCHEDULE). Launch with num_warps=4 and a grid of
     min(n_tiles, SMs).
     O_TMA: o_desc is Out as a 2-D (B * Sq, Hq * D) TMA tensor with boxes [64, D] and batch == 1 or Sq % 64 == 0
-    (a box never reaches into the next sequence); else o_desc is unused and O is stored from registers."""
+    (a box never reaches into the next sequence); else o_desc is unused and O is stored from registers, or with
+    O_VIA_SMEM through one shared-memory tile the consumers take in turns (32 KB at D256, which has no room for
+    O_TMA's two)."""
     gl.static_assert(LPT_HEADS == 0 or IS_CAUSAL, "LPT_HEADS: causal launches")
     gl.static_assert(not SCHEDULE or IS_CAUSAL, "SCHEDULE: causal launches")
+    gl.static_assert(not (O_TMA and O_VIA_SMEM), "O_TMA or O_VIA_SMEM")
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM],
                                        gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], dtype))
@@ -318,12 +333,17 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    o_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     if O_TMA:
         o_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM], o_desc.layout)
+    elif O_VIA_SMEM:
+        o_smem = gl.allocate_shared_memory(dtype, [1, WG_M, HEAD_DIM],
+                                           gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], dtype))
     else:
         o_smem = q_smem  # unused
     mbarrier.init(q_bar, count=1)
     mbarrier.init(q_empty, count=2)  # both consumer warpgroups release Q
+    mbarrier.init(o_free, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -334,15 +354,15 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
 
     gl.warp_specialize([
         (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                 turn_bars, o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b,
-                                 stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, Schedule, qk_scale,
-                                 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA,
-                                 LPT_HEADS, SCHEDULE)),
+                                 turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
+                                 stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, Schedule,
+                                 qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX,
+                                 O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM)),
         (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                 turn_bars, o_smem, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b,
-                                 stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, Schedule, qk_scale,
-                                 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX, O_TMA,
-                                 LPT_HEADS, SCHEDULE)),
+                                 turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
+                                 stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, Schedule,
+                                 qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX,
+                                 O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM)),
         (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles, Schedule,
                              HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE)),
