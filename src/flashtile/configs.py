@@ -119,9 +119,15 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 1024}
 # 1.11 / 1.10 against 1.07 / 1.07); D256 persistent-sched4 4K / 8K / 16K 1.12 / 1.08 / 1.17 against 1.09 / 1.05 /
 # 1.16 (session 14: 1.07 against 1.01 at 4K, 1.11 / 1.11 against 1.07 / 1.09 at 8K / 16K). Both to 16K keys, D256
 # from 4K. Longer rows are unmeasured (and a tile list grows with them: persistent_schedule.py).
+# Session 20 (persistent-epilogue-h200-2026-12-01-s20): D256's persistent kernel stores O through one shared tile
+# (GLUON_FWD_SMEM_EPILOGUE). D256 plain 512 / 1K / 2K TFLOP/s before -> after 454-457 / 561-563 / 633-668 -> 542-543
+# / 619-642 / 665-679 (cuDNN 1.06-1.09x); causal 8K 638-644 -> 687-688. In one process (gluon_check.py), D256 causal
+# 512 / 1K / 2K / 4K / 8K, persistent-sched4 against the one-tile default (both with the new epilogues) 340 / 452 /
+# 535 / 626 / 654 against 315 / 437 / 546 / 610 / 639 (cuDNN 332 / 440 / 520 / 551 / 542): causal D256 takes
+# persistent-sched4 from 0 keys.
 GLUON_FWD_PERSISTENT = {(128, False): ("persistent-tma", 0, 4096), (128, True): ("persistent-tma-sched4", 0, 16384),
                         (64, False): ("persistent-tma", 0, 2048), (64, True): ("persistent-tma-lpt8", 0, 4096),
-                        (256, False): ("persistent", 0, 2048), (256, True): ("persistent-sched4", 4096, 16384)}
+                        (256, False): ("persistent", 0, 2048), (256, True): ("persistent-sched4", 0, 16384)}
 # (head dim, causal) -> (variant, least seqlen_k): the entry that serves longer rows instead of "default". D64: three
 # consumer warpgroups (192-row tiles, FA3's hdim-64 schedule). Session 10 (d64-3wg-h200-2026-11-30-s10), speed /
 # cuDNN in one run, default / d64-3wg / persistent-tma: 2K 0.85 / 0.93 / 0.94, 3K 0.86 / 0.95 / 0.92, 4K 0.90 / 0.99
