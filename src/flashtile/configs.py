@@ -141,10 +141,10 @@ GLUON_FWD_LONG = {(64, False): ("d64-3wg", 2049), (64, True): ("d64-3wg", 8192)}
 # TFLOP/s, two alternated runs): D256 causal 512 / 1K / 2K 265-267 / 390-395 / 506-513 -> 316 / 440-441 / 556-558,
 # D256 8K / 16K 671-694 / 678 -> 698 / 702; D128 8K / 16K within the runs' spread (632-638 / 630-639 -> 638-649 /
 # 635-645). The persistent kernel takes the set too where it does not store O by TMA (D256 always: no room for
-# two O buffers): one shared O tile its two consumers take in turns (kernels/gluon_fwd_persistent.py, session 20).
-# D64 (its two-consumer one-tile
-# launches: causal rows of 4097-8191 keys) is unmeasured: it keeps the register stores (both epilogues give the same
-# bits there: tests/test_gluon.py::test_o_via_smem_matches_register_stores).
+# two O buffers): one shared O tile its two consumers take in turns (kernels/gluon_fwd_persistent.py, session 20;
+# numbers at GLUON_FWD_PERSISTENT). D64 (its two-consumer one-tile launches: causal rows of 4097-8191 keys) is
+# unmeasured: it keeps the register stores (both epilogues give the same bits there:
+# tests/test_gluon.py::test_o_via_smem_matches_register_stores).
 GLUON_FWD_SMEM_EPILOGUE = frozenset({128, 256})
 # Sliding windows: the keys a row sees. At D128 8K a 256-key window ran 7 % slower in Gluon than in the portable
 # 64x64 tiles, 1024 and 4096 ran 16-19 % faster (gluon-ext-h200-2026-11-29-s5).

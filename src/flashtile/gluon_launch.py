@@ -67,7 +67,9 @@ class GluonConfig:
     over the tiles; ctas_per_sm CTAs per SM, max_ctas caps the grid, 0 = no cap: a small cap makes every CTA run
     many tiles, for checking the barriers' running phases); the features and varlen still run the one-tile
     kernel with this config. tma_store (persistent): O leaves through shared memory by TMA stores that overlap the
-    next tile's GEMMs (2 x 64 x D x 2 B more shared memory), where batch == 1 or Sq % 64 == 0.
+    next tile's GEMMs (2 x 64 x D x 2 B more shared memory), where batch == 1 or Sq % 64 == 0; without it (or where
+    it does not apply) through one shared tile the consumers take in turns, at configs.GLUON_FWD_SMEM_EPILOGUE's
+    head dims (persistent_launch_args).
     consumers: consumer warpgroups of WG_M = 64 query rows, 2 (BLOCK_M 128) or 3 (BLOCK_M 192, FA3's D64 tile:
     each warpgroup's softmax hides behind the two others' GEMMs); 3 needs consumer_regs <= 160 and maxnreg 128
     (16 warps with the loader's warpgroup: 3 x 128 x 160 + 128 x 24 <= 64K registers), and is not persistent and
