@@ -668,13 +668,14 @@ def test_matches_reference(monkeypatch, shape, head_dim, causal):
 
 
 def test_short_programs_store_through_shared_memory(monkeypatch):
-    """STORE_VIA_SMEM (dK / dV through shared memory) at D64 / D128 while a program's query rows (seqlen_q, or
-    max_seqlen_q, times the query heads per KV head) are at most configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS; past it,
-    at D256 and for d64-bm128-split under a causal mask, the constexprs stay as they were (the kernel compiles as
-    before). Dense and varlen."""
+    """STORE_VIA_SMEM (dK / dV through shared memory) while a program's query rows (seqlen_q, or max_seqlen_q, times
+    the query heads per KV head) are at most configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS (D64 / D128) or
+    GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS_D256; past it, for D256 block-sparse launches and for d64-bm128-split under a
+    causal mask, the constexprs stay as they were (the kernel compiles as before). Dense and varlen."""
     if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
         pytest.skip("no Gluon Hopper API in this triton")
     monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS", 600)
+    monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS_D256", 600)
     rows = torch.empty(2, 4, 320)
     for head_dim in (64, 128, 256):
         config = gluon_bwd_launch.VARIANTS["default"][head_dim]
@@ -684,9 +685,16 @@ def test_short_programs_store_through_shared_memory(monkeypatch):
             k = torch.empty(2, 2000, 2, head_dim, dtype=torch.bfloat16)  # the key count does not matter
             _, _, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, True,
                                                                     config)
-            if seqlen_q == 300 and head_dim != 256:
+            if seqlen_q == 300:
                 assert constexprs.pop("STORE_VIA_SMEM")
             assert "STORE_VIA_SMEM" not in constexprs
+    monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS_D256", 0)  # D256 off, D64 / D128 unchanged
+    for head_dim, short in ((128, True), (256, False)):
+        q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
+        k = torch.empty(2, 2000, 2, head_dim, dtype=torch.bfloat16)
+        constexprs = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, torch.empty(2, 320, 4, head_dim),
+                                                       0.1, True, gluon_bwd_launch.VARIANTS["default"][head_dim])[2]
+        assert constexprs.get("STORE_VIA_SMEM") is (True if short else None), head_dim
     q = torch.empty(600, 4, 128, dtype=torch.bfloat16)
     cu = torch.tensor([0, 300, 600], dtype=torch.int32)
     for most, short in ((600, True), (599, False)):  # varlen: max_seqlen_q 300
@@ -709,7 +717,7 @@ def test_short_programs_store_through_shared_memory(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
 def test_both_dkdv_epilogues(monkeypatch, head_dim, causal):
     """dK / dV stored through shared memory (a short program) and from the accumulators (the rows' threshold 0):
     both calls through the Gluon backward with the intended constexpr, bitwise the same dK / dV, on a shape with key
@@ -733,6 +741,7 @@ def test_both_dkdv_epilogues(monkeypatch, head_dim, causal):
     grads = []
     for most in (4096, 0):
         monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS", most)
+        monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS_D256", most)
         plans.clear()  # a signature's plan holds its first call's launches
         grads.append(torch.autograd.grad(flashtile.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout))
     plans.clear()

@@ -182,6 +182,9 @@ GLUON_BWD_PLAIN = {(64, False): "d64-bm128-split", (64, True): "d64-bm128"}
 # the tile loops' code a little (D128: +0-5 SASS per full loop, +21 in one masked loop), a candidate. Longer programs
 # keep the previous kernel (bwd-epilogue-h200-2026-11-30-s18).
 GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS = 2048
+# The same for the D256 backward (kernel SPLIT_D: each warpgroup's half of dK / dV's columns through its half of V's
+# buffer; session 20).
+GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS_D256 = 1 << 30
 # Varlen (packed sequences) follows the same table by max_seqlen_k: session 9 (varlen-bwd-h200-2026-11-30-s9, 2K / 8K
 # keys, D64 / D128, causal both) timed it 1.19-1.38x faster than the portable varlen backward, within 6 % of the
 # dense Gluon backward on the same tokens.

@@ -401,8 +401,10 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
     if dropout_p:
         constexprs.update(HAS_DROPOUT=True)
     # The query rows a program walks (every head of its group): longer programs keep the kernel they had.
-    if (head_dim <= 128 and seqlen_q * (heads_q // heads_kv) <= configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS
-            and (config.smem_epilogue_causal or not is_causal)):
+    # D256 (SPLIT_D): its own limit, dense and varlen only (the kernel's block-sparse D256 path keeps the old one).
+    most = (configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS if head_dim <= 128 else
+            configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS_D256 if mods is None else -1)
+    if seqlen_q * (heads_q // heads_kv) <= most and (config.smem_epilogue_causal or not is_causal):
         constexprs.update(STORE_VIA_SMEM=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)

@@ -801,9 +801,14 @@ def _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delt
                                 DQ_TMA_REDUCE: gl.constexpr, sp_num=None, sp_idx=None, sp_full_num=None,
                                 sp_full_idx=None, sp_num_base=0, sp_idx_base=0, sp_num_h=0, sp_idx_h=0, off_b=0,
                                 off_h0=0, aux0=None, aux1=None, aux2=None, aux3=None, MASK_MOD: gl.constexpr = None,
-                                BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128):
+                                BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
+                                STORE_VIA_SMEM: gl.constexpr = False):
     """SPLIT_D: keys start_n + [0, WG_N), head-dim columns WG * HEAD_DIM / 2 + [0, HEAD_DIM / 2) of their dK and
-    dV (and of dQ); otherwise as _consumer_partition (BLOCK_SPARSE: _consumer_sparse_walk's order)."""
+    dV (and of dQ); otherwise as _consumer_partition (BLOCK_SPARSE: _consumer_sparse_walk's order).
+    STORE_VIA_SMEM: dK / dV leave through V's shared buffer, seen as two [WG_N, HEAD_DIM / 2] tiles, one per
+    warpgroup, in 16-byte row pieces. Both warpgroups read all of V (dP^T at full D), but each one's last read
+    retired before it arrived at the last tile's ds_ready, which the other waited for: V is free once a warpgroup
+    leaves its tile loop."""
     dtype: gl.constexpr = q_bufs.dtype
     HALF_D: gl.constexpr = HEAD_DIM // 2
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -864,12 +869,19 @@ def _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delt
                                            DQ_TMA_REDUCE)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-adds have read their slot before the program exits
-    rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
-    cols = WG * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, acc_layout))  # [HALF_D]
-    in_seq = (rows < seqlen_k)[:, None]
-    rows64 = rows.to(gl.int64)[:, None]
-    gl.store(dk_base + rows64 * stride_dkn + cols[None, :], (dk * softmax_scale).to(dtype), mask=in_seq)
-    gl.store(dv_base + rows64 * stride_dvn + cols[None, :], dv.to(dtype), mask=in_seq)
+    if STORE_VIA_SMEM:
+        halves = v_smem._reinterpret(dtype, [2, WG_N, HALF_D],
+                                     gl.NVMMASharedLayout.get_default_for([WG_N, HALF_D], dtype))
+        _store_rows_via(halves.index(WG), dv.to(dtype), dv_base + WG * HALF_D, stride_dvn, key0, seqlen_k)
+        _store_rows_via(halves.index(WG), (dk * softmax_scale).to(dtype), dk_base + WG * HALF_D, stride_dkn, key0,
+                        seqlen_k)
+    else:
+        rows = key0 + gl.arange(0, WG_N, layout=gl.SliceLayout(1, acc_layout))  # [WG_N]
+        cols = WG * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, acc_layout))  # [HALF_D]
+        in_seq = (rows < seqlen_k)[:, None]
+        rows64 = rows.to(gl.int64)[:, None]
+        gl.store(dk_base + rows64 * stride_dkn + cols[None, :], (dk * softmax_scale).to(dtype), mask=in_seq)
+        gl.store(dv_base + rows64 * stride_dvn + cols[None, :], dv.to(dtype), mask=in_seq)
 
 
 @gluon.jit
@@ -884,7 +896,8 @@ def _consumer1_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, del
                                  sp_num=None, sp_idx=None, sp_full_num=None, sp_full_idx=None, sp_num_base=0,
                                  sp_idx_base=0, sp_num_h=0, sp_idx_h=0, off_b=0, off_h0=0, aux0=None, aux1=None,
                                  aux2=None, aux3=None, MASK_MOD: gl.constexpr = None,
-                                 BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128):
+                                 BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
+                                 STORE_VIA_SMEM: gl.constexpr = False):
     _consumer_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, x_bufs, kv_bar, q_ready,
                                 q_empty, do_ready, do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo,
                                 n_masked, n_tiles, group_size, seqlen_q, seqlen_k, causal_offset, qk_scale,
@@ -892,7 +905,7 @@ def _consumer1_split_d_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, del
                                 softcap_log2, window_left, window_right, dq_desc, dq_done, dq_b, dq_c0, 1, HEAD_DIM,
                                 BLOCK_M, STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE,
                                 sp_num, sp_idx, sp_full_num, sp_full_idx, sp_num_base, sp_idx_base, sp_num_h, sp_idx_h,
-                                off_b, off_h0, aux0, aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_M)
+                                off_b, off_h0, aux0, aux1, aux2, aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_M, STORE_VIA_SMEM)
 
 
 # Shape-like ints are not specialized (one compiled kernel per config, head dim, causal and dtype).
@@ -952,8 +965,9 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     regenerate its mask (kernels/common._dropout_keep's draws; threshold dropout_threshold) and dropout_scale =
     1 / (1 - dropout_p) (_bwd_step); lse2 / delta as without dropout (delta = rowsum(dO * O) of the dropped O).
     Else Rng is unread, dropout_scale 1 and dropout_threshold 0.
-    STORE_VIA_SMEM (D64 / D128): dK and dV leave through the warpgroup's half of V's shared buffer, as 16-byte row
-    pieces (gluon_bwd_launch.dkdv_launch_args sets it for short programs: configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS).
+    STORE_VIA_SMEM: dK and dV leave through V's shared buffer as 16-byte row pieces, each warpgroup through its half
+    (D64 / D128: of the rows; D256, not block-sparse: of the bytes, as [WG_N, HEAD_DIM / 2]); gluon_bwd_launch's
+    dkdv_launch_args sets it for short programs (configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS).
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
@@ -970,7 +984,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                      "LPT_HEADS: dense causal launches")
     gl.static_assert(not HAS_DROPOUT or not (SPLIT_D or BLOCK_SPARSE or ROWS_IN_ACC),
                      "HAS_DROPOUT: D64 / D128, without a block mask or ROWS_IN_ACC")
-    gl.static_assert(not (STORE_VIA_SMEM and SPLIT_D), "STORE_VIA_SMEM: D64 / D128")
+    gl.static_assert(not (STORE_VIA_SMEM and SPLIT_D and BLOCK_SPARSE), "STORE_VIA_SMEM at D256: not block-sparse")
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)
@@ -1212,13 +1226,15 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
               do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles, group_size, seqlen_q,
               seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip,
               alibi_ptr, softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, 0, HEAD_DIM, BLOCK_M,
-              STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE)),
+              STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE, None, None, None, None, 0, 0,
+              0, 0, 0, 0, None, None, None, None, None, False, 128, STORE_VIA_SMEM)),
             (_consumer1_split_d_partition,
              (k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, ds_bufs, kv_bar, q_ready, q_empty, do_ready,
               do_empty, ds_ready, dk_base, dv_base, dq_base, start_n, m_lo, n_masked, n_tiles, group_size, seqlen_q,
               seqlen_k, causal_offset, qk_scale, softmax_scale, stride_dkn, stride_dvn, stride_dqm, n_lead, n_skip,
               alibi_ptr, softcap_log2, window_left, window_right, dq_desc, dq_bufs, dq_b, dq_c0, HEAD_DIM, BLOCK_M,
-              STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE)),
+              STAGES, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_CHUNKS, DQ_TMA_REDUCE, None, None, None, None, 0, 0,
+              0, 0, 0, 0, None, None, None, None, None, False, 128, STORE_VIA_SMEM)),
             (_load_partition,
              (q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem.index(0), v_smem.index(0), q_bufs,
               do_bufs, lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0, kv_r0,
