@@ -4,7 +4,8 @@ import torch
 
 import flashtile
 from flashtile import gluon_launch, launch, philox
-from utils import alibi_slopes, assert_close_rule, assert_varlen_matches_each_sequence, make_qkv, record_calls
+from utils import (alibi_slopes, assert_close_rule, assert_varlen_matches_each_sequence, make_qkv, record_calls,
+                   record_constexpr)
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -51,15 +52,7 @@ def test_o_via_smem_matches_register_stores(monkeypatch, head_dim, causal):
 
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     q, k, v = make_qkv(2, 777, 999, 8, 2, head_dim, torch.bfloat16, "cuda", requires_grad=False)
-    flags = []
-    args_of = gluon_launch.gluon_launch_args
-
-    def launch_args(*args, **kwargs):
-        got = args_of(*args, **kwargs)
-        flags.append(got[2].get("O_VIA_SMEM", False))
-        return got
-
-    monkeypatch.setattr(gluon_launch, "gluon_launch_args", launch_args)
+    flags = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "O_VIA_SMEM")
     outs = []
     for heads in (frozenset({head_dim}), frozenset()):
         monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", heads)
@@ -86,15 +79,7 @@ def test_persistent_o_via_smem_matches_register_stores(monkeypatch, head_dim, ca
         pytest.skip("the listed schedule orders causal tiles")
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     q, k, v = make_qkv(2, 600, 640, 8, 2, head_dim, torch.bfloat16, "cuda", requires_grad=False)
-    flags = []
-    args_of = gluon_launch.persistent_launch_args
-
-    def launch_args(*args, **kwargs):
-        got = args_of(*args, **kwargs)
-        flags.append(got[2].get("O_VIA_SMEM", False))
-        return got
-
-    monkeypatch.setattr(gluon_launch, "persistent_launch_args", launch_args)
+    flags = record_constexpr(monkeypatch, gluon_launch, "persistent_launch_args", "O_VIA_SMEM")
     outs = []
     for heads in (frozenset({head_dim}), frozenset()):
         monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", heads)

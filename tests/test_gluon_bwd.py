@@ -5,7 +5,7 @@ import torch
 import flashtile
 from flashtile import configs, gluon_bwd_launch, launch, philox
 from conftest import DEVICE
-from utils import assert_close_rule, make_qkv, record_calls, references
+from utils import assert_close_rule, make_qkv, record_calls, record_constexpr, references
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 # dkdv_launch_args' last arguments: the block-sparse ones (4 lists, 6 strides, 4 aux tensors; None when dense,
@@ -727,15 +727,7 @@ def test_both_dkdv_epilogues(monkeypatch, head_dim, causal):
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
-    flags = []
-    args_of = gluon_bwd_launch.dkdv_launch_args
-
-    def launch_args(*args, **kwargs):
-        got = args_of(*args, **kwargs)
-        flags.append(got[2].get("STORE_VIA_SMEM", False))
-        return got
-
-    monkeypatch.setattr(gluon_bwd_launch, "dkdv_launch_args", launch_args)
+    flags = record_constexpr(monkeypatch, gluon_bwd_launch, "dkdv_launch_args", "STORE_VIA_SMEM")
     q, k, v = make_qkv(2, 1000, 1100, 4, 2, head_dim, torch.bfloat16, "cuda")
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=q.dtype, device="cuda")
     grads = []

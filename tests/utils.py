@@ -86,6 +86,21 @@ def record_calls(monkeypatch, module, name):
     return calls
 
 
+def record_constexpr(monkeypatch, module, name, key):
+    """Wrap module.name, a launch-arguments function returning (grid, args, constexprs, options), so each call
+    appends constexprs.get(key, False) to the returned list: which kernel a launch compiled."""
+    flags = []
+    original = getattr(module, name)
+
+    def launch_args(*args, **kwargs):
+        got = original(*args, **kwargs)
+        flags.append(got[2].get(key, False))
+        return got
+
+    monkeypatch.setattr(module, name, launch_args)
+    return flags
+
+
 def train_step(causal):
     """flash_attn_func forward and backward on a fixed CUDA input (B2 S1024 H8 D128 bf16, seed 0, dout of ones):
     (out, dq, dk, dv). The same call twice compares one path of the launch machinery with another."""
