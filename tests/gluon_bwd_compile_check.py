@@ -9,7 +9,8 @@ counts (wgmma, TMA, mbarriers, atomics, TMA reduce-adds and their bulk-group wai
 (--features; window, softcap, ALiBi, combos) compile the default variant only. Exits 1 if a case fails to
 compile, spills inside a per-tile loop or serializes its wgmmas (spills in the per-head prologue / epilogue
 are reported, as the plain kernel has them). --seqlen (query and key rows; 2 query heads per KV head): the default
-1000 compiles the short-program kernel (STORE_VIA_SMEM, configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS), 4096 the other.
+1000 compiles the short-program kernel (STORE_VIA_SMEM, configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS), 4096 the other
+at D64 / D128 (D256 takes STORE_VIA_SMEM at every length: GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS_D256).
 """
 import argparse
 import re

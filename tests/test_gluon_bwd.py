@@ -4,6 +4,7 @@ import torch
 
 import flashtile
 from flashtile import configs, gluon_bwd_launch, launch, philox
+from flashtile.launch import ModArgs
 from conftest import DEVICE
 from utils import assert_close_rule, make_qkv, record_calls, record_constexpr, references
 
@@ -695,6 +696,16 @@ def test_short_programs_store_through_shared_memory(monkeypatch):
         constexprs = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, torch.empty(2, 320, 4, head_dim),
                                                        0.1, True, gluon_bwd_launch.VARIANTS["default"][head_dim])[2]
         assert constexprs.get("STORE_VIA_SMEM") is (True if short else None), head_dim
+    # D256 block-sparse launches keep the register stores (the kernel's static_assert), D128 ones take it.
+    monkeypatch.setattr(configs, "GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS_D256", 600)
+    bm = flashtile.create_block_mask(flashtile.causal_mask, None, None, 256, 256, device="cpu")
+    mods = ModArgs.make((), None, None, bm.mask_mod.triton(), bm)
+    for head_dim, short in ((128, True), (256, False)):
+        q = torch.empty(1, 256, 2, head_dim, dtype=torch.bfloat16)
+        rows1, acc1 = torch.empty(1, 2, 256), torch.empty(1, 256, 2, head_dim)
+        constexprs = gluon_bwd_launch.dkdv_launch_args(q, q, q, q, rows1, rows1, q, q, acc1, 0.1, False,
+                                                       gluon_bwd_launch.VARIANTS["default"][head_dim], mods=mods)[2]
+        assert constexprs["BLOCK_SPARSE"] and constexprs.get("STORE_VIA_SMEM") is (True if short else None)
     q = torch.empty(600, 4, 128, dtype=torch.bfloat16)
     cu = torch.tensor([0, 300, 600], dtype=torch.int32)
     for most, short in ((600, True), (599, False)):  # varlen: max_seqlen_q 300

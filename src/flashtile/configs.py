@@ -186,7 +186,8 @@ GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS = 2048
 # buffer), without a limit: session 20's A/B (bwd-d256-epilogue-h200-2026-12-01-s20, two alternated runs, TFLOP/s)
 # 512 / 1K / 2K / 4K / 8K / 16K 234 / 290-292 / 331 / 358 / 364-365 / 374-378 -> 259 / 307-309 / 340 / 356-362 /
 # 364-368 / 373-374, causal 166 / 233-234 / 290 / 326-333 / 346-352 / 359-361 -> 183-184 / 253 / 309 / 334-342 /
-# 355-356 / 366-368: faster or within the runs' spread at every length.
+# 355-356 / 366-368: faster or within the runs' spread at every length. (The README sweep after it,
+# h200-2026-12-01-s20b, measured the plain 2K row at 301: not reproduced yet, see docs/perf-log.md.)
 GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS_D256 = 1 << 30
 # Varlen (packed sequences) follows the same table by max_seqlen_k: session 9 (varlen-bwd-h200-2026-11-30-s9, 2K / 8K
 # keys, D64 / D128, causal both) timed it 1.19-1.38x faster than the portable varlen backward, within 6 % of the

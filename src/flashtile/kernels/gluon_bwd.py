@@ -967,7 +967,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     Else Rng is unread, dropout_scale 1 and dropout_threshold 0.
     STORE_VIA_SMEM: dK and dV leave through V's shared buffer as 16-byte row pieces, each warpgroup through its half
     (D64 / D128: of the rows; D256, not block-sparse: of the bytes, as [WG_N, HEAD_DIM / 2]); gluon_bwd_launch's
-    dkdv_launch_args sets it for short programs (configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS).
+    dkdv_launch_args sets it for short programs (configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS; D256:
+    GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS_D256, all rows).
     Launch with num_warps=4 and a grid of (cdiv(Sk, BLOCK_N), B * Hk), BLOCK_N 128 (64 at D256: K / V boxes too)."""
     SPLIT_D: gl.constexpr = HEAD_DIM > 128  # D256: one WG_N key block, the head dim split over the warpgroups
     # D256 has no shared memory for a bias ring (gluon_bwd_launch refuses it)
