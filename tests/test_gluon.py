@@ -41,6 +41,26 @@ def test_matches_reference(shape, head_dim, causal):
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
+def _assert_o_epilogues_agree(monkeypatch, launch_args, shape, head_dim, causal, variant="default"):
+    """Two gluon_forward calls with O_VIA_SMEM on (head_dim in configs.GLUON_FWD_SMEM_EPILOGUE) and off: the spied
+    launch_args function (gluon_launch's one-tile or persistent one) saw the constexpr set once then not, the two
+    results are bitwise equal (NaN-poisoned outputs), and the first is within the reference's tolerance."""
+    from flashtile import configs
+
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    q, k, v = make_qkv(*shape, head_dim, torch.bfloat16, "cuda", requires_grad=False)
+    flags = record_constexpr(monkeypatch, gluon_launch, launch_args, "O_VIA_SMEM")
+    outs = []
+    for heads in (frozenset({head_dim}), frozenset()):
+        monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", heads)
+        outs.append(gluon_launch.gluon_forward(q, k, v, causal=causal, variant=variant))
+    assert flags == [True, False]  # one launch each, the first through shared memory
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    ref = flashtile.attention_ref(q, k, v, causal=causal)
+    assert_close_rule("out", outs[0][0], ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False),
+                      torch.bfloat16)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -48,20 +68,7 @@ def test_matches_reference(shape, head_dim, causal):
 def test_o_via_smem_matches_register_stores(monkeypatch, head_dim, causal):
     """The one-tile kernel's two epilogues (O through the Q tile, O from the accumulators) give the same bits, on a
     shape with a query tail (rows past Sq never stored), ragged key blocks and GQA, into NaN-poisoned outputs."""
-    from flashtile import configs
-
-    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    q, k, v = make_qkv(2, 777, 999, 8, 2, head_dim, torch.bfloat16, "cuda", requires_grad=False)
-    flags = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "O_VIA_SMEM")
-    outs = []
-    for heads in (frozenset({head_dim}), frozenset()):
-        monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", heads)
-        outs.append(gluon_launch.gluon_forward(q, k, v, causal=causal))
-    assert flags == [True, False]  # one launch each, the first through shared memory
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    ref = flashtile.attention_ref(q, k, v, causal=causal)
-    assert_close_rule("out", outs[0][0], ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False),
-                      torch.bfloat16)
+    _assert_o_epilogues_agree(monkeypatch, "gluon_launch_args", (2, 777, 999, 8, 2), head_dim, causal)
 
 
 @pytest.mark.gpu
@@ -73,22 +80,9 @@ def test_persistent_o_via_smem_matches_register_stores(monkeypatch, head_dim, ca
     """The persistent kernel's O through one shared tile the consumers take in turns (O_VIA_SMEM) gives the register
     stores' bits: on 7 CTAs (each runs dozens of epilogues: the o_free barrier's running parity) and the full grid,
     with a query tail (Sq % 64 != 0, batch 2: no TMA store), GQA, into NaN-poisoned outputs."""
-    from flashtile import configs
-
     if variant == "persistent-sched4" and not causal:
         pytest.skip("the listed schedule orders causal tiles")
-    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    q, k, v = make_qkv(2, 600, 640, 8, 2, head_dim, torch.bfloat16, "cuda", requires_grad=False)
-    flags = record_constexpr(monkeypatch, gluon_launch, "persistent_launch_args", "O_VIA_SMEM")
-    outs = []
-    for heads in (frozenset({head_dim}), frozenset()):
-        monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", heads)
-        outs.append(gluon_launch.gluon_forward(q, k, v, causal=causal, variant=variant))
-    assert flags == [True, False]  # one persistent launch each, the first through shared memory
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    ref = flashtile.attention_ref(q, k, v, causal=causal)
-    assert_close_rule("out", outs[0][0], ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False),
-                      torch.bfloat16)
+    _assert_o_epilogues_agree(monkeypatch, "persistent_launch_args", (2, 600, 640, 8, 2), head_dim, causal, variant)
 
 
 # The persistent kernel on 7 CTAs (dozens of tiles each: the barriers' running phases) and the 132-SM grid.
