@@ -8,7 +8,8 @@ to local memory is a poor candidate however its tiles look. Compiles for sm90 wi
 --variant desc compiles the dK/dV kernel's descriptor variant (configs.BwdConfig.dkdv_variant). "wgmma serialized":
 ptxas's C7515 warning, every wgmma of the kernel waits for the previous one (a performance cliff, not a spill).
 Shapes: bf16, B=4, S=4096, H=16 (strides as in the benchmark; divisibility hints as at launch).
---configured: only the tiles configs.py picks for the shape. --dropout P: compile with dropout on (P > 0).
+--configured: only the tiles configs.py picks for the shape. --dtype fp32: fp32 inputs, whose dots are FMA loops
+(configs._IEEE_FWD / _IEEE_BWD with --configured). --dropout P: compile with dropout on (P > 0).
 --sass: also the instruction count of each loop body over 64 instructions, in kernel order (nvdisasm of the
 cubin; per iteration and thread: the issue cost of one tile; the unmasked loop is the hot one, the masked ones
 run on boundary tiles), with how many are integer ALU (IMAD/IADD3/LOP3/SHF/ISETP/SEL/PRMT/LEA) and
@@ -59,6 +60,7 @@ def ptxas_usage(ptx):
     return int(regs.group(1)) if regs else -1, int(spills.group(1)) if spills else -1, "C7515" in err
 
 
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 INT_OPS = ("IMAD", "IADD3", "LOP3", "SHF", "ISETP", "SEL", "PRMT", "LEA")
 SMEM_OPS = ("LDS", "STS", "BAR")
 
@@ -89,14 +91,14 @@ def loop_bodies(cubin):
     return bodies
 
 
-def measure(kernel, head_dim, causal, tiles, dropout_p=0.0, sass=False, variant="default"):
+def measure(kernel, head_dim, causal, tiles, dropout_p=0.0, sass=False, variant="default", dtype=torch.bfloat16):
     split = "dv-dk" if kernel in ("dv", "dk") else ""
     if tiles is not None:
         m, n, warps, stages = tiles
         tile = configs.TileConfig(m, n, warps, stages)
         configs.fwd_config = lambda *a, **k: tile
         configs.bwd_config = lambda *a, **k: configs.BwdConfig(tile, tile, variant, split)
-    q = torch.empty(4, 4096, 2048 // head_dim, head_dim, dtype=torch.bfloat16)
+    q = torch.empty(4, 4096, 2048 // head_dim, head_dim, dtype=dtype)
     lse = torch.empty(4, 2048 // head_dim, 4096)
     geo = launch.Geometry.of(q, q)
     rng = torch.zeros(1, dtype=torch.int64) if dropout_p > 0 else None
@@ -135,13 +137,16 @@ def main():
     parser.add_argument("--dropout", type=float, default=0.0, metavar="P", help="compile with dropout_p = P")
     parser.add_argument("--sass", action="store_true", help="instruction count of the longest loop body")
     parser.add_argument("--variant", default="default", help="the dK/dV kernel's variant (configs.BwdConfig)")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES),
+                        help="fp32: FMA dots (ieee, PyTorch's default without TF32) and configs._IEEE_* tiles")
     args = parser.parse_args()
     causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
     jobs = [(kern, d, c, t, args.dropout, args.sass) for kern in args.kernel.split(",")
             for d in map(int, args.head_dims.split(",")) for c in causals
             for t in ([None] if args.configured else CANDIDATES[kern])]
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
-        for kernel, d, causal, tiles, text in pool.map(measure, *zip(*jobs), [args.variant] * len(jobs)):
+        for kernel, d, causal, tiles, text in pool.map(measure, *zip(*jobs), [args.variant] * len(jobs),
+                                                       [DTYPES[args.dtype]] * len(jobs)):
             print(f"{kernel:5} D{d:<4} {'causal' if causal else 'full  '} {str(tiles):18} {text}", flush=True)
 
 

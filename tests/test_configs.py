@@ -17,6 +17,43 @@ def test_short_rows_take_the_short_forward_tiles():
     assert configs.fwd_config(SM90, 128, False, torch.float32, keys_per_row=64) == configs._GENERIC_FP32_FWD[128]
 
 
+def test_fp32_without_tf32_takes_the_fma_tiles():
+    """fp32 dots at full precision are FMA loops: their own spill-free tiles on every GPU (configs._IEEE_*), chosen
+    by the launchers from PyTorch's TF32 switch; with TF32 on, fp32 keeps the tensor-core tables."""
+    for head_dim in (16, 32, 64, 128, 256):
+        for arch in (SM90, (8, 0)):
+            assert configs.fwd_config(arch, head_dim, False, torch.float32, precision="ieee") == configs._IEEE_FWD[
+                head_dim]
+            assert configs.bwd_config(arch, head_dim, True, torch.float32, precision="ieee") == configs._IEEE_BWD[
+                head_dim]
+            block_n = configs.decode_config(arch, head_dim, 8, torch.float32, precision="ieee").BLOCK_N
+            assert block_n == configs._IEEE_DECODE[head_dim][0]
+    assert configs.fwd_config(SM90, 128, False, torch.float32, interpreter=True,
+                              precision="ieee") == configs.INTERPRETER_FWD
+    q = torch.zeros(1, 256, 2, 128)
+    lse = torch.zeros(1, 2, 256)
+    geo = launch.Geometry.of(q, q)
+    sa = launch.ScoreArgs.make(geo, 0.1, -1, -1, 0.0, None, lse)
+
+    def tiles():
+        fwd = launch.forward_launches(geo, q, q, q, q, lse, None, sa, SM90, interpreter=False)[0]
+        dq = launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, SM90,
+                                      interpreter=False)[-1]
+        return (fwd.constexprs["BLOCK_M"], fwd.constexprs["BLOCK_N"]), (dq.constexprs["BLOCK_M"],
+                                                                        dq.constexprs["BLOCK_N"])
+
+    ieee_fwd, ieee_dq = configs._IEEE_FWD[128], configs._IEEE_BWD[128].dq
+    tf32_fwd, tf32_dq = configs._GENERIC_FP32_FWD[128], configs._GENERIC_BWD[128].dq
+    matmul, before = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
+    try:  # (monkeypatch cannot set this flag: it is a property of a backend module object)
+        matmul.allow_tf32 = False
+        assert tiles() == ((ieee_fwd.BLOCK_M, ieee_fwd.BLOCK_N), (ieee_dq.BLOCK_M, ieee_dq.BLOCK_N))
+        matmul.allow_tf32 = True
+        assert tiles() == ((tf32_fwd.BLOCK_M, tf32_fwd.BLOCK_N), (tf32_dq.BLOCK_M, tf32_dq.BLOCK_N))
+    finally:
+        matmul.allow_tf32 = before
+
+
 def test_keys_per_row_counts_the_window_span():
     q = torch.zeros(1, 8192, 2, 128)
     geo = launch.Geometry.of(q, q)

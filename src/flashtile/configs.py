@@ -277,29 +277,58 @@ _GENERIC_BWD = {
 }
 
 
+# fp32 inputs at full precision (DOT_PRECISION "ieee": PyTorch's default, TF32 off) on any GPU. tl.dot is then a
+# loop of FMAs whose operands and products all live in registers, so the tensor-core tiles above spill: compiled for
+# sm90 (triton 3.6, ptxas -v, session 21) the generic fp32 forward spilled 4.4 KB per thread at D32, 54 KB at D64
+# (ptxas left it 32 registers), 31 KB at D128 and 67 KB at D256; the backward 0.3-1.5 KB (D128's dK/dV 9.5 KB, dQ
+# 6.3 KB), the decode kernel 1.1 / 3.5 KB at D128 / D256. The plain and causal kernels here spill nothing
+# (`benchmarks/spills.py --dtype fp32 --configured`); every score feature with dropout still spills 0-2.4 KB (D256:
+# nothing). GPU times against the old tiles: benchmarks/fp32_tiles.py (docs/perf-log.md, session 21). TF32
+# (allow_tf32) keeps the tables above: tensor-core dots, which fit them.
+_IEEE_FWD = {
+    16: TileConfig(128, 64, 4, 2),
+    32: TileConfig(64, 64, 8, 2),
+    64: TileConfig(64, 32, 8, 2),
+    128: TileConfig(64, 16, 8, 2),
+    256: TileConfig(32, 16, 8, 1),
+}
+_IEEE_BWD = {  # (dK/dV: query rows per step x keys held, dQ: query rows held x keys per step)
+    16: _bwd(32, 64, 64, 32, 4, 2),
+    32: BwdConfig(TileConfig(32, 64, 8, 2), TileConfig(64, 32, 4, 2)),
+    64: BwdConfig(TileConfig(16, 64, 8, 2), TileConfig(64, 32, 8, 2)),
+    128: BwdConfig(TileConfig(16, 32, 8, 2), TileConfig(32, 32, 8, 2)),
+    256: BwdConfig(TileConfig(16, 16, 8, 1), TileConfig(32, 16, 8, 1)),
+}
+
+
 def _table_for(arch, dtype, sm90, generic):
     # fp32 tiles take twice the shared memory: they get the conservative table everywhere.
     is_fp32 = dtype is not None and dtype.itemsize == 4
     return sm90 if arch is not None and arch >= (9, 0) and not is_fp32 else generic
 
 
-def fwd_config(arch, head_dim_padded, local, dtype, interpreter=False, keys_per_row=None):
+def fwd_config(arch, head_dim_padded, local, dtype, interpreter=False, keys_per_row=None, precision="tf32"):
     """The forward tile configuration. arch is (major, minor) of the CUDA device, or None; keys_per_row: the
-    most keys one query row attends to (min(Sk, window span)), None if unknown."""
+    most keys one query row attends to (min(Sk, window span)), None if unknown; precision: the kernels'
+    DOT_PRECISION ("ieee": FMA dots, _IEEE_FWD)."""
     if interpreter:
         return INTERPRETER_FWD
+    if precision == "ieee":
+        return _IEEE_FWD[head_dim_padded]
     generic = _GENERIC_FP32_FWD if dtype is not None and dtype.itemsize == 4 else _GENERIC_FWD
     short = keys_per_row is not None and keys_per_row <= SHORT_KEYS
     return _table_for(arch, dtype, _SM90_FWD_SHORT if short else _SM90_FWD, generic)[head_dim_padded]
 
 
-def bwd_config(arch, head_dim_padded, local, dtype, interpreter=False):
-    """The backward tile configuration (dK/dV and dQ kernels)."""
+def bwd_config(arch, head_dim_padded, local, dtype, interpreter=False, precision="tf32"):
+    """The backward tile configuration (dK/dV and dQ kernels); precision as fwd_config's."""
     if interpreter:
         if D256_BWD and head_dim_padded == 256:  # the variant's kernels at the interpreter's tiles
             chosen = D256_BWD_VARIANTS[D256_BWD][0]
             return replace(INTERPRETER_BWD, dkdv_variant=chosen.dkdv_variant, dkdv_split=chosen.dkdv_split)
         return INTERPRETER_BWD
+    if precision == "ieee":
+        return _IEEE_BWD[head_dim_padded]
     table = _table_for(arch, dtype, _SM90_BWD_LOCAL if local else _SM90_BWD, _GENERIC_BWD)
     if D256_BWD and head_dim_padded == 256 and table is not _GENERIC_BWD:
         return D256_BWD_VARIANTS[D256_BWD][1 if local else 0]
@@ -315,17 +344,19 @@ DECODE_MAX_BLOCK_M = 64
 INTERPRETER_DECODE = TileConfig(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
 _SM90_DECODE = {16: (128, 4, 3), 32: (128, 4, 3), 64: (128, 4, 3), 128: (64, 4, 3), 256: (64, 4, 2)}
 _GENERIC_DECODE = {16: (64, 4, 2), 32: (64, 4, 2), 64: (64, 4, 2), 128: (64, 4, 2), 256: (32, 4, 2)}
+_IEEE_DECODE = {**_GENERIC_DECODE, 128: (32, 4, 2), 256: (16, 4, 2)}  # FMA dots: see _IEEE_FWD
 # Splits: enough programs for SPLIT_PROGRAMS_PER_SM resident programs on every SM, at most MAX_SPLITS (the
 # combine kernel streams splits, so this only bounds the workspace), and no more than the key blocks.
 MAX_SPLITS = 128
 SPLIT_PROGRAMS_PER_SM = 2
 
 
-def decode_config(arch, head_dim_padded, rows, dtype, interpreter=False):
-    """The split-KV kernel's tiles for `rows` packed query rows (group_size * Sq)."""
+def decode_config(arch, head_dim_padded, rows, dtype, interpreter=False, precision="tf32"):
+    """The split-KV kernel's tiles for `rows` packed query rows (group_size * Sq); precision as fwd_config's."""
     if interpreter:
         return INTERPRETER_DECODE
-    block_n, warps, stages = _table_for(arch, dtype, _SM90_DECODE, _GENERIC_DECODE)[head_dim_padded]
+    table = _IEEE_DECODE if precision == "ieee" else _table_for(arch, dtype, _SM90_DECODE, _GENERIC_DECODE)
+    block_n, warps, stages = table[head_dim_padded]
     block_m = min(DECODE_MAX_BLOCK_M, max(16, 1 << (rows - 1).bit_length()))
     return TileConfig(block_m, block_n, warps, stages)
 

@@ -343,7 +343,7 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=N
     head_dim_pad = _head_dim_padded(geo.head_dim)
     mods = mods or _NO_MODS
     cfg = mods.tiles(configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter,
-                                        sa.keys_per_row(geo.seqlen_k)))
+                                        sa.keys_per_row(geo.seqlen_k), _dot_precision(q.dtype)))
     return [KernelLaunch(
         _attn_fwd, (_cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse, *geo.cu_args(lse), sa.bias,
@@ -383,7 +383,7 @@ def splitkv_plan(geo, max_seqlen_k, num_splits, arch, dtype, device, interpreter
     """(tile config, number of splits): num_splits as given (at most configs.MAX_SPLITS), or from the
     heuristic when 0, for the longest row's max_seqlen_k keys."""
     rows = geo.seqlen_q * (geo.heads_q // geo.heads_kv)
-    cfg = configs.decode_config(arch, _head_dim_padded(geo.head_dim), rows, dtype, interpreter)
+    cfg = configs.decode_config(arch, _head_dim_padded(geo.head_dim), rows, dtype, interpreter, _dot_precision(dtype))
     if num_splits > 0:
         return cfg, min(num_splits, configs.MAX_SPLITS)
     programs = geo.batch * geo.heads_kv * _cdiv(rows, cfg.BLOCK_M)
@@ -556,11 +556,11 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
     group_size = geo.heads_q // geo.heads_kv
     head_dim_pad = _head_dim_padded(geo.head_dim)
     mods = mods or _NO_MODS
-    cfg = configs.bwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
+    precision = _dot_precision(q.dtype)
+    cfg = configs.bwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter, precision)
     # (tiles, PART) of each dK/dV launch: one kernel for both, or dV then dK ("dv-dk": one accumulator each).
     parts = ([(cfg.dkdv, 1), (cfg.dk or cfg.dkdv, 2)] if cfg.dkdv_split == "dv-dk" else [(cfg.dkdv, 0)])
     cfg = replace(cfg, dkdv=mods.tiles(cfg.dkdv), dq=mods.tiles(cfg.dq))
-    precision = _dot_precision(q.dtype)
     row_strides = geo.lse_strides(lse2)
     cu_q, cu_k = geo.cu_args(lse)
     common = dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, DOT_PRECISION=precision,
@@ -600,7 +600,8 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
 def probs_launches(geo, q, k, lse, probs, sa, arch, interpreter):
     """The attention-probabilities kernel (return_attn_probs): writes probs (B, Hq, max_q, max_k) from q, k, lse."""
     head_dim_pad = _head_dim_padded(geo.head_dim)
-    cfg = configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter)
+    cfg = configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter,
+                             precision=_dot_precision(q.dtype))
     return [KernelLaunch(
         _attn_probs, (_cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, lse, probs, sa.alibi, *geo.cu_args(lse), sa.bias, sa.rng,
