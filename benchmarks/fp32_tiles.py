@@ -99,13 +99,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head-dims", default="32,64,128,256")
     parser.add_argument("--seqlen", type=int, default=2048)
+    parser.add_argument("--causal", default="0,1")
     parser.add_argument("--decode-dims", default="128,256")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
     for d in map(int, args.head_dims.split(",")):
-        for c in (False, True):
+        for c in (bool(int(x)) for x in args.causal.split(",")):
             dense(d, c, args.seqlen, rows)
     for d in map(int, filter(None, args.decode_dims.split(","))):
         decode(d, 16384, rows)

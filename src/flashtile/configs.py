@@ -281,10 +281,11 @@ _GENERIC_BWD = {
 # loop of FMAs whose operands and products all live in registers, so the tensor-core tiles above spill: compiled for
 # sm90 (triton 3.6, ptxas -v, session 21) the generic fp32 forward spilled 4.4 KB per thread at D32, 54 KB at D64
 # (ptxas left it 32 registers), 31 KB at D128 and 67 KB at D256; the backward 0.3-1.5 KB (D128's dK/dV 9.5 KB, dQ
-# 6.3 KB), the decode kernel 1.1 / 3.5 KB at D128 / D256. The plain and causal kernels here spill nothing
-# (`benchmarks/spills.py --dtype fp32 --configured`); every score feature with dropout still spills 0-2.4 KB (D256:
-# nothing). GPU times against the old tiles: benchmarks/fp32_tiles.py (docs/perf-log.md, session 21). TF32
-# (allow_tf32) keeps the tables above: tensor-core dots, which fit them.
+# 6.3 KB), the decode kernel 1.1 / 3.5 KB at D128 / D256. The forwards here spill nothing plain or causal
+# (`benchmarks/spills.py --dtype fp32 --configured`); with every score feature and dropout they spill 0-2.4 KB.
+# On the H200 (benchmarks/fp32_tiles.py, docs/perf-log.md session 21) the forward took 0.11-0.19x the old tiles'
+# time at D64-D256 (D32: 1.25x plain, 0.84x causal). TF32 (allow_tf32) keeps the tables above: tensor-core dots,
+# which fit them.
 _IEEE_FWD = {
     16: TileConfig(128, 64, 4, 2),
     32: TileConfig(64, 64, 8, 2),
@@ -292,13 +293,10 @@ _IEEE_FWD = {
     128: TileConfig(64, 16, 8, 2),
     256: TileConfig(32, 16, 8, 1),
 }
-_IEEE_BWD = {  # (dK/dV: query rows per step x keys held, dQ: query rows held x keys per step)
-    16: _bwd(32, 64, 64, 32, 4, 2),
-    32: BwdConfig(TileConfig(32, 64, 8, 2), TileConfig(64, 32, 4, 2)),
-    64: BwdConfig(TileConfig(16, 64, 8, 2), TileConfig(64, 32, 8, 2)),
-    128: BwdConfig(TileConfig(16, 32, 8, 2), TileConfig(32, 32, 8, 2)),
-    256: BwdConfig(TileConfig(16, 16, 8, 1), TileConfig(32, 16, 8, 1)),
-}
+# The backward's generic tiles spill 0.1-1.5 KB except at D128 (9.5 KB dK/dV, 6.3 KB dQ). Spill-free tiles timed
+# slower than them at D64 (16x64 / 64x32 with 8 warps: 1.3x the backward's time) and D256 (16x16 / 32x16, 8 warps:
+# 1.45x), and faster at D128 (16x32 / 32x32, 8 warps: 0.93x, causal 0.29x): only D128 takes its own.
+_IEEE_BWD = {**_GENERIC_BWD, 128: BwdConfig(TileConfig(16, 32, 8, 2), TileConfig(32, 32, 8, 2))}
 
 
 def _table_for(arch, dtype, sm90, generic):
