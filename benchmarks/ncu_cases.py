@@ -8,6 +8,8 @@ CASE (shapes of the bench: bf16, 16K tokens, hidden 2048; decode: B64, 4K cache,
 - sdpa-decode: SDPA's default dispatch on the same cache, (B, H, S, D)-contiguous;
 - fwd-D-S-causal / fwd-D-S-full: flash_attn_func's forward at head dim D, S tokens per sequence;
 - sdpa-fwd-D-S-causal: SDPA's cuDNN backend on the same shape;
+- bwd-D-S-causal / sdpa-bwd-D-S-causal: the same forward, then its backward (dO = 1), e.g. with the regex
+  _attn_bwd_dkdv_hopper for flashtile's dK/dV kernel, bprop for cuDNN's;
 - gluon-VARIANT-D-S-causal: one Gluon forward variant (gluon_launch.VARIANTS), e.g.
   gluon-persistent-sched4-256-512-causal.
 ncu runs on the H200 machines (Firecracker; --clock-control none leaves the clocks alone, see the device notes).
@@ -41,7 +43,8 @@ else:  # fwd-D-S-causal, sdpa-fwd-D-S-causal
     sdpa = parts[0] == "sdpa"
     d, s, causal = int(parts[-3]), int(parts[-2]), parts[-1] == "causal"
     b, h = 16384 // s, 2048 // d
-    q, k, v = (torch.randn(b, s, h, d, generator=gen, **bf) for _ in range(3))
+    backward = "bwd" in parts[:2]  # bwd-D-S-causal, sdpa-bwd-D-S-causal: forward then backward
+    q, k, v = (torch.randn(b, s, h, d, generator=gen, **bf).requires_grad_(backward) for _ in range(3))
     if parts[0] == "gluon":  # gluon-VARIANT-D-S-causal: one Gluon forward variant
         from flashtile import gluon_launch
         variant = "-".join(parts[1:-3])
@@ -55,6 +58,9 @@ else:  # fwd-D-S-causal, sdpa-fwd-D-S-causal
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
     else:
         run = lambda: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+    if backward:
+        forward = run
+        run = lambda: forward().backward(torch.ones_like(q) if not sdpa else torch.ones_like(qt))  # noqa: E731
 for _ in range(2):
     run()
 torch.cuda.synchronize()
