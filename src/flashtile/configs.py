@@ -280,7 +280,7 @@ _GENERIC_BWD = {
 # fp32 inputs at full precision (DOT_PRECISION "ieee": PyTorch's default, TF32 off) on any GPU. tl.dot is then a
 # loop of FMAs whose operands and products all live in registers, so the tensor-core tiles above spill: compiled for
 # sm90 (triton 3.6, ptxas -v, session 21) the generic fp32 forward spilled 4.4 KB per thread at D32, 54 KB at D64
-# (ptxas left it 32 registers), 31 KB at D128 and 67 KB at D256; the backward 0.3-1.5 KB (D128's dK/dV 9.5 KB, dQ
+# (ptxas left it 32 registers), 31 KB at D128 and 67 KB at D256; the backward 0.1-1.5 KB (D128's dK/dV 9.5 KB, dQ
 # 6.3 KB), the decode kernel 1.1 / 3.5 KB at D128 / D256. The forwards here spill nothing plain or causal
 # (`benchmarks/spills.py --dtype fp32 --configured`); with every score feature and dropout they spill 0-2.4 KB.
 # On the H200 (benchmarks/fp32_tiles.py, docs/perf-log.md session 21) the forward took 0.11-0.19x the old tiles'
