@@ -63,13 +63,12 @@ def dense(head_dim, causal, seqlen, rows):
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
         with torch.no_grad():
-            fwd = do_bench(lambda: fn(q, k, v))
-        both = do_bench(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout))
+            fwd = do_bench(lambda: fn(q, k, v), return_mode="median")
+        both = do_bench(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), return_mode="median")
         row = dict(head_dim=head_dim, causal=causal, seqlen=seqlen, provider=name, first_call_s=round(first, 2),
                    fwd_ms=round(fwd, 3), fwd_bwd_ms=round(both, 3), fwd_tflops=round(flops / fwd * 1e-9, 2),
                    bwd_tflops=round(2.5 * flops / max(both - fwd, 1e-6) * 1e-9, 2), max_err=float(f"{err:.2e}"))
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        record(rows, row)
     torch.backends.cuda.matmul.allow_tf32 = False
 
 
@@ -87,13 +86,24 @@ def decode(head_dim, cache_len, rows):
         err = (fn().double() - ref).abs().max().item()
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
-        ms = do_bench(fn)
+        ms = do_bench(fn, return_mode="median")
         row = dict(mode="decode", head_dim=head_dim, cache_len=cache_len, provider=name,
                    first_call_s=round(first, 2), ms=round(ms, 4),
                    gb_per_s=round(2 * kc.numel() * 4 / ms * 1e-6, 1), max_err=float(f"{err:.2e}"))
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        record(rows, row)
 
+
+def record(rows, row):
+    """Print the row and rewrite --out's JSON with it: a run stopped by a time limit keeps what it measured."""
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    if OUT:
+        os.makedirs(OUT, exist_ok=True)
+        with open(os.path.join(OUT, "fp32_tiles.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+OUT = None
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -103,6 +113,7 @@ if __name__ == "__main__":
     parser.add_argument("--decode-dims", default="128,256")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    OUT = args.out
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
     for d in map(int, args.head_dims.split(",")):
@@ -111,7 +122,3 @@ if __name__ == "__main__":
     for d in map(int, filter(None, args.decode_dims.split(","))):
         decode(d, 16384, rows)
     use(NEW)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "fp32_tiles.json"), "w") as f:
-            json.dump(rows, f, indent=1)

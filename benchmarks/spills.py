@@ -7,7 +7,7 @@ to local memory is a poor candidate however its tiles look. Compiles for sm90 wi
 --kernel dv,dk compiles the two launches of the D256 "dv-dk" split (configs.BwdConfig.dkdv_split) apart.
 --variant desc compiles the dK/dV kernel's descriptor variant (configs.BwdConfig.dkdv_variant). "wgmma serialized":
 ptxas's C7515 warning, every wgmma of the kernel waits for the previous one (a performance cliff, not a spill).
-Shapes: bf16, B=4, S=4096, H=16 (strides as in the benchmark; divisibility hints as at launch).
+Shapes: bf16 (--dtype), B=4, S=4096, H=16 (strides as in the benchmark; divisibility hints as at launch).
 --configured: only the tiles configs.py picks for the shape. --dtype fp32: fp32 inputs, whose dots are FMA loops
 (configs._IEEE_FWD / _IEEE_BWD with --configured). --dropout P: compile with dropout on (P > 0).
 --sass: also the instruction count of each loop body over 64 instructions, in kernel order (nvdisasm of the

@@ -80,7 +80,8 @@ def compile_launch(kl, arch):
 
 
 # (head_dim, causal, dtype, heads_q, heads_kv, score features): the head-dim buckets users hit most, both
-# causal modes, GQA, a padded head dim, fp32 (ieee dots, the group-sum path, the largest tiles in bytes),
+# causal modes, GQA, a padded head dim, fp32 (ieee dots: their FMA tiles and the group-sum path; tf32=True: TF32
+# dots on the largest tiles in bytes),
 # every score feature switched on at once, and dropout (with the attention-probabilities kernel) alone, with
 # everything, with varlen, and at the largest head dim. Most cases are 64 tokens long, where rows see few keys
 # and the forward takes its short-row tiles (configs.SHORT_KEYS); the seqlen=2048 cases compile the others.
@@ -96,7 +97,9 @@ CASES = [
     (128, True, torch.bfloat16, 2, 1, dict(softcap=30.0, approx_tanh=True)),  # softcap's tanh.approx.f32
     (128, True, torch.bfloat16, 2, 1, dict(seqlen=2048)),
     (128, False, torch.bfloat16, 2, 1, dict(softcap=30.0, alibi=True, sink=True, bias=True, dropout=True, seqlen=2048)),
-    (128, False, torch.float32, 2, 1, ALL_FEATURES),  # fp32 tiles + a bias tile: the tightest on sm80
+    (128, False, torch.float32, 2, 1, ALL_FEATURES),  # fp32 FMA tiles (configs._IEEE_*) with every feature
+    (128, False, torch.float32, 2, 1, dict(ALL_FEATURES, tf32=True)),  # TF32 fp32 tiles + a bias tile: tightest on sm80
+    (256, True, torch.float32, 2, 1, dict(tf32=True)),
     (64, True, torch.bfloat16, 2, 1, dict(dropout=True)),
     (256, True, torch.bfloat16, 2, 1, dict(dropout=True)),
     (128, False, torch.bfloat16, 2, 1, dict(ALL_FEATURES, dropout=True)),
@@ -117,6 +120,7 @@ CASES = [
     (64, True, torch.bfloat16, 1, 1, dict(decode=True)),
     (256, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True)),
     (256, True, torch.float32, 8, 1, dict(decode=True)),
+    (256, True, torch.float32, 8, 1, dict(decode=True, tf32=True)),
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, seqlen_q=4)),
     # An int cache_seqlens: the key count as a kernel scalar, no tensor (HAS_SEQUSED_TENSOR / HAS_CACHE_SEQLENS off).
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, scalar_seqlens=True)),
@@ -180,8 +184,35 @@ def _append_launches(features, q, k_cache):
 
 def check_case(arch, case):
     """Compile one case's launches for arch; returns (failures, report lines)."""
-    head_dim, causal, dtype, heads_q, heads_kv, features = case
+    head_dim, causal, dtype, features = case[0], case[1], case[2], case[5]
     smem_limit = TARGETS[arch]
+    # fp32's dots (and so its tiles, configs._IEEE_*) follow PyTorch's TF32 switch: tf32=True builds the launches
+    # with it on, as a user who allows TF32 gets them.
+    matmul = torch.backends.cuda.matmul
+    tf32_before, matmul.allow_tf32 = matmul.allow_tf32, bool(features.get("tf32"))
+    try:
+        launches = _case_launches(arch, case)
+    finally:
+        matmul.allow_tf32 = tf32_before
+    failures, lines = 0, []
+    for kl in launches:
+        what = (f"sm{arch[0]}{arch[1]} {kl.kernel.fn.__name__} D{head_dim} causal={causal} "
+                f"{str(dtype).removeprefix('torch.')} {features or ''} warps={kl.num_warps} stages={kl.num_stages}")
+        try:
+            shared = compile_launch(kl, arch).metadata.shared
+        except Exception as exc:  # report every failure, not only the first
+            failures += 1
+            lines.append(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        ok = shared <= smem_limit
+        failures += not ok
+        lines.append(f"{'ok' if ok else 'FAIL':4} {what}: shared memory {shared} of {smem_limit} bytes")
+    return failures, lines
+
+
+def _case_launches(arch, case):
+    """The launches flashtile makes for one case (see CASES)."""
+    head_dim, causal, dtype, heads_q, heads_kv, features = case
     seqlen = features.get("seqlen", 64)
     q = torch.zeros(1, features.get("seqlen_q", 1) if features.get("decode") else seqlen, heads_q, head_dim,
                     dtype=dtype)
@@ -233,20 +264,7 @@ def check_case(arch, case):
     if features.get("dropout"):  # return_attn_probs
         launches += launch.probs_launches(geo, q, k, lse, torch.zeros(1, heads_q, seqlen, seqlen, dtype=dtype), sa,
                                           arch, interpreter=False)
-    failures, lines = 0, []
-    for kl in launches:
-        what = (f"sm{arch[0]}{arch[1]} {kl.kernel.fn.__name__} D{head_dim} causal={causal} "
-                f"{str(dtype).removeprefix('torch.')} {features or ''} warps={kl.num_warps} stages={kl.num_stages}")
-        try:
-            shared = compile_launch(kl, arch).metadata.shared
-        except Exception as exc:  # report every failure, not only the first
-            failures += 1
-            lines.append(f"FAIL {what}: {type(exc).__name__}: {str(exc)[:300]}")
-            continue
-        ok = shared <= smem_limit
-        failures += not ok
-        lines.append(f"{'ok' if ok else 'FAIL':4} {what}: shared memory {shared} of {smem_limit} bytes")
-    return failures, lines
+    return launches
 
 
 def main():

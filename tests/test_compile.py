@@ -64,18 +64,21 @@ def test_gluon_bwd_bm128_variants_compile_for_sm90(tmp_path):
 
 
 @pytest.mark.skipif(not os.environ.get("FLASHTILE_DEVICE_TRITON"), reason="needs FLASHTILE_DEVICE_TRITON (triton 3.6)")
-def test_fp32_fma_forward_tiles_do_not_spill(tmp_path):
-    """fp32 without TF32 (FMA dots): the forward's configured tiles (configs._IEEE_FWD) keep everything in registers
-    for sm90. The tensor-core tiles they replaced spilled 31-67 KB per thread and ran 6-9.5x slower (session 21)."""
+@pytest.mark.parametrize("kernels,head_dims", [("fwd", "64,128,256"), ("dkdv,dq", "128")], ids=["fwd", "bwd-d128"])
+def test_fp32_fma_tiles_do_not_spill(kernels, head_dims, tmp_path):
+    """fp32 without TF32 (FMA dots): the configured tiles (configs._IEEE_FWD, and _IEEE_BWD where it has its own:
+    D128) keep everything in registers for sm90, plain and causal. The tensor-core tiles they replaced spilled 31-67 KB
+    per thread in the forward (6-9.5x slower) and 6-9.5 KB in the D128 backward (session 21)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = str(Path(__file__).parents[1] / "src")
     env["PYTHONPATH"] = os.pathsep.join([os.environ["FLASHTILE_DEVICE_TRITON"], src, env.get("PYTHONPATH", "")])
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     script = Path(__file__).parents[1] / "benchmarks" / "spills.py"
-    proc = subprocess.run([sys.executable, str(script), "--dtype", "fp32", "--configured", "--kernel", "fwd",
-                           "--causal", "no", "--head-dims", "64,128,256"], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(script), "--dtype", "fp32", "--configured", "--kernel", kernels,
+                           "--causal", "both", "--head-dims", head_dims], env=env, capture_output=True, text=True,
                           timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("fwd")]
-    assert len(lines) == 3, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if line.split(" ")[0] in kernels.split(",")]
+    assert len(lines) == 2 * len(kernels.split(",")) * len(head_dims.split(",")), proc.stdout[-4000:] + proc.stderr[
+        -4000:]
     for line in lines:
         assert re.search(r"spill\s+0 B", line), line

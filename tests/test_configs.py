@@ -1,4 +1,6 @@
 """Tile-configuration lookup (configs.py): which table serves which call. Pure Python, no kernels run."""
+import dataclasses
+
 import torch
 
 from flashtile import configs, gluon_launch, launch
@@ -18,40 +20,54 @@ def test_short_rows_take_the_short_forward_tiles():
 
 
 def test_fp32_without_tf32_takes_the_fma_tiles():
-    """fp32 dots at full precision are FMA loops: their own spill-free tiles on every GPU (configs._IEEE_*), chosen
-    by the launchers from PyTorch's TF32 switch; with TF32 on, fp32 keeps the tensor-core tables."""
-    for head_dim in (16, 32, 64, 128, 256):
-        for arch in (SM90, (8, 0)):
-            assert configs.fwd_config(arch, head_dim, False, torch.float32, precision="ieee") == configs._IEEE_FWD[
-                head_dim]
-            assert configs.bwd_config(arch, head_dim, True, torch.float32, precision="ieee") == configs._IEEE_BWD[
-                head_dim]
-            block_n = configs.decode_config(arch, head_dim, 8, torch.float32, precision="ieee").BLOCK_N
-            assert block_n == configs._IEEE_DECODE[head_dim][0]
+    """fp32 dots at full precision are FMA loops, with their own tiles on every GPU (configs._IEEE_*): each launcher
+    picks the tiles by the precision it passes its kernel (DOT_PRECISION), from PyTorch's TF32 switch; with TF32 on,
+    fp32 keeps the tensor-core tables."""
+    for arch in (SM90, (8, 0)):
+        assert configs.fwd_config(arch, 128, False, torch.float32, precision="ieee") == configs._IEEE_FWD[128]
+        assert configs.bwd_config(arch, 128, True, torch.float32, precision="ieee") == configs._IEEE_BWD[128]
     assert configs.fwd_config(SM90, 128, False, torch.float32, interpreter=True,
                               precision="ieee") == configs.INTERPRETER_FWD
     q = torch.zeros(1, 256, 2, 128)
     lse = torch.zeros(1, 2, 256)
     geo = launch.Geometry.of(q, q)
     sa = launch.ScoreArgs.make(geo, 0.1, -1, -1, 0.0, None, lse)
+    q1 = torch.zeros(1, 1, 8, 256)  # one decode token of 8 query heads on one KV head, D256
+    k1 = torch.zeros(1, 64, 1, 256)
+    lse1 = torch.zeros(1, 8, 1)
+    geo1 = dataclasses.replace(launch.Geometry.of(q1, k1), seqused_k=torch.tensor([50], dtype=torch.int32))
+    sa1 = launch.ScoreArgs.make(geo1, 0.1, -1, -1, 0.0, None, lse1)
 
-    def tiles():
+    def launched():
+        """(BLOCK_M, BLOCK_N, DOT_PRECISION) of the forward, the dQ kernel, the probabilities kernel (D128) and the
+        split-KV kernel (D256)."""
         fwd = launch.forward_launches(geo, q, q, q, q, lse, None, sa, SM90, interpreter=False)[0]
         dq = launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, SM90,
                                       interpreter=False)[-1]
-        return (fwd.constexprs["BLOCK_M"], fwd.constexprs["BLOCK_N"]), (dq.constexprs["BLOCK_M"],
-                                                                        dq.constexprs["BLOCK_N"])
+        probs = launch.probs_launches(geo, q, q, lse, torch.zeros(1, 2, 256, 256), sa, SM90, interpreter=False)[0]
+        cfg, splits = launch.splitkv_plan(geo1, 4096, 0, SM90, torch.float32, torch.device("cpu"), interpreter=False)
+        split = launch.splitkv_launches(geo1, q1, k1, k1, q1, lse1, sa1, cfg, splits)[0]
+        return [(kl.constexprs["BLOCK_M"], kl.constexprs["BLOCK_N"], kl.constexprs["DOT_PRECISION"])
+                for kl in (fwd, dq, probs, split)]
 
-    ieee_fwd, ieee_dq = configs._IEEE_FWD[128], configs._IEEE_BWD[128].dq
-    tf32_fwd, tf32_dq = configs._GENERIC_FP32_FWD[128], configs._GENERIC_BWD[128].dq
+    def expected(fwd, dq, decode_block_n, precision):
+        return [(fwd.BLOCK_M, fwd.BLOCK_N, precision), (dq.BLOCK_M, dq.BLOCK_N, precision),
+                (fwd.BLOCK_M, fwd.BLOCK_N, precision), (16, decode_block_n, precision)]
+
     matmul, before = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
     try:  # (monkeypatch cannot set this flag: it is a property of a backend module object)
         matmul.allow_tf32 = False
-        assert tiles() == ((ieee_fwd.BLOCK_M, ieee_fwd.BLOCK_N), (ieee_dq.BLOCK_M, ieee_dq.BLOCK_N))
+        assert launched() == expected(configs._IEEE_FWD[128], configs._IEEE_BWD[128].dq,
+                                      configs._IEEE_DECODE[256][0], "ieee")
         matmul.allow_tf32 = True
-        assert tiles() == ((tf32_fwd.BLOCK_M, tf32_fwd.BLOCK_N), (tf32_dq.BLOCK_M, tf32_dq.BLOCK_N))
+        assert launched() == expected(configs._GENERIC_FP32_FWD[128], configs._GENERIC_BWD[128].dq,
+                                      configs._GENERIC_DECODE[256][0], "tf32")
     finally:
         matmul.allow_tf32 = before
+    # The cases above differ between the two settings, so a launcher that ignored the precision would fail them.
+    assert configs._IEEE_FWD[128] != configs._GENERIC_FP32_FWD[128]
+    assert configs._IEEE_BWD[128].dq != configs._GENERIC_BWD[128].dq
+    assert configs._IEEE_DECODE[256] != configs._GENERIC_DECODE[256]
 
 
 def test_keys_per_row_counts_the_window_span():

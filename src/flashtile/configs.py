@@ -1,4 +1,4 @@
-"""Tile configurations as data, chosen by (arch, head dim, local (causal or window), dtype).
+"""Tile configurations as data, chosen by (arch, head dim, local (causal or window), dtype, dot precision).
 
 Each entry names the measurement that justified it (docs/perf-log.md). Under the Triton
 interpreter a single small configuration is used: the interpreter runs programs one by one
@@ -266,7 +266,8 @@ _GENERIC_FWD = {
     256: TileConfig(64, 32, 4, 1),
 }
 # fp32 tiles hold twice the bytes: at D128 the half-precision tiles need 164 KB of shared memory on sm80 before
-# an additive bias adds its own pipelined tile (197 KB > 163 KB: tests/compile_check.py); 64 x 32 leaves room.
+# an additive bias adds its own pipelined tile (197 KB > 163 KB: tests/compile_check.py's TF32 case); 64 x 32 leaves
+# room. fp32 runs these tables with TF32 on; without it (ieee dots), _IEEE_FWD below.
 _GENERIC_FP32_FWD = {**_GENERIC_FWD, 128: TileConfig(64, 32, 4, 2)}
 _GENERIC_BWD = {
     16: _bwd(32, 64, 64, 32, 4, 2),
@@ -279,13 +280,14 @@ _GENERIC_BWD = {
 
 # fp32 inputs at full precision (DOT_PRECISION "ieee": PyTorch's default, TF32 off) on any GPU. tl.dot is then a
 # loop of FMAs whose operands and products all live in registers, so the tensor-core tiles above spill: compiled for
-# sm90 (triton 3.6, ptxas -v, session 21) the generic fp32 forward spilled 4.4 KB per thread at D32, 54 KB at D64
-# (ptxas left it 32 registers), 31 KB at D128 and 67 KB at D256; the backward 0.1-1.5 KB (D128's dK/dV 9.5 KB, dQ
-# 6.3 KB), the decode kernel 1.1 / 3.5 KB at D128 / D256. The forwards here spill nothing plain or causal
-# (`benchmarks/spills.py --dtype fp32 --configured`); with every score feature and dropout they spill 0-2.4 KB.
-# On the H200 (benchmarks/fp32_tiles.py, docs/perf-log.md session 21) the forward took 0.11-0.19x the old tiles'
+# sm90 (triton 3.6, ptxas -v, session 21) the generic fp32 forward spilled 4.4 KB per thread at D32, 54 KB at D64,
+# 31 KB at D128 and 67 KB at D256 (ptxas left those three 32 registers); the backward 0.1-1.5 KB (D128's dK/dV
+# 7.8-9.5 KB, 94 KB causal; dQ 6.3-7.9 KB), the decode kernel 1.1 / 3.5 KB at D128 / D256. The forwards here
+# spill nothing plain or causal (`benchmarks/spills.py --dtype fp32 --configured`; tests/test_compile.py); with
+# every score feature and dropout they spill 0-2.4 KB.
+# On the H200 (benchmarks/fp32_tiles.py, docs/perf-log.md session 21) the forward took 0.08-0.19x the old tiles'
 # time at D64-D256 (D32: 1.25x plain, 0.84x causal). TF32 (allow_tf32) keeps the tables above: tensor-core dots,
-# which fit them.
+# which fit them. Offline counts: benchmarks/results/fp32-tiles-h200-2026-12-01-s21/offline-spills.txt.
 _IEEE_FWD = {
     16: TileConfig(128, 64, 4, 2),
     32: TileConfig(64, 64, 8, 2),
@@ -293,14 +295,15 @@ _IEEE_FWD = {
     128: TileConfig(64, 16, 8, 2),
     256: TileConfig(32, 16, 8, 1),
 }
-# The backward's generic tiles spill 0.1-1.5 KB except at D128 (9.5 KB dK/dV, 6.3 KB dQ). Spill-free tiles timed
-# slower than them at D64 (16x64 / 64x32 with 8 warps: 1.3x the backward's time) and D256 (16x16 / 32x16, 8 warps:
-# 1.45x), and faster at D128 (16x32 / 32x32, 8 warps: 0.93x, causal 0.29x): only D128 takes its own.
+# The backward's generic tiles spill 0.1-1.5 KB except at D128 (see above). Spill-free tiles timed slower than them
+# at D64 (16x64 / 64x32 with 8 warps: 1.3x the backward's time) and D256 (16x16 / 32x16, 8 warps: 1.44-1.45x), much
+# faster at D128 (16x32 / 32x32, 8 warps: 0.93x, causal 0.29x), and 0.95-0.96x at D32 (32x64 at 8 warps / 64x32,
+# one run, within what runs move): only D128 takes its own.
 _IEEE_BWD = {**_GENERIC_BWD, 128: BwdConfig(TileConfig(16, 32, 8, 2), TileConfig(32, 32, 8, 2))}
 
 
 def _table_for(arch, dtype, sm90, generic):
-    # fp32 tiles take twice the shared memory: they get the conservative table everywhere.
+    # fp32 tiles (TF32 dots) take twice the shared memory: they get the conservative table everywhere.
     is_fp32 = dtype is not None and dtype.itemsize == 4
     return sm90 if arch is not None and arch >= (9, 0) and not is_fp32 else generic
 

@@ -342,8 +342,9 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=N
     """
     head_dim_pad = _head_dim_padded(geo.head_dim)
     mods = mods or _NO_MODS
+    precision = _dot_precision(q.dtype)  # read once: the tiles suit the dots (configs._IEEE_FWD)
     cfg = mods.tiles(configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter,
-                                        sa.keys_per_row(geo.seqlen_k), _dot_precision(q.dtype)))
+                                        sa.keys_per_row(geo.seqlen_k), precision))
     return [KernelLaunch(
         _attn_fwd, (_cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, v, out, lse, sa.alibi, sink if sink is not None else lse, *geo.cu_args(lse), sa.bias,
@@ -356,7 +357,7 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=N
              HAS_SINK=sink is not None, IS_VARLEN=geo.is_varlen, SEQUSED_K=geo.is_kvcache,
              HAS_SEQUSED_TENSOR=geo.seqused_k is not None,
              **geo.page_constexprs(k, cfg.BLOCK_N), LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
-             DOT_PRECISION=_dot_precision(q.dtype),
+             DOT_PRECISION=precision,
              **sa.constexprs, **mods.constexprs()),
         cfg.num_warps, cfg.num_stages,
     )]
@@ -600,15 +601,15 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
 def probs_launches(geo, q, k, lse, probs, sa, arch, interpreter):
     """The attention-probabilities kernel (return_attn_probs): writes probs (B, Hq, max_q, max_k) from q, k, lse."""
     head_dim_pad = _head_dim_padded(geo.head_dim)
-    cfg = configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter,
-                             precision=_dot_precision(q.dtype))
+    precision = _dot_precision(q.dtype)
+    cfg = configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter, precision=precision)
     return [KernelLaunch(
         _attn_probs, (_cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
         (q, k, lse, probs, sa.alibi, *geo.cu_args(lse), sa.bias, sa.rng,
          *_strides3(q), *_strides3(k), *geo.lse_strides(lse), sa.stride_alibi_b, *sa.bias_strides,
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-             IS_VARLEN=geo.is_varlen, DOT_PRECISION=_dot_precision(q.dtype), **sa.constexprs),
+             IS_VARLEN=geo.is_varlen, DOT_PRECISION=precision, **sa.constexprs),
         cfg.num_warps, 1,
     )]
 
