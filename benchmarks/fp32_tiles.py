@@ -40,7 +40,7 @@ def errors(fn, q, k, v, dout, ref):
     return max((a.double() - b).abs().max().item() for a, b in zip((out, *grads), ref))
 
 
-def dense(head_dim, causal, seqlen, rows):
+def dense(head_dim, causal, seqlen, record):
     batch, heads = 2, max(1, 1024 // head_dim)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", generator=gen, requires_grad=True)
@@ -68,11 +68,11 @@ def dense(head_dim, causal, seqlen, rows):
         row = dict(head_dim=head_dim, causal=causal, seqlen=seqlen, provider=name, first_call_s=round(first, 2),
                    fwd_ms=round(fwd, 3), fwd_bwd_ms=round(both, 3), fwd_tflops=round(flops / fwd * 1e-9, 2),
                    bwd_tflops=round(2.5 * flops / max(both - fwd, 1e-6) * 1e-9, 2), max_err=float(f"{err:.2e}"))
-        record(rows, row)
+        record(row)
     torch.backends.cuda.matmul.allow_tf32 = False
 
 
-def decode(head_dim, cache_len, rows):
+def decode(head_dim, cache_len, record):
     batch, hq, hk = 8, 32, 4
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(batch, 1, hq, head_dim, device="cuda", generator=gen)
@@ -90,20 +90,8 @@ def decode(head_dim, cache_len, rows):
         row = dict(mode="decode", head_dim=head_dim, cache_len=cache_len, provider=name,
                    first_call_s=round(first, 2), ms=round(ms, 4),
                    gb_per_s=round(2 * kc.numel() * 4 / ms * 1e-6, 1), max_err=float(f"{err:.2e}"))
-        record(rows, row)
+        record(row)
 
-
-def record(rows, row):
-    """Print the row and rewrite --out's JSON with it: a run stopped by a time limit keeps what it measured."""
-    rows.append(row)
-    print(json.dumps(row), flush=True)
-    if OUT:
-        os.makedirs(OUT, exist_ok=True)
-        with open(os.path.join(OUT, "fp32_tiles.json"), "w") as f:
-            json.dump(rows, f, indent=1)
-
-
-OUT = None
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -113,12 +101,21 @@ if __name__ == "__main__":
     parser.add_argument("--decode-dims", default="128,256")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    OUT = args.out
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
+
+    def record(row):
+        """Print the row and rewrite --out's JSON with it: a run stopped by a time limit keeps what it measured."""
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "fp32_tiles.json"), "w") as f:
+                json.dump(rows, f, indent=1)
+
     for d in map(int, args.head_dims.split(",")):
         for c in (bool(int(x)) for x in args.causal.split(",")):
-            dense(d, c, args.seqlen, rows)
+            dense(d, c, args.seqlen, record)
     for d in map(int, filter(None, args.decode_dims.split(","))):
-        decode(d, 16384, rows)
+        decode(d, 16384, record)
     use(NEW)

@@ -44,12 +44,19 @@ BM128_LOOP_SPILLS = {"d64-full-d64-bm128": 0, "d64-causal-d64-bm128": 7, "d64-fu
                      "d64-causal-d64-bm128-split": 1}
 
 
-@pytest.mark.skipif(not os.environ.get("FLASHTILE_DEVICE_TRITON"), reason="needs FLASHTILE_DEVICE_TRITON (triton 3.6)")
-def test_gluon_bwd_bm128_variants_compile_for_sm90(tmp_path):
+def _device_triton_env(tmp_path):
+    """The environment of a compile script run with the GPU machine's Triton (FLASHTILE_DEVICE_TRITON) and this
+    checkout's src, outside the interpreter, with its own Triton cache."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = str(Path(__file__).parents[1] / "src")
     env["PYTHONPATH"] = os.pathsep.join([os.environ["FLASHTILE_DEVICE_TRITON"], src, env.get("PYTHONPATH", "")])
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    return env
+
+
+@pytest.mark.skipif(not os.environ.get("FLASHTILE_DEVICE_TRITON"), reason="needs FLASHTILE_DEVICE_TRITON (triton 3.6)")
+def test_gluon_bwd_bm128_variants_compile_for_sm90(tmp_path):
+    env = _device_triton_env(tmp_path)
     script = Path(__file__).with_name("gluon_bwd_compile_check.py")
     proc = subprocess.run([sys.executable, str(script), "--variants", "d64-bm128,d64-bm128-split", "--head-dims", "64",
                            "--features", "none"], env=env, capture_output=True, text=True, timeout=600)
@@ -69,10 +76,7 @@ def test_fp32_fma_tiles_do_not_spill(kernels, head_dims, tmp_path):
     """fp32 without TF32 (FMA dots): the configured tiles (configs._IEEE_FWD, and _IEEE_BWD where it has its own:
     D128) keep everything in registers for sm90, plain and causal. The tensor-core tiles they replaced spilled 31-67 KB
     per thread in the forward (6-9.5x slower) and 6-94 KB in the D128 backward (session 21)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    src = str(Path(__file__).parents[1] / "src")
-    env["PYTHONPATH"] = os.pathsep.join([os.environ["FLASHTILE_DEVICE_TRITON"], src, env.get("PYTHONPATH", "")])
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    env = _device_triton_env(tmp_path)
     script = Path(__file__).parents[1] / "benchmarks" / "spills.py"
     proc = subprocess.run([sys.executable, str(script), "--dtype", "fp32", "--configured", "--kernel", kernels,
                            "--causal", "both", "--head-dims", head_dims], env=env, capture_output=True, text=True,
