@@ -46,8 +46,8 @@ def decode_launch(batch, cache_len, page_size, leftpad=False):
                               key_start=torch.empty(batch, device="meta", dtype=torch.int32) if leftpad else None)
     lse = torch.empty(batch, HEADS_Q, 1, device="meta")
     sa = launch.ScoreArgs.make(geo, HEAD_DIM ** -0.5, -1, 0, 0.0, None, lse)
-    cfg, splits = launch.splitkv_plan(geo, cache_len, 0, (9, 0), torch.bfloat16, torch.device("cpu"), False)
-    return launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits)[0], splits
+    cfg, splits, precision = launch.splitkv_plan(geo, cache_len, 0, (9, 0), torch.bfloat16, torch.device("cpu"), False)
+    return launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision)[0], splits
 
 
 def ptxas(ptx):

@@ -8,8 +8,9 @@ to local memory is a poor candidate however its tiles look. Compiles for sm90 wi
 --variant desc compiles the dK/dV kernel's descriptor variant (configs.BwdConfig.dkdv_variant). "wgmma serialized":
 ptxas's C7515 warning, every wgmma of the kernel waits for the previous one (a performance cliff, not a spill).
 Shapes: bf16 (--dtype), B=4, S=4096, H=16 (strides as in the benchmark; divisibility hints as at launch).
---configured: only the tiles configs.py picks for the shape. --dtype fp32: fp32 inputs, whose dots are FMA loops
-(configs._IEEE_FWD / _IEEE_BWD with --configured). --dropout P: compile with dropout on (P > 0).
+--configured: only the tiles configs.py picks for the shape. --dtype fp32: fp32 inputs, with --precision ieee (the
+default: FMA loops, configs._IEEE_FWD / _IEEE_BWD with --configured), tf32x3 (three TF32 products per product, sm80+
+with TF32 off) or tf32. --dropout P: compile with dropout on (P > 0).
 --sass: also the instruction count of each loop body over 64 instructions, in kernel order (nvdisasm of the
 cubin; per iteration and thread: the issue cost of one tile; the unmasked loop is the hot one, the masked ones
 run on boundary tiles), with how many are integer ALU (IMAD/IADD3/LOP3/SHF/ISETP/SEL/PRMT/LEA) and
@@ -91,7 +92,9 @@ def loop_bodies(cubin):
     return bodies
 
 
-def measure(kernel, head_dim, causal, tiles, dropout_p=0.0, sass=False, variant="default", dtype=torch.bfloat16):
+def measure(kernel, head_dim, causal, tiles, dropout_p=0.0, sass=False, variant="default", dtype=torch.bfloat16,
+            precision="ieee"):
+    launch._dot_precision = lambda dtype, arch: precision if dtype == torch.float32 else "tf32"  # fp32's dots
     split = "dv-dk" if kernel in ("dv", "dk") else ""
     if tiles is not None:
         m, n, warps, stages = tiles
@@ -134,19 +137,23 @@ def main():
     parser.add_argument("--kernel", default="dkdv,dq,fwd")
     parser.add_argument("--causal", default="both", choices=["yes", "no", "both"])
     parser.add_argument("--configured", action="store_true", help="only the tiles configs.py picks")
+    parser.add_argument("--tiles", help="candidates for every kernel in place of CANDIDATES: M,N,WARPS,STAGES;...")
     parser.add_argument("--dropout", type=float, default=0.0, metavar="P", help="compile with dropout_p = P")
     parser.add_argument("--sass", action="store_true", help="instruction count of the longest loop body")
     parser.add_argument("--variant", default="default", help="the dK/dV kernel's variant (configs.BwdConfig)")
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES),
-                        help="fp32: FMA dots (ieee, PyTorch's default without TF32) and configs._IEEE_* tiles")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--precision", default="ieee", choices=["ieee", "tf32x3", "tf32"],
+                        help="fp32's dots: ieee (FMA dots and configs._IEEE_* tiles, as GPUs without TF32 run them), "
+                             "tf32x3 (sm80+ with TF32 off, PyTorch's default) or tf32 (TF32 on)")
     args = parser.parse_args()
+    tiles = [tuple(map(int, t.split(","))) for t in args.tiles.split(";")] if args.tiles else None
     causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
     jobs = [(kern, d, c, t, args.dropout, args.sass) for kern in args.kernel.split(",")
             for d in map(int, args.head_dims.split(",")) for c in causals
-            for t in ([None] if args.configured else CANDIDATES[kern])]
+            for t in ([None] if args.configured else tiles or CANDIDATES[kern])]
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
         for kernel, d, causal, tiles, text in pool.map(measure, *zip(*jobs), [args.variant] * len(jobs),
-                                                       [DTYPES[args.dtype]] * len(jobs)):
+                                                       [DTYPES[args.dtype]] * len(jobs), [args.precision] * len(jobs)):
             print(f"{kernel:5} D{d:<4} {'causal' if causal else 'full  '} {str(tiles):18} {text}", flush=True)
 
 

@@ -80,8 +80,9 @@ def compile_launch(kl, arch):
 
 
 # (head_dim, causal, dtype, heads_q, heads_kv, score features): the head-dim buckets users hit most, both
-# causal modes, GQA, a padded head dim, fp32 (ieee dots: their FMA tiles and the group-sum path; tf32=True: TF32
-# dots on the largest tiles in bytes),
+# causal modes, GQA, a padded head dim, fp32 (tf32x3 dots, TF32 off on sm80+: their tiles and the group-sum path;
+# ieee=True: FMA dots on their tiles, as GPUs without TF32 run fp32; tf32=True: TF32 dots on the largest tiles in
+# bytes),
 # every score feature switched on at once, and dropout (with the attention-probabilities kernel) alone, with
 # everything, with varlen, and at the largest head dim. Most cases are 64 tokens long, where rows see few keys
 # and the forward takes its short-row tiles (configs.SHORT_KEYS); the seqlen=2048 cases compile the others.
@@ -97,7 +98,8 @@ CASES = [
     (128, True, torch.bfloat16, 2, 1, dict(softcap=30.0, approx_tanh=True)),  # softcap's tanh.approx.f32
     (128, True, torch.bfloat16, 2, 1, dict(seqlen=2048)),
     (128, False, torch.bfloat16, 2, 1, dict(softcap=30.0, alibi=True, sink=True, bias=True, dropout=True, seqlen=2048)),
-    (128, False, torch.float32, 2, 1, ALL_FEATURES),  # fp32 FMA tiles (configs._IEEE_*) with every feature
+    (128, False, torch.float32, 2, 1, ALL_FEATURES),  # fp32 tf32x3 tiles (configs._TF32X3_*) with every feature
+    (128, False, torch.float32, 2, 1, dict(ALL_FEATURES, ieee=True)),  # fp32 FMA tiles (configs._IEEE_*)
     (128, False, torch.float32, 2, 1, dict(ALL_FEATURES, tf32=True)),  # TF32 fp32 tiles + a bias tile: tightest on sm80
     (256, True, torch.float32, 2, 1, dict(tf32=True)),
     (64, True, torch.bfloat16, 2, 1, dict(dropout=True)),
@@ -121,6 +123,7 @@ CASES = [
     (256, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True)),
     (256, True, torch.float32, 8, 1, dict(decode=True)),
     (256, True, torch.float32, 8, 1, dict(decode=True, tf32=True)),
+    (256, True, torch.float32, 8, 1, dict(decode=True, ieee=True)),
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, seqlen_q=4)),
     # An int cache_seqlens: the key count as a kernel scalar, no tensor (HAS_SEQUSED_TENSOR / HAS_CACHE_SEQLENS off).
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, scalar_seqlens=True)),
@@ -186,14 +189,16 @@ def check_case(arch, case):
     """Compile one case's launches for arch; returns (failures, report lines)."""
     head_dim, causal, dtype, features = case[0], case[1], case[2], case[5]
     smem_limit = TARGETS[arch]
-    # fp32's dots (and so its tiles, configs._IEEE_*) follow PyTorch's TF32 switch: tf32=True builds the launches
-    # with it on, as a user who allows TF32 gets them.
-    matmul = torch.backends.cuda.matmul
+    # fp32's dots (and so its tiles) follow PyTorch's TF32 switch and the GPU: tf32=True builds the launches with it
+    # on, as a user who allows TF32 gets them; ieee=True with the FMA dots a GPU without TF32 runs.
+    matmul, dot_precision = torch.backends.cuda.matmul, launch._dot_precision
     tf32_before, matmul.allow_tf32 = matmul.allow_tf32, bool(features.get("tf32"))
+    if features.get("ieee"):
+        launch._dot_precision = lambda dtype, arch: "ieee" if dtype == torch.float32 else "tf32"
     try:
         launches = _case_launches(arch, case)
     finally:
-        matmul.allow_tf32 = tf32_before
+        matmul.allow_tf32, launch._dot_precision = tf32_before, dot_precision
     failures, lines = 0, []
     for kl in launches:
         what = (f"sm{arch[0]}{arch[1]} {kl.kernel.fn.__name__} D{head_dim} causal={causal} "
@@ -251,9 +256,9 @@ def _case_launches(arch, case):
         launches = _append_launches(features, q[:, :1], k)
     elif features.get("decode"):
         lse = torch.zeros(1, heads_q, q.shape[1])
-        cfg, splits = launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"), interpreter=False)
+        cfg, splits, precision = launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"), interpreter=False)
         assert splits > 1, "the compile check needs the combine kernel"
-        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits)
+        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision)
     else:
         launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False, mods=mods)
     if not any(features.get(name) for name in ("kvcache", "decode", "paged", "append")):  # paged KV is inference only

@@ -19,13 +19,32 @@ def test_short_rows_take_the_short_forward_tiles():
     assert configs.fwd_config(SM90, 128, False, torch.float32, keys_per_row=64) == configs._GENERIC_FP32_FWD[128]
 
 
-def test_fp32_without_tf32_takes_the_fma_tiles():
-    """fp32 dots at full precision are FMA loops, with their own tiles on every GPU (configs._IEEE_*): each launcher
-    picks the tiles by the precision it passes its kernel (DOT_PRECISION), from PyTorch's TF32 switch; with TF32 on,
-    fp32 keeps the tensor-core tables."""
+def test_fp32_dot_precision_follows_tf32_and_the_gpu(monkeypatch):
+    """fp32 with TF32 off: tf32x3 dots (fp32-level error) where TF32 exists (NVIDIA sm80+), FMA dots ("ieee") on older
+    GPUs, ROCm and the interpreter (no arch); TF32 on: TF32 dots; 16-bit inputs ignore the precision."""
+    matmul, before = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
+    try:  # (monkeypatch cannot set this flag: it is a property of a backend module object)
+        matmul.allow_tf32 = False
+        assert [launch._dot_precision(torch.float32, arch) for arch in (SM90, (8, 0), (8, 6), (7, 5), None)] == [
+            "tf32x3", "tf32x3", "tf32x3", "ieee", "ieee"]
+        assert launch._dot_precision(torch.bfloat16, SM90) == "tf32"
+        monkeypatch.setattr(torch.version, "hip", "6.2")
+        assert launch._dot_precision(torch.float32, (9, 4)) == "ieee"
+        monkeypatch.undo()
+        matmul.allow_tf32 = True
+        assert launch._dot_precision(torch.float32, SM90) == launch._dot_precision(torch.float32, None) == "tf32"
+    finally:
+        matmul.allow_tf32 = before
+
+
+def test_fp32_launchers_take_the_tiles_of_their_precision(monkeypatch):
+    """Each fp32 launcher picks its tiles by the precision it passes its kernel (DOT_PRECISION): tf32x3 dots their
+    own tiles (configs._TF32X3_*), FMA dots theirs (configs._IEEE_*), TF32 on the tensor-core tables."""
     for arch in (SM90, (8, 0)):
         assert configs.fwd_config(arch, 128, False, torch.float32, precision="ieee") == configs._IEEE_FWD[128]
         assert configs.bwd_config(arch, 128, True, torch.float32, precision="ieee") == configs._IEEE_BWD[128]
+        assert configs.fwd_config(arch, 128, False, torch.float32, precision="tf32x3") == configs._TF32X3_FWD[128]
+        assert configs.bwd_config(arch, 128, True, torch.float32, precision="tf32x3") == configs._TF32X3_BWD[128]
     assert configs.fwd_config(SM90, 128, False, torch.float32, interpreter=True,
                               precision="ieee") == configs.INTERPRETER_FWD
     q = torch.zeros(1, 256, 2, 128)
@@ -38,15 +57,16 @@ def test_fp32_without_tf32_takes_the_fma_tiles():
     geo1 = dataclasses.replace(launch.Geometry.of(q1, k1), seqused_k=torch.tensor([50], dtype=torch.int32))
     sa1 = launch.ScoreArgs.make(geo1, 0.1, -1, -1, 0.0, None, lse1)
 
-    def launched():
+    def launched(arch):
         """(BLOCK_M, BLOCK_N, DOT_PRECISION) of the forward, the dQ kernel, the probabilities kernel (D128) and the
         split-KV kernel (D256)."""
-        fwd = launch.forward_launches(geo, q, q, q, q, lse, None, sa, SM90, interpreter=False)[0]
-        dq = launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, SM90,
+        fwd = launch.forward_launches(geo, q, q, q, q, lse, None, sa, arch, interpreter=False)[0]
+        dq = launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, arch,
                                       interpreter=False)[-1]
-        probs = launch.probs_launches(geo, q, q, lse, torch.zeros(1, 2, 256, 256), sa, SM90, interpreter=False)[0]
-        cfg, splits = launch.splitkv_plan(geo1, 4096, 0, SM90, torch.float32, torch.device("cpu"), interpreter=False)
-        split = launch.splitkv_launches(geo1, q1, k1, k1, q1, lse1, sa1, cfg, splits)[0]
+        probs = launch.probs_launches(geo, q, q, lse, torch.zeros(1, 2, 256, 256), sa, arch, interpreter=False)[0]
+        cfg, splits, precision = launch.splitkv_plan(geo1, 4096, 0, arch, torch.float32, torch.device("cpu"),
+                                                     interpreter=False)
+        split = launch.splitkv_launches(geo1, q1, k1, k1, q1, lse1, sa1, cfg, splits, precision)[0]
         return [(kl.constexprs["BLOCK_M"], kl.constexprs["BLOCK_N"], kl.constexprs["DOT_PRECISION"])
                 for kl in (fwd, dq, probs, split)]
 
@@ -55,19 +75,30 @@ def test_fp32_without_tf32_takes_the_fma_tiles():
                 (fwd.BLOCK_M, fwd.BLOCK_N, precision), (16, decode_block_n, precision)]
 
     matmul, before = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
-    try:  # (monkeypatch cannot set this flag: it is a property of a backend module object)
+    try:
         matmul.allow_tf32 = False
-        assert launched() == expected(configs._IEEE_FWD[128], configs._IEEE_BWD[128].dq,
-                                      configs._IEEE_DECODE[256][0], "ieee")
+        assert launched(SM90) == expected(configs._TF32X3_FWD[128], configs._TF32X3_BWD[128].dq,
+                                          configs._TF32X3_DECODE[256][0], "tf32x3")
+        assert launched((7, 5)) == expected(configs._IEEE_FWD[128], configs._IEEE_BWD[128].dq,
+                                            configs._IEEE_DECODE[256][0], "ieee")
+        monkeypatch.setattr(torch.version, "hip", "6.2")
+        assert launched((9, 4)) == launched((7, 5))
+        monkeypatch.undo()
         matmul.allow_tf32 = True
-        assert launched() == expected(configs._GENERIC_FP32_FWD[128], configs._GENERIC_BWD[128].dq,
-                                      configs._GENERIC_DECODE[256][0], "tf32")
+        assert launched(SM90) == expected(configs._GENERIC_FP32_FWD[128], configs._GENERIC_BWD[128].dq,
+                                          configs._GENERIC_DECODE[256][0], "tf32")
     finally:
         matmul.allow_tf32 = before
-    # The cases above differ between the two settings, so a launcher that ignored the precision would fail them.
-    assert configs._IEEE_FWD[128] != configs._GENERIC_FP32_FWD[128]
-    assert configs._IEEE_BWD[128].dq != configs._GENERIC_BWD[128].dq
+    # The forward and dQ tiles differ between the three settings, and the decode tiles between FMA and tensor-core
+    # dots, so a launcher that ignored the precision would fail the cases above.
+    for table in ("FWD", "BWD"):
+        tiles = [getattr(configs, name)[128] for name in (f"_IEEE_{table}", f"_TF32X3_{table}")] + [
+            configs._GENERIC_FP32_FWD[128] if table == "FWD" else configs._GENERIC_BWD[128]]
+        if table == "BWD":
+            tiles = [t.dq for t in tiles]
+        assert len(set(tiles)) == 3, tiles
     assert configs._IEEE_DECODE[256] != configs._GENERIC_DECODE[256]
+    assert configs._IEEE_DECODE[256] != configs._TF32X3_DECODE[256]
 
 
 def test_keys_per_row_counts_the_window_span():

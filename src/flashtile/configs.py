@@ -302,6 +302,19 @@ _IEEE_FWD = {
 _IEEE_BWD = {**_GENERIC_BWD, 128: BwdConfig(TileConfig(16, 32, 8, 2), TileConfig(32, 32, 8, 2))}
 
 
+# fp32 with TF32 off on NVIDIA sm80+ (DOT_PRECISION "tf32x3", launch._dot_precision): each product is three TF32
+# tensor-core products (a_hi b_hi + a_hi b_lo + a_lo b_hi), whose split operands take registers and shared memory:
+# on the generic fp32 tables the forward spilled 0.7-1.6 KB per thread at D32 / D64 and 2.8-3.0 KB at D256, the
+# backward 3.1-4.2 KB (dK/dV) and 1.1-1.2 KB (dQ) at D128 and 33-47 KB at D256 (`benchmarks/spills.py --dtype fp32
+# --precision tf32x3`, session 22). On the H200 (B2, 2K, H 1024 / D; benchmarks/fp32_tiles.py --candidates,
+# fp32-tf32x3-h200-2026-12-01-s22) the generic tiles stayed fastest for the D32 / D256 forward and the D32 / D64
+# backward despite their spills; these took their place elsewhere: the D64 / D128 forward 0.66 / 0.62x the generic
+# tiles' time (causal 0.64 / 0.61x), the D128 backward 1.02x (causal 0.84x), the D256 backward 0.08x (causal 0.07x).
+_TF32X3_FWD = {**_GENERIC_FP32_FWD, 64: TileConfig(128, 64, 8, 2), 128: TileConfig(32, 32, 4, 2)}
+_TF32X3_BWD = {**_GENERIC_BWD, 128: BwdConfig(TileConfig(16, 16, 4, 2), TileConfig(16, 32, 4, 2)),
+               256: BwdConfig(TileConfig(32, 16, 8, 1), TileConfig(16, 32, 8, 1))}
+
+
 def _table_for(arch, dtype, sm90, generic):
     # fp32 tiles (TF32 dots) take twice the shared memory: they get the conservative table everywhere.
     is_fp32 = dtype is not None and dtype.itemsize == 4
@@ -311,11 +324,13 @@ def _table_for(arch, dtype, sm90, generic):
 def fwd_config(arch, head_dim_padded, local, dtype, interpreter=False, keys_per_row=None, precision="tf32"):
     """The forward tile configuration. arch is (major, minor) of the CUDA device, or None; keys_per_row: the
     most keys one query row attends to (min(Sk, window span)), None if unknown; precision: the kernels'
-    DOT_PRECISION ("ieee": FMA dots, _IEEE_FWD)."""
+    DOT_PRECISION ("ieee": FMA dots, _IEEE_FWD; "tf32x3": _TF32X3_FWD)."""
     if interpreter:
         return INTERPRETER_FWD
     if precision == "ieee":
         return _IEEE_FWD[head_dim_padded]
+    if precision == "tf32x3":
+        return _TF32X3_FWD[head_dim_padded]
     generic = _GENERIC_FP32_FWD if dtype is not None and dtype.itemsize == 4 else _GENERIC_FWD
     short = keys_per_row is not None and keys_per_row <= SHORT_KEYS
     return _table_for(arch, dtype, _SM90_FWD_SHORT if short else _SM90_FWD, generic)[head_dim_padded]
@@ -330,6 +345,8 @@ def bwd_config(arch, head_dim_padded, local, dtype, interpreter=False, precision
         return INTERPRETER_BWD
     if precision == "ieee":
         return _IEEE_BWD[head_dim_padded]
+    if precision == "tf32x3":
+        return _TF32X3_BWD[head_dim_padded]
     table = _table_for(arch, dtype, _SM90_BWD_LOCAL if local else _SM90_BWD, _GENERIC_BWD)
     if D256_BWD and head_dim_padded == 256 and table is not _GENERIC_BWD:
         return D256_BWD_VARIANTS[D256_BWD][1 if local else 0]
@@ -348,6 +365,9 @@ _GENERIC_DECODE = {16: (64, 4, 2), 32: (64, 4, 2), 64: (64, 4, 2), 128: (64, 4, 
 # FMA dots (see _IEEE_FWD): at D256 the generic 32-key tiles spilled 3.5 KB and ran 6.1x the time of these 16-key
 # ones (B8, 16K cache, H200); at D128 32-key tiles (no spill) ran 1.1-1.2x the time of the generic 64-key ones (1.1 KB).
 _IEEE_DECODE = {**_GENERIC_DECODE, 256: (16, 4, 2)}
+# tf32x3 dots (see _TF32X3_FWD): the generic tiles measured fastest (D128: 16 / 32-key tiles 1.31 / 1.01x their time,
+# D256: 16-key 1.16x).
+_TF32X3_DECODE = dict(_GENERIC_DECODE)
 # Splits: enough programs for SPLIT_PROGRAMS_PER_SM resident programs on every SM, at most MAX_SPLITS (the
 # combine kernel streams splits, so this only bounds the workspace), and no more than the key blocks.
 MAX_SPLITS = 128
@@ -358,7 +378,10 @@ def decode_config(arch, head_dim_padded, rows, dtype, interpreter=False, precisi
     """The split-KV kernel's tiles for `rows` packed query rows (group_size * Sq); precision as fwd_config's."""
     if interpreter:
         return INTERPRETER_DECODE
-    table = _IEEE_DECODE if precision == "ieee" else _table_for(arch, dtype, _SM90_DECODE, _GENERIC_DECODE)
+    if precision in ("ieee", "tf32x3"):
+        table = _IEEE_DECODE if precision == "ieee" else _TF32X3_DECODE
+    else:
+        table = _table_for(arch, dtype, _SM90_DECODE, _GENERIC_DECODE)
     block_n, warps, stages = table[head_dim_padded]
     block_m = min(DECODE_MAX_BLOCK_M, max(16, 1 << (rows - 1).bit_length()))
     return TileConfig(block_m, block_n, warps, stages)

@@ -93,11 +93,16 @@ def _head_dim_padded(head_dim):
     return max(16, _next_pow2(head_dim))
 
 
-def _dot_precision(dtype):
-    # fp32 inputs follow PyTorch's TF32 switch, so flashtile is as exact as torch.matmul by default.
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
-    return "tf32"
+def _dot_precision(dtype, arch):
+    """The kernels' DOT_PRECISION (fp16 / bf16 ignore it). fp32 follows PyTorch's TF32 switch: on, TF32 tensor-core
+    dots; off (PyTorch's default), fp32-level accuracy: "tf32x3" (each product as three TF32 ones, CUTLASS's 3xTF32,
+    which SDPA's fp32 kernel uses too) on NVIDIA sm80+, 2.5-4x faster than FMA dots on the H200 with errors as small
+    (docs/perf-log.md, sessions 21-22); FMA dots ("ieee") where TF32 is missing (older GPUs, ROCm, the interpreter)."""
+    if dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    if arch is not None and arch >= (8, 0) and torch.version.hip is None:
+        return "tf32x3"
+    return "ieee"
 
 
 def _approx_tanh(q):
@@ -342,7 +347,7 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=N
     """
     head_dim_pad = _head_dim_padded(geo.head_dim)
     mods = mods or _NO_MODS
-    precision = _dot_precision(q.dtype)  # read once: the tiles suit the dots (configs._IEEE_FWD)
+    precision = _dot_precision(q.dtype, arch)  # read once: the tiles suit the dots (configs._IEEE_FWD)
     cfg = mods.tiles(configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter,
                                         sa.keys_per_row(geo.seqlen_k), precision))
     return [KernelLaunch(
@@ -381,17 +386,18 @@ def uses_splitkv(geo, num_splits):
 
 
 def splitkv_plan(geo, max_seqlen_k, num_splits, arch, dtype, device, interpreter):
-    """(tile config, number of splits): num_splits as given (at most configs.MAX_SPLITS), or from the
-    heuristic when 0, for the longest row's max_seqlen_k keys."""
+    """(tile config, number of splits, dot precision): num_splits as given (at most configs.MAX_SPLITS), or from
+    the heuristic when 0, for the longest row's max_seqlen_k keys; the tiles suit the precision's dots."""
     rows = geo.seqlen_q * (geo.heads_q // geo.heads_kv)
-    cfg = configs.decode_config(arch, _head_dim_padded(geo.head_dim), rows, dtype, interpreter, _dot_precision(dtype))
+    precision = _dot_precision(dtype, arch)
+    cfg = configs.decode_config(arch, _head_dim_padded(geo.head_dim), rows, dtype, interpreter, precision)
     if num_splits > 0:
-        return cfg, min(num_splits, configs.MAX_SPLITS)
+        return cfg, min(num_splits, configs.MAX_SPLITS), precision
     programs = geo.batch * geo.heads_kv * _cdiv(rows, cfg.BLOCK_M)
-    return cfg, configs.num_splits_heuristic(programs, _cdiv(max_seqlen_k, cfg.BLOCK_N), _num_sms(device))
+    return cfg, configs.num_splits_heuristic(programs, _cdiv(max_seqlen_k, cfg.BLOCK_N), _num_sms(device)), precision
 
 
-def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
+def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, precision):
     """The split-KV kernel, and with num_splits > 1 the combine kernel, writing out (q's shape) and lse
     (B, Hq, Sq). The splits' partial outputs go to an fp32 workspace (num_splits, B, Sq, Hq, D) and lse
     (num_splits, B, Hq, Sq); one split writes out and lse directly."""
@@ -416,7 +422,7 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits):
              IS_LOCAL=sa.constexprs["IS_LOCAL"], SOFTCAP=sa.constexprs["SOFTCAP"],
              HAS_ALIBI=sa.constexprs["HAS_ALIBI"], **geo.page_constexprs(k, cfg.BLOCK_N),
              LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
-             DOT_PRECISION=_dot_precision(q.dtype), HAS_SEQUSED_TENSOR=geo.seqused_k is not None),
+             DOT_PRECISION=precision, HAS_SEQUSED_TENSOR=geo.seqused_k is not None),
         cfg.num_warps, cfg.num_stages,
     )
     if num_splits == 1:
@@ -557,7 +563,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
     group_size = geo.heads_q // geo.heads_kv
     head_dim_pad = _head_dim_padded(geo.head_dim)
     mods = mods or _NO_MODS
-    precision = _dot_precision(q.dtype)
+    precision = _dot_precision(q.dtype, arch)
     cfg = configs.bwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter, precision)
     # (tiles, PART) of each dK/dV launch: one kernel for both, or dV then dK ("dv-dk": one accumulator each).
     parts = ([(cfg.dkdv, 1), (cfg.dk or cfg.dkdv, 2)] if cfg.dkdv_split == "dv-dk" else [(cfg.dkdv, 0)])
@@ -582,7 +588,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
              geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars(),
              *mods.args(lse, transposed=True)),
             dict(BLOCK_M=tiles.BLOCK_M, BLOCK_N=tiles.BLOCK_N, Q_DESC=descs is not None,
-                 SPLIT_GROUP_SUM=precision == "ieee" and group_size > 1, PART=part, **common),
+                 SPLIT_GROUP_SUM=precision != "tf32" and group_size > 1, PART=part, **common),
             tiles.num_warps, tiles.num_stages,
         ))
     dq_launch = KernelLaunch(
@@ -601,7 +607,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
 def probs_launches(geo, q, k, lse, probs, sa, arch, interpreter):
     """The attention-probabilities kernel (return_attn_probs): writes probs (B, Hq, max_q, max_k) from q, k, lse."""
     head_dim_pad = _head_dim_padded(geo.head_dim)
-    precision = _dot_precision(q.dtype)
+    precision = _dot_precision(q.dtype, arch)
     cfg = configs.fwd_config(arch, head_dim_pad, sa.constexprs["IS_LOCAL"], q.dtype, interpreter, precision=precision)
     return [KernelLaunch(
         _attn_probs, (_cdiv(geo.seqlen_q, cfg.BLOCK_M), geo.batch * geo.heads_q),
@@ -849,8 +855,8 @@ def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, sof
                         approx_tanh=_approx_tanh(q))
     arch, interpreter = _arch(q.device), interpreter_active()
     if uses_splitkv(geo, num_splits):
-        cfg, splits = splitkv_plan(geo, max_seqlen_k, num_splits, arch, q.dtype, q.device, interpreter)
-        launches = splitkv_launches(geo, q, k_cache, v_cache, out, lse, sa, cfg, splits)
+        cfg, splits, precision = splitkv_plan(geo, max_seqlen_k, num_splits, arch, q.dtype, q.device, interpreter)
+        launches = splitkv_launches(geo, q, k_cache, v_cache, out, lse, sa, cfg, splits, precision)
     else:
         launches = forward_launches(geo, q, k_cache, v_cache, out, lse, None, sa, arch, interpreter)
     for launch in launches:
