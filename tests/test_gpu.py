@@ -3,7 +3,9 @@ import pytest
 import torch
 
 import flashtile
+from flashtile import launch
 from test_attention import HEAD_DIMS, run_and_check
+from test_decode import check, make_cache
 from utils import assert_close_rule, make_qkv
 
 pytestmark = pytest.mark.gpu
@@ -24,6 +26,27 @@ def test_matrix(dtype, head_dim, seqlen_q, seqlen_k, causal):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_heads_dtypes(dtype, heads_q, heads_kv, causal):
     run_and_check(2, 777, 999, heads_q, heads_kv, 128, causal, dtype, "cuda")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256], ids=["d32", "d64", "d128", "d256"])
+def test_fp32_fma_dots(monkeypatch, head_dim, causal):
+    """fp32 with FMA dots ("ieee": their own tiles, configs._IEEE_*), what GPUs without TF32 and ROCm run; the H200
+    runs tf32x3 dots (launch._dot_precision), so the rest of the tier no longer reaches these kernels."""
+    used = []
+
+    def fma_dots(dtype, arch):
+        used.append(dtype)
+        return "ieee" if dtype == torch.float32 else "tf32"
+
+    monkeypatch.setattr(launch, "_dot_precision", fma_dots)
+    run_and_check(2, 777, 999, 8, 2, head_dim, causal, torch.float32, "cuda")
+    assert torch.float32 in used
+    lengths = [1, 999, 4096]  # decode: one query token per row, the split-KV kernel
+    q, k_cache, v_cache = make_cache("cuda", len(lengths), 1, 8, 2, 4096, head_dim=head_dim)
+    out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, causal=causal, return_softmax_lse=True,
+                                                 cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"))
+    check(out, lse, q, k_cache, v_cache, lengths, causal=causal)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
