@@ -11,7 +11,7 @@ from threading import get_ident
 
 import torch
 
-from . import configs, fast_launch, philox, plans
+from . import configs, fast_launch, fit, philox, plans
 from .kernels.bwd import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_dq_convert, _attn_bwd_preprocess
 from .kernels.decode import _attn_combine, _attn_fwd_splitkv
 from .kernels.fwd import _attn_fwd, _attn_probs
@@ -202,17 +202,21 @@ class Geometry:
 @dataclass
 class KernelLaunch:
     """One kernel launch as data: run it here, or compile it ahead of time for another GPU
-    (tests/compile_check.py compiles every launch for sm90 and sm80 on a machine without a GPU)."""
+    (tests/compile_check.py compiles every launch for sm90 and sm80 on a machine without a GPU).
+    Where the GPU has too little shared memory for the configured tiles, fit.py may halve shrink (the constexprs the
+    kernel steps through: no grid axis or argument depends on them) and grid_tile ((constexpr, grid axis, extent):
+    the axis is cdiv(extent, that constexpr), and no argument depends on it)."""
     kernel: object
     grid: tuple
     args: tuple
     constexprs: dict
     num_warps: int = 4
     num_stages: int = 1
+    shrink: tuple = ()
+    grid_tile: tuple = ()
 
     def run(self):
-        fast_launch.launch(self.kernel, self.grid, self.args,
-                           {**self.constexprs, "num_warps": self.num_warps, "num_stages": self.num_stages})
+        fit.launch(self)
 
 
 @dataclass  # not frozen, as Geometry: built on every call
@@ -364,7 +368,8 @@ def forward_launches(geo, q, k, v, out, lse, sink, sa, arch, interpreter, mods=N
              **geo.page_constexprs(k, cfg.BLOCK_N), LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
              DOT_PRECISION=precision,
              **sa.constexprs, **mods.constexprs()),
-        cfg.num_warps, cfg.num_stages,
+        cfg.num_warps, cfg.num_stages, shrink=("BLOCK_N",),
+        grid_tile=("BLOCK_M", 0, geo.seqlen_q),
     )]
 
 
@@ -423,7 +428,7 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, precision):
              HAS_ALIBI=sa.constexprs["HAS_ALIBI"], **geo.page_constexprs(k, cfg.BLOCK_N),
              LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
              DOT_PRECISION=precision, HAS_SEQUSED_TENSOR=geo.seqused_k is not None),
-        cfg.num_warps, cfg.num_stages,
+        cfg.num_warps, cfg.num_stages, shrink=("BLOCK_N",),
     )
     if num_splits == 1:
         return [main]
@@ -589,7 +594,8 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
              *mods.args(lse, transposed=True)),
             dict(BLOCK_M=tiles.BLOCK_M, BLOCK_N=tiles.BLOCK_N, Q_DESC=descs is not None,
                  SPLIT_GROUP_SUM=precision != "tf32" and group_size > 1, PART=part, **common),
-            tiles.num_warps, tiles.num_stages,
+            tiles.num_warps, tiles.num_stages, shrink=() if descs else ("BLOCK_M",),
+            grid_tile=("BLOCK_N", 0, geo.seqlen_k),
         ))
     dq_launch = KernelLaunch(
         _attn_bwd_dq, (_cdiv(geo.seqlen_q, cfg.dq.BLOCK_M), geo.batch * geo.heads_q),
@@ -599,7 +605,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, group_size, softmax_scale, *sa.scalars(), *mods.args(lse)),
         dict(BLOCK_M=cfg.dq.BLOCK_M, BLOCK_N=cfg.dq.BLOCK_N, STORE_DBIAS=dbias is not None,
              LEFT_BOUNDED=sa.left_bounded, **common),
-        cfg.dq.num_warps, cfg.dq.num_stages,
+        cfg.dq.num_warps, cfg.dq.num_stages, shrink=("BLOCK_N",), grid_tile=("BLOCK_M", 0, geo.seqlen_q),
     )
     return [preprocess, *dkdv_launches, dq_launch]
 
@@ -616,7 +622,7 @@ def probs_launches(geo, q, k, lse, probs, sa, arch, interpreter):
          geo.seqlen_q, geo.seqlen_k, geo.heads_q, geo.heads_q // geo.heads_kv, *sa.scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              IS_VARLEN=geo.is_varlen, DOT_PRECISION=precision, **sa.constexprs),
-        cfg.num_warps, 1,
+        cfg.num_warps, 1, shrink=("BLOCK_N",), grid_tile=("BLOCK_M", 0, geo.seqlen_q),
     )]
 
 

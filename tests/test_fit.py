@@ -1,0 +1,186 @@
+"""fit.py: a launch the GPU refuses for its shared memory runs again with one stage, then halved tiles.
+
+GPUs with less shared memory than configs.py's tables assume (sm86 / sm89: 99 KB, sm75: 64 KB) are not here; the
+refusal is simulated where triton raises it (the launch), and the kernels then run on the smaller tiles through the
+interpreter (or the GPU) against the reference.
+"""
+import dataclasses
+
+import pytest
+import torch
+from triton.runtime.errors import OutOfResources
+
+import flashtile
+from flashtile import configs, fast_launch, fit, launch
+from test_attention import references
+from utils import assert_close_rule, make_qkv
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def fresh_fits():
+    fit._fits.clear()
+    yield
+    fit._fits.clear()
+
+
+def test_smaller_variants_take_one_stage_then_halve_the_largest_tile():
+    kwargs = dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+    variants = list(fit.smaller_variants(kwargs, ("BLOCK_N",)))
+    assert [(v["num_stages"], v["BLOCK_M"], v["BLOCK_N"]) for v in variants] == [
+        (1, 128, 64), (1, 128, 32), (1, 128, 16)]
+    assert kwargs["num_stages"] == 3  # the launch's own arguments are left alone
+    both = [(v["BLOCK_M"], v["BLOCK_N"]) for v in fit.smaller_variants(kwargs, ("BLOCK_N", "BLOCK_M"))]
+    assert both == [(128, 64), (64, 64), (64, 32), (32, 32), (32, 16), (16, 16)]  # the loop tile first of equals
+    assert [v["num_stages"] for v in fit.smaller_variants(kwargs, ())] == [1]
+    assert list(fit.smaller_variants(dict(kwargs, num_stages=1, BLOCK_N=16), ("BLOCK_N",))) == []
+
+
+def test_grid_follows_the_grid_tile():
+    kl = launch.KernelLaunch(object(), (8, 6), (), dict(BLOCK_M=128, BLOCK_N=64), 4, 2, shrink=("BLOCK_N",),
+                             grid_tile=("BLOCK_M", 0, 1000))
+    assert fit.tiles(kl) == ("BLOCK_N", "BLOCK_M")
+    assert fit.grid_for(kl, dict(BLOCK_M=128)) == (8, 6)
+    assert fit.grid_for(kl, dict(BLOCK_M=32)) == (32, 6)
+    assert fit.grid_for(dataclasses.replace(kl, grid_tile=()), dict(BLOCK_M=32)) == (8, 6)
+
+
+class FakeGPU:
+    """fast_launch.launch on a GPU with `limit` bytes of shared memory, a launch needing
+    BLOCK_M * BLOCK_N * num_stages * 16 bytes (a stand-in for what triton measures at load time)."""
+
+    def __init__(self, limit, resource="shared memory"):
+        self.limit, self.resource, self.calls = limit, resource, []
+
+    def __call__(self, kernel, grid, args, kwargs):
+        self.calls.append(dict(kwargs))
+        need = kwargs["BLOCK_M"] * kwargs["BLOCK_N"] * kwargs["num_stages"] * 16
+        if need > self.limit:
+            raise OutOfResources(need, self.limit, self.resource)
+
+
+def _launch(**constexprs):
+    tensor = torch.zeros(1)
+    return launch.KernelLaunch(object(), (1,), (tensor,), dict(BLOCK_M=64, BLOCK_N=64, **constexprs), 4, 2,
+                               shrink=("BLOCK_N",))
+
+
+def test_refused_launch_runs_smaller_and_the_fit_is_remembered(monkeypatch):
+    gpu = FakeGPU(limit=64 * 32 * 16)
+    monkeypatch.setattr(fast_launch, "launch", gpu)
+    kl = _launch()
+    kl.run()
+    assert [(c["num_stages"], c["BLOCK_N"]) for c in gpu.calls] == [(2, 64), (1, 64), (1, 32)]
+    gpu.calls.clear()
+    kl.run()  # straight to what loaded
+    assert [(c["num_stages"], c["BLOCK_N"]) for c in gpu.calls] == [(1, 32)]
+    gpu.calls.clear()
+    _launch(IS_CAUSAL=True).run()  # another signature tries its own tiles first
+    assert len(gpu.calls) == 3
+
+
+def test_launch_that_fits_nowhere_raises_and_other_refusals_are_not_retried(monkeypatch):
+    gpu = FakeGPU(limit=100)
+    monkeypatch.setattr(fast_launch, "launch", gpu)
+    with pytest.raises(OutOfResources):
+        _launch().run()
+    assert [(c["num_stages"], c["BLOCK_N"]) for c in gpu.calls] == [(2, 64), (1, 64), (1, 32), (1, 16)]
+    assert not fit._fits
+    gpu = FakeGPU(limit=100, resource="registers")
+    monkeypatch.setattr(fast_launch, "launch", gpu)
+    with pytest.raises(OutOfResources, match="registers"):
+        _launch().run()
+    assert len(gpu.calls) == 1
+
+
+def _same_argument(a, b):
+    """The same input, or a buffer the launcher allocated alike (the split-KV workspace), or an equal scalar."""
+    if isinstance(a, torch.Tensor):
+        return a is b or (isinstance(b, torch.Tensor)
+                          and (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype))
+    return type(a) is type(b) and a == b
+
+
+def _smaller(kl):
+    """kl's loop tile halved and grid tile quartered."""
+    return {**{name: kl.constexprs[name] // 2 for name in kl.shrink},
+            **{name: kl.constexprs[name] // 4 for name in kl.grid_tile[:1]}}
+
+
+def test_shrunk_tiles_change_no_grid_or_argument(monkeypatch):
+    """The launchers' shrink names tiles that neither the grid nor any argument depends on: the launches built with
+    those tiles halved (as configs.py would give them) differ from the originals in those constexprs only."""
+    q = torch.zeros(2, 300, 4, 128)
+    k = torch.zeros(2, 500, 2, 128)
+    lse = torch.zeros(2, 4, 300)
+    geo = launch.Geometry.of(q, k)
+    sa = launch.ScoreArgs.make(geo, 0.1, -1, 0, 0.0, None, lse)
+    arch = (8, 6)
+
+    def build():
+        fwd = launch.forward_launches(geo, q, k, k, q, lse, None, sa, arch, interpreter=False)
+        probs = launch.probs_launches(geo, q, k, lse, torch.zeros(2, 4, 300, 500), sa, arch, interpreter=False)
+        bwd = launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, None, 0.1, sa, arch,
+                                       interpreter=False)
+        q1, lse1 = torch.zeros(2, 1, 8, 128), torch.zeros(2, 8, 1)
+        geo1 = dataclasses.replace(launch.Geometry.of(q1, k), seqused_k=torch.tensor([50, 9], dtype=torch.int32))
+        sa1 = launch.ScoreArgs.make(geo1, 0.1, -1, -1, 0.0, None, lse1)
+        cfg, splits, precision = launch.splitkv_plan(geo1, 500, 3, arch, q.dtype, q.device, interpreter=False)
+        split = launch.splitkv_launches(geo1, q1, k, k, q1, lse1, sa1, cfg, splits, precision)
+        return fwd + probs + bwd + split
+
+    before = build()
+    assert [fit.tiles(kl) for kl in before] == [("BLOCK_N", "BLOCK_M"), ("BLOCK_N", "BLOCK_M"), (),
+                                                ("BLOCK_M", "BLOCK_N"), ("BLOCK_N", "BLOCK_M"), ("BLOCK_N",), ()]
+    fwd_cfg, bwd_cfg, decode_cfg = configs.fwd_config, configs.bwd_config, configs.decode_config
+
+    def half(tile, name):
+        return dataclasses.replace(tile, **{name: getattr(tile, name) // 2})
+
+    def quarter(tile, name):
+        return dataclasses.replace(tile, **{name: getattr(tile, name) // 4})
+
+    def smaller_bwd(*a, **kw):
+        cfg = bwd_cfg(*a, **kw)
+        return dataclasses.replace(cfg, dkdv=quarter(half(cfg.dkdv, "BLOCK_M"), "BLOCK_N"),
+                                   dq=quarter(half(cfg.dq, "BLOCK_N"), "BLOCK_M"))
+
+    # The loop tiles halved, the grid tiles quartered, as configs.py would have given them.
+    monkeypatch.setattr(configs, "fwd_config", lambda *a, **kw: quarter(half(fwd_cfg(*a, **kw), "BLOCK_N"), "BLOCK_M"))
+    monkeypatch.setattr(configs, "decode_config", lambda *a, **kw: half(decode_cfg(*a, **kw), "BLOCK_N"))
+    monkeypatch.setattr(configs, "bwd_config", smaller_bwd)
+    after = build()
+    for old, new in zip(before, after, strict=True):
+        smaller = {**old.constexprs, **_smaller(old)}
+        assert new.kernel is old.kernel and new.constexprs == smaller, old.kernel
+        assert new.grid == fit.grid_for(old, smaller), old.kernel
+        assert len(new.args) == len(old.args) and all(map(_same_argument, old.args, new.args)), old.kernel
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_attention_on_the_fallback_tiles_matches_the_reference(monkeypatch, causal):
+    """Forward and backward where every launch with a tile above 16 is refused (the interpreter's tiles are 32 wide):
+    the forward, dQ and dK/dV kernels run 16 x 16 tiles on grids recomputed for them."""
+    real = fast_launch.launch
+    refused = []
+
+    def small_gpu(kernel, grid, args, kwargs):
+        main = kernel in (launch._attn_fwd, launch._attn_bwd_dkdv, launch._attn_bwd_dq)
+        if main and (kwargs["BLOCK_M"] > 16 or kwargs["BLOCK_N"] > 16):
+            refused.append(kernel)
+            raise OutOfResources(1 << 20, 1 << 16, "shared memory")
+        return real(kernel, grid, args, kwargs)
+
+    monkeypatch.setattr(fast_launch, "launch", small_gpu)
+    monkeypatch.setattr(configs, "INTERPRETER_FWD", configs.TileConfig(32, 32, 4, 1))
+    monkeypatch.setattr(configs, "INTERPRETER_BWD", configs._bwd(32, 32, 32, 32, 4, 1))
+    dtype = torch.float32
+    q, k, v = make_qkv(2, 70, 90, 4, 2, 64, dtype, DEVICE)
+    out = flashtile.flash_attn_func(q, k, v, causal=causal)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    assert {launch._attn_fwd, launch._attn_bwd_dkdv, launch._attn_bwd_dq} <= set(refused)
+    ref64, ref_lowp = references(q, k, v, dout, causal, None)
+    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), ref64, ref_lowp):
+        assert_close_rule(name, got, r64, rlow, dtype)
