@@ -1,6 +1,11 @@
 """Tile-configuration lookup (configs.py): which table serves which call. Pure Python, no kernels run."""
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 import torch
 
 from flashtile import configs, gluon_launch, launch
@@ -35,6 +40,37 @@ def test_fp32_dot_precision_follows_tf32_and_the_gpu(monkeypatch):
         assert launch._dot_precision(torch.float32, SM90) == launch._dot_precision(torch.float32, None) == "tf32"
     finally:
         matmul.allow_tf32 = before
+
+
+NEW_API_PROBE = """
+import sys, torch
+from flashtile import launch
+exec(sys.argv[1])
+print(launch._dot_precision(torch.float32, (9, 0)))
+"""
+
+
+@pytest.mark.parametrize("setting,expected", [
+    ("torch.backends.cuda.matmul.fp32_precision = 'tf32'", "tf32"),
+    ("torch.backends.cuda.matmul.fp32_precision = 'ieee'", "tf32x3"),
+    ("torch.backends.fp32_precision = 'tf32'", "tf32"),
+    ("torch.backends.fp32_precision = 'tf32'; torch.backends.cuda.matmul.fp32_precision = 'ieee'", "tf32x3"),
+    ("torch.set_float32_matmul_precision('high')", "tf32"),
+    ("torch.backends.cuda.matmul.allow_tf32 = True", "tf32"),
+    ("pass", "tf32x3"),
+], ids=["matmul-tf32", "matmul-ieee", "global-tf32", "global-tf32-matmul-ieee", "matmul-precision-high", "legacy",
+        "default"])
+def test_fp32_dot_precision_reads_pytorchs_new_tf32_api(setting, expected):
+    """PyTorch 2.9+'s fp32_precision settings (reading the legacy allow_tf32 after them raises in torch 2.13): each in
+    a fresh interpreter, as the settings are process-wide."""
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        pytest.skip("this PyTorch has only allow_tf32")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1] / "src"),
+                                                         os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", NEW_API_PROBE, setting], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == expected
 
 
 def test_fp32_launchers_take_the_tiles_of_their_precision(monkeypatch):

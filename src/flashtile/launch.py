@@ -93,12 +93,25 @@ def _head_dim_padded(head_dim):
     return max(16, _next_pow2(head_dim))
 
 
+def _tf32_matmuls():
+    """PyTorch's switch for TF32 in fp32 matmuls: torch.backends.cuda.matmul.fp32_precision where it exists (torch
+    2.9+; "none" defers to torch.backends.fp32_precision, whose "none" is ieee), else allow_tf32. The legacy flag
+    follows the new setting, but reading it raises once a program has set the new one (torch 2.13)."""
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision is None:
+        return matmul.allow_tf32
+    if precision == "none":
+        precision = getattr(torch.backends, "fp32_precision", "none")
+    return precision == "tf32"
+
+
 def _dot_precision(dtype, arch):
     """The kernels' DOT_PRECISION (fp16 / bf16 ignore it). fp32 follows PyTorch's TF32 switch: on, TF32 tensor-core
     dots; off (PyTorch's default), fp32-level accuracy: "tf32x3" (each product as three TF32 ones, CUTLASS's 3xTF32,
-    which SDPA's fp32 kernel uses too) on NVIDIA sm80+, 2.5-4x faster than FMA dots on the H200 with errors as small
+    which SDPA's fp32 kernel uses too) on NVIDIA sm80+, 2.9-6.5x faster than FMA dots on the H200 with errors as small
     (docs/perf-log.md, sessions 21-22); FMA dots ("ieee") where TF32 is missing (older GPUs, ROCm, the interpreter)."""
-    if dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32:
+    if dtype != torch.float32 or _tf32_matmuls():
         return "tf32"
     if arch is not None and arch >= (8, 0) and torch.version.hip is None:
         return "tf32x3"
