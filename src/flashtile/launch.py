@@ -106,14 +106,20 @@ def _tf32_matmuls():
     return precision == "tf32"
 
 
+# NVIDIA GPUs whose TF32 tensor cores run 7-8x their FP32 FMA rate (A100, H100 / H200, B200): three TF32 products
+# per fp32 product beat FMA dots there (2.9-6.5x on the H200). GeForce-class parts (sm86 / sm89 / sm120) run TF32 at
+# 1-2x their FP32 rate, where tf32x3 would likely lose; not measured, so they keep FMA dots.
+TF32X3_ARCHS = ((8, 0), (9, 0), (10, 0), (10, 3))
+
+
 def _dot_precision(dtype, arch):
     """The kernels' DOT_PRECISION (fp16 / bf16 ignore it). fp32 follows PyTorch's TF32 switch: on, TF32 tensor-core
     dots; off (PyTorch's default), fp32-level accuracy: "tf32x3" (each product as three TF32 ones, CUTLASS's 3xTF32,
-    which SDPA's fp32 kernel uses too) on NVIDIA sm80+, 2.9-6.5x faster than FMA dots on the H200 with errors as small
-    (docs/perf-log.md, sessions 21-22); FMA dots ("ieee") where TF32 is missing (older GPUs, ROCm, the interpreter)."""
+    which SDPA's fp32 kernel uses too) on TF32X3_ARCHS, 2.9-6.5x faster than FMA dots on the H200 with errors as small
+    (docs/perf-log.md, sessions 21-22); FMA dots ("ieee") elsewhere (other GPUs, ROCm, CPU tensors)."""
     if dtype != torch.float32 or _tf32_matmuls():
         return "tf32"
-    if arch is not None and arch >= (8, 0) and torch.version.hip is None:
+    if arch in TF32X3_ARCHS and torch.version.hip is None:
         return "tf32x3"
     return "ieee"
 
@@ -217,8 +223,9 @@ class KernelLaunch:
     """One kernel launch as data: run it here, or compile it ahead of time for another GPU
     (tests/compile_check.py compiles every launch for sm90 and sm80 on a machine without a GPU).
     Where the GPU has too little shared memory for the configured tiles, fit.py may halve shrink (the constexprs the
-    kernel steps through: no grid axis or argument depends on them) and grid_tile ((constexpr, grid axis, extent):
-    the axis is cdiv(extent, that constexpr), and no argument depends on it)."""
+    kernel steps through: no grid axis depends on them, and what else does stays right for half of them: the split-KV
+    kernel derives its split size from BLOCK_N, a page that holds whole key tiles holds whole half tiles) and
+    grid_tile ((constexpr, grid axis, extent): the axis is cdiv(extent, that constexpr), no argument depends on it)."""
     kernel: object
     grid: tuple
     args: tuple
