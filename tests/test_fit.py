@@ -133,9 +133,45 @@ def _smaller(kl):
             **{name: kl.constexprs[name] // 4 for name in kl.grid_tile[:1]}}
 
 
+def _assert_halving_changes_only_tiles(monkeypatch, build):
+    """The launches build() makes with the loop tiles halved and the grid tiles quartered (as configs.py would give
+    them) equal, but for those constexprs and the grid fit.grid_for computes, what fit.py would run in place of the
+    original launches: the same kernels, arguments and other constexprs."""
+    before = build()
+    fwd_cfg, bwd_cfg, decode_cfg = configs.fwd_config, configs.bwd_config, configs.decode_config
+
+    def half(tile, name):
+        return dataclasses.replace(tile, **{name: getattr(tile, name) // 2})
+
+    def quarter(tile, name):
+        return dataclasses.replace(tile, **{name: getattr(tile, name) // 4})
+
+    def smaller_bwd(*a, **kw):
+        cfg = bwd_cfg(*a, **kw)
+        return dataclasses.replace(cfg, dkdv=quarter(half(cfg.dkdv, "BLOCK_M"), "BLOCK_N"),
+                                   dq=quarter(half(cfg.dq, "BLOCK_N"), "BLOCK_M"))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(configs, "fwd_config", lambda *a, **kw: quarter(half(fwd_cfg(*a, **kw), "BLOCK_N"), "BLOCK_M"))
+        patch.setattr(configs, "decode_config", lambda *a, **kw: half(decode_cfg(*a, **kw), "BLOCK_N"))
+        patch.setattr(configs, "bwd_config", smaller_bwd)
+        after = build()
+    for old, new in zip(before, after, strict=True):
+        smaller = {**old.constexprs, **_smaller(old)}
+        # PAGED: fit.py keeps the launch's. 1 (a page lookup per key) is right for any tile; 2 (whole key tiles per
+        # page) stays right for half tiles. The launcher may pick 2 for the smaller tile where fit.py keeps 1: slower.
+        if "PAGED" in old.constexprs:
+            assert old.constexprs["PAGED"] != 2 or new.constexprs["PAGED"] == 2
+            smaller["PAGED"] = new.constexprs["PAGED"]
+        assert new.kernel is old.kernel and new.constexprs == smaller, old.kernel
+        assert new.grid == fit.grid_for(old, smaller), old.kernel
+        assert len(new.args) == len(old.args) and all(map(_same_argument, old.args, new.args)), old.kernel
+    return before
+
+
 def test_shrunk_tiles_change_no_grid_or_argument(monkeypatch):
-    """The launchers' shrink names tiles that neither the grid nor any argument depends on: the launches built with
-    those tiles halved (as configs.py would give them) differ from the originals in those constexprs only."""
+    """Dense forward, probabilities, backward and split-KV decoding: the launchers' shrink and grid_tile name tiles
+    that fit.py can halve on its own."""
     q = torch.zeros(2, 300, 4, 128)
     k = torch.zeros(2, 500, 2, 128)
     lse = torch.zeros(2, 4, 300)
@@ -155,32 +191,42 @@ def test_shrunk_tiles_change_no_grid_or_argument(monkeypatch):
         split = launch.splitkv_launches(geo1, q1, k, k, q1, lse1, sa1, cfg, splits, precision)
         return fwd + probs + bwd + split
 
-    before = build()
+    before = _assert_halving_changes_only_tiles(monkeypatch, build)
     assert [fit.tiles(kl) for kl in before] == [("BLOCK_N", "BLOCK_M"), ("BLOCK_N", "BLOCK_M"), (),
                                                 ("BLOCK_M", "BLOCK_N"), ("BLOCK_N", "BLOCK_M"), ("BLOCK_N",), ()]
-    fwd_cfg, bwd_cfg, decode_cfg = configs.fwd_config, configs.bwd_config, configs.decode_config
 
-    def half(tile, name):
-        return dataclasses.replace(tile, **{name: getattr(tile, name) // 2})
 
-    def quarter(tile, name):
-        return dataclasses.replace(tile, **{name: getattr(tile, name) // 4})
+@pytest.mark.parametrize("page_size", [0, 16, 256], ids=["contiguous", "page16", "page256"])
+def test_shrunk_tiles_change_nothing_else_varlen_and_paged(monkeypatch, page_size):
+    """Packed varlen batches (forward and backward; the grid spans the longest sequence) and paged keys (forward and
+    split-KV decoding): a page holding whole key tiles holds whole half tiles, so the paging constexprs stay."""
+    q, k = torch.zeros(64, 4, 64), torch.zeros(512, 2, 64)
+    geo = launch.Geometry.of(q, k, torch.tensor([0, 30, 64], dtype=torch.int32),
+                             torch.tensor([0, 200, 512], dtype=torch.int32), 34, 312)
+    lse = torch.zeros(4, 64)
+    sa = launch.ScoreArgs.make(geo, 0.1, -1, 0, 0.0, None, lse)
+    arch = (8, 6)
+    if page_size:
+        k = k.reshape(512 // page_size, page_size, 2, 64)
+        geo = dataclasses.replace(geo, block_table=torch.zeros(2, 512 // page_size, dtype=torch.int32))
 
-    def smaller_bwd(*a, **kw):
-        cfg = bwd_cfg(*a, **kw)
-        return dataclasses.replace(cfg, dkdv=quarter(half(cfg.dkdv, "BLOCK_M"), "BLOCK_N"),
-                                   dq=quarter(half(cfg.dq, "BLOCK_N"), "BLOCK_M"))
+    def build():
+        launches = launch.forward_launches(geo, q, k, k, q, lse, None, sa, arch, interpreter=False)
+        if not page_size:
+            launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, None, 0.1, sa, arch,
+                                                 interpreter=False)
+        else:
+            q1, lse1 = torch.zeros(2, 1, 8, 64), torch.zeros(2, 8, 1)
+            geo1 = dataclasses.replace(launch.Geometry.of(q1, k), batch=2, seqlen_k=512, block_table=geo.block_table,
+                                       seqused_k=torch.tensor([300, 9], dtype=torch.int32))
+            sa1 = launch.ScoreArgs.make(geo1, 0.1, -1, -1, 0.0, None, lse1)
+            cfg, splits, precision = launch.splitkv_plan(geo1, 300, 2, arch, q.dtype, q.device, interpreter=False)
+            launches += launch.splitkv_launches(geo1, q1, k, k, q1, lse1, sa1, cfg, splits, precision)
+        return launches
 
-    # The loop tiles halved, the grid tiles quartered, as configs.py would have given them.
-    monkeypatch.setattr(configs, "fwd_config", lambda *a, **kw: quarter(half(fwd_cfg(*a, **kw), "BLOCK_N"), "BLOCK_M"))
-    monkeypatch.setattr(configs, "decode_config", lambda *a, **kw: half(decode_cfg(*a, **kw), "BLOCK_N"))
-    monkeypatch.setattr(configs, "bwd_config", smaller_bwd)
-    after = build()
-    for old, new in zip(before, after, strict=True):
-        smaller = {**old.constexprs, **_smaller(old)}
-        assert new.kernel is old.kernel and new.constexprs == smaller, old.kernel
-        assert new.grid == fit.grid_for(old, smaller), old.kernel
-        assert len(new.args) == len(old.args) and all(map(_same_argument, old.args, new.args)), old.kernel
+    before = _assert_halving_changes_only_tiles(monkeypatch, build)
+    if page_size == 256:
+        assert before[0].constexprs["PAGED"] == 2  # whole key tiles per page, before and after halving
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
