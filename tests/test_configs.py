@@ -24,24 +24,29 @@ def test_short_rows_take_the_short_forward_tiles():
     assert configs.fwd_config(SM90, 128, False, torch.float32, keys_per_row=64) == configs._GENERIC_FP32_FWD[128]
 
 
-def test_fp32_dot_precision_follows_tf32_and_the_gpu(monkeypatch):
+@pytest.fixture
+def matmul():
+    """torch.backends.cuda.matmul, its allow_tf32 restored after the test (monkeypatch cannot set this flag: it is a
+    property of a backend module object)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    yield torch.backends.cuda.matmul
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_fp32_dot_precision_follows_tf32_and_the_gpu(monkeypatch, matmul):
     """fp32 with TF32 off: tf32x3 dots (fp32-level error) where TF32 runs several times the FP32 rate (A100, H100 /
     H200, B200), FMA dots ("ieee") on other GPUs, ROCm and CPU tensors (no arch); TF32 on: TF32 dots; 16-bit inputs
     ignore the precision."""
-    matmul, before = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
-    try:  # (monkeypatch cannot set this flag: it is a property of a backend module object)
-        matmul.allow_tf32 = False
-        archs = (SM90, (8, 0), (10, 0), (8, 6), (8, 9), (12, 0), (7, 5), None)
-        assert [launch._dot_precision(torch.float32, arch) for arch in archs] == [
-            "tf32x3", "tf32x3", "tf32x3", "ieee", "ieee", "ieee", "ieee", "ieee"]
-        assert launch._dot_precision(torch.bfloat16, SM90) == "tf32"
-        monkeypatch.setattr(torch.version, "hip", "6.2")
-        assert launch._dot_precision(torch.float32, (9, 4)) == "ieee"
-        monkeypatch.undo()
-        matmul.allow_tf32 = True
-        assert launch._dot_precision(torch.float32, SM90) == launch._dot_precision(torch.float32, None) == "tf32"
-    finally:
-        matmul.allow_tf32 = before
+    matmul.allow_tf32 = False
+    archs = (SM90, (8, 0), (10, 0), (8, 6), (8, 9), (12, 0), (7, 5), None)
+    assert [launch._dot_precision(torch.float32, arch) for arch in archs] == [
+        "tf32x3", "tf32x3", "tf32x3", "ieee", "ieee", "ieee", "ieee", "ieee"]
+    assert launch._dot_precision(torch.bfloat16, SM90) == "tf32"
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert launch._dot_precision(torch.float32, (9, 4)) == "ieee"
+    monkeypatch.undo()
+    matmul.allow_tf32 = True
+    assert launch._dot_precision(torch.float32, SM90) == launch._dot_precision(torch.float32, None) == "tf32"
 
 
 NEW_API_PROBE = """
@@ -75,7 +80,7 @@ def test_fp32_dot_precision_reads_pytorchs_new_tf32_api(setting, expected):
     assert proc.stdout.strip() == expected
 
 
-def test_fp32_launchers_take_the_tiles_of_their_precision(monkeypatch):
+def test_fp32_launchers_take_the_tiles_of_their_precision(monkeypatch, matmul):
     """Each fp32 launcher picks its tiles by the precision it passes its kernel (DOT_PRECISION): tf32x3 dots their
     own tiles (configs._TF32X3_*), FMA dots theirs (configs._IEEE_*), TF32 on the tensor-core tables."""
     for arch in (SM90, (8, 0)):
@@ -112,21 +117,17 @@ def test_fp32_launchers_take_the_tiles_of_their_precision(monkeypatch):
         return [(fwd.BLOCK_M, fwd.BLOCK_N, precision), (dq.BLOCK_M, dq.BLOCK_N, precision),
                 (fwd.BLOCK_M, fwd.BLOCK_N, precision), (16, decode_block_n, precision)]
 
-    matmul, before = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32
-    try:
-        matmul.allow_tf32 = False
-        assert launched(SM90) == expected(configs._TF32X3_FWD[128], configs._TF32X3_BWD[128].dq,
-                                          configs._TF32X3_DECODE[256][0], "tf32x3")
-        assert launched((7, 5)) == expected(configs._IEEE_FWD[128], configs._IEEE_BWD[128].dq,
-                                            configs._IEEE_DECODE[256][0], "ieee")
-        monkeypatch.setattr(torch.version, "hip", "6.2")
-        assert launched((9, 4)) == launched((7, 5))
-        monkeypatch.undo()
-        matmul.allow_tf32 = True
-        assert launched(SM90) == expected(configs._GENERIC_FP32_FWD[128], configs._GENERIC_BWD[128].dq,
-                                          configs._GENERIC_DECODE[256][0], "tf32")
-    finally:
-        matmul.allow_tf32 = before
+    matmul.allow_tf32 = False
+    assert launched(SM90) == expected(configs._TF32X3_FWD[128], configs._TF32X3_BWD[128].dq,
+                                      configs._TF32X3_DECODE[256][0], "tf32x3")
+    assert launched((7, 5)) == expected(configs._IEEE_FWD[128], configs._IEEE_BWD[128].dq,
+                                        configs._IEEE_DECODE[256][0], "ieee")
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert launched((9, 4)) == launched((7, 5))
+    monkeypatch.undo()
+    matmul.allow_tf32 = True
+    assert launched(SM90) == expected(configs._GENERIC_FP32_FWD[128], configs._GENERIC_BWD[128].dq,
+                                      configs._GENERIC_DECODE[256][0], "tf32")
     # The forward and dQ tiles differ between the three settings, and the decode tiles between FMA and tensor-core
     # dots, so a launcher that ignored the precision would fail the cases above.
     for table in ("FWD", "BWD"):

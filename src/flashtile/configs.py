@@ -378,8 +378,10 @@ def decode_config(arch, head_dim_padded, rows, dtype, interpreter=False, precisi
     """The split-KV kernel's tiles for `rows` packed query rows (group_size * Sq); precision as fwd_config's."""
     if interpreter:
         return INTERPRETER_DECODE
-    if precision in ("ieee", "tf32x3"):
-        table = _IEEE_DECODE if precision == "ieee" else _TF32X3_DECODE
+    if precision == "ieee":
+        table = _IEEE_DECODE
+    elif precision == "tf32x3":
+        table = _TF32X3_DECODE
     else:
         table = _table_for(arch, dtype, _SM90_DECODE, _GENERIC_DECODE)
     block_n, warps, stages = table[head_dim_padded]
