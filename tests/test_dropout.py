@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import flashtile
 from conftest import DEVICE
@@ -181,6 +183,30 @@ def test_philox_counters(backend, p):
     assert torch.equal(keep, philox.dropout_keep_mask(seed, bh, i, j, Sq, Sk, p))
     for start, end in ((0, Sk), (5, 11), (8, 9)):  # the CPU path's per-tile form, tiles not aligned to 8 included
         assert torch.equal(bits[..., start:end], philox.dropout_bits_block(seed, bh, i, start, end, Sq, Sk))
+
+
+@triton.jit
+def _randint4x_kernel(seed, Offsets, Out, N: tl.constexpr, ROUNDS: tl.constexpr):
+    offsets = tl.load(Offsets + tl.arange(0, N))
+    r0, r1, r2, r3 = tl.randint4x(seed, offsets, ROUNDS)
+    for i, r in enumerate((r0, r1, r2, r3)):
+        tl.store(Out + i * N + tl.arange(0, N), r.to(tl.int64, bitcast=False) & 0xFFFFFFFF)
+
+
+def test_philox_is_tritons_randint4x():
+    """flashtile.philox.randint4x equals Triton's own tl.randint4x at kernels/common.PHILOX_ROUNDS rounds (7, as
+    flash-attn's CUDA kernels), the generator the portable kernels call (the Gluon kernels' copy is checked
+    against philox on the GPU: test_gluon.py / test_gluon_bwd.py), with counters past 2**32 and a 64-bit seed."""
+    from flashtile.kernels.common import PHILOX_ROUNDS
+    assert philox.ROUNDS == PHILOX_ROUNDS == 7
+    seed = 0x1234_5678_9ABC_DEF1
+    offsets = torch.tensor([0, 1, 2, 7, 2**31 - 1, 2**32 + 5, 3 * 2**40 + 11, 2**62 + 3], dtype=torch.int64)
+    out = torch.empty(4, offsets.numel(), dtype=torch.int64, device=DEVICE)
+    _randint4x_kernel[(1,)](seed, offsets.to(DEVICE), out, offsets.numel(), PHILOX_ROUNDS)
+    assert torch.equal(out.cpu(), torch.stack(philox.randint4x(seed, offsets)))
+    # Not the 10-round stream (Triton's default) the kernels drew before
+    _randint4x_kernel[(1,)](seed, offsets.to(DEVICE), out, offsets.numel(), 10)
+    assert not torch.equal(out.cpu(), torch.stack(philox.randint4x(seed, offsets)))
 
 
 @pytest.mark.parametrize("p", [1e-12, 0.5 / 65536, 1 / 65536, 1e-4, 0.1, 0.17, 0.3, 0.5, 0.9, 1 - 1e-4, 1 - 1e-12])

@@ -1,5 +1,6 @@
-"""Philox-4x32-10 in PyTorch integer ops, bit-exact with Triton's tl.randint4x, so the CPU path regenerates
-the kernels' dropout masks (dropout_bits is the mask's layout, dropout_threshold its rule).
+"""Philox-4x32 (ROUNDS rounds) in PyTorch integer ops, bit-exact with Triton's tl.randint4x(seed, offsets,
+ROUNDS), so the CPU path regenerates the kernels' dropout masks (dropout_bits is the mask's layout,
+dropout_threshold its rule).
 
 Every value lives in an int64 tensor holding an unsigned 32-bit number; 32 x 32-bit products are split
 into 16-bit halves so nothing overflows int64.
@@ -9,7 +10,7 @@ import torch
 _MASK32 = 0xFFFFFFFF
 _KEY_A, _KEY_B = 0x9E3779B9, 0xBB67AE85  # Weyl increments of the key
 _ROUND_A, _ROUND_B = 0xD2511F53, 0xCD9E8D57  # round multipliers
-_ROUNDS = 10  # Triton's default
+ROUNDS = 7  # kernels/common.PHILOX_ROUNDS (why 7: there)
 
 
 def _mul_hi_lo(a, x):
@@ -22,13 +23,13 @@ def _mul_hi_lo(a, x):
 
 
 def randint4x(seed, offsets):
-    """tl.randint4x(seed, offsets): the four 32-bit Philox outputs per counter, as int64 values in [0, 2**32).
+    """tl.randint4x(seed, offsets, ROUNDS): the four 32-bit Philox outputs per counter, as int64 values in [0, 2**32).
 
     seed an int (64-bit key), offsets an int64 tensor of counters."""
     c0, c1 = offsets & _MASK32, (offsets >> 32) & _MASK32
     c2 = c3 = torch.zeros_like(offsets)
     k0, k1 = seed & _MASK32, (seed >> 32) & _MASK32
-    for _ in range(_ROUNDS):
+    for _ in range(ROUNDS):
         hi_b, lo_b = _mul_hi_lo(_ROUND_B, c2)
         hi_a, lo_a = _mul_hi_lo(_ROUND_A, c0)
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
@@ -37,7 +38,7 @@ def randint4x(seed, offsets):
 
 
 def randint(seed, offsets):
-    """tl.randint(seed, offsets): the first of the four outputs."""
+    """tl.randint(seed, offsets, ROUNDS): the first of the four outputs."""
     return randint4x(seed, offsets)[0]
 
 

@@ -12,6 +12,8 @@ Philox calls per thread and 128-key block instead of thirty-two.
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from .common import PHILOX_ROUNDS
+
 
 @gluon.constexpr_function
 def quad_layout(rows, cols, warps):
@@ -41,8 +43,8 @@ def _mul_b(x):
 
 @gluon.jit
 def _philox4x32(seed, counter):
-    """Philox-4x32-10 of int64 counters under int64 key seed: tl.randint4x(seed, counter)'s four uint32 outputs
-    (the same rounds and key schedule as triton.language.random.philox_impl)."""
+    """Philox-4x32 (PHILOX_ROUNDS rounds) of int64 counters under int64 key seed: tl.randint4x(seed, counter,
+    PHILOX_ROUNDS)'s four uint32 outputs (the same rounds and key schedule as triton.language.random.philox_impl)."""
     k0 = (seed & 0xFFFFFFFF).to(gl.uint32)
     k1 = ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
     c0 = counter.to(gl.uint32)
@@ -50,7 +52,7 @@ def _philox4x32(seed, counter):
     # Round 1 with c2 = c3 = 0: B * c2 = 0.
     lo_a, hi_a = _mul_a(c0)
     c0, c1, c2, c3 = c1 ^ k0, c0 * 0, hi_a ^ k1, lo_a
-    for _ in gl.static_range(9):
+    for _ in gl.static_range(PHILOX_ROUNDS - 1):
         k0 = k0 + 0x9E3779B9
         k1 = k1 + 0xBB67AE85
         lo_b, hi_b = _mul_b(c2)

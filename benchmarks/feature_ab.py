@@ -1,0 +1,63 @@
+"""The cost of one feature (time with it / time without) for the flashtile whose src/ is first on PYTHONPATH.
+
+Same shapes as the README's feature table (bf16, 16K tokens, hidden 2048: B = 16384 / S, H = 2048 / D), forward
+and backward (through torch.autograd.grad), with and without the feature timed in turn in one process, `--repeats`
+times, so the ratio sees the same clock. Compare source trees by running it once per tree, alternating:
+    for c in A B; do mkdir -p bisect/$c && git archive $c src | tar -x -C bisect/$c; done
+    # on the device (carry bisect):
+    for r in 1 2; do for c in A B; do
+        PYTHONPATH=bisect/$c/src python3 benchmarks/feature_ab.py $c dropout_p=0.1
+    done; done
+Extra NAME=VALUE arguments are the feature (flash_attn_func keywords); --head-dims / --seqlen pick the shapes.
+"""
+import argparse
+import ast
+
+import torch
+import triton
+
+from flashtile import flash_attn_func
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("tag")
+    parser.add_argument("feature", nargs="+", help="NAME=VALUE keywords of flash_attn_func")
+    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--seqlen", type=int, default=8192)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--compile-only", action="store_true",
+                        help="one call of each case (fills triton's cache: trees can compile side by side), no timing")
+    args = parser.parse_args()
+    extra = {name: ast.literal_eval(value) for name, value in (arg.split("=", 1) for arg in args.feature)}
+    seqlen = args.seqlen
+    for head_dim in map(int, args.head_dims.split(",")):
+        for causal in (False, True):
+            batch, heads = max(1, 16384 // seqlen), 2048 // head_dim
+            q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
+                                   requires_grad=True) for _ in range(3))
+            if args.compile_only:
+                for kwargs in ({}, extra):
+                    out = flash_attn_func(q, k, v, causal=causal, **kwargs)
+                    torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+                torch.cuda.synchronize()
+                continue
+            times = {}
+            for _ in range(args.repeats):
+                for name, kwargs in (("none", {}), ("feature", extra)):
+                    fwd = triton.testing.do_bench(lambda: flash_attn_func(q, k, v, causal=causal, **kwargs),
+                                                  warmup=25, rep=100)
+                    out = flash_attn_func(q, k, v, causal=causal, **kwargs)
+                    grad = torch.randn_like(out)
+                    bwd = triton.testing.do_bench(
+                        lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), warmup=25, rep=100)
+                    times.setdefault(name, []).append((fwd, bwd))
+            none_f, none_b = min(t[0] for t in times["none"]), min(t[1] for t in times["none"])
+            feat_f, feat_b = min(t[0] for t in times["feature"]), min(t[1] for t in times["feature"])
+            print(f"{args.tag} {' '.join(args.feature)} d{head_dim} causal={int(causal)} S={seqlen}: fwd "
+                  f"{none_f:.3f} -> {feat_f:.3f} ms ({feat_f / none_f:.3f}x)  bwd {none_b:.3f} -> {feat_b:.3f} ms "
+                  f"({feat_b / none_b:.3f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
