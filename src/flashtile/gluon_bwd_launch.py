@@ -22,7 +22,7 @@ from .gluon_launch import (LOG2E, _supported_device, _varlen_ok, alibi_ok, block
 
 try:
     from triton.experimental.gluon import language as _gl
-    from .kernels.gluon_bwd import WG_N, _attn_bwd_dkdv_hopper
+    from .kernels.gluon_bwd import DROPOUT_ONCE_MAX_HEAD_DIM, WG_N, _attn_bwd_dkdv_hopper
     BLOCK_N = 2 * WG_N.value  # keys per program at D64 / D128; D256 (SPLIT_D) takes WG_N (block_n)
     _WG_N = WG_N.value
     GLUON_BWD_IMPORT_ERROR = None
@@ -525,8 +525,11 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
                                                        max_seqlen_q, max_seqlen_k, attn_bias, mods, dropout_p, rng)
     fast_launch.launch(_attn_bwd_dkdv_hopper, grid, args, {**constexprs, **options})
     dq = launch._empty(q.shape, q, poison=poison)
+    dq_scale = float(softmax_scale)
+    if dropout_p and head_dim <= DROPOUT_ONCE_MAX_HEAD_DIM.value:
+        dq_scale /= 1.0 - dropout_p  # the kernel's dQ lacks dropout's 1 / (1 - p) there (gluon_bwd._bwd_step)
     if cu_seqlens_q is not None:  # the conversion's (B, Sq_pad, Hq, D) view: one batch of every packed row
-        launch.dq_convert_launch(dq_accum[None], dq[None], float(softmax_scale)).run()
+        launch.dq_convert_launch(dq_accum[None], dq[None], dq_scale).run()
     else:
-        launch.dq_convert_launch(dq_accum, dq, float(softmax_scale)).run()
+        launch.dq_convert_launch(dq_accum, dq, dq_scale).run()
     return dq, dk, dv

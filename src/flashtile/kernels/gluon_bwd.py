@@ -60,8 +60,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .common import LOG2E, _tanh
-from .gluon_dropout import (dropout_keep_t, dropout_kept, dropout_kept_grad, dropout_kept_p, dropout_rng,
-                            dropout_signed)
+from .gluon_dropout import (dropout_keep_t, dropout_kept, dropout_kept_grad, dropout_kept_p, dropout_rescale,
+                            dropout_rng, dropout_signed)
 from .gluon_epilogue import _store_rows_via
 from .gluon_grid import _heavy_first
 from .gluon_sparse import _list_tile_key, _sparse_tile_key
@@ -80,6 +80,11 @@ except ImportError:  # triton 3.6: the op and its builder method exist, Gluon's 
                                                   src.handle)
 
 WG_N = gl.constexpr(64)  # keys per consumer warpgroup (the wgmma M of one warpgroup)
+# Dropout up to this head dim applies 1 / (1 - p) once per program (dK, dV here; dQ in the launcher's conversion)
+# instead of twice per score (_bwd_step). Session 23 (H200, 8K): D64's backward with dropout 1.69 -> 1.45x the
+# one without; at D128 the same change measured 1.53 -> 1.51x plain and 1.45 -> 1.48x causal, so D128 keeps the
+# per-score scale.
+DROPOUT_ONCE_MAX_HEAD_DIM = gl.constexpr(64)
 
 
 @gluon.jit
@@ -264,7 +269,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
               HAS_BIAS: gl.constexpr = False, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
               MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False, ROWS_IN_ACC: gl.constexpr = False,
               ROWS_ZERO_FILL: gl.constexpr = False, drop_seed=0, drop_base=0, drop_row_groups=0, drop_thr=0,
-              dropout_scale=1.0, HAS_DROPOUT: gl.constexpr = False):
+              dropout_scale=1.0, HAS_DROPOUT: gl.constexpr = False, drop_keep=1.0):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
     dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm, or under
     DQ_TMA_REDUCE (1 or 2: buffers per warpgroup) through one of this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_bufs
@@ -284,7 +289,10 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     drop_seed, the query head's first counter drop_base, drop_row_groups = ceil(max_k / 8) per row, threshold
     drop_thr), drawn while S^T runs: dV takes P^T's kept entries times dropout_scale = 1 / (1 - dropout_p), and
     dP^T (the gradient of the dropped, scaled P^T) becomes the undropped P^T's the same way before dS^T. At D128
-    (LATE_DP) the mask rides in P^T's sign once P^T is made (gluon_dropout.dropout_signed)."""
+    (LATE_DP) the mask rides in P^T's sign once P^T is made (gluon_dropout.dropout_signed). DROPOUT_ONCE (head dims
+    up to DROPOUT_ONCE_MAX_HEAD_DIM): the tile adds dV / s, dK / s and dQ / s instead (s = dropout_scale, applied
+    once by the caller: dS^T = s P^T (Z dP^T - delta / s) with Z the mask and delta times drop_keep = 1 / s), two
+    multiplies per score fewer."""
     dtype: gl.constexpr = q_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -304,6 +312,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     # BLOCK_SPARSE's partial tiles at D128 likewise: a mask_mod evaluated beside dP^T's accumulator spilled 22-54
     # loads / stores per tile (sparse-window, sparse-aux); full tiles keep the plain order.
     LATE_DP: gl.constexpr = (HAS_BIAS or (BLOCK_SPARSE and MASKED) or HAS_DROPOUT) and HEAD_DIM > 64
+    DROPOUT_ONCE: gl.constexpr = HAS_DROPOUT and HEAD_DIM <= DROPOUT_ONCE_MAX_HEAD_DIM
+    if DROPOUT_ONCE:
+        dropout_scale = 1.0  # a constant: dropout_kept's multiplies fold away
     keep = 0  # the dropout mask (HAS_DROPOUT; a placeholder otherwise)
     if ROWS_IN_ACC:
         cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
@@ -386,6 +397,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         ds_lp = (p * dp).to(dtype)  # [WG_N, BLOCK_M] = dS^T (dp is dP^T - delta)
     else:
         delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
+        if DROPOUT_ONCE:
+            delta = delta * drop_keep  # delta / s (docstring)
         if LATE_DP and SOFTCAP:
             ds_lp = (p_dt * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
         elif SOFTCAP:
@@ -473,7 +486,8 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     DQ_TMA_REDUCE: dQ by dq_desc (batch dq_b, the group's first head at column dq_c0) from this warpgroup's
     DQ_TMA_REDUCE buffers of dq_bufs. BLOCK_SPARSE: the query tiles of the key block's transposed lists instead
     (_consumer_sparse_walk; m_lo, n_masked, n_tiles, n_lead, n_skip unused). HAS_DROPOUT: the group's first query
-    head's first dropout counter drop_base0, drop_head counters per head (_bwd_step). STORE_VIA_SMEM: dK / dV
+    head's first dropout counter drop_base0, drop_head counters per head (_bwd_step); up to
+    DROPOUT_ONCE_MAX_HEAD_DIM, dK and dV take dropout_scale = 1 / (1 - dropout_p) here, once. STORE_VIA_SMEM: dK / dV
     leave through shared memory in 16-byte row pieces (_store_rows_via), else from the accumulators' layout."""
     dtype: gl.constexpr = q_bufs.dtype
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -486,6 +500,10 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     dv = gl.zeros([WG_N, HEAD_DIM], gl.float32, acc_layout)
     DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
     dq_col = WG * DQ_N if DQ_SPLIT_D else 0
+    DROPOUT_ONCE: gl.constexpr = HAS_DROPOUT and HEAD_DIM <= DROPOUT_ONCE_MAX_HEAD_DIM
+    drop_keep = 1.0
+    if DROPOUT_ONCE:
+        drop_keep = 1.0 / dropout_scale  # 1 - dropout_p, _bwd_step's factor of delta
     mbarrier.wait(kv_bar, 0)
     if BLOCK_SPARSE:
         dk, dv = _consumer_sparse_walk(
@@ -512,7 +530,7 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                     BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
                     HAS_BIAS, ROWS_IN_ACC=ROWS_IN_ACC, ROWS_ZERO_FILL=ROWS_ZERO_FILL, drop_seed=drop_seed,
                     drop_base=drop_base, drop_row_groups=drop_row_groups, drop_thr=drop_thr,
-                    dropout_scale=dropout_scale, HAS_DROPOUT=HAS_DROPOUT)
+                    dropout_scale=dropout_scale, HAS_DROPOUT=HAS_DROPOUT, drop_keep=drop_keep)
             for t in range(n_masked, n_tiles):
                 dk, dv = _bwd_step(
                     it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view, v_view,
@@ -522,9 +540,11 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                     BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
                     HAS_BIAS, ROWS_IN_ACC=ROWS_IN_ACC, ROWS_ZERO_FILL=ROWS_ZERO_FILL, drop_seed=drop_seed,
                     drop_base=drop_base, drop_row_groups=drop_row_groups, drop_thr=drop_thr,
-                    dropout_scale=dropout_scale, HAS_DROPOUT=HAS_DROPOUT)
+                    dropout_scale=dropout_scale, HAS_DROPOUT=HAS_DROPOUT, drop_keep=drop_keep)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-add has read dq_smem before the program exits
+    dv = dropout_rescale(dv, dropout_scale, DROPOUT_ONCE)
+    dk = dropout_rescale(dk, dropout_scale, DROPOUT_ONCE)
     if STORE_VIA_SMEM:
         # This warpgroup's half of V's buffer is free now (no one else reads it): dV, then dK, go out through it.
         _store_rows_via(v_view, dv.to(dtype), dv_base, stride_dvn, key0, seqlen_k)
@@ -963,7 +983,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     -inf / 0, read without a mask.
     HAS_DROPOUT (D64 / D128, not BLOCK_SPARSE or ROWS_IN_ACC): Rng holds the forward's int64 Philox seed; the tiles
     regenerate its mask (kernels/common._dropout_keep's draws; threshold dropout_threshold) and dropout_scale =
-    1 / (1 - dropout_p) (_bwd_step); lse2 / delta as without dropout (delta = rowsum(dO * O) of the dropped O).
+    1 / (1 - dropout_p) (_bwd_step); up to DROPOUT_ONCE_MAX_HEAD_DIM, DQAccum receives dQ without that factor (the
+    launcher's conversion applies it). lse2 / delta as without dropout (delta = rowsum(dO * O) of the dropped O).
     Else Rng is unread, dropout_scale 1 and dropout_threshold 0.
     STORE_VIA_SMEM: dK and dV leave through V's shared buffer as 16-byte row pieces, each warpgroup through its half
     (D64 / D128: of the rows; D256, not block-sparse: of the bytes, as [WG_N, HEAD_DIM / 2]); gluon_bwd_launch's

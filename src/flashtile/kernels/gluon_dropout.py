@@ -115,9 +115,18 @@ def dropout_apply(p, words, threshold):
 
 @gluon.jit
 def dropout_kept(x, keep, scale, HAS_DROPOUT: gl.constexpr):
-    """x where the element is kept, times scale = 1 / (1 - dropout_p), 0 where dropped; x itself without dropout."""
+    """x where the element is kept, times scale = 1 / (1 - dropout_p), 0 where dropped; x itself without dropout.
+    A constant scale of 1.0 compiles to no multiply (the backward's DROPOUT_ONCE: dropout_rescale scales the sums)."""
     if HAS_DROPOUT:
         x = gl.where(keep, x * scale, 0.0)
+    return x
+
+
+@gluon.jit
+def dropout_rescale(x, scale, ONCE: gl.constexpr):
+    """x times scale = 1 / (1 - dropout_p) under ONCE (the factor a per-score scale of 1.0 left out); x otherwise."""
+    if ONCE:
+        x = x * scale
     return x
 
 
