@@ -187,10 +187,12 @@ def test_philox_counters(backend, p):
 
 @triton.jit
 def _randint4x_kernel(seed, Offsets, Out, N: tl.constexpr, ROUNDS: tl.constexpr):
-    offsets = tl.load(Offsets + tl.arange(0, N))
-    r0, r1, r2, r3 = tl.randint4x(seed, offsets, ROUNDS)
-    for i, r in enumerate((r0, r1, r2, r3)):
-        tl.store(Out + i * N + tl.arange(0, N), r.to(tl.int64, bitcast=False) & 0xFFFFFFFF)
+    cols = tl.arange(0, N)
+    r0, r1, r2, r3 = tl.randint4x(seed, tl.load(Offsets + cols), ROUNDS)  # uint32 each
+    tl.store(Out + cols, r0.to(tl.int64))
+    tl.store(Out + N + cols, r1.to(tl.int64))
+    tl.store(Out + 2 * N + cols, r2.to(tl.int64))
+    tl.store(Out + 3 * N + cols, r3.to(tl.int64))
 
 
 def test_philox_is_tritons_randint4x():
