@@ -5,8 +5,9 @@ import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
 # Philox-4x32 rounds of the dropout draws: 7, as flash-attn's CUDA kernels (and PyTorch's SDPA flash backend,
-# built from them) use; Salmon et al. (SC'11) found 7 rounds Crush-resistant and chose 10 as a safety margin.
-# 7 cuts the draws' integer work by 30 %. flashtile.philox.ROUNDS is the CPU path's copy (a test ties them).
+# built from them) use; 10 (Triton's and Random123's default) is the Philox authors' choice with a safety margin
+# over the fewest rounds that pass their statistical tests. 7 cuts the draws' integer work by 30 %.
+# flashtile.philox.ROUNDS is the CPU path's copy (a test ties them).
 PHILOX_ROUNDS = tl.constexpr(7)
 
 
