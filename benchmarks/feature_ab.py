@@ -16,6 +16,7 @@ import ast
 import torch
 import triton
 
+import flashtile
 from flashtile import flash_attn_func
 
 
@@ -30,6 +31,9 @@ def main():
                         help="one call of each case (fills triton's cache: trees can compile side by side), no timing")
     args = parser.parse_args()
     extra = {name: ast.literal_eval(value) for name, value in (arg.split("=", 1) for arg in args.feature)}
+    if "causal" in extra:
+        parser.error("causal is swept (both values); give only the feature's keywords")
+    print(f"{args.tag}: flashtile from {flashtile.__file__}", flush=True)  # the tree PYTHONPATH picked
     seqlen = args.seqlen
     for head_dim in map(int, args.head_dims.split(",")):
         for causal in (False, True):
@@ -43,8 +47,9 @@ def main():
                 torch.cuda.synchronize()
                 continue
             times = {}
-            for _ in range(args.repeats):
-                for name, kwargs in (("none", {}), ("feature", extra)):
+            for repeat in range(args.repeats):
+                settings = (("none", {}), ("feature", extra))
+                for name, kwargs in settings[::-1] if repeat % 2 else settings:  # each goes first in turn
                     fwd = triton.testing.do_bench(lambda: flash_attn_func(q, k, v, causal=causal, **kwargs),
                                                   warmup=25, rep=100)
                     out = flash_attn_func(q, k, v, causal=causal, **kwargs)

@@ -202,6 +202,7 @@ def test_philox_is_tritons_randint4x():
     from flashtile.kernels.common import PHILOX_ROUNDS
     assert philox.ROUNDS == PHILOX_ROUNDS == 7
     seed = 0x1234_5678_9ABC_DEF1
+    # eight counters (the kernel's tl.arange needs a power of two), some past 2**32
     offsets = torch.tensor([0, 1, 2, 7, 2**31 - 1, 2**32 + 5, 3 * 2**40 + 11, 2**62 + 3], dtype=torch.int64)
     out = torch.empty(4, offsets.numel(), dtype=torch.int64, device=DEVICE)
     _randint4x_kernel[(1,)](seed, offsets.to(DEVICE), out, offsets.numel(), PHILOX_ROUNDS)

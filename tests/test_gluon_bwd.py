@@ -306,6 +306,36 @@ def test_bm128_variants_fill_padded_rows(monkeypatch, variant):
             assert torch.all(lse2[..., 333:].isnan()) and torch.all(delta[..., 333:].isnan())
 
 
+@pytest.mark.parametrize("head_dim, dropout_p", [(64, 0.2), (128, 0.2), (64, 0.0)])
+def test_dq_conversion_scale_with_dropout(monkeypatch, head_dim, dropout_p):
+    """At head dims up to gluon_bwd.DROPOUT_ONCE_MAX_HEAD_DIM the dK/dV kernel leaves dropout's 1 / (1 - p) out of
+    dQ, and the dQ conversion must multiply it back in; elsewhere the conversion takes the softmax scale alone (the
+    kernel's and the launcher's rules agree: dropout_scaled_once reads the kernel's constant)."""
+    from flashtile.kernels.gluon_bwd import DROPOUT_ONCE_MAX_HEAD_DIM
+    once = dropout_p > 0 and head_dim <= DROPOUT_ONCE_MAX_HEAD_DIM.value
+    assert gluon_bwd_launch.dropout_scaled_once(head_dim, dropout_p) == once
+    assert DROPOUT_ONCE_MAX_HEAD_DIM.value == 64  # measured (gluon_bwd's comment): D64 only
+    scales = []
+
+    class Convert:
+        def run(self):
+            pass
+
+    def capture(dq_accum, dq, scale):
+        scales.append(scale)
+        return Convert()
+
+    monkeypatch.setattr(gluon_bwd_launch, "dkdv_launch_args", lambda *args, **kwargs: (None, None, {}, {}))
+    monkeypatch.setattr(gluon_bwd_launch.fast_launch, "launch", lambda *args, **kwargs: None)
+    monkeypatch.setattr(gluon_bwd_launch.launch, "dq_convert_launch", capture)
+    gen = torch.Generator().manual_seed(0)
+    q, out, dout = (torch.randn(1, 40, 2, head_dim, generator=gen).to(DEVICE) for _ in range(3))
+    lse = torch.randn(1, 2, 40, generator=gen).to(DEVICE)
+    rng = torch.tensor([5], device=DEVICE) if dropout_p else None
+    gluon_bwd_launch.gluon_backward(dout, q, q, q, out, lse, 0.125, False, dropout_p=dropout_p, rng=rng)
+    assert scales == [pytest.approx(0.125 / (1 - dropout_p) if once else 0.125, rel=1e-12)]
+
+
 def test_rows_in_acc_algebra():
     """The fold ROWS_IN_ACC makes, in fp32 on the CPU: a wgmma starting from -lse2 / qk_scale then scaled by qk_scale
     gives exp2(S qk_scale - lse2) (to fp32 rounding at lse2's magnitude), one starting from -delta gives dP - delta;

@@ -25,11 +25,13 @@ try:
     from .kernels.gluon_bwd import DROPOUT_ONCE_MAX_HEAD_DIM, WG_N, _attn_bwd_dkdv_hopper
     BLOCK_N = 2 * WG_N.value  # keys per program at D64 / D128; D256 (SPLIT_D) takes WG_N (block_n)
     _WG_N = WG_N.value
+    _DROPOUT_ONCE_MAX_HEAD_DIM = DROPOUT_ONCE_MAX_HEAD_DIM.value
     GLUON_BWD_IMPORT_ERROR = None
 except Exception as exc:  # noqa: BLE001  (any failure means: no Gluon backward on this triton)
     _attn_bwd_dkdv_hopper = None
     BLOCK_N = 128
     _WG_N = 64
+    _DROPOUT_ONCE_MAX_HEAD_DIM = 0
     GLUON_BWD_IMPORT_ERROR = exc
 
 _disabled = None  # the exception that made a launch fail in this process (then the portable path serves)
@@ -462,6 +464,13 @@ def refused_features(causal, window_size, softcap, alibi_slopes, attn_bias, cu_s
         ("mods", mods is not None), ("cu_seqlens_q", cu_seqlens_q is not None), ("dropout_p", bool(dropout_p))) if on]
 
 
+def dropout_scaled_once(head_dim, dropout_p):
+    """Whether the dK/dV kernel applies dropout's 1 / (1 - p) once per program rather than per score
+    (kernels/gluon_bwd.DROPOUT_ONCE_MAX_HEAD_DIM, the rule the kernel applies to its HEAD_DIM): its dQ then lacks the
+    factor, which gluon_backward's dQ conversion supplies."""
+    return dropout_p > 0 and head_dim <= _DROPOUT_ONCE_MAX_HEAD_DIM
+
+
 def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dlse=None, variant="default",
                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None, sink_parts=None,
                    cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, attn_bias=None, mods=None,
@@ -526,7 +535,7 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     fast_launch.launch(_attn_bwd_dkdv_hopper, grid, args, {**constexprs, **options})
     dq = launch._empty(q.shape, q, poison=poison)
     dq_scale = float(softmax_scale)
-    if dropout_p and head_dim <= DROPOUT_ONCE_MAX_HEAD_DIM.value:
+    if dropout_scaled_once(head_dim, dropout_p):
         dq_scale /= 1.0 - dropout_p  # the kernel's dQ lacks dropout's 1 / (1 - p) there (gluon_bwd._bwd_step)
     if cu_seqlens_q is not None:  # the conversion's (B, Sq_pad, Hq, D) view: one batch of every packed row
         launch.dq_convert_launch(dq_accum[None], dq[None], dq_scale).run()

@@ -269,7 +269,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
               HAS_BIAS: gl.constexpr = False, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
               MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False, ROWS_IN_ACC: gl.constexpr = False,
               ROWS_ZERO_FILL: gl.constexpr = False, drop_seed=0, drop_base=0, drop_row_groups=0, drop_thr=0,
-              dropout_scale=1.0, HAS_DROPOUT: gl.constexpr = False, drop_keep=1.0):
+              dropout_scale=1.0, HAS_DROPOUT: gl.constexpr = False, keep_prob=1.0):
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
     dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm, or under
     DQ_TMA_REDUCE (1 or 2: buffers per warpgroup) through one of this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_bufs
@@ -290,9 +290,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     drop_thr), drawn while S^T runs: dV takes P^T's kept entries times dropout_scale = 1 / (1 - dropout_p), and
     dP^T (the gradient of the dropped, scaled P^T) becomes the undropped P^T's the same way before dS^T. At D128
     (LATE_DP) the mask rides in P^T's sign once P^T is made (gluon_dropout.dropout_signed). DROPOUT_ONCE (head dims
-    up to DROPOUT_ONCE_MAX_HEAD_DIM): the tile adds dV / s, dK / s and dQ / s instead (s = dropout_scale, applied
-    once by the caller: dS^T = s P^T (Z dP^T - delta / s) with Z the mask and delta times drop_keep = 1 / s), two
-    multiplies per score fewer."""
+    up to DROPOUT_ONCE_MAX_HEAD_DIM): the tile adds dV / s, dK / s and dQ / s instead, s = dropout_scale
+    (dS^T = s P^T (Z dP^T - delta / s) with Z the mask and delta times keep_prob = 1 / s), two multiplies per score
+    fewer; _consumer_partition multiplies dK and dV by s, gluon_bwd_launch's dQ conversion dQ."""
     dtype: gl.constexpr = q_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -313,8 +313,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     # loads / stores per tile (sparse-window, sparse-aux); full tiles keep the plain order.
     LATE_DP: gl.constexpr = (HAS_BIAS or (BLOCK_SPARSE and MASKED) or HAS_DROPOUT) and HEAD_DIM > 64
     DROPOUT_ONCE: gl.constexpr = HAS_DROPOUT and HEAD_DIM <= DROPOUT_ONCE_MAX_HEAD_DIM
+    score_scale = dropout_scale  # the per-score factor of dropout's kept entries
     if DROPOUT_ONCE:
-        dropout_scale = 1.0  # a constant: dropout_kept's multiplies fold away
+        score_scale = 1.0  # a constant: dropout_kept's multiplies fold away
     keep = 0  # the dropout mask (HAS_DROPOUT; a placeholder otherwise)
     if ROWS_IN_ACC:
         cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
@@ -379,7 +380,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         dp_tok = _issue_t(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
         # dV^T += P^T dO right behind it: it runs while dS^T is made (groups retire in order: one outstanding
         # means dP^T is done).
-        p_v = dropout_kept_p(p, dropout_scale, SIGNED_MASK)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
+        p_v = dropout_kept_p(p, score_scale, SIGNED_MASK)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
         p_op = gl.convert_layout(p_v.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
         dp = warpgroup_mma_wait(1, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
@@ -387,18 +388,18 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         dp = warpgroup_mma_wait(0, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     # dP^T becomes the undropped P^T's gradient (delta: rowsum(dO * O))
     if SIGNED_MASK:
-        dp = dropout_kept_grad(dp, p, dropout_scale, True)
+        dp = dropout_kept_grad(dp, p, score_scale, True)
         p = gl.abs(p)  # the probabilities again (an operand modifier of the multiplies below)
         if SOFTCAP:
             p_dt = gl.abs(p_dt)
     else:
-        dp = dropout_kept(dp, keep, dropout_scale, HAS_DROPOUT)
+        dp = dropout_kept(dp, keep, score_scale, HAS_DROPOUT)
     if ROWS_IN_ACC:
         ds_lp = (p * dp).to(dtype)  # [WG_N, BLOCK_M] = dS^T (dp is dP^T - delta)
     else:
         delta = _row_vector(delta_bufs, stage, in_seq, 0.0, col_layout)
         if DROPOUT_ONCE:
-            delta = delta * drop_keep  # delta / s (docstring)
+            delta = delta * keep_prob  # delta / s (docstring)
         if LATE_DP and SOFTCAP:
             ds_lp = (p_dt * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
         elif SOFTCAP:
@@ -407,7 +408,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         else:
             ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
     if not LATE_DP:
-        p_v = dropout_kept(p, keep, dropout_scale, HAS_DROPOUT)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
+        p_v = dropout_kept(p, keep, score_scale, HAS_DROPOUT)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
         p_op = gl.convert_layout(p_v.to(dtype), op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
     ds_op = gl.convert_layout(ds_lp, op_layout, assert_trivial=True)
@@ -501,9 +502,9 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
     DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
     dq_col = WG * DQ_N if DQ_SPLIT_D else 0
     DROPOUT_ONCE: gl.constexpr = HAS_DROPOUT and HEAD_DIM <= DROPOUT_ONCE_MAX_HEAD_DIM
-    drop_keep = 1.0
+    keep_prob = 1.0
     if DROPOUT_ONCE:
-        drop_keep = 1.0 / dropout_scale  # 1 - dropout_p, _bwd_step's factor of delta
+        keep_prob = 1.0 / dropout_scale  # 1 - dropout_p, _bwd_step's factor of delta
     mbarrier.wait(kv_bar, 0)
     if BLOCK_SPARSE:
         dk, dv = _consumer_sparse_walk(
@@ -530,7 +531,7 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                     BLOCK_M, STAGES, IS_CAUSAL, True, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
                     HAS_BIAS, ROWS_IN_ACC=ROWS_IN_ACC, ROWS_ZERO_FILL=ROWS_ZERO_FILL, drop_seed=drop_seed,
                     drop_base=drop_base, drop_row_groups=drop_row_groups, drop_thr=drop_thr,
-                    dropout_scale=dropout_scale, HAS_DROPOUT=HAS_DROPOUT, drop_keep=drop_keep)
+                    dropout_scale=dropout_scale, HAS_DROPOUT=HAS_DROPOUT, keep_prob=keep_prob)
             for t in range(n_masked, n_tiles):
                 dk, dv = _bwd_step(
                     it0 + t, _tile_m(t, m_lo, n_lead, n_masked, n_skip, BLOCK_M, IS_LOCAL, 1), dk, dv, k_view, v_view,
@@ -540,7 +541,7 @@ def _consumer_partition(k_smem, v_smem, q_bufs, do_bufs, lse2_bufs, delta_bufs, 
                     BLOCK_M, STAGES, IS_CAUSAL, False, DQ_SPLIT_D, IS_LOCAL, SOFTCAP, HAS_ALIBI, DQ_TMA_REDUCE,
                     HAS_BIAS, ROWS_IN_ACC=ROWS_IN_ACC, ROWS_ZERO_FILL=ROWS_ZERO_FILL, drop_seed=drop_seed,
                     drop_base=drop_base, drop_row_groups=drop_row_groups, drop_thr=drop_thr,
-                    dropout_scale=dropout_scale, HAS_DROPOUT=HAS_DROPOUT, drop_keep=drop_keep)
+                    dropout_scale=dropout_scale, HAS_DROPOUT=HAS_DROPOUT, keep_prob=keep_prob)
     if DQ_TMA_REDUCE:
         tma.store_wait(0)  # the last reduce-add has read dq_smem before the program exits
     dv = dropout_rescale(dv, dropout_scale, DROPOUT_ONCE)

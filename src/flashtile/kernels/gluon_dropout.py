@@ -14,6 +14,10 @@ from triton.experimental.gluon import language as gl
 
 from .common import PHILOX_ROUNDS
 
+# The Gluon forward recomputes the Philox round keys per key block (dropout_words' FRESH_KEYS) from this head dim on
+# (measured at D128; D256 compiled with fewer spills, not timed); below it, the hoisted keys measured faster.
+FRESH_KEYS_FWD_MIN_HEAD_DIM = gl.constexpr(128)
+
 
 @gluon.constexpr_function
 def quad_layout(rows, cols, warps):
@@ -99,7 +103,8 @@ def dropout_row_counters(rng_base, row0, row_groups, ROWS: gl.constexpr, BLOCK_N
 def dropout_words(seed, row_ctr, key0, BLOCK_N: gl.constexpr, WARPS: gl.constexpr, FRESH_KEYS: gl.constexpr):
     """[ROWS, BLOCK_N / 2] uint32 draws of keys key0 + [0, BLOCK_N) (key0 a multiple of 8) in quad_layout: word c
     holds key 2c in its low half and key 2c + 1 in its high half. row_ctr from dropout_row_counters; FRESH_KEYS as
-    _philox4x32 (the forward: 1.81 -> 1.76x at D128, 2.03 -> 2.07x at D64 in session 23's A/B)."""
+    _philox4x32 (the forward with dropout in session 23's A/B: D128 3.15-3.17 -> 3.04-3.05 ms, D64 4.42 -> 4.52:
+    gluon_fwd sets it above FRESH_KEYS_FWD_MIN_HEAD_DIM)."""
     ROWS: gl.constexpr = row_ctr.shape[0]
     G: gl.constexpr = BLOCK_N // 8
     layout: gl.constexpr = quad_layout(ROWS, G, WARPS)

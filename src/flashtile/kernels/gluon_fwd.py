@@ -36,7 +36,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .common import LOG2E, _tanh
-from .gluon_dropout import dropout_apply, dropout_rng, dropout_row_counters, dropout_words
+from .gluon_dropout import (FRESH_KEYS_FWD_MIN_HEAD_DIM, dropout_apply, dropout_rng, dropout_row_counters,
+                            dropout_words)
 from .gluon_epilogue import _store_rows_via
 from .gluon_grid import _heavy_first
 from .gluon_sparse import _list_tile_key, _mask_mod_scores, _sparse_tile_key
@@ -290,8 +291,8 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         # live across it made ptxas spill (D128 window + softcap + ALiBi + sink + bias: 340 B).
         bias = _bias_tile(b_bufs, b_ready, j, WG, STAGES, s_layout)  # [WG_M, BLOCK_N], 16-bit
     if HAS_DROPOUT:
-        # integer work beside S_j; the round keys recomputed per block above D64 (gluon_dropout._philox4x32)
-        words = dropout_words(drop_seed, drop_rows, key_lo + j * BLOCK_N, BLOCK_N, 4, q_view.shape[1] > 64)
+        words = dropout_words(drop_seed, drop_rows, key_lo + j * BLOCK_N, BLOCK_N, 4,  # integer work beside S_j
+                              q_view.shape[1] >= FRESH_KEYS_FWD_MIN_HEAD_DIM)
     # wgmma groups retire in order: one outstanding means S_j is done and the PV may still run.
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_M, BLOCK_N]
     mbarrier.arrive(k_empty.index(stage))
@@ -438,7 +439,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     if HAS_BIAS:
         bias = _bias_tile(b_bufs, b_ready, 0, WG, STAGES, s_layout)  # [WG_M, BLOCK_N], 16-bit
     if HAS_DROPOUT:
-        words = dropout_words(drop_seed, drop_rows, key_lo, BLOCK_N, 4, HEAD_DIM > 64)
+        words = dropout_words(drop_seed, drop_rows, key_lo, BLOCK_N, 4, HEAD_DIM >= FRESH_KEYS_FWD_MIN_HEAD_DIM)
     s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_M, BLOCK_N]
     mbarrier.arrive(k_empty.index(0))
     if HAS_BIAS:
