@@ -104,7 +104,7 @@ def dropout_words(seed, row_ctr, key0, BLOCK_N: gl.constexpr, WARPS: gl.constexp
     """[ROWS, BLOCK_N / 2] uint32 draws of keys key0 + [0, BLOCK_N) (key0 a multiple of 8) in quad_layout: word c
     holds key 2c in its low half and key 2c + 1 in its high half. row_ctr from dropout_row_counters; FRESH_KEYS as
     _philox4x32 (the forward with dropout in session 23's A/B: D128 3.15-3.17 -> 3.04-3.05 ms, D64 4.42 -> 4.52:
-    gluon_fwd sets it above FRESH_KEYS_FWD_MIN_HEAD_DIM)."""
+    gluon_fwd sets it from FRESH_KEYS_FWD_MIN_HEAD_DIM on)."""
     ROWS: gl.constexpr = row_ctr.shape[0]
     G: gl.constexpr = BLOCK_N // 8
     layout: gl.constexpr = quad_layout(ROWS, G, WARPS)
