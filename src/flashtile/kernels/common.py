@@ -24,6 +24,18 @@ def _tanh(x, APPROX: tl.constexpr = False):
 
 
 @triton.jit
+def _to_f32_16bit(x):
+    """fp32 of fp16 / bf16 x. bf16 by bit moves on packed pairs (low half shifted up, high half masked: two
+    instructions per pair, where cvt.f32.bf16 of each half compiled to three); NVIDIA only (inline PTX), for the Gluon
+    kernels' bias tiles."""
+    if x.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 lo, hi; shl.b32 lo, $2, 16; and.b32 hi, $2, 0xFFFF0000; mov.b32 $0, lo; mov.b32 $1, hi; }",
+            "=f,=f,r", [x], dtype=tl.float32, is_pure=True, pack=2)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_slope,
             window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
             MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,

@@ -35,7 +35,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .common import LOG2E, _tanh
+from .common import LOG2E, _tanh, _to_f32_16bit
 from .gluon_dropout import (FRESH_KEYS_FWD_MIN_HEAD_DIM, dropout_apply, dropout_rng, dropout_row_counters,
                             dropout_words)
 from .gluon_epilogue import _store_rows_via
@@ -194,7 +194,7 @@ def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi
         else:
             s = s * qk_scale + ALIBI_SIDE * alibi_cols[None, :]
         if HAS_BIAS:
-            s = s + bias.to(gl.float32) * LOG2E
+            s = s + _to_f32_16bit(bias) * LOG2E
         return s  # [WG_M, BLOCK_N], the row term left out
     if SOFTCAP:
         # common._tanh (a @triton.jit helper; Gluon can call it) with the GPU's tanh.approx.f32, as the portable
@@ -210,7 +210,7 @@ def _feature_scores(s, key0, row0, seqlen_k, diag, qk_scale, softcap_log2, alibi
         dist = gl.abs(rows.to(gl.float32)[:, None] - cols.to(gl.float32)[None, :])  # [WG_M, BLOCK_N]
         s = s - alibi_log2 * dist
     if HAS_BIAS:
-        s = s + bias.to(gl.float32) * LOG2E
+        s = s + _to_f32_16bit(bias) * LOG2E
     if MASKED:
         visible = (cols < seqlen_k)[None, :]
         if IS_CAUSAL:
@@ -338,7 +338,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     elif HAS_BIAS:
         # Bias alone (or with causal): the scores in natural-log units, one FFMA each (s * scale + bias); the
         # row max before the factor log2(e) > 0, which the exp2 argument folds in (one FFMA), as plain does.
-        s = s * sm_scale + bias.to(gl.float32)  # [WG_M, BLOCK_N]
+        s = s * sm_scale + _to_f32_16bit(bias)  # [WG_M, BLOCK_N]
         if MASKED:
             s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
         m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * LOG2E)  # [WG_M], log2 units
@@ -464,7 +464,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
             l_i = gl.sum(p_f32, axis=1)  # [WG_M]
     elif HAS_BIAS:
         # As _kv_step's bias-alone branch: natural-log scores, the factor log2(e) folded into the exp2 argument.
-        s = _mask_scores(s * sm_scale + bias.to(gl.float32), 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
+        s = _mask_scores(s * sm_scale + _to_f32_16bit(bias), 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
         m_i = gl.max(s, axis=1) * LOG2E  # [WG_M]; -inf where the bias hides every key of the block
         if HAS_SINK:
             m_i = gl.maximum(m_i, sink_log2)
