@@ -59,7 +59,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .common import LOG2E, _tanh
+from .common import LOG2E, _tanh, _to_f32_16bit
 from .gluon_dropout import (dropout_keep_t, dropout_kept, dropout_kept_grad, dropout_kept_p, dropout_rescale,
                             dropout_rng, dropout_signed)
 from .gluon_epilogue import _store_rows_via
@@ -173,7 +173,7 @@ def _bias_tile(bias_bufs, stage, WG: gl.constexpr, layout: gl.constexpr):
     (bias 0 there; lse2 = +inf and the key mask make P = 0, as in the portable kernels, which load 0 there)."""
     BLOCK_M: gl.constexpr = bias_bufs.shape[3]
     tile = bias_bufs.index(stage).reshape([BLOCK_M, 2 * WG_N]).slice(WG * WG_N, WG_N, dim=1)
-    return tile.permute((1, 0)).load(layout).to(gl.float32)
+    return _to_f32_16bit(tile.permute((1, 0)).load(layout))
 
 
 @gluon.jit
@@ -348,7 +348,11 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
         # Past seqlen_q: lse2 = +inf makes P = 0 (Q and dO are zero-filled there, so dP = 0 and dS = 0).
         lse2 = _row_vector(lse2_bufs, stage, in_seq, float("inf"), col_layout)
-        if SOFTCAP or HAS_ALIBI or HAS_BIAS:
+        if HAS_BIAS and not (SOFTCAP or HAS_ALIBI):
+            # Two FFMAs per score: s * qk_scale + (bias * log2(e) - lse2), where the sum in _score_features_t's order
+            # took a multiply and two adds more.
+            p = gl.exp2(s * qk_scale + (_bias_tile(bias_bufs, stage, WG, s_layout) * LOG2E - lse2[None, :]))
+        elif SOFTCAP or HAS_ALIBI or HAS_BIAS:
             s, t = _score_features_t(s, key0, cols, causal_offset, qk_scale, softcap_log2, alibi_log2, SOFTCAP,
                                      HAS_ALIBI, s_layout)
             if HAS_BIAS:
