@@ -119,11 +119,16 @@ def dropout_words(seed, row_ctr, key0, BLOCK_N: gl.constexpr, WARPS: gl.constexp
 @gluon.jit
 def dropout_apply(p, words, threshold):
     """p ([ROWS, BLOCK_N] fp32) with 0 where the key's 16-bit draw (dropout_words) is below threshold (the integer
-    threshold of philox.dropout_threshold): the kept probabilities, unscaled."""
-    thr = threshold.to(gl.uint32)
-    keep = gl.join((words & 0xFFFF) >= thr, words >= (thr << 16))  # [ROWS, BLOCK_N / 2, 2]: even key, odd key
-    keep = gl.convert_layout(keep.reshape([p.shape[0], p.shape[1]]), p.type.layout)
-    return gl.where(keep, p, 0.0)
+    threshold of philox.dropout_threshold): the kept probabilities, unscaled. Both keys of a word are compared in its
+    high half against threshold << 16 (the even key's draw shifted up), and each compare feeds its select inside
+    one inline-PTX block per pair: compared in Gluon, the compiler kept the 64 booleans per thread as bit fields in
+    registers (predicates are few) and tested them again before the selects."""
+    words = gl.convert_layout(gl.join(words, words).reshape([p.shape[0], p.shape[1]]), p.type.layout)
+    thr = gl.zeros_like(words) + (threshold.to(gl.uint32) << 16)
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred k0, k1; .reg .b32 lo; shl.b32 lo, $4, 16; setp.ge.u32 k0, lo, $6; setp.ge.u32 k1, $5, $7; "
+        "selp.f32 $0, $2, 0f00000000, k0; selp.f32 $1, $3, 0f00000000, k1; }",
+        "=f,=f,f,f,r,r,r,r", [p, words, thr], dtype=gl.float32, is_pure=True, pack=2)
 
 
 @gluon.jit
