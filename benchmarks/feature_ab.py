@@ -8,7 +8,8 @@ times, so the ratio sees the same clock. Compare source trees by running it once
     for r in 1 2; do for c in A B; do
         PYTHONPATH=bisect/$c/src python3 benchmarks/feature_ab.py $c dropout_p=0.1
     done; done
-Extra NAME=VALUE arguments are the feature (flash_attn_func keywords); --head-dims / --seqlen pick the shapes.
+Extra NAME=VALUE arguments are the feature (flash_attn_func keywords; attn_bias=bench is the feature table's
+(1, H, S, S) bias, flashtile.bench.features.bias); --head-dims / --seqlen pick the shapes.
 """
 import argparse
 import ast
@@ -18,6 +19,7 @@ import triton
 
 import flashtile
 from flashtile import flash_attn_func
+from flashtile.bench.features import bias as bench_bias
 
 
 def main():
@@ -30,7 +32,8 @@ def main():
     parser.add_argument("--compile-only", action="store_true",
                         help="one call of each case (fills triton's cache: trees can compile side by side), no timing")
     args = parser.parse_args()
-    extra = {name: ast.literal_eval(value) for name, value in (arg.split("=", 1) for arg in args.feature)}
+    extra = {name: value if (name, value) == ("attn_bias", "bench") else ast.literal_eval(value)
+             for name, value in (arg.split("=", 1) for arg in args.feature)}
     if "causal" in extra:
         parser.error("causal is swept (both values); give only the feature's keywords")
     print(f"{args.tag}: flashtile from {flashtile.__file__}", flush=True)  # the tree PYTHONPATH picked
@@ -40,15 +43,18 @@ def main():
             batch, heads = max(1, 16384 // seqlen), 2048 // head_dim
             q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
                                    requires_grad=True) for _ in range(3))
+            kwargs_case = dict(extra)
+            if kwargs_case.get("attn_bias") == "bench":
+                kwargs_case["attn_bias"] = bench_bias(heads, seqlen, seqlen, q.dtype, q.device)
             if args.compile_only:
-                for kwargs in ({}, extra):
+                for kwargs in ({}, kwargs_case):
                     out = flash_attn_func(q, k, v, causal=causal, **kwargs)
                     torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
                 torch.cuda.synchronize()
                 continue
             times = {}
             for repeat in range(args.repeats):
-                settings = (("none", {}), ("feature", extra))
+                settings = (("none", {}), ("feature", kwargs_case))
                 for name, kwargs in settings[::-1] if repeat % 2 else settings:  # each goes first in turn
                     fwd = triton.testing.do_bench(lambda: flash_attn_func(q, k, v, causal=causal, **kwargs),
                                                   warmup=25, rep=100)
