@@ -384,8 +384,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         dp_tok = _issue_t(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
         # dV^T += P^T dO right behind it: it runs while dS^T is made (groups retire in order: one outstanding
         # means dP^T is done).
-        p_v = dropout_kept_p(p, score_scale, SIGNED_MASK)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
-        p_op = gl.convert_layout(p_v.to(dtype), op_layout, assert_trivial=True)
+        p_v = dropout_kept_p(p, score_scale, dtype, SIGNED_MASK)  # [WG_N, BLOCK_M]: the forward's dropped, scaled
+        p_op = gl.convert_layout(p_v, op_layout, assert_trivial=True)  # P^T, 16-bit
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
         dp = warpgroup_mma_wait(1, deps=(dp_tok, ))  # [WG_N, BLOCK_M] = dP^T
     elif not SOFTCAP:

@@ -159,17 +159,28 @@ def dropout_signed(p, keep, HAS_DROPOUT: gl.constexpr):
 
 
 @gluon.jit
-def dropout_kept_p(p, scale, HAS_DROPOUT: gl.constexpr):
-    """Of dropout_signed's p: the kept probabilities times scale = 1 / (1 - dropout_p), 0 where dropped."""
+def dropout_kept_p(p, scale, dtype: gl.constexpr, HAS_DROPOUT: gl.constexpr):
+    """Of dropout_signed's p: the kept probabilities times scale = 1 / (1 - dropout_p), 0 where dropped, rounded to
+    dtype (fp16 / bf16); p rounded without dropout. One cvt.rn.relu per pair both clamps the dropped (negative)
+    entries and rounds (F2FP.RELU), where a max before the rounding took an FMNMX per score."""
     if HAS_DROPOUT:
-        p = gl.maximum(p, 0.0) * scale
-    return p
+        # cvt.rn.relu.{b}f16x2.f32 d, a, b puts a in d's upper half: the pair's second element. (One return
+        # statement: the frontend types every return, even one behind a constexpr branch not taken.)
+        if dtype == gl.float16:
+            out = gl.inline_asm_elementwise("cvt.rn.relu.f16x2.f32 $0, $2, $1;", "=r,f,f", [p * scale],
+                                            dtype=gl.float16, is_pure=True, pack=2)
+        else:
+            out = gl.inline_asm_elementwise("cvt.rn.relu.bf16x2.f32 $0, $2, $1;", "=r,f,f", [p * scale],
+                                            dtype=gl.bfloat16, is_pure=True, pack=2)
+    else:
+        out = p.to(dtype)
+    return out
 
 
 @gluon.jit
 def dropout_kept_grad(x, p, scale, HAS_DROPOUT: gl.constexpr):
     """x where dropout_signed's p is kept (p >= 0), times scale; 0 where dropped. A dropped 0 (-0.0) counts as kept:
-    callers multiply the result by |p| = 0. A NaN p gives 0 (dropout_kept_p too), where the boolean form kept NaN."""
+    callers multiply the result by |p| = 0. A NaN p gives 0 here (dropout_kept_p's cvt.relu keeps it NaN)."""
     if HAS_DROPOUT:
         x = gl.where(p >= 0.0, x * scale, 0.0)
     return x
