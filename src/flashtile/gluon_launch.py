@@ -466,12 +466,12 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
             "a bias, ALiBi, dropout or a block mask runs two consumers (takes_config, sparse_ok)"
     if dropout_p:
         constexprs.update(HAS_DROPOUT=True)
-    # O through each warpgroup's Q tile: plain and causal dense launches of two consumers at the head dims
-    # configs.GLUON_FWD_SMEM_EPILOGUE lists (session 19); feature, varlen, bias, dropout and block-sparse launches,
-    # three consumers and the other head dims keep the kernel they had.
-    plain = (plain_dense(causal, window_size, softcap, alibi_slopes, sink, cu_seqlens_q, attn_bias) and mods is None
-             and not dropout_p)
-    if plain and config.consumers == 2 and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE:
+    # O through each warpgroup's Q tile: dense launches of two consumers at the head dims
+    # configs.GLUON_FWD_SMEM_EPILOGUE lists (plain and causal since session 19, with score features, a bias and
+    # causal dropout since session 24; configs.py has the numbers). Dropout without the causal mask, varlen and
+    # block-sparse launches, three consumers and the other head dims keep the register stores.
+    if (cu_seqlens_q is None and mods is None and config.consumers == 2 and not (dropout_p and not is_causal)
+            and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE):
         constexprs.update(O_VIA_SMEM=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)  # only then: other launches keep their kernels
@@ -569,8 +569,7 @@ def takes_config(variant, head_dim, attn_bias=None, alibi_slopes=None, dropout_p
 def plain_dense(causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None, cu_seqlens_q=None,
                 attn_bias=None):
     """A dense, plain or causal call without window, softcap, ALiBi, sink or bias: the calls the persistent kernel
-    takes (takes_persistent), configs.GLUON_FWD_MIN_KEYS_PLAIN / GLUON_FWD_PERSISTENT route and, without dropout or a
-    block mask, the one-tile kernel's O_VIA_SMEM serves (gluon_launch_args)."""
+    takes (takes_persistent) and configs.GLUON_FWD_MIN_KEYS_PLAIN / GLUON_FWD_PERSISTENT route."""
     return not (mask_mode(causal, window_size)[1] or softcap or alibi_slopes is not None or sink is not None
                 or cu_seqlens_q is not None or attn_bias is not None)
 
