@@ -8,8 +8,9 @@ times, so the ratio sees the same clock. Compare source trees by running it once
     for r in 1 2; do for c in A B; do
         PYTHONPATH=bisect/$c/src python3 benchmarks/feature_ab.py $c dropout_p=0.1
     done; done
-Extra NAME=VALUE arguments are the feature (flash_attn_func keywords; attn_bias=bench is the feature table's
-(1, H, S, S) bias, flashtile.bench.features.bias); --head-dims / --seqlen pick the shapes.
+The feature: NAME=VALUE flash_attn_func keywords, or one of the bench's --feature specs (softcap:30, alibi, bias,
+sink, dropout:0.1, window:L:R; flashtile.bench.features.parse) with the tensors the feature table uses;
+--head-dims / --seqlen pick the shapes.
 """
 import argparse
 import ast
@@ -19,21 +20,22 @@ import triton
 
 import flashtile
 from flashtile import flash_attn_func
-from flashtile.bench.features import bias as bench_bias
+from flashtile.bench.features import parse as parse_feature
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tag")
-    parser.add_argument("feature", nargs="+", help="NAME=VALUE keywords of flash_attn_func")
+    parser.add_argument("feature", nargs="+", help="NAME=VALUE keywords of flash_attn_func, or a bench feature spec")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--seqlen", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--compile-only", action="store_true",
                         help="one call of each case (fills triton's cache: trees can compile side by side), no timing")
     args = parser.parse_args()
-    extra = {name: value if (name, value) == ("attn_bias", "bench") else ast.literal_eval(value)
-             for name, value in (arg.split("=", 1) for arg in args.feature)}
+    extra = {name: ast.literal_eval(value) for name, value in (arg.split("=", 1) for arg in args.feature if "=" in arg)}
+    specs = [arg for arg in args.feature if "=" not in arg]
+    bench_feature = parse_feature("+".join(specs)) if specs else None
     if "causal" in extra:
         parser.error("causal is swept (both values); give only the feature's keywords")
     print(f"{args.tag}: flashtile from {flashtile.__file__}", flush=True)  # the tree PYTHONPATH picked
@@ -44,8 +46,8 @@ def main():
             q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
                                    requires_grad=True) for _ in range(3))
             kwargs_case = dict(extra)
-            if kwargs_case.get("attn_bias") == "bench":
-                kwargs_case["attn_bias"] = bench_bias(heads, seqlen, seqlen, q.dtype, q.device)
+            if bench_feature is not None:
+                kwargs_case.update(bench_feature.kwargs(heads, q.device, seqlen, seqlen, q.dtype))
             if args.compile_only:
                 for kwargs in ({}, kwargs_case):
                     out = flash_attn_func(q, k, v, causal=causal, **kwargs)
