@@ -33,8 +33,9 @@ def main():
     parser.add_argument("--compile-only", action="store_true",
                         help="one call of each case (fills triton's cache: trees can compile side by side), no timing")
     args = parser.parse_args()
-    extra = {name: ast.literal_eval(value) for name, value in (arg.split("=", 1) for arg in args.feature if "=" in arg)}
-    specs = [arg for arg in args.feature if "=" not in arg]
+    features = ["bias" if arg == "attn_bias=bench" else arg for arg in args.feature]  # session 24 call 1's spelling
+    extra = {name: ast.literal_eval(value) for name, value in (arg.split("=", 1) for arg in features if "=" in arg)}
+    specs = [arg for arg in features if "=" not in arg]
     bench_feature = parse_feature("+".join(specs)) if specs else None
     if "causal" in extra:
         parser.error("causal is swept (both values); give only the feature's keywords")

@@ -471,9 +471,10 @@ def test_dropout_launch_args():
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
 def test_o_via_smem_only_for_dense_two_consumer_launches(monkeypatch):
     """The one-tile kernel's O through shared memory (O_VIA_SMEM): dense launches of two consumers at the head dims
-    configs.GLUON_FWD_SMEM_EPILOGUE lists, plain, causal, with score features, a bias or causal dropout; dropout
-    without the causal mask, varlen, three consumers and other head dims keep the kernel they had (no O_VIA_SMEM
-    constexpr). (Block-sparse launches: the same rule in gluon_launch_args, not built here.)"""
+    configs.GLUON_FWD_SMEM_EPILOGUE lists, plain, causal, with score features, a window, a sink, a bias or dropout
+    under the plain causal mask; other dropout launches (no mask, a window), varlen, three consumers and other head
+    dims keep the kernel they had (no O_VIA_SMEM constexpr). (Block-sparse launches: the same rule in
+    gluon_launch_args, not built here.)"""
     from flashtile import configs
     q = torch.empty(2, 1000, 4, 128, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 1000)

@@ -134,7 +134,7 @@ GLUON_FWD_PERSISTENT = {(128, False): ("persistent-tma", 0, 4096), (128, True): 
 # / 0.96, 8K 0.88 / 0.96 / 0.90, 16K 0.94 / 1.07 (other run); causal 2K 0.82 / 0.70 / 0.85, 3K 0.83 / 0.81 / 0.82,
 # 4K 0.88 / 0.85 / 0.91, 8K 0.93 / 1.00 / 0.86, 16K 0.98 / 1.05.
 GLUON_FWD_LONG = {(64, False): ("d64-3wg", 2049), (64, True): ("d64-3wg", 8192)}
-# Head dims whose one-tile Gluon forward (two consumers; plain and causal dense launches) stores O through each
+# Head dims whose one-tile Gluon forward (two consumers; dense launches, see gluon_launch_args) stores O through each
 # warpgroup's Q tile in 16-byte row pieces instead of from the accumulators in 4-byte pieces (kernels/gluon_fwd.py's
 # O_VIA_SMEM). Session 19's ncu profile of the D256 causal forward at 512 keys (ncu-h200-2026-11-30-s19): load /
 # store queue stalls (lg_throttle) 1.5 per issued instruction, cuDNN's 0. A/B (fwd-epilogue-h200-2026-11-30-s19,
@@ -145,12 +145,13 @@ GLUON_FWD_LONG = {(64, False): ("d64-3wg", 2049), (64, True): ("d64-3wg", 8192)}
 # numbers at GLUON_FWD_PERSISTENT). D64 (its two-consumer one-tile launches: causal rows of 4097-8191 keys) is
 # unmeasured: it keeps the register stores (both epilogues give the same bits there:
 # tests/test_gluon.py::test_o_via_smem_matches_register_stores). Session 24 gave the set's one-tile launches with
-# score features, a bias and causal dropout the same epilogue (features-h200-2026-12-01-s24 call 6, D128 8K, ms with
-# the feature, two alternated runs, register -> shared-memory stores): ALiBi 1.836-1.843 -> 1.774-1.796, causal
-# 0.993-0.998 -> 0.976-1.001; softcap 2.190-2.192 -> 2.161-2.168, causal 1.145-1.151 -> 1.125-1.126; bias
-# 2.357-2.408 -> 2.406-2.409, causal 1.276-1.281 -> 1.255-1.258; dropout causal 1.436-1.437 -> 1.407-1.409. Dropout
-# without the causal mask measured slower (2.902-2.907 -> 2.942-2.943) and keeps the register stores; D256's
-# feature launches follow D128's rule, not timed.
+# score features (windows and sinks too), a bias and dropout under the plain causal mask the same epilogue
+# (features-h200-2026-12-01-s24 call 6, D128 8K, ms with the feature, two alternated runs, register -> shared-memory
+# stores): ALiBi 1.836-1.843 -> 1.774-1.796, causal 0.993-0.998 -> 0.976-1.001; softcap 2.190-2.192 -> 2.161-2.168,
+# causal 1.145-1.151 -> 1.125-1.126; bias 2.357-2.408 -> 2.406-2.409 (level), causal 1.276-1.281 -> 1.255-1.258;
+# dropout causal 1.436-1.437 -> 1.407-1.409. Dropout without the causal mask (a window included) measured slower
+# (2.902-2.907 -> 2.942-2.943) and keeps the register stores; windows, sinks and D256's feature launches follow
+# the rule untimed.
 GLUON_FWD_SMEM_EPILOGUE = frozenset({128, 256})
 # Sliding windows: the keys a row sees. At D128 8K a 256-key window ran 7 % slower in Gluon than in the portable
 # 64x64 tiles, 1024 and 4096 ran 16-19 % faster (gluon-ext-h200-2026-11-29-s5).

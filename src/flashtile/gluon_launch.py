@@ -467,10 +467,11 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
     if dropout_p:
         constexprs.update(HAS_DROPOUT=True)
     # O through each warpgroup's Q tile: dense launches of two consumers at the head dims
-    # configs.GLUON_FWD_SMEM_EPILOGUE lists (plain and causal since session 19, with score features, a bias and
-    # causal dropout since session 24; configs.py has the numbers). Dropout without the causal mask, varlen and
-    # block-sparse launches, three consumers and the other head dims keep the register stores.
-    if (cu_seqlens_q is None and mods is None and config.consumers == 2 and not (dropout_p and not is_causal)
+    # configs.GLUON_FWD_SMEM_EPILOGUE lists (plain and causal since session 19, with score features, windows, sinks,
+    # a bias and dropout under the plain causal mask since session 24; configs.py has the numbers). Other dropout
+    # launches (no mask, or a window), varlen and block-sparse launches, three consumers and the other head dims
+    # keep the register stores.
+    if (not varlen and mods is None and config.consumers == 2 and not (dropout_p and not is_causal)
             and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE):
         constexprs.update(O_VIA_SMEM=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)

@@ -25,9 +25,9 @@ def _tanh(x, APPROX: tl.constexpr = False):
 
 @triton.jit
 def _to_f32_16bit(x):
-    """fp32 of fp16 / bf16 x. bf16 by bit moves on packed pairs (low half shifted up, high half masked: two
-    instructions per pair, where cvt.f32.bf16 of each half compiled to three); NVIDIA only (inline PTX), for the Gluon
-    kernels' bias tiles."""
+    """fp32 of x (a bias tile of the Gluon kernels). bf16 by bit moves on packed pairs (low half shifted up, high
+    half masked: two instructions per pair, where cvt.f32.bf16 of each half compiled to three; NVIDIA only, inline
+    PTX); fp16 and fp32 through .to()."""
     if x.dtype == tl.bfloat16:
         return tl.inline_asm_elementwise(
             "{ .reg .b32 lo, hi; shl.b32 lo, $2, 16; and.b32 hi, $2, 0xFFFF0000; mov.b32 $0, lo; mov.b32 $1, hi; }",

@@ -123,6 +123,8 @@ def dropout_apply(p, words, threshold):
     high half against threshold << 16 (the even key's draw shifted up), and each compare feeds its select inside
     one inline-PTX block per pair: compared in Gluon, the compiler kept the 64 booleans per thread as bit fields in
     registers (predicates are few) and tested them again before the selects."""
+    # pack=2 hands the asm a thread's consecutive register pair of p: keys 2c and 2c + 1 of the wgmma accumulator,
+    # in that order (test_dropout_mask_is_exact checks the draws key by key on the GPU).
     words = gl.convert_layout(gl.join(words, words).reshape([p.shape[0], p.shape[1]]), p.type.layout)
     thr = gl.zeros_like(words) + (threshold.to(gl.uint32) << 16)
     return gl.inline_asm_elementwise(
