@@ -149,9 +149,10 @@ GLUON_FWD_LONG = {(64, False): ("d64-3wg", 2049), (64, True): ("d64-3wg", 8192)}
 # (features-h200-2026-12-01-s24 call 6, D128 8K, ms with the feature, two alternated runs, register -> shared-memory
 # stores): ALiBi 1.836-1.843 -> 1.774-1.796, causal 0.993-0.998 -> 0.976-1.001; softcap 2.190-2.192 -> 2.161-2.168,
 # causal 1.145-1.151 -> 1.125-1.126; bias 2.357-2.408 -> 2.406-2.409 (level), causal 1.276-1.281 -> 1.255-1.258;
-# dropout causal 1.436-1.437 -> 1.407-1.409. Dropout without the causal mask (a window included) measured slower
-# (2.902-2.907 -> 2.942-2.943) and keeps the register stores; windows, sinks and D256's feature launches follow
-# the rule untimed.
+# dropout causal 1.436-1.437 -> 1.407-1.409; call 7: a 1024-key window 0.326-0.327 -> 0.308-0.309, causal window
+# 0.331-0.332 -> 0.311-0.314, sink 1.716-1.771 -> 1.732-1.733, causal 0.933-0.938 -> 0.914-0.918. Dropout without
+# the causal mask (a window included) measured slower (2.902-2.907 -> 2.942-2.943) and keeps the register stores;
+# D256's feature launches follow the rule untimed.
 GLUON_FWD_SMEM_EPILOGUE = frozenset({128, 256})
 # Sliding windows: the keys a row sees. At D128 8K a 256-key window ran 7 % slower in Gluon than in the portable
 # 64x64 tiles, 1024 and 4096 ran 16-19 % faster (gluon-ext-h200-2026-11-29-s5).
