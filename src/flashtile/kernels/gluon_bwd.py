@@ -352,7 +352,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             # Two FFMAs per score: s * qk_scale + (bias * log2(e) - lse2), where the sum in _score_features_t's order
             # took three (FMUL, FFMA, FADD).
             p = gl.exp2(s * qk_scale + (_bias_tile(bias_bufs, stage, WG, s_layout) * LOG2E - lse2[None, :]))
-        elif SOFTCAP or HAS_ALIBI or HAS_BIAS:
+        elif SOFTCAP or HAS_ALIBI:
             s, t = _score_features_t(s, key0, cols, causal_offset, qk_scale, softcap_log2, alibi_log2, SOFTCAP,
                                      HAS_ALIBI, s_layout)
             if HAS_BIAS:
