@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/gluon_bwd_check.py [--variants default,atomics,dq-reduce2,...]
         [--check-dims 128,64] [--bench-dims 128,64] [--seqlens 1024,4096,16384] [--skip-bench] [--skip-features]
-        [--bench-features]
+        [--bench-features] [--skip-portable]
 
 Phases, each in child processes with a time limit (a kernel that deadlocks on an mbarrier hangs forever; killing
 the child frees the GPU and the run goes on to report it):
@@ -410,7 +410,7 @@ def phase_correct(variants, head_dim, causal):
     return failed == 0
 
 
-def phase_bench(variants, seqlens, head_dims, causal_modes="both"):
+def phase_bench(variants, seqlens, head_dims, causal_modes="both", portable=True):
     os.environ.pop("FLASHTILE_POISON_OUTPUTS", None)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     for head_dim, causal, seqlen, batch, heads, tflop in bench_shapes(head_dims, seqlens, causal_modes):
@@ -422,7 +422,8 @@ def phase_bench(variants, seqlens, head_dims, causal_modes="both"):
             providers[f"gluon[{variant}]"] = (
                 lambda variant=variant: gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, scale, causal,
                                                                         variant=variant))
-        providers["flashtile-triton"] = lambda: portable_backward(dout, q, k, v, out, lse, scale, causal)
+        if portable:
+            providers["flashtile-triton"] = lambda: portable_backward(dout, q, k, v, out, lse, scale, causal)
         qt, kt, vt = (t.transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             ot = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
@@ -434,7 +435,8 @@ def phase_bench(variants, seqlens, head_dims, causal_modes="both"):
 
 def _argv(args):
     return ["--variants", args.variants, "--seqlens", args.seqlens, "--bench-dims", args.bench_dims,
-            "--check-dims", args.check_dims, "--bench-causal", args.bench_causal]
+            "--check-dims", args.check_dims, "--bench-causal", args.bench_causal,
+            *(["--skip-portable"] if args.skip_portable else [])]
 
 
 def _children(phase, args, timeout, groups=(None, )):
@@ -457,6 +459,7 @@ def main():
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--skip-features", action="store_true", help="no feature correctness phase")
     parser.add_argument("--bench-features", action="store_true", help="time the features at D128 8K (~30 s)")
+    parser.add_argument("--skip-portable", action="store_true", help="bench: leave the portable backward out")
     args = parser.parse_args()
     variants = args.variants.split(",")
     check_dims = [int(d) for d in args.check_dims.split(",")]
@@ -473,7 +476,7 @@ def main():
         return
     if args.phase == "bench":
         phase_bench(variants, [int(s) for s in args.seqlens.split(",")], [int(d) for d in args.bench_dims.split(",")],
-                    args.bench_causal)
+                    args.bench_causal, not args.skip_portable)
         return
     say(f"INFO torch {torch.__version__} triton {triton.__version__} "
         f"gpu {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'} "

@@ -200,9 +200,10 @@ def test_dkdv_launch_args_d256_split_d():
 
 
 def test_dkdv_launch_args_dq_reduce():
-    """The default variant (D64 / D128 / D256) and dq-reduce2 (D64 / D128): dq_accum also as a (B, Sq_pad, Hq * D)
-    fp32 TMA tensor with [1, 64, 32] boxes (one 128-byte swizzle block: triton 3.6 lowers a TMA reduce to one
-    message) and DQ_TMA_REDUCE the buffers per warpgroup; the atomics variant passes None there."""
+    """The default variant at D256, dq-rows (the default with dQ's buffer row-major, D64 / D128) and dq-reduce2
+    (D64 / D128): dq_accum also as a (B, Sq_pad, Hq * D) fp32 TMA tensor with [1, 64, 32] boxes (one 128-byte
+    swizzle block: triton 3.6 lowers a TMA reduce to one message) and DQ_TMA_REDUCE the buffers per warpgroup; the
+    atomics variant passes None there."""
     if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
         pytest.skip("no Gluon Hopper API in this triton")
     rows = torch.empty(2, 4, 320)
@@ -213,7 +214,7 @@ def test_dkdv_launch_args_dq_reduce():
         _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, False,
                                                                    gluon_bwd_launch.VARIANTS["atomics"][head_dim])
         assert args[8] is acc and args[9] is None and constexprs["DQ_TMA_REDUCE"] == 0
-        for variant, bufs in (("default", 1), ("dq-reduce2", 2))[:1 if head_dim == 256 else 2]:
+        for variant, bufs in ((("default", 1), ) if head_dim == 256 else (("dq-rows", 1), ("dq-reduce2", 2))):
             config = gluon_bwd_launch.VARIANTS[variant][head_dim]
             _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, True,
                                                                        config)
@@ -224,6 +225,31 @@ def test_dkdv_launch_args_dq_reduce():
             assert constexprs["DQ_TMA_REDUCE"] == bufs and config.dq_split_d == (head_dim != 64)
             assert config.dq_chunks == 1  # D256: the kernel stages the whole [64, 128] dQ half in a ring slot
     assert 256 not in gluon_bwd_launch.VARIANTS["dq-reduce2"]  # D256's single staging place is the ring slot
+
+
+def test_dkdv_launch_args_dq_tiled():
+    """dq_tiled (the default at D64 / D128, the D64 128-row variants): dense launches see dQ's buffer as a flat
+    (numel / 32, 32) TMA tensor with a box of one warpgroup tile (rows * columns / 32 rows of 128 bytes); varlen
+    launches keep the row-major (rows, Sq_pad, Hq * D) view (dq_tile is None there, so the preprocess and conversion
+    agree), and so does dq-rows."""
+    if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
+        pytest.skip("no Gluon Hopper API in this triton")
+    rows = torch.empty(2, 4, 384)
+    for variant, head_dim, tile in (("default", 128, (64, 64)), ("default", 64, (64, 64)),
+                                    ("d64-bm128", 64, (128, 64)), ("d64-bm128-split", 64, (128, 32))):
+        config = gluon_bwd_launch.VARIANTS[variant][head_dim]
+        assert gluon_bwd_launch.dq_tile(config, head_dim, False) == tile
+        assert gluon_bwd_launch.dq_tile(config, head_dim, True) is None
+        assert gluon_bwd_launch.dq_tile(gluon_bwd_launch.VARIANTS["dq-rows"][head_dim], head_dim, False) is None
+        q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
+        k = torch.empty(2, 500, 2, head_dim, dtype=torch.bfloat16)
+        acc = torch.empty(2, 384, 4, head_dim)
+        _, args, _, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, True, config)
+        desc = args[9]
+        assert desc.base is acc and list(desc.shape) == [acc.numel() // 32, 32] and list(desc.strides) == [32, 1]
+        assert list(desc.block_shape) == [tile[0] * tile[1] // 32, 32] and desc.layout.swizzle_byte_width == 128
+    d256 = gluon_bwd_launch.VARIANTS["default"][256]  # D256 stages dQ in its ring slot (row-major)
+    assert gluon_bwd_launch.dq_tile(d256, 256, False) is None and not d256.dq_tiled
 
 
 BM128 = ("d64-bm128", "d64-bm128-split")
@@ -248,7 +274,7 @@ def test_bm128_variants_launch_args():
             assert constexprs["BLOCK_M"] == 128 and constexprs["STAGES"] == 2 and constexprs["DQ_TMA_REDUCE"] == 1
             assert constexprs["ROWS_IN_ACC"] and constexprs["ROWS_ZERO_FILL"] and constexprs["DQ_SPLIT_D"] == split
             assert list(args[0].block_shape) == [1, 128, 64] and list(args[4].block_shape) == [1, 128]
-            assert list(args[9].block_shape) == [1, 128, 32]
+            assert list(args[9].block_shape) == [128 * (32 if split else 64) // 32, 32]  # one tiled dQ tile
     _, _, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, torch.empty(2, 4, 384), rows, k, k, acc,
                                                             0.1, True, gluon_bwd_launch.VARIANTS["default"][64])
     assert "ROWS_IN_ACC" not in constexprs and "ROWS_ZERO_FILL" not in constexprs
@@ -321,7 +347,7 @@ def test_dq_conversion_scale_with_dropout(monkeypatch, head_dim, dropout_p):
         def run(self):
             pass
 
-    def capture(dq_accum, dq, scale):
+    def capture(dq_accum, dq, scale, tile=None):
         scales.append(scale)
         return Convert()
 
@@ -361,6 +387,50 @@ def test_rows_in_acc_algebra():
     assert torch.all(p[:, 96:] == 0) and torch.all(ds[:, 96:] == 0)
     assert torch.allclose(p.double(), p_ref, rtol=1e-4, atol=1e-7)
     assert torch.allclose(ds.double(), ds_ref, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("tile_m, tile_n", [(64, 64), (64, 32), (128, 32), (128, 64)])
+def test_dq_tiled_offsets(tile_m, tile_n):
+    """launch.dq_tiled_offsets (the tiled dQ buffer's map, kernels/bwd._dq_tiled_rows' twin) is a permutation in
+    which every [tile_m, tile_n] tile of a head is tile_m * tile_n contiguous floats at the offset the dK/dV kernel's
+    reduce-add targets, laid out as the kernel's reshape / permute of the wgmma accumulator puts it in shared memory
+    (kernels/gluon_bwd._bwd_step)."""
+    batch, rows, heads, head_dim = 2, 2 * tile_m, 3, 2 * tile_n
+    offs = launch.dq_tiled_offsets(batch, rows, heads, head_dim, tile_m, tile_n)
+    assert torch.equal(offs.flatten().sort().values, torch.arange(offs.numel()))
+    # The tile's elements in the kernel's order: [tile_m, tile_n] -> [rep, w, h, i, j, t, e] -> (rep, j, w, i, t, h, e).
+    index = torch.arange(tile_m * tile_n).view(tile_m, tile_n)
+    order = index.view(tile_m // 64, 4, 2, 8, tile_n // 8, 4, 2).permute(0, 4, 1, 3, 5, 2, 6).flatten()
+    stride_m = heads * head_dim
+    for b, m, h, half in ((0, 0, 0, 0), (1, tile_m, 2, 1), (1, 0, 1, 1)):
+        tile = offs[b, m:m + tile_m, h, half * tile_n:(half + 1) * tile_n].flatten()
+        start = b * rows * stride_m + m * stride_m + tile_m * (h * head_dim + half * tile_n)
+        assert torch.equal(tile[order], start + torch.arange(tile_m * tile_n))  # the kernel's reduce-add row * 32
+
+
+def test_dq_tiled_preprocess_and_conversion():
+    """With a tiled dQ buffer (launch.dq_tiled_offsets) the preprocess zeroes the places of the 64-row blocks that
+    hold real query rows (the rest of the last one only ever receives adds of zeros) and leaves the others alone, and
+    the conversion reads each element from its place; on the GPU, or the interpreter on CPU."""
+    torch.manual_seed(0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    heads, seqlen, rows_pad = 2, 70, 256
+    for head_dim, tile in ((64, (64, 32)), (128, (128, 64)), (128, (64, 128))):
+        out, dout = torch.randn(2, 2, seqlen, heads, head_dim, device=dev).unbind(0)
+        lse = torch.randn(2, heads, seqlen, device=dev)
+        geo = launch.Geometry.of(out, out)
+        acc = torch.full((2, rows_pad, heads, head_dim), float("nan"), device=dev)
+        rows = torch.full(geo.row_buffer_shape(out), float("nan"), device=dev)
+        launch.preprocess_launch(geo, out, dout, lse, None, rows, rows.clone(), dq_accum=acc, dq_tile=tile).run()
+        offs = launch.dq_tiled_offsets(2, rows_pad, heads, head_dim, *tile).to(dev)
+        flat = acc.flatten()
+        assert torch.equal(flat[offs[:, :128]], torch.zeros(2, 128, heads, head_dim, device=dev))
+        assert flat[offs[:, 128:]].isnan().all()
+        want = torch.randn(2, rows_pad, heads, head_dim, device=dev)
+        flat[offs] = want
+        dq = torch.empty(2, seqlen, heads, head_dim, device=dev, dtype=torch.float16)
+        launch.dq_convert_launch(acc, dq, 0.5, tile=tile).run()
+        torch.testing.assert_close(dq, (want[:, :seqlen] * 0.5).half(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("varlen", [False, True])

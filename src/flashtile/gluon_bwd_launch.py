@@ -12,7 +12,7 @@ import functools
 import math
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -59,6 +59,9 @@ class GluonBwdConfig:
     maxnreg: int = 168
     dq_chunks: int = 1  # D256 only: dQ's half of the head dim in this many wgmma + atomic pieces
     dq_tma_reduce: int = 0  # dQ tiles through this many shared buffers per warpgroup and TMA reduce-adds; 0: atomics
+    # Dense D64 / D128 launches with dq_tma_reduce: dQ's fp32 buffer in tiles of one reduce-add each, stored in the
+    # accumulator's register order (dq_tile; kernels/gluon_bwd._bwd_step).
+    dq_tiled: bool = False
     # Plain / causal dense calls only (gluon_backward refuses the rest: refused_features): the S^T / dP^T wgmmas
     # start from -lse2 / qk_scale and -delta (kernel ROWS_IN_ACC), rows the preprocess writes folded, with -inf / 0
     # on the rows past seqlen_q so the kernel reads them unmasked (ROWS_ZERO_FILL).
@@ -82,8 +85,9 @@ class GluonBwdConfig:
 VARIANTS = {
     # dQ through shared memory and TMA reduce-adds (session 8: 1.12-1.45x the atomics' speed at 1K-16K, every head dim)
     # D128 / D256 causal: heavy-first grid order by groups of 8 heads (lpt_heads; session 13, below)
-    "default": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1),
-                128: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8),
+    # D64 / D128: dQ's buffer tiled (dq_tiled; session 25, below)
+    "default": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1, dq_tiled=True),
+                128: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8, dq_tiled=True),
                 256: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8)},
     # dQ by per-thread fp32 red.global.add (the default up to session 7)
     "atomics": {64: GluonBwdConfig(stages=3, dq_split_d=False), 128: GluonBwdConfig(stages=2),
@@ -102,11 +106,12 @@ VARIANTS = {
     # 128 keys): dS^T 2 x [128, 128] 64 KB, dQ 2 x [128, 32] fp32 32 KB, the same 194 KB; dQ's accumulator 32
     # instead of 64 registers per thread beside dK / dV, and half the reduce-add bytes (16 KB per warpgroup and
     # tile, 3.1 KB per MFLOP instead of 6.2), for one mbarrier exchange per tile.
-    "d64-bm128": {64: GluonBwdConfig(block_m=128, stages=2, dq_split_d=False, dq_tma_reduce=1, rows_in_acc=True)},
+    "d64-bm128": {64: GluonBwdConfig(block_m=128, stages=2, dq_split_d=False, dq_tma_reduce=1, rows_in_acc=True,
+                                     dq_tiled=True)},
     # Under a causal mask (plain calls' variant: causal ones take d64-bm128), the shared-memory dK / dV epilogue moved
     # its masked loop from 1 to 5 spill loads / stores (tests/test_compile.py's budget): it keeps the previous one.
     "d64-bm128-split": {64: GluonBwdConfig(block_m=128, stages=2, dq_split_d=True, dq_tma_reduce=1,
-                                           rows_in_acc=True, smem_epilogue_causal=False)},
+                                           rows_in_acc=True, smem_epilogue_causal=False, dq_tiled=True)},
 }
 # The causal grid's order (kernels/gluon_grid._heavy_first): "head-major" is the order before session 13 (head by
 # head; a head's first key blocks, the longest, first), "lptN" starts the first key blocks of N heads at a time.
@@ -116,6 +121,19 @@ VARIANTS = {
 # the old order. Groups of 32 heads ran slower than 8, the whole grid at once up to 38 % slower than head-major (the
 # tiles in flight read more heads' Q / dO than L2 holds).
 VARIANTS.update(grid_order_variants(VARIANTS["default"]))
+# dQ's fp32 buffer tiled (dq_tiled, the default at D64 / D128 since session 25): the buffer holds each warpgroup's
+# [BLOCK_M, DQ_N] dQ tile as BLOCK_M * DQ_N contiguous floats in the wgmma accumulator's register order
+# (launch.dq_tiled_offsets), so the staging stores are v4 and free of bank conflicts (row-major in 128-byte swizzled
+# rows, a warp's v2 stores hit every bank twice: session 22's source counters, 8.7 % of the shared-memory
+# wavefronts), one reduce-add adds the tile, and the preprocess's zeroing and the dQ conversion's reads are
+# contiguous. D128 tile loops 549 / 518 / 548 / 517 -> 511 / 476 / 509 / 445 SASS instructions (offline, sm90).
+# Session 25 (bwd-dq-tiled-h200-2026-12-01-s25 call 2, 16K tokens, TFLOP/s, two passes in swapped order, row-major
+# -> tiled; cuDNN in the same processes): D128 1K / 2K / 4K / 8K / 16K 417-409 / 471-472 / 509-510 / 528-529 /
+# 543-544 -> 435-438 / 500-501 / 520-524 / 545-547 / 553-560 (cuDNN 419-427 / 482-485 / 514-519 / 526-534 / 473),
+# causal 301-302 / 388 / 449-452 / 489-496 / 515 -> 325-327 / 424 / 468-471 / 513-517 / 542-543 (cuDNN 312-316 /
+# 391-392 / 452-457 / 495-496 / 527-532); D64 (one pass) d64-bm128-split 1K / 4K / 16K 352 / 425 / 424 -> 361 / 437 /
+# 462, d64-bm128 causal 258 / 388 / 453 -> 259 / 389 / 460. "dq-rows" keeps the row-major buffer.
+VARIANTS["dq-rows"] = {d: replace(VARIANTS["default"][d], dq_tiled=False) for d in (64, 128)}
 HEAD_DIMS = (64, 128, 256)
 DROPOUT_HEAD_DIMS = (64, 128)  # D256's split-D tiles have no dropout: the portable backward serves it
 
@@ -328,13 +346,33 @@ def _dq_layout():
 DQ_BOX_N = 32  # fp32 columns of a dQ reduce-add box: one 128-byte swizzle block
 
 
-def _dq_descriptor(dq_accum, block_m, max_seqlen_q_pad=None):
+@functools.lru_cache(maxsize=None)
+def _dq_tiled_layout():
+    """The tiled dQ box's layout (128-byte swizzle, 2-D), one object per process as _dq_layout."""
+    return _gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+
+
+def dq_tile(config, head_dim, varlen):
+    """(rows, columns) of one warpgroup's dQ tile where the launch keeps dQ's fp32 buffer tiled (config.dq_tiled:
+    dense D64 / D128 launches with TMA reduce-adds), else None."""
+    if not (config.dq_tiled and config.dq_tma_reduce and not varlen and head_dim <= 128):
+        return None
+    return config.block_m, head_dim // 2 if config.dq_split_d else head_dim
+
+
+def _dq_descriptor(dq_accum, block_m, max_seqlen_q_pad=None, tile=None):
     """dq_accum (B, Sq_pad, Hq, D) fp32 as a (B, Sq_pad, Hq * D) TMA tensor, boxes [1, block_m, 32] in 128-byte
     swizzled rows. One box per reduce-add: triton 3.6 lowers a TMA reduce to a single message (its loads split a
     box wider than the swizzle, its reduce does not: a [1, 64, 64] box added only its first 32 columns).
     Varlen (max_seqlen_q_pad given): dq_accum (total_q + block_m, Hq, D) as (rows, max_seqlen_q_pad, Hq * D) with
     both row dimensions of stride one row, so the kernel's [q_start, m, col] adds at row q_start + m (the
-    block_m spare rows take the last sequence's tile tail)."""
+    block_m spare rows take the last sequence's tile tail).
+    tile (dq_tile; dense): the buffer in that order (launch.dq_tiled_offsets) as a 2-D (numel / 32, 32) TMA tensor
+    with boxes of one tile: rows * columns / 32 rows of 128 bytes, 128-byte swizzled. The kernel's one reduce-add
+    per tile (a whole box in one message, as above) starts at the tile's offset / 32."""
+    if tile is not None:
+        rows = dq_accum.numel() // 32
+        return tma_descriptor(dq_accum, [rows, 32], [32, 1], [tile[0] * tile[1] // 32, 32], _dq_tiled_layout())
     layout = _dq_layout()
     if max_seqlen_q_pad is not None:
         rows, heads, head_dim = dq_accum.shape
@@ -372,7 +410,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
         seqlen_k, heads_kv = k.shape[1], k.shape[2]
         seqlen_q_pad = dq_accum.shape[1]
         dk_strides, dv_strides = dk.stride()[:3], dv.stride()[:3]
-        dq_desc = _dq_descriptor(dq_accum, config.block_m) if config.dq_tma_reduce else None
+        dq_desc = (_dq_descriptor(dq_accum, config.block_m, tile=dq_tile(config, head_dim, False))
+                   if config.dq_tma_reduce else None)
         dq_row_stride = dq_accum.stride(1)
     is_causal, is_local, left, right = mask_mode(causal, window_size)
     unbounded = seqlen_q + seqlen_k  # as launch.ScoreArgs: no position difference reaches it
@@ -526,7 +565,8 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     # in the dK/dV kernel the scale and sign cost 46 more instructions per tile and thread), and read the padded
     # rows past seqlen_q unmasked (ROWS_ZERO_FILL: the preprocess writes lse2 -inf and delta 0 there).
     fold = (seqlen_q_pad, float(softmax_scale)) if config.rows_in_acc else None
-    launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum, fold).run()
+    tile = dq_tile(config, head_dim, cu_seqlens_q is not None)
+    launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum, fold, tile).run()
     dk, dv = launch._empty(k.shape, k, poison=poison), launch._empty(v.shape, v, poison=poison)
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,
@@ -540,5 +580,5 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     if cu_seqlens_q is not None:  # the conversion's (B, Sq_pad, Hq, D) view: one batch of every packed row
         launch.dq_convert_launch(dq_accum[None], dq[None], dq_scale).run()
     else:
-        launch.dq_convert_launch(dq_accum, dq, dq_scale).run()
+        launch.dq_convert_launch(dq_accum, dq, dq_scale, tile=tile).run()
     return dq, dk, dv

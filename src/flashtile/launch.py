@@ -544,13 +544,15 @@ def sink_grad(parts, heads_q):
     return -parts.view(-1, heads_q, parts.shape[-1]).sum((0, 2))
 
 
-def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=None, dq_accum=None, fold=None):
+def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=None, dq_accum=None, fold=None,
+                      dq_tile=None):
     """The backward's preprocess: delta = rowsum(dO * O) - dlse and lse2 = lse * log2(e), both of shape
     geo.row_buffer_shape; dlse (lse's shape) or None; with sink (Hq,) fp32, the sink gradient's pieces into
     parts (sink_parts); with dq_accum (fp32, (B, Sq_pad, Hq, D), or (total_q + pad, Hq, D) for varlen), its rows
     of real queries zeroed. Shared by the portable and the Gluon backward. fold (dense only): (rows_pad, scale)
     for kernels/bwd.py's ROWS_IN_ACC (-lse2 / (scale * log2 e) and -delta on rows_pad rows: delta and lse2 are
-    (B, Hq, rows_pad))."""
+    (B, Hq, rows_pad)). dq_tile (dense only): (rows, columns) of dq_accum's tiles in the tiled order
+    (dq_tiled_offsets), or None for the row-major one."""
     rows_pad, fold_scale = (fold[0], -1.0 / (fold[1] * LOG2E)) if fold is not None else (geo.seqlen_q, 0.0)
     return KernelLaunch(
         _attn_bwd_preprocess, (_cdiv(rows_pad, PRE_BLOCK), geo.batch * geo.heads_q),
@@ -561,19 +563,34 @@ def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=N
          geo.heads_q, rows_pad, fold_scale),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=_head_dim_padded(geo.head_dim), BLOCK_M=PRE_BLOCK,
              IS_VARLEN=geo.is_varlen, HAS_DLSE=dlse is not None, HAS_SINK=sink is not None,
-             ZERO_DQ=dq_accum is not None, **({"ROWS_IN_ACC": True} if fold is not None else {})),
+             ZERO_DQ=dq_accum is not None, **({"ROWS_IN_ACC": True} if fold is not None else {}),
+             **(dict(DQ_TILE_M=dq_tile[0], DQ_TILE_N=dq_tile[1]) if dq_tile else {})),
     )
 
 
-def dq_convert_launch(dq_accum, dq, scale, block_m=64):
+def dq_convert_launch(dq_accum, dq, scale, block_m=64, tile=None):
     """dq (B, Sq, Hq, D) = dq_accum[:, :Sq] * scale: the Gluon backward's fp32 (B, Sq_pad, Hq, D) dQ buffer, block_m
-    rows per program."""
+    rows per program; tile: (rows, columns) of its tiles in the tiled order (dq_tiled_offsets), or None."""
     batch, seqlen_q, heads_q, head_dim = dq.shape
+    assert tile is None or block_m == 64, "the tiled order is read 64 rows at a time (kernels/bwd._dq_tiled_rows)"
     return KernelLaunch(
         _attn_bwd_dq_convert, (_cdiv(seqlen_q, block_m), batch * heads_q),
         (dq_accum, dq, dq_accum.stride(0), dq_accum.stride(1), *_strides3(dq), seqlen_q, heads_q, scale),
-        dict(HEAD_DIM=head_dim, BLOCK_M=block_m),
+        dict(HEAD_DIM=head_dim, BLOCK_M=block_m, **(dict(TILE_M=tile[0], TILE_N=tile[1]) if tile else {})),
     )
+
+
+def dq_tiled_offsets(batch, seqlen_q_pad, heads_q, head_dim, tile_m, tile_n):
+    """Where each element of a (B, Sq_pad, Hq, D) dQ sits in the tiled fp32 buffer of the same size: a (B, Sq_pad,
+    Hq, D) int64 tensor of flat offsets (kernels/bwd._dq_tiled_rows' map, which the preprocess and the dQ
+    conversion use, and the Gluon dK/dV kernel's stores). For tests."""
+    rows = torch.arange(seqlen_q_pad)[:, None, None]
+    cols = torch.arange(heads_q * head_dim).view(1, heads_q, head_dim)
+    r, c = rows % tile_m, cols % tile_n
+    inner = (((((r // 64) * (tile_n // 8) + c // 8) * 4 + (r % 64) // 16) * 8 + r % 8) * 4 + (c % 8) // 2) * 4
+    inner = inner + ((r % 16) // 8) * 2 + c % 2
+    per_batch = (rows - r) * heads_q * head_dim + tile_m * (cols - c) + inner
+    return torch.arange(batch).view(-1, 1, 1, 1) * seqlen_q_pad * heads_q * head_dim + per_batch
 
 
 def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale, sa, arch,

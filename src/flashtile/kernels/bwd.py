@@ -11,6 +11,28 @@ from .common import (LOG2E, _block_list, _dropout_base, _dropout_keep, _key_rang
                      _sparse_tile_start)
 
 
+@triton.jit
+def _dq_tiled_rows(start_m, col0, stride_m, HEAD_DIM: tl.constexpr, TILE_M: tl.constexpr, TILE_N: tl.constexpr):
+    """Offsets, within one batch, of query rows start_m + [0, 64) (start_m a multiple of 64) of the head whose first
+    column is col0 in the Gluon backward's tiled fp32 dQ buffer: a [HEAD_DIM / TILE_N, 64 * TILE_N] tensor, each
+    row contiguous, in the order _dq_tiled_order undoes. The tiled buffer has the row-major (B, Sq_pad, Hq, D)
+    one's size (stride_m = Hq * D); each [TILE_M, TILE_N] tile (one warpgroup's dQ reduce-add, TILE_N dividing D)
+    is TILE_M * TILE_N contiguous floats, in the row-major buffer's order of tiles, and within a tile in the wgmma
+    accumulator's register order: row r = 64 rep + 16 w + 8 h + i, column c = 8 j + 2 t + e at
+    ((((rep * TILE_N / 8 + j) * 4 + w) * 8 + i) * 4 + t) * 4 + 2 h + e (kernels/gluon_bwd._bwd_step;
+    launch.dq_tiled_offsets is the same map in PyTorch)."""
+    r = start_m % TILE_M
+    base = (start_m - r) * stride_m + TILE_M * col0 + (r // 64) * (64 * TILE_N)
+    tiles = tl.arange(0, HEAD_DIM // TILE_N) * (TILE_M * TILE_N)
+    return base + tiles[:, None] + tl.arange(0, 64 * TILE_N)[None, :]
+
+
+@triton.jit
+def _dq_tiled_order(x, HEAD_DIM: tl.constexpr, TILE_N: tl.constexpr):
+    """The [64, HEAD_DIM] rows of a [HEAD_DIM / TILE_N, 64 * TILE_N] tensor in _dq_tiled_rows' order."""
+    x = tl.reshape(x, [HEAD_DIM // TILE_N, TILE_N // 8, 4, 8, 4, 2, 2])  # [tile, j, w, i, t, h, e]
+    return tl.reshape(tl.permute(x, (2, 5, 3, 0, 1, 4, 6)), [64, HEAD_DIM])  # [w, h, i, tile, j, t, e]
+
 
 @triton.jit
 def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, SinkPart, DQAccum,
@@ -21,7 +43,8 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
                          seqlen_q, heads_q, rows_pad, fold_scale,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                          IS_VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr, HAS_SINK: tl.constexpr,
-                         ZERO_DQ: tl.constexpr = False, ROWS_IN_ACC: tl.constexpr = False):
+                         ZERO_DQ: tl.constexpr = False, ROWS_IN_ACC: tl.constexpr = False,
+                         DQ_TILE_M: tl.constexpr = 0, DQ_TILE_N: tl.constexpr = 0):
     """Delta = rowsum(dO * O) - dLse; Lse2 = lse * log2(e), with +inf for rows that saw no key (so P = 0 there).
 
     Lse and DLse (the gradient flowing into lse, HAS_DLSE) have lse's layout: (B, Hq, Sq), or (Hq, total_q) in
@@ -30,7 +53,9 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
     HAS_SINK: SinkPart[b * Hq + h, m] = sum over the rows of block m of exp(sink_h - lse) * delta, the sink
     logit's gradient (negated) in per-program pieces that the host sums in a fixed order (deterministic).
     ZERO_DQ: also zero rows < seqlen_q of DQAccum, the Gluon backward's fp32 dQ buffer ((B, Sq_pad, Hq, D), or
-    (total_q + pad, Hq, D) in varlen mode), in place of a separate memset launch (FA3's preprocess does the same).
+    (total_q + pad, Hq, D) in varlen mode), in place of a separate memset launch (FA3's preprocess does the same);
+    DQ_TILE_M > 0 (dense, BLOCK_M 64): the buffer holds [DQ_TILE_M, DQ_TILE_N] tiles (_dq_tiled_rows); a program
+    zeroes all 64 of its rows there, the ones past seqlen_q too (rows of the buffer that only receive adds of zeros).
     ROWS_IN_ACC (dense; the Gluon backward's rows_in_acc variants start their S^T / dP^T accumulators from these
     rows): Lse2 * fold_scale (-1 / (scale * log2 e)) and -Delta, written for every row below rows_pad (the padded
     row count the kernel reads unmasked), with Lse2 = +inf and Delta = 0 past seqlen_q so P and dS are 0 there.
@@ -67,10 +92,15 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
         tl.store(Delta + row_ptrs, delta, mask=offs_m < seqlen_q)
         tl.store(Lse2 + row_ptrs, lse2, mask=offs_m < seqlen_q)
     if ZERO_DQ:
-        dqa_ptrs = (DQAccum + _seq_offset(off_b, q_start, stride_dqa_b, stride_dqa_m, IS_VARLEN)
-                    + off_h * stride_dqa_h + rows * stride_dqa_m + offs_d[None, :])
-        tl.store(dqa_ptrs, tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32),
-                 mask=(offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :])
+        if DQ_TILE_M:
+            dqa_ptrs = DQAccum + off_b * stride_dqa_b + _dq_tiled_rows(
+                start_m.to(tl.int64), off_h * stride_dqa_h, stride_dqa_m, HEAD_DIM, DQ_TILE_M, DQ_TILE_N)
+            tl.store(dqa_ptrs, tl.zeros([HEAD_DIM // DQ_TILE_N, 64 * DQ_TILE_N], tl.float32))
+        else:
+            dqa_ptrs = (DQAccum + _seq_offset(off_b, q_start, stride_dqa_b, stride_dqa_m, IS_VARLEN)
+                        + off_h * stride_dqa_h + rows * stride_dqa_m + offs_d[None, :])
+            tl.store(dqa_ptrs, tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32),
+                     mask=(offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :])
     if HAS_SINK:  # lse >= sink on every row, so the exponent is <= 0
         p_sink = tl.exp(tl.load(Sink + off_h).to(tl.float32) - lse)
         part = tl.sum(tl.where(offs_m < seqlen_q, p_sink * delta, 0.0), axis=0)
@@ -444,9 +474,11 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
 
 @triton.jit
 def _attn_bwd_dq_convert(DQAccum, DQ, stride_ab, stride_am, stride_qb, stride_qm, stride_qh, seqlen_q, heads_q,
-                         scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+                         scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, TILE_M: tl.constexpr = 0,
+                         TILE_N: tl.constexpr = 0):
     """DQ = DQAccum * scale in DQ's dtype, for the Gluon backward's fp32 dQ buffer (B, Sq_pad, Hq, HEAD_DIM) with
-    a unit head stride of HEAD_DIM (a power of two). One program per (BLOCK_M rows, batch * head)."""
+    a unit head stride of HEAD_DIM (a power of two), or with TILE_M > 0 (BLOCK_M 64) its tiled order
+    (_dq_tiled_rows: contiguous loads, reordered in registers). One program per (BLOCK_M rows, batch * head)."""
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // heads_q).to(tl.int64)
     off_h = (pid_bh % heads_q).to(tl.int64)
@@ -454,6 +486,11 @@ def _attn_bwd_dq_convert(DQAccum, DQ, stride_ab, stride_am, stride_qb, stride_qm
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m[:, None].to(tl.int64)
     mask = offs_m[:, None] < seqlen_q
-    acc = tl.load(DQAccum + off_b * stride_ab + rows * stride_am + off_h * HEAD_DIM + offs_d[None, :], mask=mask)
+    if TILE_M:  # the program's 64 rows are in the buffer (rows up to Sq_pad, a multiple of TILE_M)
+        acc = tl.load(DQAccum + off_b * stride_ab + _dq_tiled_rows(
+            (tl.program_id(0) * BLOCK_M).to(tl.int64), off_h * HEAD_DIM, stride_am, HEAD_DIM, TILE_M, TILE_N))
+        acc = _dq_tiled_order(acc, HEAD_DIM, TILE_N)
+    else:
+        acc = tl.load(DQAccum + off_b * stride_ab + rows * stride_am + off_h * HEAD_DIM + offs_d[None, :], mask=mask)
     tl.store(DQ + off_b * stride_qb + off_h * stride_qh + rows * stride_qm + offs_d[None, :],
              (acc * scale).to(DQ.dtype.element_ty), mask=mask)

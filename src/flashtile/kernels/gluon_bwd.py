@@ -87,6 +87,13 @@ WG_N = gl.constexpr(64)  # keys per consumer warpgroup (the wgmma M of one warpg
 DROPOUT_ONCE_MAX_HEAD_DIM = gl.constexpr(64)
 
 
+@gluon.constexpr_function
+def _dq_tiled(dq_desc):
+    """Whether dq_desc is the tiled dQ buffer's 2-D descriptor (gluon_bwd_launch's dq_tiled; the row-major one is
+    3-D, and 0 without TMA reduce-adds)."""
+    return hasattr(dq_desc, "block_type") and len(dq_desc.block_type.shape) == 2
+
+
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc, k_smem, v_smem, q_bufs, do_bufs,
                     lse2_bufs, delta_bufs, kv_bar, q_ready, q_empty, do_ready, do_empty, desc_b, q_r0, kv_r0, row_b,
@@ -427,7 +434,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         ds_buf.store(ds_lp)
     fence_async_shared()  # the generic-proxy stores before the async-proxy (wgmma) reads
     if DQ_TMA_REDUCE:
-        BOX_N: gl.constexpr = dq_desc.block_type.shape[2]
+        BOX_N: gl.constexpr = DQ_N if _dq_tiled(dq_desc) else dq_desc.block_type.shape[2]
         # The reduce-adds of tile it - DQ_TMA_REDUCE have read this tile's buffer (one bulk group per box: those of
         # the tiles in between may stay in flight). Their issuing thread waits; the bar.sync below, which comes
         # before this tile's stores into the buffer, holds the other threads until it has.
@@ -453,14 +460,25 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         # columns, at a plain 8 KB offset in dq_smem), in flight while this warpgroup goes on: in place of the
         # DQ_N / 4 red.global.add.v2.f32 of each of 128 threads.
         if DQ_TMA_REDUCE == 1:
-            dq_smem = dq_bufs.index(WG)  # [1, BLOCK_M, DQ_N] fp32
+            dq_smem = dq_bufs.index(WG)  # [1, BLOCK_M, DQ_N] fp32 ([BLOCK_M * DQ_N / 32, 32] tiled)
         else:
             dq_smem = dq_bufs.index(WG * DQ_TMA_REDUCE + it % DQ_TMA_REDUCE)
-        dq_smem.reshape([BLOCK_M, DQ_N]).store(dq)
-        fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
-        gl.thread_barrier()  # all 128 threads stored before the elected one issues
-        for c in gl.static_range(DQ_N // BOX_N):
-            _tma_reduce_add(dq_desc, [dq_b, m, dq_c + c * BOX_N], dq_smem.slice(c * BOX_N, BOX_N, dim=2))
+        if _dq_tiled(dq_desc):
+            # The tile in the accumulator's register order (launch.dq_tiled_offsets): each thread's four
+            # values of an 8-column group (rows r, r + 8) are one 16-byte piece, 32 lanes fill 512 bytes, so the
+            # stores are v4 and conflict-free (row-major, a warp's v2 stores hit each bank twice), and the tile
+            # is one reduce-add of BLOCK_M * DQ_N / 32 rows of the flat buffer.
+            dq_t = gl.permute(gl.reshape(dq, [BLOCK_M // 64, 4, 2, 8, DQ_N // 8, 4, 2]), (0, 4, 1, 3, 5, 2, 6))
+            dq_smem.store(gl.reshape(dq_t, [BLOCK_M * DQ_N // 32, 32]))
+            fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
+            gl.thread_barrier()  # all 128 threads stored before the elected one issues
+            _tma_reduce_add(dq_desc, [((dq_b + m // BLOCK_M) * stride_dqm + dq_c) * (BLOCK_M // 32), 0], dq_smem)
+        else:
+            dq_smem.reshape([BLOCK_M, DQ_N]).store(dq)
+            fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
+            gl.thread_barrier()  # all 128 threads stored before the elected one issues
+            for c in gl.static_range(DQ_N // BOX_N):
+                _tma_reduce_add(dq_desc, [dq_b, m, dq_c + c * BOX_N], dq_smem.slice(c * BOX_N, BOX_N, dim=2))
     else:
         rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
         dcols = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
@@ -1128,8 +1146,15 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                 mbarrier.init(dq_bufs.index(i), count=2)
         else:
             DQ_N: gl.constexpr = HEAD_DIM // 2 if DQ_SPLIT_D else HEAD_DIM
-            dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * DQ_TMA_REDUCE, 1, BLOCK_M, DQ_N], dq_desc.layout)
+            if _dq_tiled(dq_desc):
+                dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * DQ_TMA_REDUCE, BLOCK_M * DQ_N // 32, 32],
+                                                    dq_desc.layout)
+            else:
+                dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * DQ_TMA_REDUCE, 1, BLOCK_M, DQ_N],
+                                                    dq_desc.layout)
         dq_b = q_start if VARLEN else off_b  # varlen: dq_desc's first row dimension aliases its second
+        if _dq_tiled(dq_desc):
+            dq_b = off_b * (seqlen_q_pad // BLOCK_M)  # the batch's first query tile (_bwd_step's tiled rows)
         dq_c0 = off_hk * group_size * HEAD_DIM
     else:
         dq_desc = 0
