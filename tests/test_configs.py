@@ -205,10 +205,10 @@ def test_gluon_forward_policy():
 
 
 def test_gluon_backward_policy():
-    """The Gluon backward: from 512 keys at D128 / D256 and 1K at D64, not for windows narrower than
-    GLUON_BWD_MIN_WINDOW keys."""
+    """The Gluon backward: from 512 keys at D64 / D128 / D256, not for windows narrower than GLUON_BWD_MIN_WINDOW
+    keys."""
     assert configs.gluon_bwd_wanted(128, False, 512) and not configs.gluon_bwd_wanted(128, False, 511)
-    assert configs.gluon_bwd_wanted(64, True, 1024) and not configs.gluon_bwd_wanted(64, True, 512)
+    assert configs.gluon_bwd_wanted(64, True, 512) and not configs.gluon_bwd_wanted(64, True, 511)
     assert configs.gluon_bwd_wanted(64, False, 16384) and not configs.gluon_bwd_wanted(32, False, 16384)
     assert not configs.gluon_bwd_wanted(128, True, 8192, window_span=257)
     assert configs.gluon_bwd_wanted(128, True, 8192, window_span=1025)

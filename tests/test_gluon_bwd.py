@@ -657,9 +657,9 @@ def test_refuses_what_it_cannot_do():
 
 
 def test_policy_follows_the_measurement(monkeypatch):
-    """configs.GLUON_BWD_MIN_KEYS: D128 and D256 from 512 keys, D64 from 1K (measured faster than the portable
-    backward there), below unmeasured; FLASHTILE_GLUON_BWD=1 asks wherever supported, =0 never."""
-    for head_dim, least in ((64, 1024), (128, 512), (256, 512)):
+    """configs.GLUON_BWD_MIN_KEYS: D64, D128 and D256 from 512 keys (measured faster than the portable backward
+    there), below unmeasured; FLASHTILE_GLUON_BWD=1 asks wherever supported, =0 never."""
+    for head_dim, least in ((64, 512), (128, 512), (256, 512)):
         assert all(configs.gluon_bwd_wanted(head_dim, c, s) for c in (False, True) for s in (least, 16384))
         assert not any(configs.gluon_bwd_wanted(head_dim, c, least - 1) for c in (False, True))
     assert not configs.gluon_bwd_wanted(96, False, 16384)  # no Gluon backward there

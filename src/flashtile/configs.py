@@ -167,13 +167,15 @@ GLUON_FWD_MIN_WINDOW = 1024
 # causal 1.23 / 1.34 / 1.33 / 1.40; D256 1.25 / 1.30 / 1.33 / 1.41, causal 1.52 / 1.55 / 1.58 / 1.52 (with dQ by
 # atomics, session 7, D64 lost to the portable backward and D256 non-causal only tied). Session 12
 # (gluon-bwd-512-h200-2026-11-30-s12, 16K tokens), at 512 keys: D128 1.26, causal 1.15; D256 1.18, causal 1.45; D64
-# (d64-bm128-split / default) 1.03 / 0.96, causal 0.95 / 0.91: D128 and D256 from 512 keys, D64 from 1K. Below 512
-# keys unmeasured.
+# (d64-bm128-split / default) 1.03 / 0.96, causal 0.95 / 0.91: D128 and D256 from 512 keys, D64 from 1K. Session 25
+# (bwd-dq-tiled-h200-2026-12-01-s25 call 6, two passes), with dQ's buffer tiled, at 512 keys: D64 d64-bm128-split 284
+# TFLOP/s, default 273-275, portable 249, cuDNN 279; causal d64-bm128 174, default 173-174, portable 169, cuDNN 170:
+# D64 from 512 keys too. Below 512 keys unmeasured.
 # Score features: checked on the GPU at every head dim (gluon_bwd_check.py --check-dims 64,128,256); session 7
 # (gluon-bwd-features-h200-2026-11-29-s7, D128 8K), time Gluon / portable: softcap 0.76, causal softcap 0.79,
 # ALiBi 0.90, causal ALiBi 0.85; windows (left, 0) of 4096 and 1024 keys 0.86 / 0.91, of 256 keys 1.02: windows
 # narrower than GLUON_BWD_MIN_WINDOW keep the portable one.
-GLUON_BWD_MIN_KEYS = {(64, False): 1024, (64, True): 1024, (128, False): 512, (128, True): 512,
+GLUON_BWD_MIN_KEYS = {(64, False): 512, (64, True): 512, (128, False): 512, (128, True): 512,
                       (256, False): 512, (256, True): 512}
 GLUON_BWD_MIN_WINDOW = 1024
 # (head dim, causal) -> the gluon_bwd_launch.VARIANTS entry for plain and causal dense calls (no window, softcap,
