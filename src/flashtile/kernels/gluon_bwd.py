@@ -18,7 +18,9 @@ dQ's columns over all 128 keys, so each element is added once per key block; oth
 warpgroup adds dS_w K_w over its own 64 keys: no exchange, twice the atomics. DQ_TMA_REDUCE (the default since
 session 8; dq-reduce2 has two buffers; "atomics" is the path above): a warpgroup stores its [64, 64] fp32 dQ tile
 into shared memory instead and one thread adds it with two TMA reduce-adds (32-column boxes) while the warpgroup
-goes on: FA3's way, 4x fewer L2 requests, measured 1.12-1.45x the atomics' speed at 1K-16K.
+goes on: FA3's way, 4x fewer L2 requests, measured 1.12-1.45x the atomics' speed at 1K-16K. Dense D64 / D128 launches
+keep the fp32 buffer in tiles (session 25, gluon_bwd_launch.dq_tile): a warpgroup's tile is stored in the
+accumulator's register order (16-byte stores without bank conflicts) and added by one reduce-add.
 
 HEAD_DIM 256 (SPLIT_D; FA3's hdim-256 shape): dK and dV of 64 keys per warpgroup would be 256 fp32 registers per
 thread, so a program takes BLOCK_N = 64 keys and both warpgroups work on all of them, warpgroup w owning head-dim
@@ -280,7 +282,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     """Query rows m + [0, BLOCK_M) of ring slot `it` against this warpgroup's keys key0 + [0, WG_N): updates
     dk, dv ([WG_N, HEAD_DIM] fp32) and adds this tile's dQ (unscaled) at dq_ptr + rows * stride_dqm, or under
     DQ_TMA_REDUCE (1 or 2: buffers per warpgroup) through one of this warpgroup's [1, BLOCK_M, DQ_N] fp32 dq_bufs
-    and TMA reduce-adds into dq_desc at [dq_b, m, dq_c] (dq_desc, dq_bufs, dq_b, dq_c are constexpr 0 otherwise).
+    and TMA reduce-adds into dq_desc at [dq_b, m, dq_c], or with the tiled buffer (_dq_tiled: dq_bufs
+    [BLOCK_M * DQ_N / 32, 32], dq_b the batch's first query tile) one reduce-add at the tile's row of the flat
+    buffer (dq_desc, dq_bufs, dq_b, dq_c are constexpr 0 otherwise).
     causal_offset is Sk - Sq under IS_CAUSAL, IS_LOCAL or HAS_ALIBI (else 0); the feature scalars are the
     forward's (gluon_fwd._feature_scores), None when their feature is off. HAS_BIAS: bias_bufs is the
     loader's [STAGES, 1, 1, BLOCK_M, 2 * WG_N] ring of bias tiles (this warpgroup reads its WG_N key columns),
@@ -456,9 +460,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_view, dq_zero, use_acc=False, is_async=True)
     dq = warpgroup_mma_wait(0, deps=(dq_tok, ))  # [BLOCK_M, DQ_N]
     if DQ_TMA_REDUCE:
-        # The tile by DQ_N / 32 bulk reduce-adds from one thread (a box is one 128-byte swizzle block of 32 fp32
-        # columns, at a plain 8 KB offset in dq_smem), in flight while this warpgroup goes on: in place of the
-        # DQ_N / 4 red.global.add.v2.f32 of each of 128 threads.
+        # The tile by bulk reduce-adds from one thread, in flight while this warpgroup goes on: in place of the
+        # DQ_N / 4 red.global.add.v2.f32 of each of 128 threads. Row-major, DQ_N / 32 of them (a box is one
+        # 128-byte swizzle block of 32 fp32 columns, at a plain 8 KB offset in dq_smem); tiled, one.
         if DQ_TMA_REDUCE == 1:
             dq_smem = dq_bufs.index(WG)  # [1, BLOCK_M, DQ_N] fp32 ([BLOCK_M * DQ_N / 32, 32] tiled)
         else:
@@ -982,7 +986,9 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     DQ_CHUNKS (D256 only): dQ's 128 columns per warpgroup in this many wgmma + atomic pieces.
     DQ_TMA_REDUCE (1 or 2 shared buffers per warpgroup at D64 / D128; 1 at D256: the ring slot): dQ tiles by TMA
     reduce-add through dq_desc, DQAccum as (B, seqlen_q_pad, Hq * D) with boxes [1, BLOCK_M, 32] (one 128-byte
-    swizzle block; triton 3.6 issues one message per reduce); else None.
+    swizzle block; triton 3.6 issues one message per reduce), or, when dq_desc is 2-D (gluon_bwd_launch.dq_tile:
+    dense D64 / D128), DQAccum in tiles (launch.dq_tiled_offsets) as (numel / 32, 32) with one tile per box; else
+    None.
     VARLEN: packed q / k / v / dO (total, H, D) at int32 CuSeqlensQ / CuSeqlensK (B + 1,), seen as one batch
     (descriptors (1, total, H * D)); seqlen_q / seqlen_k the maxima (the grid); lse2 / delta in the varlen row layout
     (Hq, R), sequence b's rows from 16 * (b + q_start // 16) (common._row_base); DK / DV packed (stride_dkb unused);
