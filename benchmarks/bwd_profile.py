@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashtile import flash_attn_func, launch
+from flashtile import flash_attn_func, gluon_bwd_launch, launch
 from flashtile.bench.timing import bench_ms, kernel_us
 
 CALLS = 10  # profiled calls per shape
@@ -89,6 +89,15 @@ def memory_kernels(head_dim):
             us = bench_ms(conv.run, device, 25, 100) * 1e3
             print(f"  dq convert BLOCK_M {block:3d} warps {warps}: {us:7.1f} us, "
                   f"{elems * 6 / us / 1e6:5.2f} TB/s{'  (default)' if (block, warps) == (64, 4) else ''}", flush=True)
+    # The tiled dQ buffer (gluon_bwd_launch.dq_tile) the D64 / D128 defaults use: 64-row pieces, 4 warps.
+    tile = gluon_bwd_launch.dq_tile(gluon_bwd_launch.VARIANTS["default"][head_dim], head_dim, False)
+    if tile is not None:
+        pre = launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, dq_accum=dq_accum, dq_tile=tile)
+        conv = launch.dq_convert_launch(dq_accum, dq, 0.5, tile=tile)
+        for name, kernel, nbytes in (("preprocess", pre, elems * 8), ("dq convert", conv, elems * 6)):
+            kernel.run()
+            us = bench_ms(kernel.run, device, 25, 100) * 1e3
+            print(f"  {name} tiled {tile}: {us:7.1f} us, {nbytes / us / 1e6:5.2f} TB/s", flush=True)
     copy_src = torch.empty(elems * 3, dtype=torch.bfloat16, device="cuda")
     copy_dst = torch.empty_like(copy_src)
     us = bench_ms(lambda: copy_dst.copy_(copy_src), device, 25, 100) * 1e3

@@ -69,8 +69,10 @@ class _CachedAlloc:
     def __init__(self):
         self.cache, self.saved = {}, None
 
-    def _get(self, shape, *args, dtype=None, **kwargs):
-        key = (tuple(shape), dtype)
+    def _get(self, *shape, dtype=None, **kwargs):
+        # torch.empty(*sizes) (launch._empty) or torch.empty(size_tuple)
+        shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
+        key = (shape, dtype)
         t = self.cache.get(key)
         if t is None:
             t = self.cache[key] = self.saved[0](shape, dtype=dtype)
@@ -114,6 +116,7 @@ def stages(calls, reps):
     dq_accum = torch.zeros(b, pad, h, d)
     dk1, dv1, dq1 = torch.empty_like(q1), torch.empty_like(q1), torch.empty_like(q1)
     bwd_cfg = gluon_bwd_launch.VARIANTS["default"][d]
+    tile = gluon_bwd_launch.dq_tile(bwd_cfg, d, False)  # the launches' tiled dQ buffer (None at D256)
     geo1 = launch.Geometry.of(q1, q1)
 
     # The op implementations replaced by constants: what is left is the interface's checks and autograd.
@@ -167,10 +170,10 @@ def stages(calls, reps):
         ("  gluon_bwd_launch.gluon_backward", lambda: gluon_bwd_launch.gluon_backward(
             dout1, q1, q1, q1, out1, lse1, scale, False)),
         ("    preprocess_launch(...).run()", lambda: launch.preprocess_launch(
-            geo1, out1, dout1, lse1, None, delta1, lse2).run()),
+            geo1, out1, dout1, lse1, None, delta1, lse2, dq_accum=dq_accum, dq_tile=tile).run()),
         ("    dkdv_launch_args", lambda: gluon_bwd_launch.dkdv_launch_args(
             q1, q1, q1, dout1, lse2, delta1, dk1, dv1, dq_accum, scale, False, bwd_cfg)),
-        ("    dq_convert_launch(...).run()", lambda: launch.dq_convert_launch(dq_accum, dq1, scale).run()),
+        ("    dq_convert_launch(...).run()", lambda: launch.dq_convert_launch(dq_accum, dq1, scale, tile=tile).run()),
         ("    alloc: launch._empty x5 (CPU)", lambda: [launch._empty(s, q1, t) for s, t in (
             ((b, h, pad), torch.float32), ((b, h, pad), torch.float32), (q1.shape, None), (q1.shape, None),
             (q1.shape, None))]),

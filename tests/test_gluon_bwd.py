@@ -415,7 +415,12 @@ def test_dq_tiled_preprocess_and_conversion():
     torch.manual_seed(0)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     heads, seqlen, rows_pad = 2, 70, 256
-    for head_dim, tile in ((64, (64, 32)), (128, (128, 64)), (128, (64, 128))):
+    # The tiles the launches use (gluon_bwd_launch.dq_tile): D128 (64, 64), D64 (64, 64), d64-bm128 (128, 64),
+    # d64-bm128-split (128, 32); and (64, 128) tiles at D256 (two column tiles per head).
+    tiles = [(d, gluon_bwd_launch.dq_tile(gluon_bwd_launch.VARIANTS[v][d], d, False))
+             for v, d in (("default", 128), ("default", 64), ("d64-bm128", 64), ("d64-bm128-split", 64))]
+    assert [t for _, t in tiles] == [(64, 64), (64, 64), (128, 64), (128, 32)]
+    for head_dim, tile in tiles + [(256, (64, 128))]:
         out, dout = torch.randn(2, 2, seqlen, heads, head_dim, device=dev).unbind(0)
         lse = torch.randn(2, heads, seqlen, device=dev)
         geo = launch.Geometry.of(out, out)
@@ -431,6 +436,35 @@ def test_dq_tiled_preprocess_and_conversion():
         dq = torch.empty(2, seqlen, heads, head_dim, device=dev, dtype=torch.float16)
         launch.dq_convert_launch(acc, dq, 0.5, tile=tile).run()
         torch.testing.assert_close(dq, (want[:, :seqlen] * 0.5).half(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("seqlen", [130, 200])
+def test_preprocess_sink_parts_with_folded_rows(seqlen):
+    """With ROWS_IN_ACC's fold (the D64 128-row variants, which plain / causal calls with a sink run) the preprocess
+    covers rows_pad = seqlen rounded up to 128 rows: at 130 keys one 64-row program more than launch.sink_parts has
+    columns for. Each program's sink piece lands in its own (batch, head) row of parts, so the sink gradient is
+    -sum exp(sink - lse) * delta over the real rows (before the fix, pieces were written at the grid's stride: into
+    the next head's row and past the buffer). On the GPU, or the interpreter on CPU."""
+    torch.manual_seed(0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    batch, heads, head_dim = 2, 3, 64
+    rows_pad = -(-seqlen // 128) * 128
+    out, dout = torch.randn(2, batch, seqlen, heads, head_dim, device=dev).unbind(0)
+    lse = torch.randn(batch, heads, seqlen, device=dev) + 3.0
+    sink = torch.randn(heads, device=dev)
+    geo = launch.Geometry.of(out, out)
+    delta = torch.full((batch, heads, rows_pad), float("nan"), device=dev)
+    lse2 = torch.full((batch, heads, rows_pad), float("nan"), device=dev)
+    shape = launch.sink_parts(geo, out).shape  # (B * H, ceil(seqlen / 64))
+    assert shape == (batch * heads, -(-seqlen // 64))
+    buf = torch.full((shape[0] * shape[1] + 64, ), 7.0, device=dev)  # parts, then a tail that must stay 7.0
+    buf[:shape[0] * shape[1]] = 0.0
+    view = buf[:shape[0] * shape[1]].view(shape)
+    launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, sink, view, fold=(rows_pad, 0.125)).run()
+    assert torch.all(buf[shape[0] * shape[1]:] == 7.0)
+    rowsum = (out.double() * dout.double()).sum(-1).transpose(1, 2)  # (B, H, S)
+    want = -(torch.exp(sink.double()[None, :, None] - lse.double()) * rowsum).sum((0, 2))
+    torch.testing.assert_close(launch.sink_grad(view, heads).double(), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("varlen", [False, True])

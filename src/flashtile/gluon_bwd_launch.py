@@ -78,10 +78,10 @@ class GluonBwdConfig:
 # D256 (the kernel's SPLIT_D, 64 keys per program): K + V 64 KB, a Q + dO stage 64 KB, P^T + dS^T 2 x 16 KB: 225 KB
 # at 2 stages (230,928 B with the row slices and barriers, of 232,448); dq-chunks2 adds dQ in two 64-column pieces.
 # dQ by TMA reduce-add (dq_tma_reduce): an fp32 [64, D / 2] tile per warpgroup at D128, [64, 64] at D64 (+32 KB:
-# 198 / 133 KB in all), and D / 64 cp.reduce.async.bulk.tensor adds per tile and warpgroup in place of every
-# thread's red.global.add; dq-reduce2 has two buffers per warpgroup (+64 KB). D256, with no shared memory to spare,
-# stages dQ in the tile's own Q / dO ring slot once both warpgroups are done with it and hands the slot back to the
-# loader a softmax later.
+# 198 / 133 KB in all), and D / 64 cp.reduce.async.bulk.tensor adds per tile and warpgroup (one with dq_tiled) in
+# place of every thread's red.global.add; dq-reduce2 has two buffers per warpgroup (+64 KB). D256, with no shared
+# memory to spare, stages dQ in the tile's own Q / dO ring slot once both warpgroups are done with it and hands the
+# slot back to the loader a softmax later.
 VARIANTS = {
     # dQ through shared memory and TMA reduce-adds (session 8: 1.12-1.45x the atomics' speed at 1K-16K, every head dim)
     # D128 / D256 causal: heavy-first grid order by groups of 8 heads (lpt_heads; session 13, below)
@@ -109,7 +109,9 @@ VARIANTS = {
     "d64-bm128": {64: GluonBwdConfig(block_m=128, stages=2, dq_split_d=False, dq_tma_reduce=1, rows_in_acc=True,
                                      dq_tiled=True)},
     # Under a causal mask (plain calls' variant: causal ones take d64-bm128), the shared-memory dK / dV epilogue moved
-    # its masked loop from 1 to 5 spill loads / stores (tests/test_compile.py's budget): it keeps the previous one.
+    # its masked loop from 1 to 5 spill loads / stores (session 12): it keeps the previous one. With session 25's
+    # tiled dQ buffer that loop has 5 even so (tests/test_compile.py's budget); causal calls never run this variant,
+    # so the choice was not measured again.
     "d64-bm128-split": {64: GluonBwdConfig(block_m=128, stages=2, dq_split_d=True, dq_tma_reduce=1,
                                            rows_in_acc=True, smem_epilogue_causal=False, dq_tiled=True)},
 }
@@ -126,11 +128,12 @@ VARIANTS.update(grid_order_variants(VARIANTS["default"]))
 # (launch.dq_tiled_offsets), so the staging stores are v4 and free of bank conflicts (row-major in 128-byte swizzled
 # rows, a warp's v2 stores hit every bank twice: session 22's source counters, 8.7 % of the shared-memory
 # wavefronts), one reduce-add adds the tile, and the preprocess's zeroing and the dQ conversion's reads are
-# contiguous. D128 tile loops 549 / 518 / 548 / 517 -> 511 / 476 / 509 / 445 SASS instructions (offline, sm90).
+# contiguous. D128 tile loops 552 / 523 / 549 / 518 -> 517 / 480 / 513 / 445 SASS instructions (offline, sm90,
+# tests/gluon_bwd_compile_check.py's default case).
 # Session 25 (bwd-dq-tiled-h200-2026-12-01-s25 call 2, 16K tokens, TFLOP/s, two passes in swapped order, row-major
 # -> tiled; cuDNN in the same processes): D128 1K / 2K / 4K / 8K / 16K 417-409 / 471-472 / 509-510 / 528-529 /
 # 543-544 -> 435-438 / 500-501 / 520-524 / 545-547 / 553-560 (cuDNN 419-427 / 482-485 / 514-519 / 526-534 / 473),
-# causal 301-302 / 388 / 449-452 / 489-496 / 515 -> 325-327 / 424 / 468-471 / 513-517 / 542-543 (cuDNN 312-316 /
+# causal 301-302 / 388-392 / 449-452 / 489-496 / 515 -> 325-327 / 421-424 / 468-471 / 513-517 / 542-543 (cuDNN 312-316 /
 # 391-392 / 452-457 / 495-496 / 527-532); D64 (one pass) d64-bm128-split 1K / 4K / 16K 352 / 425 / 424 -> 361 / 437 /
 # 462, d64-bm128 causal 258 / 388 / 453 -> 259 / 389 / 460. "dq-rows" keeps the row-major buffer.
 VARIANTS["dq-rows"] = {d: replace(VARIANTS["default"][d], dq_tiled=False) for d in (64, 128)}
@@ -357,7 +360,9 @@ def dq_tile(config, head_dim, varlen):
     dense D64 / D128 launches with TMA reduce-adds), else None."""
     if not (config.dq_tiled and config.dq_tma_reduce and not varlen and head_dim <= 128):
         return None
-    return config.block_m, head_dim // 2 if config.dq_split_d else head_dim
+    tile = config.block_m, head_dim // 2 if config.dq_split_d else head_dim
+    assert tile[0] * tile[1] // 32 <= 256, "one TMA box per tile: at most 256 rows of 32 floats"
+    return tile
 
 
 def _dq_descriptor(dq_accum, block_m, max_seqlen_q_pad=None, tile=None):
@@ -371,6 +376,7 @@ def _dq_descriptor(dq_accum, block_m, max_seqlen_q_pad=None, tile=None):
     with boxes of one tile: rows * columns / 32 rows of 128 bytes, 128-byte swizzled. The kernel's one reduce-add
     per tile (a whole box in one message, as above) starts at the tile's offset / 32."""
     if tile is not None:
+        assert dq_accum.shape[1] % tile[0] == 0, "whole tiles of rows (Sq_pad a multiple of the tile's rows)"
         rows = dq_accum.numel() // 32
         return tma_descriptor(dq_accum, [rows, 32], [32, 1], [tile[0] * tile[1] // 32, 32], _dq_tiled_layout())
     layout = _dq_layout()
@@ -480,7 +486,9 @@ def sparse_ok(q, k, v, out, dout, window_size, mods, variant="default"):
     config = VARIANTS[variant].get(q.shape[-1])
     rows, cols = mods.block_size
     # dQ by TMA reduce-adds only: a listed query block may hold tiles wholly past Sq (Sq = 130 in a 256-row block),
-    # whose adds (of zeros) TMA drops at the buffer's edge where the atomics variant's would land past it.
+    # whose adds (of zeros) TMA drops at the buffer's edge where the atomics variant's would land past it. With the
+    # tiled buffer (dq_tile) such a tile's add lands in the next batch's first tile, or past the buffer's end (dropped):
+    # adds of exact zeros (its rows have lse2 = +inf, so P = dS = 0), which leave those values as they are.
     if (config is None or not config.dq_tma_reduce or config.rows_in_acc or rows % config.block_m
             or cols % block_n(q.shape[-1])):
         return False
@@ -559,8 +567,8 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
         delta = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
         lse2 = launch._empty((batch, heads_q, seqlen_q_pad), q, torch.float32, poison)
         dq_accum = launch._empty((batch, seqlen_q_pad, heads_q, head_dim), q, torch.float32, poison)
-    # The preprocess zeroes dq_accum's rows of real queries; the others (tile tails) only receive adds of zeros and
-    # are never read.
+    # The preprocess zeroes dq_accum's rows of real queries (tiled: whole 64-row blocks); the others (tile tails) only
+    # receive adds of zeros and never reach dq (the conversion masks them).
     # ROWS_IN_ACC: the S^T / dP^T wgmmas start from the preprocess's folded rows (-lse2 / (scale * log2 e), -delta;
     # in the dK/dV kernel the scale and sign cost 46 more instructions per tile and thread), and read the padded
     # rows past seqlen_q unmasked (ROWS_ZERO_FILL: the preprocess writes lse2 -inf and delta 0 there).

@@ -554,6 +554,7 @@ def preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink=None, parts=N
     (B, Hq, rows_pad)). dq_tile (dense only): (rows, columns) of dq_accum's tiles in the tiled order
     (dq_tiled_offsets), or None for the row-major one."""
     rows_pad, fold_scale = (fold[0], -1.0 / (fold[1] * LOG2E)) if fold is not None else (geo.seqlen_q, 0.0)
+    assert dq_tile is None or PRE_BLOCK == 64, "the tiled dQ buffer is zeroed 64 rows at a time (bwd._dq_tiled_rows)"
     return KernelLaunch(
         _attn_bwd_preprocess, (_cdiv(rows_pad, PRE_BLOCK), geo.batch * geo.heads_q),
         (out, dout, lse, dlse if dlse is not None else lse, delta, lse2, geo.cu_args(lse)[0],

@@ -64,6 +64,9 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
     off_b = (pid_bh // heads_q).to(tl.int64)
     off_h = (pid_bh % heads_q).to(tl.int64)
     start_m = tl.program_id(0) * BLOCK_M
+    # SinkPart's row blocks per (batch, head): launch.sink_parts' width. ROWS_IN_ACC's grid covers rows_pad rows, more
+    # blocks than that when seqlen_q % 128 is in [1, 64]; those programs' rows are all past seqlen_q (part 0).
+    sink_blocks = tl.cdiv(seqlen_q, BLOCK_M)
     q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
     if IS_VARLEN:
         if start_m >= seqlen_q:
@@ -104,7 +107,7 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
     if HAS_SINK:  # lse >= sink on every row, so the exponent is <= 0
         p_sink = tl.exp(tl.load(Sink + off_h).to(tl.float32) - lse)
         part = tl.sum(tl.where(offs_m < seqlen_q, p_sink * delta, 0.0), axis=0)
-        tl.store(SinkPart + pid_bh * tl.num_programs(0) + tl.program_id(0), part)
+        tl.store(SinkPart + pid_bh * sink_blocks + tl.program_id(0), part, mask=tl.program_id(0) < sink_blocks)
 
 
 @triton.jit
