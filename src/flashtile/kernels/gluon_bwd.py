@@ -474,13 +474,13 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             # is one reduce-add of BLOCK_M * DQ_N / 32 rows of the flat buffer.
             dq_t = gl.permute(gl.reshape(dq, [BLOCK_M // 64, 4, 2, 8, DQ_N // 8, 4, 2]), (0, 4, 1, 3, 5, 2, 6))
             dq_smem.store(gl.reshape(dq_t, [BLOCK_M * DQ_N // 32, 32]))
-            fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
-            gl.thread_barrier()  # all 128 threads stored before the elected one issues
-            _tma_reduce_add(dq_desc, [((dq_b + m // BLOCK_M) * stride_dqm + dq_c) * (BLOCK_M // 32), 0], dq_smem)
         else:
             dq_smem.reshape([BLOCK_M, DQ_N]).store(dq)
-            fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
-            gl.thread_barrier()  # all 128 threads stored before the elected one issues
+        fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
+        gl.thread_barrier()  # all 128 threads stored before the elected one issues
+        if _dq_tiled(dq_desc):
+            _tma_reduce_add(dq_desc, [((dq_b + m // BLOCK_M) * stride_dqm + dq_c) * (BLOCK_M // 32), 0], dq_smem)
+        else:
             for c in gl.static_range(DQ_N // BOX_N):
                 _tma_reduce_add(dq_desc, [dq_b, m, dq_c + c * BOX_N], dq_smem.slice(c * BOX_N, BOX_N, dim=2))
     else:
