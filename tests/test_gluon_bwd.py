@@ -236,11 +236,13 @@ def test_dkdv_launch_args_dq_tiled():
         pytest.skip("no Gluon Hopper API in this triton")
     rows = torch.empty(2, 4, 384)
     for variant, head_dim, tile in (("default", 128, (64, 64)), ("default", 64, (64, 64)),
-                                    ("d64-bm128", 64, (128, 64)), ("d64-bm128-split", 64, (128, 32))):
+                                    ("d64-bm128", 64, (128, 64)), ("d64-bm128-split", 64, (128, 32)),
+                                    ("dq-tiled", 256, (64, 128))):
         config = gluon_bwd_launch.VARIANTS[variant][head_dim]
         assert gluon_bwd_launch.dq_tile(config, head_dim, False) == tile
         assert gluon_bwd_launch.dq_tile(config, head_dim, True) is None
-        assert gluon_bwd_launch.dq_tile(gluon_bwd_launch.VARIANTS["dq-rows"][head_dim], head_dim, False) is None
+        if head_dim <= 128:
+            assert gluon_bwd_launch.dq_tile(gluon_bwd_launch.VARIANTS["dq-rows"][head_dim], head_dim, False) is None
         q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
         k = torch.empty(2, 500, 2, head_dim, dtype=torch.bfloat16)
         acc = torch.empty(2, 384, 4, head_dim)
@@ -248,7 +250,7 @@ def test_dkdv_launch_args_dq_tiled():
         desc = args[9]
         assert desc.base is acc and list(desc.shape) == [acc.numel() // 32, 32] and list(desc.strides) == [32, 1]
         assert list(desc.block_shape) == [tile[0] * tile[1] // 32, 32] and desc.layout.swizzle_byte_width == 128
-    d256 = gluon_bwd_launch.VARIANTS["default"][256]  # D256 stages dQ in its ring slot (row-major)
+    d256 = gluon_bwd_launch.VARIANTS["default"][256]  # D256's default stages dQ row-major (in its ring slot)
     assert gluon_bwd_launch.dq_tile(d256, 256, False) is None and not d256.dq_tiled
 
 

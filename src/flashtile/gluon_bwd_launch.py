@@ -137,6 +137,9 @@ VARIANTS.update(grid_order_variants(VARIANTS["default"]))
 # 391-392 / 452-457 / 495-496 / 527-532); D64 (one pass) d64-bm128-split 1K / 4K / 16K 352 / 425 / 424 -> 361 / 437 /
 # 462, d64-bm128 causal 258 / 388 / 453 -> 259 / 389 / 460. "dq-rows" keeps the row-major buffer.
 VARIANTS["dq-rows"] = {d: replace(VARIANTS["default"][d], dq_tiled=False) for d in (64, 128)}
+# D256 (branch gluon-bwd-d256-dq-tiled, not yet run on a GPU): the same tiled buffer; the [64, 128] fp32 tile staged
+# in the ring slot as before, one reduce-add of 256 rows of 32 in place of four.
+VARIANTS["dq-tiled"] = {256: replace(VARIANTS["default"][256], dq_tiled=True)}
 HEAD_DIMS = (64, 128, 256)
 DROPOUT_HEAD_DIMS = (64, 128)  # D256's split-D tiles have no dropout: the portable backward serves it
 
@@ -357,10 +360,11 @@ def _dq_tiled_layout():
 
 def dq_tile(config, head_dim, varlen):
     """(rows, columns) of one warpgroup's dQ tile where the launch keeps dQ's fp32 buffer tiled (config.dq_tiled:
-    dense D64 / D128 launches with TMA reduce-adds), else None."""
-    if not (config.dq_tiled and config.dq_tma_reduce and not varlen and head_dim <= 128):
+    dense launches with TMA reduce-adds; D256: each warpgroup's half of the head dim, kernels/gluon_bwd SPLIT_D),
+    else None."""
+    if not (config.dq_tiled and config.dq_tma_reduce and not varlen):
         return None
-    tile = config.block_m, head_dim // 2 if config.dq_split_d else head_dim
+    tile = config.block_m, head_dim // 2 if config.dq_split_d or head_dim == 256 else head_dim
     assert tile[0] * tile[1] // 32 <= 256, "one TMA box per tile: at most 256 rows of 32 floats"
     return tile
 

@@ -812,13 +812,22 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
             mbarrier.arrive(dq_done.index(stage))
             mbarrier.wait(dq_done.index(stage), phase)
             own = q_bufs if WG == 0 else do_bufs
-            dq_smem = own.index(stage)._reinterpret(gl.float32, [1, BLOCK_M, DQ_N], dq_desc.layout)
-            dq_smem.reshape([BLOCK_M, DQ_N]).store(dq)
-            fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
-            gl.thread_barrier()  # all 128 threads stored before the elected one issues
-            BOX_N: gl.constexpr = dq_desc.block_type.shape[2]
-            for b in gl.static_range(DQ_N // BOX_N):
-                _tma_reduce_add(dq_desc, [dq_b, m, dq_c + b * BOX_N], dq_smem.slice(b * BOX_N, BOX_N, dim=2))
+            if _dq_tiled(dq_desc):  # as _bwd_step's tiled store: one reduce-add of the whole [64, 128] tile
+                dq_smem = own.index(stage)._reinterpret(gl.float32, [BLOCK_M * DQ_N // 32, 32], dq_desc.layout)
+                dq_t = gl.permute(gl.reshape(dq, [BLOCK_M // 64, 4, 2, 8, DQ_N // 8, 4, 2]), (0, 4, 1, 3, 5, 2, 6))
+                dq_smem.store(gl.reshape(dq_t, [BLOCK_M * DQ_N // 32, 32]))
+                fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
+                gl.thread_barrier()  # all 128 threads stored before the elected one issues
+                _tma_reduce_add(dq_desc, [((dq_b + m // BLOCK_M) * stride_dqm + dq_c) * (BLOCK_M // 32), 0],
+                                dq_smem)
+            else:
+                dq_smem = own.index(stage)._reinterpret(gl.float32, [1, BLOCK_M, DQ_N], dq_desc.layout)
+                dq_smem.reshape([BLOCK_M, DQ_N]).store(dq)
+                fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
+                gl.thread_barrier()  # all 128 threads stored before the elected one issues
+                BOX_N: gl.constexpr = dq_desc.block_type.shape[2]
+                for b in gl.static_range(DQ_N // BOX_N):
+                    _tma_reduce_add(dq_desc, [dq_b, m, dq_c + b * BOX_N], dq_smem.slice(b * BOX_N, BOX_N, dim=2))
         else:
             # No mask: the buffer has rows up to seqlen_q rounded up to BLOCK_M (padded rows get dS = 0, discarded).
             gl.atomic_add(dq_ptr + c * DQ_N + rows[:, None].to(gl.int64) * stride_dqm + dcols[None, :], dq,
