@@ -200,10 +200,9 @@ def test_dkdv_launch_args_d256_split_d():
 
 
 def test_dkdv_launch_args_dq_reduce():
-    """The default variant at D256, dq-rows (the default with dQ's buffer row-major, D64 / D128) and dq-reduce2
-    (D64 / D128): dq_accum also as a (B, Sq_pad, Hq * D) fp32 TMA tensor with [1, 64, 32] boxes (one 128-byte
-    swizzle block: triton 3.6 lowers a TMA reduce to one message) and DQ_TMA_REDUCE the buffers per warpgroup; the
-    atomics variant passes None there."""
+    """dq-rows (the default with dQ's buffer row-major) and dq-reduce2 (D64 / D128): dq_accum also as a
+    (B, Sq_pad, Hq * D) fp32 TMA tensor with [1, 64, 32] boxes (one 128-byte swizzle block: triton 3.6 lowers a TMA
+    reduce to one message) and DQ_TMA_REDUCE the buffers per warpgroup; the atomics variant passes None there."""
     if gluon_bwd_launch._attn_bwd_dkdv_hopper is None:
         pytest.skip("no Gluon Hopper API in this triton")
     rows = torch.empty(2, 4, 320)
@@ -214,7 +213,7 @@ def test_dkdv_launch_args_dq_reduce():
         _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, False,
                                                                    gluon_bwd_launch.VARIANTS["atomics"][head_dim])
         assert args[8] is acc and args[9] is None and constexprs["DQ_TMA_REDUCE"] == 0
-        for variant, bufs in ((("default", 1), ) if head_dim == 256 else (("dq-rows", 1), ("dq-reduce2", 2))):
+        for variant, bufs in ((("dq-rows", 1), ) if head_dim == 256 else (("dq-rows", 1), ("dq-reduce2", 2))):
             config = gluon_bwd_launch.VARIANTS[variant][head_dim]
             _, args, constexprs, _ = gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, True,
                                                                        config)
@@ -228,7 +227,7 @@ def test_dkdv_launch_args_dq_reduce():
 
 
 def test_dkdv_launch_args_dq_tiled():
-    """dq_tiled (the default at D64 / D128, the D64 128-row variants): dense launches see dQ's buffer as a flat
+    """dq_tiled (the default, the D64 128-row variants): dense launches see dQ's buffer as a flat
     (numel / 32, 32) TMA tensor with a box of one warpgroup tile (rows * columns / 32 rows of 128 bytes); varlen
     launches keep the row-major (rows, Sq_pad, Hq * D) view (dq_tile is None there, so the preprocess and conversion
     agree), and so does dq-rows."""
@@ -237,12 +236,11 @@ def test_dkdv_launch_args_dq_tiled():
     rows = torch.empty(2, 4, 384)
     for variant, head_dim, tile in (("default", 128, (64, 64)), ("default", 64, (64, 64)),
                                     ("d64-bm128", 64, (128, 64)), ("d64-bm128-split", 64, (128, 32)),
-                                    ("dq-tiled", 256, (64, 128))):
+                                    ("default", 256, (64, 128))):
         config = gluon_bwd_launch.VARIANTS[variant][head_dim]
         assert gluon_bwd_launch.dq_tile(config, head_dim, False) == tile
         assert gluon_bwd_launch.dq_tile(config, head_dim, True) is None
-        if head_dim <= 128:
-            assert gluon_bwd_launch.dq_tile(gluon_bwd_launch.VARIANTS["dq-rows"][head_dim], head_dim, False) is None
+        assert gluon_bwd_launch.dq_tile(gluon_bwd_launch.VARIANTS["dq-rows"][head_dim], head_dim, False) is None
         q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
         k = torch.empty(2, 500, 2, head_dim, dtype=torch.bfloat16)
         acc = torch.empty(2, 384, 4, head_dim)
@@ -250,8 +248,6 @@ def test_dkdv_launch_args_dq_tiled():
         desc = args[9]
         assert desc.base is acc and list(desc.shape) == [acc.numel() // 32, 32] and list(desc.strides) == [32, 1]
         assert list(desc.block_shape) == [tile[0] * tile[1] // 32, 32] and desc.layout.swizzle_byte_width == 128
-    d256 = gluon_bwd_launch.VARIANTS["default"][256]  # D256's default stages dQ row-major (in its ring slot)
-    assert gluon_bwd_launch.dq_tile(d256, 256, False) is None and not d256.dq_tiled
 
 
 BM128 = ("d64-bm128", "d64-bm128-split")
@@ -1016,16 +1012,24 @@ def test_bias_matches_reference(monkeypatch, shape, feature, head_dim):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_sink_gradient_through_gluon(monkeypatch, causal):
-    """By default (1K keys, D128) the Gluon backward serves a call with sinks; the sink gradient comes from its
-    preprocess (launch.sink_grad): dq, dk, dv and dsink against the float64 reference."""
+@pytest.mark.parametrize("head_dim,seqlen", [(128, 1024), (64, 1030), (64, 520)])
+def test_sink_gradient_through_gluon(monkeypatch, head_dim, seqlen, causal):
+    """By default (from 512 keys) the Gluon backward serves a call with sinks; the sink gradient comes from its
+    preprocess (launch.sink_grad). dq, dk, dv against the float64 reference by the tolerance rule; dsink against the
+    float64 sum built from the call's own output and lse, -sum exp(sink - lse) * rowsum(out * dout), which is what
+    the preprocess adds up (tight: a piece at the wrong place shows). D64 runs the 128-row variants, whose fold
+    widens the preprocess's grid by one program at Sq % 128 in [1, 64] (1030, 520 keys: session 25's stride bug).
+    The D128 case also holds dsink to the tolerance rule. Not the D64 ones: dsink sums B * Sq rows of a bf16 output,
+    and the rule's PyTorch error is then one sample of a 4-value reduction's error; on the CPU, the exact sum from
+    the float64 output rounded to bf16 (an ideal kernel) measured 1.16x the rule's bound at 1030 keys with seed 2,
+    and the kernel 1.09x with seed 0 (session 26; every D64 variant alike, so not the fold)."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
     dtype = torch.bfloat16
-    q, k, v = make_qkv(2, 1024, 1024, 4, 2, 128, dtype, "cuda")
+    q, k, v = make_qkv(2, seqlen, seqlen, 4, 2, head_dim, dtype, "cuda")
     sink = torch.tensor([0.5, -1.0, 2.0, 8.0], device="cuda", requires_grad=True)
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=dtype, device="cuda")
-    out = flashtile.flash_attn_func(q, k, v, causal=causal, sink=sink)
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=causal, sink=sink, return_attn_probs=True)
     grads = torch.autograd.grad(out, (q, k, v, sink), dout)
     assert calls
     results = []
@@ -1033,8 +1037,12 @@ def test_sink_gradient_through_gluon(monkeypatch, causal):
         leaves = [x.detach().clone().requires_grad_() for x in (q, k, v, sink)]
         ref = flashtile.attention_ref(*leaves[:3], causal=causal, upcast=upcast, sink=leaves[3])
         results.append(torch.autograd.grad(ref, leaves, dout.to(ref.dtype)))
-    for name, got, r64, rlow in zip(("dq", "dk", "dv", "dsink"), grads, *results):
+    names = ("dq", "dk", "dv", "dsink") if head_dim == 128 else ("dq", "dk", "dv")
+    for name, got, r64, rlow in zip(names, grads, *results):
         assert_close_rule(name, got, r64, rlow, dtype)
+    rowsum = (out.double() * dout.double()).sum(-1).transpose(1, 2)  # (B, H, Sq)
+    want = -(torch.exp(sink.double()[None, :, None] - lse.double()) * rowsum).sum((0, 2))
+    torch.testing.assert_close(grads[3].double(), want, rtol=1e-4, atol=1e-4)
 
 
 # Packed sequences (seqlen_q, seqlen_k): an empty query side, one row, q < k and q > k, tails, a whole tile.

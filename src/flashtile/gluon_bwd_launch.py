@@ -59,7 +59,7 @@ class GluonBwdConfig:
     maxnreg: int = 168
     dq_chunks: int = 1  # D256 only: dQ's half of the head dim in this many wgmma + atomic pieces
     dq_tma_reduce: int = 0  # dQ tiles through this many shared buffers per warpgroup and TMA reduce-adds; 0: atomics
-    # Dense D64 / D128 launches with dq_tma_reduce: dQ's fp32 buffer in tiles of one reduce-add each, stored in the
+    # Dense launches with dq_tma_reduce: dQ's fp32 buffer in tiles of one reduce-add each, stored in the
     # accumulator's register order (dq_tile; kernels/gluon_bwd._bwd_step).
     dq_tiled: bool = False
     # Plain / causal dense calls only (gluon_backward refuses the rest: refused_features): the S^T / dP^T wgmmas
@@ -85,10 +85,10 @@ class GluonBwdConfig:
 VARIANTS = {
     # dQ through shared memory and TMA reduce-adds (session 8: 1.12-1.45x the atomics' speed at 1K-16K, every head dim)
     # D128 / D256 causal: heavy-first grid order by groups of 8 heads (lpt_heads; session 13, below)
-    # D64 / D128: dQ's buffer tiled (dq_tiled; session 25, below)
+    # dQ's buffer tiled (dq_tiled; D64 / D128 session 25, D256 session 26, below)
     "default": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1, dq_tiled=True),
                 128: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8, dq_tiled=True),
-                256: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8)},
+                256: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8, dq_tiled=True)},
     # dQ by per-thread fp32 red.global.add (the default up to session 7)
     "atomics": {64: GluonBwdConfig(stages=3, dq_split_d=False), 128: GluonBwdConfig(stages=2),
                 256: GluonBwdConfig(stages=2)},
@@ -136,10 +136,14 @@ VARIANTS.update(grid_order_variants(VARIANTS["default"]))
 # causal 301-302 / 388-392 / 449-452 / 489-496 / 515 -> 325-327 / 421-424 / 468-471 / 513-517 / 542-543 (cuDNN 312-316 /
 # 391-392 / 452-457 / 495-496 / 527-532); D64 (one pass) d64-bm128-split 1K / 4K / 16K 352 / 425 / 424 -> 361 / 437 /
 # 462, d64-bm128 causal 258 / 388 / 453 -> 259 / 389 / 460. "dq-rows" keeps the row-major buffer.
-VARIANTS["dq-rows"] = {d: replace(VARIANTS["default"][d], dq_tiled=False) for d in (64, 128)}
-# D256 (branch gluon-bwd-d256-dq-tiled, not yet run on a GPU): the same tiled buffer; the [64, 128] fp32 tile staged
-# in the ring slot as before, one reduce-add of 256 rows of 32 in place of four.
-VARIANTS["dq-tiled"] = {256: replace(VARIANTS["default"][256], dq_tiled=True)}
+# D256 (session 26): the same tiled buffer, the [64, 128] fp32 tile staged in the ring slot as before, one reduce-add
+# of 256 rows of 32 in place of four; tile loops 459 / 444 / 456 / 439 -> 428 / 412 / 405 / 388 SASS (causal 500 / 496
+# -> 471 / 443), no spills. bwd-d256-dq-tiled-h200-2026-12-01-s26 call 1, two passes in swapped order, TFLOP/s
+# row-major -> tiled (cuDNN): 512 / 1K / 2K / 4K / 8K / 16K 260 / 309-310 / 342 / 361 / 370-373 / 377-378 -> 277-278 /
+# 336-337 / 373-375 / 389-396 / 405-407 / 408-409 (237-238 / 299-300 / 346-349 / 371-375 / 356-357 / 321-327), causal
+# 185 / 254-255 / 310-311 / 346 / 365 / 367-369 -> 191-192 / 270 / 330-332 / 366 / 384-387 / 399 (180 / 250-253 /
+# 303-307 / 338-341 / 373-377 / 373-377).
+VARIANTS["dq-rows"] = {d: replace(VARIANTS["default"][d], dq_tiled=False) for d in (64, 128, 256)}
 HEAD_DIMS = (64, 128, 256)
 DROPOUT_HEAD_DIMS = (64, 128)  # D256's split-D tiles have no dropout: the portable backward serves it
 
