@@ -283,8 +283,11 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
             o_view.store(out.to(dtype))
             fence_async_shared()
             gl.thread_barrier()
-            # Rows past seqlen_q are past the tensor's end (batch 1) or the host made Sq a multiple of 64.
-            tma.async_copy_shared_to_global(o_desc, [off_b * seqlen_q + row0, off_h * HEAD_DIM], o_view)
+            # Rows past seqlen_q are past the tensor's end (batch 1) or the host made Sq a multiple of 64, so a box
+            # is wholly in or out of the sequence; one wholly out (a last tile's warpgroup when Sq % BLOCK_M != 0)
+            # would land on the next sequence's first rows: it is not stored.
+            if row0 < seqlen_q:
+                tma.async_copy_shared_to_global(o_desc, [off_b * seqlen_q + row0, off_h * HEAD_DIM], o_view)
         else:
             out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
             cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
