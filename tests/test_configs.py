@@ -1,5 +1,6 @@
 """Tile-configuration lookup (configs.py): which table serves which call. Pure Python, no kernels run."""
 import dataclasses
+import math
 import os
 import subprocess
 import sys
@@ -191,11 +192,17 @@ def test_gluon_forward_policy():
     # Calls with features or varlen run the one-tile kernel: the default's config, not a persistent variant's
     # (whose tile order would reach the one-tile kernel unmeasured).
     assert all(configs.gluon_fwd_variant(d, c, 1024) == "default" for d, c in configs.GLUON_FWD_PERSISTENT)
-    for (head_dim, _), (variant, least, most) in configs.GLUON_FWD_PERSISTENT.items():
-        assert gluon_launch.VARIANTS[variant][head_dim].persistent and 0 <= least < most
-    # Long D64 rows: three consumer warpgroups (configs.GLUON_FWD_LONG), after the persistent grid's 2K.
-    assert configs.gluon_fwd_variant(64, False, 2048, plain=True) == "persistent-tma"
-    assert configs.gluon_fwd_variant(64, False, 2049) == "d64-3wg" == configs.gluon_fwd_variant(64, False, 2049, True)
+    for (head_dim, _), ranges in configs.GLUON_FWD_PERSISTENT.items():
+        for (variant, least, most), after in zip(ranges, ranges[1:] + ((None, math.inf, None), )):
+            assert gluon_launch.VARIANTS[variant][head_dim].persistent and 0 <= least < most < after[1]
+    # D64 plain rows: the persistent grid of two consumers to 1K keys, of three (192-row tiles) to 8K; longer ones
+    # and the features' from 2K keys three consumers in the one-tile kernel (configs.GLUON_FWD_LONG).
+    assert configs.gluon_fwd_variant(64, False, 1024, plain=True) == "persistent-tma"
+    assert configs.gluon_fwd_variant(64, False, 1025, plain=True) == "persistent-3wg-tma"
+    assert configs.gluon_fwd_variant(64, False, 8192, plain=True) == "persistent-3wg-tma"
+    assert configs.gluon_fwd_variant(64, False, 8193, plain=True) == "d64-3wg"
+    assert configs.gluon_fwd_variant(64, False, 2048) == "default"
+    assert configs.gluon_fwd_variant(64, False, 2049) == "d64-3wg"
     assert configs.gluon_fwd_variant(64, True, 4096, plain=True) == "persistent-tma-lpt8"
     assert configs.gluon_fwd_variant(64, True, 4097, plain=True) == "default"
     assert configs.gluon_fwd_variant(64, True, 8192) == "d64-3wg"

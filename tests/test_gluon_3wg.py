@@ -1,6 +1,7 @@
 """The D64 Gluon forward with three consumer warpgroups (gluon_launch.VARIANTS["d64-3wg"], BLOCK_M 192): its launch
 arguments and config rules on CPU, and the GPU tier (sm90) against the float64 reference."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,7 +18,8 @@ needs_gluon = pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="
 
 def test_config_rules():
     """Three consumers: BLOCK_M 192, registers that fit 64K with the loader's warpgroup (setmaxnreg takes
-    multiples of 8), D64 only; the persistent kernel (two consumers) refuses them."""
+    multiples of 8), D64 only; a persistent config of three takes no host schedule (its cost model lists 128-row
+    tiles)."""
     config = gluon_launch.VARIANTS[VARIANT][64]
     assert set(gluon_launch.VARIANTS[VARIANT]) == {64}
     assert config.consumers == 3 and config.block_m == 192 and not config.persistent
@@ -26,7 +28,11 @@ def test_config_rules():
     assert 3 * 128 * config.consumer_regs + 128 * config.loader_regs <= 65536
     assert config.maxnreg * 16 * 32 <= 65536  # 16 warps at launch: 3 consumer warpgroups + the loader's
     with pytest.raises(ValueError, match="consumers"):
-        gluon_launch.GluonConfig(128, 3, consumers=3, persistent=True)
+        gluon_launch.GluonConfig(128, 3, consumers=3, persistent=True, schedule=True)
+    for name in ("persistent-3wg-tma", "persistent-3wg-tma-lpt8"):
+        persistent = gluon_launch.VARIANTS[name][64]
+        assert persistent.persistent and persistent.tma_store and persistent.block_m == 192
+        assert (persistent.consumer_regs, persistent.loader_regs, persistent.maxnreg) == (160, 24, 128)
     with pytest.raises(ValueError, match="consumers"):
         gluon_launch.GluonConfig(128, 3, consumers=4)
 
@@ -143,6 +149,54 @@ def test_matches_reference(monkeypatch, shape, causal):
 
 
 
+PERSISTENT = ("persistent-3wg-tma", "persistent-3wg-tma-lpt8")
+
+
+@needs_gluon
+def test_persistent_launch_args():
+    """The persistent variants of three consumers: tiles of 192 rows, CONSUMERS=3, O by TMA where no [64, D] box
+    reaches into the next sequence and else from the registers (never O_VIA_SMEM, whose turn order is for two);
+    causal in groups of 8 heads (lpt8)."""
+    for name in PERSISTENT:
+        config = gluon_launch.VARIANTS[name][64]
+        for batch, seqlen_q, o_tma in ((2, 1024, True), (1, 1000, True), (2, 1000, False), (2, 193, False)):
+            q = torch.empty(batch, seqlen_q, 4, 64, dtype=torch.bfloat16)
+            out, lse = torch.empty_like(q), torch.empty(batch, 4, seqlen_q)
+            assert gluon_launch.takes_persistent(config, q, q, causal=True)
+            grid, args, constexprs, options = gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, True,
+                                                                                  config, sm_count=132)
+            n_m, n_bh, n_tiles = args[-4:-1]
+            assert (n_m, n_bh, n_tiles) == (math.ceil(seqlen_q / 192), batch * 4, math.ceil(seqlen_q / 192) * batch * 4)
+            assert grid == (min(n_tiles, 132), ) and options == dict(num_warps=4, maxnreg=128)
+            assert constexprs["CONSUMERS"] == 3 and constexprs["O_TMA"] == o_tma and "O_VIA_SMEM" not in constexprs
+            assert constexprs.get("LPT_HEADS", 0) == config.lpt_heads and "SCHEDULE" not in constexprs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("max_ctas", [0, 7], ids=["grid", "7cta"])
+@pytest.mark.parametrize("variant", PERSISTENT)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
+                                               for b, sq, sk, hq, hk, dt in SHAPES])
+def test_persistent_matches_reference(monkeypatch, shape, causal, variant, max_ctas):
+    """The persistent kernel with three consumers on the full grid and on 7 CTAs (each walks dozens of tiles: the
+    ring, turn and Q barriers' running phases across tiles of 192 rows), NaN-poisoned outputs."""
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    monkeypatch.setitem(gluon_launch.VARIANTS, "under-test",
+                        {64: replace(gluon_launch.VARIANTS[variant][64], max_ctas=max_ctas)})
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, 64, dtype, "cuda", requires_grad=False)
+    if causal and not gluon_launch.gluon_supported(q, k, v, causal=causal):
+        pytest.skip("rows without keys: the Gluon forward refuses them")
+    calls = record_calls(monkeypatch, gluon_launch, "persistent_launch_args")
+    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant="under-test")
+    assert calls
+    ref, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True)
+    assert_close_rule("out", out, ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False), dtype)
+    torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+
+
 # (id, causal, window_size, softcap, alibi: None / "h" / "bh", sink, bias): the score features the three
 # consumers share with the default (a bias or ALiBi runs the default config: gluon_launch.takes_config).
 FEATURES = [
@@ -208,15 +262,18 @@ def test_varlen_matches_each_sequence_alone(monkeypatch, case, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("causal, seqlen", [(False, 4200), (True, 8200)], ids=["full-4200", "causal-8200"])
-def test_long_d64_rows_dispatch_to_the_variant(monkeypatch, causal, seqlen):
-    """flash_attn_func at D64 past configs.GLUON_FWD_LONG's thresholds takes the three-consumer forward; output and
-    gradients (the Gluon backward on its out / lse) against the float64 reference."""
+@pytest.mark.parametrize("causal, seqlen, variant", [(False, 4200, "persistent-3wg-tma"), (False, 8300, VARIANT),
+                                                     (True, 8200, VARIANT)],
+                         ids=["full-4200", "full-8300", "causal-8200"])
+def test_long_d64_rows_dispatch_to_the_variant(monkeypatch, causal, seqlen, variant):
+    """flash_attn_func at D64 past configs.GLUON_FWD_LONG's thresholds takes the three-consumer forward (plain rows
+    up to 8K keys in the persistent grid: configs.GLUON_FWD_PERSISTENT); output and gradients (the Gluon backward on
+    its out / lse) against the float64 reference."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     calls = record_calls(monkeypatch, gluon_launch, "gluon_forward")
     q, k, v = make_qkv(1, seqlen, seqlen, 2, 1, 64, torch.bfloat16, "cuda")
     out = flashtile.flash_attn_func(q, k, v, causal=causal)
-    assert [call.get("variant") for call in calls] == [VARIANT]
+    assert [call.get("variant") for call in calls] == [variant]
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     ref = flashtile.attention_ref(q, k, v, causal=causal)

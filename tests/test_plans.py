@@ -316,7 +316,7 @@ def test_listed_persistent_launch_replays_its_kept_list(gluon_on_cpu, monkeypatc
     """A causal persistent forward with the host's tile list (GluonConfig.schedule) is planned: the replay passes the
     same kept list (plans.constant), which a per-call tensor could not be."""
     calls = gluon_on_cpu
-    monkeypatch.setitem(configs.GLUON_FWD_PERSISTENT, (128, True), ("persistent-tma-sched8", 0, 1024))
+    monkeypatch.setitem(configs.GLUON_FWD_PERSISTENT, (128, True), (("persistent-tma-sched8", 0, 1024), ))
     replayed, recorded = plans.counts[0], plans.counts[1]
     q, k, v = _qkv()
     _forward(q, k, v, right=0)

@@ -99,10 +99,11 @@ GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 512, (64, False): 512, (64, 
 # stays slower than the portable one below 4K). At 512 keys the README bench measured it at 207 TFLOP/s against the
 # portable kernel's 172-218 in earlier runs: not shown faster, so the portable kernel keeps 512.
 GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 1024}
-# (head dim, causal) -> (variant, least seqlen_k, most seqlen_k): gluon_launch.VARIANTS entry that serves plain /
-# causal dense calls from least to most keys; "default" outside and everywhere else. The persistent grid (one CTA per
-# SM walking tiles, kernels/gluon_fwd_persistent.py) removes the per-tile launch / fill / drain cost that dominates
-# short rows; "-tma" stores O through shared memory. Session 7, time persistent / default at 512, 1K, 2K, 4K: D128
+# (head dim, causal) -> ranges (variant, least seqlen_k, most seqlen_k): the gluon_launch.VARIANTS entry that serves
+# plain / causal dense calls from least to most keys; GLUON_FWD_LONG or "default" outside and everywhere else. The
+# persistent grid (one CTA per SM walking tiles, kernels/gluon_fwd_persistent.py) removes the per-tile launch / fill
+# / drain cost that dominates short rows; "-tma" stores O through shared memory. Session 7, time persistent / default
+# at 512, 1K, 2K, 4K: D128
 # persistent-tma 0.77/0.89/0.96/0.96, causal 0.85/1.00/1.07/1.09; D64 0.74/0.85/0.92/0.95; D256 persistent
 # 0.92/0.97/0.99/1.02, causal 1.09-1.17.
 # Causal since session 14 (lpt-h200-2026-11-30-s14): the causal tiles by groups of heads, heavy first, dealt to the
@@ -125,9 +126,17 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 1024}
 # 512 / 1K / 2K / 4K / 8K, persistent-sched4 against the one-tile default (both with the new epilogues) 340 / 452 /
 # 535 / 626 / 654 against 315 / 437 / 546 / 610 / 639 (cuDNN 332 / 440 / 520 / 551 / 542): causal D256 takes
 # persistent-sched4 from 0 keys.
-GLUON_FWD_PERSISTENT = {(128, False): ("persistent-tma", 0, 4096), (128, True): ("persistent-tma-sched4", 0, 16384),
-                        (64, False): ("persistent-tma", 0, 2048), (64, True): ("persistent-tma-lpt8", 0, 4096),
-                        (256, False): ("persistent", 0, 2048), (256, True): ("persistent-sched4", 0, 16384)}
+# Session 26 (fwd-d64-3wg-persistent-h200-2026-12-01-s26 call 3, TFLOP/s, two passes): D64 plain rows on the
+# persistent grid with three consumers (192-row tiles), persistent-tma -> persistent-3wg-tma (cuDNN): 512 340 -> 313
+# (385), 1K 387 -> 370-374 (415-421), 2K 415-418 -> 436-444 (420-439), 4K 432 -> 450-461 (447-455), 8K 437 -> 472
+# (459; d64-3wg, the one-tile kernel served there, 470). At 1K a 192-row grid pads 1024 rows to 1152 (12 % more
+# tiles' work). Causal lost at every length (1K / 2K / 4K: 220 / 272-308 / 341 against persistent-tma-lpt8's 295 /
+# 352-354 / 397-398). From 1025 keys, unmeasured between 1K and 2K (no padding at 1536).
+GLUON_FWD_PERSISTENT = {(128, False): (("persistent-tma", 0, 4096), ),
+                        (128, True): (("persistent-tma-sched4", 0, 16384), ),
+                        (64, False): (("persistent-tma", 0, 1024), ("persistent-3wg-tma", 1025, 8192)),
+                        (64, True): (("persistent-tma-lpt8", 0, 4096), ),
+                        (256, False): (("persistent", 0, 2048), ), (256, True): (("persistent-sched4", 0, 16384), )}
 # (head dim, causal) -> (variant, least seqlen_k): the entry that serves longer rows instead of "default". D64: three
 # consumer warpgroups (192-row tiles, FA3's hdim-64 schedule). Session 10 (d64-3wg-h200-2026-11-30-s10), speed /
 # cuDNN in one run, default / d64-3wg / persistent-tma: 2K 0.85 / 0.93 / 0.94, 3K 0.86 / 0.95 / 0.92, 4K 0.90 / 0.99
@@ -225,9 +234,9 @@ def gluon_fwd_variant(head_dim, causal, seqlen_k, plain=False):
     ones, else "default". GLUON_FWD_LONG's features (windows, softcap, sinks) and varlen calls run the one-tile
     kernel with its tiles (gluon_launch.takes_config gives a bias or ALiBi the default's tiles where a variant cannot
     serve them)."""
-    variant, least, most = GLUON_FWD_PERSISTENT.get((head_dim, causal), ("default", None, None))
-    if plain and most is not None and least <= seqlen_k <= most:
-        return variant
+    for variant, least, most in GLUON_FWD_PERSISTENT.get((head_dim, causal), ()) if plain else ():
+        if least <= seqlen_k <= most:
+            return variant
     variant, least = GLUON_FWD_LONG.get((head_dim, causal), ("default", 0))
     return variant if seqlen_k >= least else "default"
 

@@ -72,8 +72,8 @@ class GluonConfig:
     head dims (persistent_launch_args).
     consumers: consumer warpgroups of WG_M = 64 query rows, 2 (BLOCK_M 128) or 3 (BLOCK_M 192, FA3's D64 tile:
     each warpgroup's softmax hides behind the two others' GEMMs); 3 needs consumer_regs <= 160 and maxnreg 128
-    (16 warps with the loader's warpgroup: 3 x 128 x 160 + 128 x 24 <= 64K registers), and is not persistent and
-    takes no bias or ALiBi (takes_config gives those the default config)."""
+    (16 warps with the loader's warpgroup: 3 x 128 x 160 + 128 x 24 <= 64K registers), takes no bias or ALiBi
+    (takes_config gives those the default config) and, persistent, no schedule."""
     block_n: int
     stages: int
     pingpong: bool = True
@@ -93,9 +93,9 @@ class GluonConfig:
     # lpt_heads order
 
     def __post_init__(self):
-        if self.consumers not in (2, 3) or (self.consumers == 3 and self.persistent):
-            raise ValueError(f"GluonConfig: consumers must be 2, or 3 without persistent (got {self.consumers}, "
-                             f"persistent={self.persistent}): the persistent kernel has two consumer warpgroups")
+        if self.consumers not in (2, 3) or (self.consumers == 3 and self.schedule):
+            raise ValueError(f"GluonConfig: consumers must be 2, or 3 without schedule (got {self.consumers}, "
+                             f"schedule={self.schedule}): the host's schedule lists 128-row tiles")
         if self.schedule and not self.persistent:
             raise ValueError("GluonConfig: schedule lists the persistent kernel's tiles (persistent=False)")
 
@@ -148,6 +148,12 @@ VARIANTS = {
     # Registers: the two worker consumers get 160 (the default partition 168); P by pairs (p_cvt_asm) made ptxas
     # spill in their full-block loop (12 LDL + 10 STL per block), so P is rounded per element (+28 instructions).
     "d64-3wg": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128, tree_max=True)},
+    # The same three consumers in the persistent grid (session 26), for the D64 rows the persistent kernel serves
+    # (plain up to 2K keys, causal up to 4K): 192-row tiles, O by TMA stores (3 x 8 KB more shared memory).
+    "persistent-3wg-tma": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
+                                           tree_max=True, persistent=True, tma_store=True)},
+    "persistent-3wg-tma-lpt8": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
+                                                tree_max=True, persistent=True, tma_store=True, lpt_heads=8)},
 }
 # The causal grid's order (kernels/gluon_grid._heavy_first): "head-major" is the order before session 13 (head by
 # head, each head's longest rows first), "lptN" starts the longest rows of N heads at a time. Session 13
@@ -580,7 +586,7 @@ def takes_persistent(config, q, k, causal=False, window_size=(-1, -1), softcap=0
     """True when a launch with config runs the persistent kernel: config.persistent, a plain_dense call (the
     others and varlen run _attn_fwd_hopper with the same config), and not D256 through ragged descriptors (batch >
     1, Sk % BLOCK_N != 0: ptxas spills 12-56 B there)."""
-    if not (config.persistent and config.consumers == 2 and _attn_fwd_hopper_persistent is not None
+    if not (config.persistent and _attn_fwd_hopper_persistent is not None
             and plain_dense(causal, window_size, softcap, alibi_slopes, sink, cu_seqlens_q, attn_bias)):
         return False
     return not (q.shape[-1] == 256 and q.shape[0] > 1 and k.shape[1] % config.block_n != 0)
@@ -598,7 +604,7 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     ragged = batch > 1 and seqlen_k % config.block_n != 0
     is_causal, _, _, _ = mask_mode(causal, (-1, -1))
-    n_m, n_bh = math.ceil(seqlen_q / BLOCK_M), batch * heads_q
+    n_m, n_bh = math.ceil(seqlen_q / config.block_m), batch * heads_q
     n_tiles = n_m * n_bh
     if sm_count is None:
         sm_count = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
@@ -614,7 +620,9 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
                       RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm, TREE_MAX=config.tree_max, O_TMA=o_tma)
-    if not o_tma and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE:  # O through one shared tile (session 20)
+    if config.consumers != 2:
+        constexprs.update(CONSUMERS=config.consumers)  # its O leaves by TMA or from the registers
+    elif not o_tma and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE:  # O through one shared tile (session 20)
         constexprs.update(O_VIA_SMEM=True)
     schedule = None
     if config.schedule and is_causal:

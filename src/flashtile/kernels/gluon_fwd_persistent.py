@@ -109,8 +109,8 @@ def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_e
                       v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles, Schedule,
                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, RAGGED: gl.constexpr, LPT_HEADS: gl.constexpr = 0,
-                      SCHEDULE: gl.constexpr = False):
-    BLOCK_M: gl.constexpr = 2 * WG_M
+                      SCHEDULE: gl.constexpr = False, CONSUMERS: gl.constexpr = 2):
+    BLOCK_M: gl.constexpr = CONSUMERS * WG_M
     c = 0  # key blocks loaded by this CTA so far (all tiles): the ring's running counter
     t = 0  # tiles of this CTA so far
     first, end, step, listed = _tile_loop(Schedule, n_tiles, SCHEDULE)
@@ -144,9 +144,9 @@ def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_e
                 # phase 1 counts as complete, so tile 0 does not wait). K_0 goes first: its ring slot is usually
                 # free earlier, and the Q K^T needs both.
                 mbarrier.wait(q_empty, (t & 1) ^ 1)
-                mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-                _tma_load(q_desc, q_row, q_end, q_col, q_bar, q_smem.index(0), RAGGED)
-                _tma_load(q_desc, q_row + WG_M, q_end, q_col, q_bar, q_smem.index(1), RAGGED)
+                mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
+                for w in gl.static_range(CONSUMERS):
+                    _tma_load(q_desc, q_row + w * WG_M, q_end, q_col, q_bar, q_smem.index(w), RAGGED)
             mbarrier.wait(v_empty.index(stage), empty_phase)
             mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
             _tma_load(v_desc, kv_row + j * BLOCK_N, kv_end, kv_col, v_ready.index(stage), v_bufs.index(stage),
@@ -159,7 +159,7 @@ def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_e
 def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn_bars,
                row0, seqlen_k, causal_offset, qk_scale, WG: gl.constexpr, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, PINGPONG: gl.constexpr,
-               P_CVT_ASM: gl.constexpr, TREE_MAX: gl.constexpr):
+               P_CVT_ASM: gl.constexpr, TREE_MAX: gl.constexpr, CONSUMERS: gl.constexpr):
     """gluon_fwd._kv_step without score features, with the ring / turn position c (the CTA's running key-block
     count) apart from the tile's key block j >= 1 (the masks' columns)."""
     o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
@@ -167,12 +167,12 @@ def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empt
     stage = c % STAGES
     prev = (c - 1) % STAGES
     mbarrier.wait(k_ready.index(stage), (c // STAGES) & 1)
-    _turn_wait(turn_bars, c, WG, PINGPONG)
+    _turn_wait(turn_bars, c, WG, PINGPONG, CONSUMERS)
     s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
     s_tok = warpgroup_mma(q_view, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
     o_tok = warpgroup_mma(p, v_bufs.index(prev), o_acc, is_async=True)
-    _turn_pass(turn_bars, WG, PINGPONG)
+    _turn_pass(turn_bars, WG, PINGPONG, CONSUMERS)
     s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_M, BLOCK_N]
     mbarrier.arrive(k_empty.index(stage))
     if MASKED:
@@ -195,14 +195,15 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
                           WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, P_CVT_ASM: gl.constexpr,
                           TREE_MAX: gl.constexpr, O_TMA: gl.constexpr, LPT_HEADS: gl.constexpr = 0,
-                          SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False):
+                          SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
+                          CONSUMERS: gl.constexpr = 2):
     """Rows WG * 64 + [0, 64) of each of the CTA's tiles (gluon_fwd._consumer_partition's online softmax).
     O_TMA: O goes out through o_smem[WG] by a TMA store (o_desc: (B * Sq, Hq * D), boxes [64, D]) that runs on
     while the next tile's GEMMs do; the next epilogue waits for it before it writes the buffer again.
     O_VIA_SMEM: O goes out through o_smem[0], one tile the two warpgroups take in turns (their epilogues alternate,
     WG 0's first: the ping-pong's order), as 16-byte row pieces (gluon_epilogue._store_rows_via); o_free counts the
     epilogues that have read it back. The Q tile cannot serve (the next tile's Q is loaded into it meanwhile)."""
-    BLOCK_M: gl.constexpr = 2 * WG_M
+    BLOCK_M: gl.constexpr = CONSUMERS * WG_M
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -230,10 +231,10 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
         stage0 = c % STAGES
         mbarrier.wait(q_bar, t & 1)
         mbarrier.wait(k_ready.index(stage0), (c // STAGES) & 1)
-        _turn_wait(turn_bars, c, WG, PINGPONG)
+        _turn_wait(turn_bars, c, WG, PINGPONG, CONSUMERS)
         s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
         s_tok = warpgroup_mma(q_view, k_bufs.index(stage0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        _turn_pass(turn_bars, WG, PINGPONG)
+        _turn_pass(turn_bars, WG, PINGPONG, CONSUMERS)
         s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_M, BLOCK_N]
         mbarrier.arrive(k_empty.index(stage0))
         s = _mask_scores(s, 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
@@ -246,11 +247,13 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
         for j in range(1, n_full):
             o_acc, m_i, l_i, p = _kv_step_p(c + j, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty,
                                             v_ready, v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale,
-                                            WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, P_CVT_ASM, TREE_MAX)
+                                            WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, P_CVT_ASM, TREE_MAX,
+                                            CONSUMERS)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             o_acc, m_i, l_i, p = _kv_step_p(c + j, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty,
                                             v_ready, v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale,
-                                            WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, P_CVT_ASM, TREE_MAX)
+                                            WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, P_CVT_ASM, TREE_MAX,
+                                            CONSUMERS)
         # Every Q K^T of this tile has retired (each step waits for its S): the loader may load the next Q.
         mbarrier.arrive(q_empty)
 
@@ -311,20 +314,26 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                 CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, RAGGED: gl.constexpr = False,
                                 P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
                                 O_TMA: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
-                                SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False):
-    """_attn_fwd_hopper's plain / causal forward over n_tiles = n_m * n_bh tiles (n_m = cdiv(Sq, 128) query
-    tiles, n_bh = B * Hq), tile i on CTA i % grid, or with SCHEDULE the CTA's tiles in Schedule (an int32 tensor,
-    persistent_schedule.schedule_table for this grid; unused without SCHEDULE). Launch with num_warps=4 and a grid of
-    min(n_tiles, SMs).
+                                SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
+                                CONSUMERS: gl.constexpr = 2):
+    """_attn_fwd_hopper's plain / causal forward over n_tiles = n_m * n_bh tiles (n_m = cdiv(Sq, 64 * CONSUMERS)
+    query tiles, n_bh = B * Hq), tile i on CTA i % grid, or with SCHEDULE the CTA's tiles in Schedule (an int32
+    tensor, persistent_schedule.schedule_table for this grid; unused without SCHEDULE). Launch with num_warps=4 and a
+    grid of min(n_tiles, SMs).
     O_TMA: o_desc is Out as a 2-D (B * Sq, Hq * D) TMA tensor with boxes [64, D] and batch == 1 or Sq % 64 == 0
     (a box never reaches into the next sequence); else o_desc is unused and O is stored from registers, or with
     O_VIA_SMEM through one shared-memory tile the consumers take in turns (32 KB at D256, which has no room for
-    O_TMA's two)."""
+    O_TMA's two).
+    CONSUMERS: consumer warpgroups, 2 (128-row tiles) or 3 (192-row tiles, as _attn_fwd_hopper's D64 variant: each
+    warpgroup's softmax behind the two others' GEMMs; 3 x 128 threads at CONSUMER_REGS <= 160); 3 takes neither
+    SCHEDULE (the host's cost model lists 128-row tiles) nor O_VIA_SMEM (its turn order is written for two)."""
     gl.static_assert(LPT_HEADS == 0 or IS_CAUSAL, "LPT_HEADS: causal launches")
     gl.static_assert(not SCHEDULE or IS_CAUSAL, "SCHEDULE: causal launches")
     gl.static_assert(not (O_TMA and O_VIA_SMEM), "O_TMA or O_VIA_SMEM")
+    gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not SCHEDULE and not O_VIA_SMEM),
+                     "CONSUMERS: 2, or 3 without SCHEDULE or O_VIA_SMEM")
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM],
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, HEAD_DIM],
                                        gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], dtype))
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
@@ -335,38 +344,62 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     o_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     if O_TMA:
-        o_smem = gl.allocate_shared_memory(dtype, [2, WG_M, HEAD_DIM], o_desc.layout)
+        o_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, HEAD_DIM], o_desc.layout)
     elif O_VIA_SMEM:
         o_smem = gl.allocate_shared_memory(dtype, [1, WG_M, HEAD_DIM],
                                            gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], dtype))
     else:
         o_smem = q_smem  # unused
     mbarrier.init(q_bar, count=1)
-    mbarrier.init(q_empty, count=2)  # both consumer warpgroups release Q
+    mbarrier.init(q_empty, count=CONSUMERS)  # every consumer warpgroup releases Q
     mbarrier.init(o_free, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
-    for i in gl.static_range(2):
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(turn_bars.index(i), count=1)
 
-    gl.warp_specialize([
-        (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                 turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
-                                 stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, Schedule,
-                                 qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX,
-                                 O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM)),
-        (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
-                                 turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
-                                 stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, Schedule,
-                                 qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM, TREE_MAX,
-                                 O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM)),
-        (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
-                             v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles, Schedule,
-                             HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE)),
-    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    if CONSUMERS == 3:
+        # 16 warps with the loader's padded warpgroup, as _attn_fwd_hopper's three consumers.
+        gl.warp_specialize([
+            (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                     turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
+                                     stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
+                                     Schedule, qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS)),
+            (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                     turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
+                                     stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
+                                     Schedule, qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS)),
+            (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                     turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
+                                     stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
+                                     Schedule, qk_scale, 2, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS)),
+            (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                                 v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
+                                 Schedule, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE,
+                                 CONSUMERS)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                     turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
+                                     stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
+                                     Schedule, qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM)),
+            (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
+                                     turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
+                                     stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
+                                     Schedule, qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM)),
+            (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
+                                 v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
+                                 Schedule, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
