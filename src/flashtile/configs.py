@@ -126,12 +126,13 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 1024}
 # 512 / 1K / 2K / 4K / 8K, persistent-sched4 against the one-tile default (both with the new epilogues) 340 / 452 /
 # 535 / 626 / 654 against 315 / 437 / 546 / 610 / 639 (cuDNN 332 / 440 / 520 / 551 / 542): causal D256 takes
 # persistent-sched4 from 0 keys.
-# Session 26 (fwd-d64-3wg-persistent-h200-2026-12-01-s26 call 3, TFLOP/s, two passes): D64 plain rows on the
-# persistent grid with three consumers (192-row tiles), persistent-tma -> persistent-3wg-tma (cuDNN): 512 340 -> 313
-# (385), 1K 387 -> 370-374 (415-421), 2K 415-418 -> 436-444 (420-439), 4K 432 -> 450-461 (447-455), 8K 437 -> 472
-# (459; d64-3wg, the one-tile kernel served there, 470). At 1K a 192-row grid pads 1024 rows to 1152 (12 % more
-# tiles' work). Causal lost at every length (1K / 2K / 4K: 220 / 272-308 / 341 against persistent-tma-lpt8's 295 /
-# 352-354 / 397-398). From 1025 keys, unmeasured between 1K and 2K (no padding at 1536).
+# Session 26 (h200-2026-12-01-s26 call 3, TFLOP/s, two passes but at 512 / 8K): D64 plain rows on the persistent
+# grid with three consumers (192-row tiles), persistent-tma -> persistent-3wg-tma (cuDNN): 512 340 -> 313 (385), 1K
+# 387 -> 370-374 (415-421), 2K 415-418 -> 436-444 (420-439), 4K 432 -> 450-461 (447-455), 8K 437 -> 472 (459; d64-3wg,
+# the one-tile kernel served there, 470). At 1K a 192-row grid pads 1024 rows to 1152 (12 % more tiles' work).
+# Causal lost at every length (1K / 2K / 4K, the better of persistent-3wg-tma and its lpt8 order: 214-221 / 308-310 /
+# 341-351 against persistent-tma-lpt8's 295-296 / 352-354 / 397-398). From 1025 keys, unmeasured between 1K and 2K
+# (no padding at 1536).
 GLUON_FWD_PERSISTENT = {(128, False): (("persistent-tma", 0, 4096), ),
                         (128, True): (("persistent-tma-sched4", 0, 16384), ),
                         (64, False): (("persistent-tma", 0, 1024), ("persistent-3wg-tma", 1025, 8192)),

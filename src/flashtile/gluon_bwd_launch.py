@@ -138,7 +138,7 @@ VARIANTS.update(grid_order_variants(VARIANTS["default"]))
 # 462, d64-bm128 causal 258 / 388 / 453 -> 259 / 389 / 460. "dq-rows" keeps the row-major buffer.
 # D256 (session 26): the same tiled buffer, the [64, 128] fp32 tile staged in the ring slot as before, one reduce-add
 # of 256 rows of 32 in place of four; tile loops 459 / 444 / 456 / 439 -> 428 / 412 / 405 / 388 SASS (causal 500 / 496
-# -> 471 / 443), no spills. bwd-d256-dq-tiled-h200-2026-12-01-s26 call 1, two passes in swapped order, TFLOP/s
+# -> 471 / 443), no spills. h200-2026-12-01-s26 call 1, two passes in swapped order, TFLOP/s
 # row-major -> tiled (cuDNN): 512 / 1K / 2K / 4K / 8K / 16K 260 / 309-310 / 342 / 361 / 370-373 / 377-378 -> 277-278 /
 # 336-337 / 373-375 / 389-396 / 405-407 / 408-409 (237-238 / 299-300 / 346-349 / 371-375 / 356-357 / 321-327), causal
 # 185 / 254-255 / 310-311 / 346 / 365 / 367-369 -> 191-192 / 270 / 330-332 / 366 / 384-387 / 399 (180 / 250-253 /
