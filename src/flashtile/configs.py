@@ -131,8 +131,9 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 1024}
 # 387 -> 370-374 (415-421), 2K 415-418 -> 436-444 (420-439), 4K 432 -> 450-461 (447-455), 8K 437 -> 472 (459; d64-3wg,
 # the one-tile kernel served there, 470). At 1K a 192-row grid pads 1024 rows to 1152 (12 % more tiles' work).
 # Causal lost at every length (1K / 2K / 4K, the better of persistent-3wg-tma and its lpt8 order: 214-221 / 308-310 /
-# 341-351 against persistent-tma-lpt8's 295-296 / 352-354 / 397-398). From 1025 keys, unmeasured between 1K and 2K
-# (no padding at 1536).
+# 341-351 against persistent-tma-lpt8's 295-296 / 352-354 / 397-398). From 1025 keys: call 6, one pass, 1280 / 1536
+# / 1792 / 16K 405 / 410 / 422 / 445 -> 422 / 446 / 426 / 486 (cuDNN 436 / 440 / 447 / 452; d64-3wg at 16K 490, so
+# rows past 8K keep it).
 GLUON_FWD_PERSISTENT = {(128, False): (("persistent-tma", 0, 4096), ),
                         (128, True): (("persistent-tma-sched4", 0, 16384), ),
                         (64, False): (("persistent-tma", 0, 1024), ("persistent-3wg-tma", 1025, 8192)),
