@@ -89,7 +89,7 @@ def memory_kernels(head_dim):
             us = bench_ms(conv.run, device, 25, 100) * 1e3
             print(f"  dq convert BLOCK_M {block:3d} warps {warps}: {us:7.1f} us, "
                   f"{elems * 6 / us / 1e6:5.2f} TB/s{'  (default)' if (block, warps) == (64, 4) else ''}", flush=True)
-    # The tiled dQ buffer (gluon_bwd_launch.dq_tile) the D64 / D128 defaults use: 64-row pieces, 4 warps.
+    # The tiled dQ buffer (gluon_bwd_launch.dq_tile) the defaults use: 64-row pieces, 4 warps.
     tile = gluon_bwd_launch.dq_tile(gluon_bwd_launch.VARIANTS["default"][head_dim], head_dim, False)
     if tile is not None:
         pre = launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, dq_accum=dq_accum, dq_tile=tile)

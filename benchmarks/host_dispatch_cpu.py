@@ -116,7 +116,7 @@ def stages(calls, reps):
     dq_accum = torch.zeros(b, pad, h, d)
     dk1, dv1, dq1 = torch.empty_like(q1), torch.empty_like(q1), torch.empty_like(q1)
     bwd_cfg = gluon_bwd_launch.VARIANTS["default"][d]
-    tile = gluon_bwd_launch.dq_tile(bwd_cfg, d, False)  # the launches' tiled dQ buffer (None at D256)
+    tile = gluon_bwd_launch.dq_tile(bwd_cfg, d, False)  # the launches' tiled dQ buffer ((64, 128) at D256)
     geo1 = launch.Geometry.of(q1, q1)
 
     # The op implementations replaced by constants: what is left is the interface's checks and autograd.

@@ -387,7 +387,7 @@ def test_rows_in_acc_algebra():
     assert torch.allclose(ds.double(), ds_ref, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("tile_m, tile_n", [(64, 64), (64, 32), (128, 32), (128, 64)])
+@pytest.mark.parametrize("tile_m, tile_n", [(64, 64), (64, 32), (128, 32), (128, 64), (64, 128)])
 def test_dq_tiled_offsets(tile_m, tile_n):
     """launch.dq_tiled_offsets (the tiled dQ buffer's map, kernels/bwd._dq_tiled_rows' twin) is a permutation in
     which every [tile_m, tile_n] tile of a head is tile_m * tile_n contiguous floats at the offset the dK/dV kernel's
@@ -414,11 +414,12 @@ def test_dq_tiled_preprocess_and_conversion():
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     heads, seqlen, rows_pad = 2, 70, 256
     # The tiles the launches use (gluon_bwd_launch.dq_tile): D128 (64, 64), D64 (64, 64), d64-bm128 (128, 64),
-    # d64-bm128-split (128, 32); and (64, 128) tiles at D256 (two column tiles per head).
+    # d64-bm128-split (128, 32), D256 (64, 128) (two column tiles per head).
     tiles = [(d, gluon_bwd_launch.dq_tile(gluon_bwd_launch.VARIANTS[v][d], d, False))
-             for v, d in (("default", 128), ("default", 64), ("d64-bm128", 64), ("d64-bm128-split", 64))]
-    assert [t for _, t in tiles] == [(64, 64), (64, 64), (128, 64), (128, 32)]
-    for head_dim, tile in tiles + [(256, (64, 128))]:
+             for v, d in (("default", 128), ("default", 64), ("d64-bm128", 64), ("d64-bm128-split", 64),
+                          ("default", 256))]
+    assert [t for _, t in tiles] == [(64, 64), (64, 64), (128, 64), (128, 32), (64, 128)]
+    for head_dim, tile in tiles:
         out, dout = torch.randn(2, 2, seqlen, heads, head_dim, device=dev).unbind(0)
         lse = torch.randn(2, heads, seqlen, device=dev)
         geo = launch.Geometry.of(out, out)

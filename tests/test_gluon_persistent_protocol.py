@@ -1,10 +1,11 @@
-"""A model of kernels/gluon_fwd_persistent.py's barrier protocol (kept in step with the kernel by hand): the loader
-warp and the two consumer warpgroups as generators that yield the mbarrier parity waits they make, running
-counters for the ring / turn / Q phases across tiles of different lengths, TMA loads landing at random later
-times. Random interleavings must finish (no deadlock) and every Q K^T / P V must read the block it expects (no
-buffer overwritten early, no phase aliasing). Mutations of the kernel's counters (a per-tile reset, a constant
-Q phase, no q_empty wait) make it fail. O_VIA_SMEM's epilogues: one O tile the two consumers take in turns (o_free,
-parity WG ^ 1); one parity for both fails (test_o_tile_parity_mutation_fails)."""
+"""A model of kernels/gluon_fwd_persistent.py's barrier protocol (kept in step with the kernel by hand): the loader warp
+and the consumer warpgroups (two, or three with CONSUMERS=3) as generators that yield the mbarrier parity waits they
+make, running counters for the ring / turn / Q phases across tiles of different lengths, TMA loads landing at random
+later times. Random interleavings must finish (no deadlock) and every Q K^T / P V must read the block it expects (no
+buffer overwritten early, no phase aliasing). Mutations of the kernel's counters (a per-tile reset, a constant Q
+phase, no q_empty wait) make it fail. O_VIA_SMEM's epilogues: one O tile the two consumers take in turns (o_free,
+parity WG ^ 1); one parity for both fails (test_o_tile_parity_mutation_fails). Three consumers store O without that
+tile (O_TMA or registers), so their model has no o_free."""
 
 import random
 
@@ -26,15 +27,17 @@ class Bar:
         return (self.phase & 1) != parity
 
 
-def run(tile_blocks, stages, pingpong=True, seed=0, o_parity=lambda wg: wg ^ 1):
+def run(tile_blocks, stages, pingpong=True, seed=0, o_parity=lambda wg: wg ^ 1, consumers=2, release_count=None):
     """One CTA's tiles (tile_blocks: key blocks per tile) under a random interleaving; raises on a deadlock or a
     GEMM that would read the wrong block (or an epilogue whose O tile another one overwrote). o_parity(wg): the
-    o_free parity an epilogue of consumer wg waits for."""
+    o_free parity an epilogue of consumer wg waits for (two consumers). release_count: the arrivals q_empty and the
+    ring's empty barriers count (the kernel: consumers)."""
     rng = random.Random(seed)
-    q_bar, q_empty = Bar(1), Bar(2)
+    release = release_count or consumers
+    q_bar, q_empty = Bar(1), Bar(release)
     k_ready, v_ready = [Bar(1) for _ in range(stages)], [Bar(1) for _ in range(stages)]
-    k_empty, v_empty = [Bar(2) for _ in range(stages)], [Bar(2) for _ in range(stages)]
-    turn = [Bar(1), Bar(1)]
+    k_empty, v_empty = [Bar(release) for _ in range(stages)], [Bar(release) for _ in range(stages)]
+    turn = [Bar(1) for _ in range(consumers)]
     o_free, o_buf = Bar(1), [None]  # O_VIA_SMEM: the O tile and which (tile, warpgroup) wrote it
     k_buf, v_buf, q_buf = [None] * stages, [None] * stages, [None]  # which block / tile each buffer holds
     in_flight = []  # TMA loads issued, not landed: (barrier, buffer list, index, value)
@@ -54,12 +57,12 @@ def run(tile_blocks, stages, pingpong=True, seed=0, o_parity=lambda wg: wg ^ 1):
                 c += 1
 
     def consumer(wg):  # _consumer_partition_p
-        def turn_wait(cc):
-            return (lambda: turn[wg].done((cc & 1) ^ (1 - wg))) if pingpong else (lambda: True)
+        def turn_wait(cc):  # gluon_fwd._turn_wait: warpgroup 0 first
+            return (lambda: turn[wg].done((cc & 1) ^ (wg == 0))) if pingpong else (lambda: True)
 
         def turn_pass():
             if pingpong:
-                turn[1 - wg].arrive()
+                turn[(wg + 1) % consumers].arrive()
 
         c = 0
         for t, n in enumerate(tile_blocks):
@@ -91,17 +94,18 @@ def run(tile_blocks, stages, pingpong=True, seed=0, o_parity=lambda wg: wg ^ 1):
             yield None
             assert v_buf[last % stages] == last, ("last PV read", wg, t, last, v_buf)
             v_empty[last % stages].arrive()
-            yield lambda: o_free.done(o_parity(wg))
-            o_buf[0] = (t, wg)
-            yield None  # the rows are read back
-            assert o_buf[0] == (t, wg), ("O tile", wg, t, o_buf)
-            o_free.arrive()
+            if consumers == 2:  # O_VIA_SMEM's shared O tile
+                yield lambda: o_free.done(o_parity(wg))
+                o_buf[0] = (t, wg)
+                yield None  # the rows are read back
+                assert o_buf[0] == (t, wg), ("O tile", wg, t, o_buf)
+                o_free.arrive()
             c += n
 
-    actors = [loader(), consumer(0), consumer(1)]
-    waits, finished = [None] * 3, [False] * 3
+    actors = [loader()] + [consumer(wg) for wg in range(consumers)]
+    waits, finished = [None] * len(actors), [False] * len(actors)
     while not all(finished):
-        ready = [i for i in range(3) if not finished[i] and (waits[i] is None or waits[i]())]
+        ready = [i for i in range(len(actors)) if not finished[i] and (waits[i] is None or waits[i]())]
         if in_flight and (not ready or rng.random() < 0.3):
             bar, buf, idx, value = in_flight.pop(rng.randrange(len(in_flight)))
             buf[idx] = value
@@ -139,3 +143,23 @@ def test_o_tile_parity_mutation_fails():
         else:
             raise AssertionError(f"seed {seed}: the mutated parity finished")
     assert overwrites > 0
+
+
+def test_three_consumers_random_schedules():
+    """CONSUMERS=3: the turn ring of three barriers and the releases counting three arrivals, random tiles."""
+    for seed in range(300):
+        rng = random.Random(seed)
+        tiles = [rng.randint(1, 6) for _ in range(rng.randint(1, 8))]
+        run(tiles, rng.choice([1, 2, 3, 4]), pingpong=rng.random() < 0.8, seed=seed, consumers=3)
+
+
+def test_three_consumers_with_two_releases_fails():
+    """q_empty and the ring's empty barriers completing at two of three consumers' arrivals (the two-consumer count
+    left in place) let a load overwrite a buffer a consumer still reads: some interleavings fail."""
+    failures = 0
+    for seed in range(100):
+        try:
+            run([3, 2, 4, 1], 2, seed=seed, consumers=3, release_count=2)
+        except (AssertionError, RuntimeError):
+            failures += 1
+    assert failures > 0

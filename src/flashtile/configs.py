@@ -101,11 +101,10 @@ GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 512, (64, False): 512, (64, 
 GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 1024}
 # (head dim, causal) -> ranges (variant, least seqlen_k, most seqlen_k): the gluon_launch.VARIANTS entry that serves
 # plain / causal dense calls from least to most keys; GLUON_FWD_LONG or "default" outside and everywhere else. The
-# persistent grid (one CTA per SM walking tiles, kernels/gluon_fwd_persistent.py) removes the per-tile launch / fill
-# / drain cost that dominates short rows; "-tma" stores O through shared memory. Session 7, time persistent / default
-# at 512, 1K, 2K, 4K: D128
-# persistent-tma 0.77/0.89/0.96/0.96, causal 0.85/1.00/1.07/1.09; D64 0.74/0.85/0.92/0.95; D256 persistent
-# 0.92/0.97/0.99/1.02, causal 1.09-1.17.
+# persistent grid (one CTA per SM walking tiles, kernels/gluon_fwd_persistent.py) removes the per-tile launch / fill /
+# drain cost that dominates short rows; "-tma" stores O through shared memory. Session 7, time persistent / default at
+# 512, 1K, 2K, 4K: D128 persistent-tma 0.77/0.89/0.96/0.96, causal 0.85/1.00/1.07/1.09; D64 0.74/0.85/0.92/0.95; D256
+# persistent 0.92/0.97/0.99/1.02, causal 1.09-1.17.
 # Causal since session 14 (lpt-h200-2026-11-30-s14): the causal tiles by groups of heads, heavy first, dealt to the
 # CTAs by the host's list schedule ("-sched4", persistent_schedule.py) or the grid's stride ("-lpt8"), where the old
 # rank-by-rank order over all heads lost to L2. Speed / cuDNN at 512 / 1K / 2K / 4K keys, two runs, the kernel served
@@ -130,7 +129,7 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 1024}
 # grid with three consumers (192-row tiles), persistent-tma -> persistent-3wg-tma (cuDNN): 512 340 -> 313 (385), 1K
 # 387 -> 370-374 (415-421), 2K 415-418 -> 436-444 (420-439), 4K 432 -> 450-461 (447-455), 8K 437 -> 472 (459; d64-3wg,
 # the one-tile kernel served there, 470). At 1K a 192-row grid pads 1024 rows to 1152 (12 % more tiles' work).
-# Causal lost at every length (1K / 2K / 4K, the better of persistent-3wg-tma and its lpt8 order: 214-221 / 308-310 /
+# Causal lost at every length (1K / 2K / 4K, the better of persistent-3wg-tma and its lpt8 order: 220-221 / 308-310 /
 # 341-351 against persistent-tma-lpt8's 295-296 / 352-354 / 397-398). From 1025 keys: call 6, one pass, 1280 / 1536
 # / 1792 / 16K 405 / 410 / 422 / 445 -> 422 / 446 / 426 / 486 (cuDNN 436 / 440 / 447 / 452; d64-3wg at 16K 490, so
 # rows past 8K keep it).

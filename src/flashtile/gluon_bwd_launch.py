@@ -123,12 +123,12 @@ VARIANTS = {
 # the old order. Groups of 32 heads ran slower than 8, the whole grid at once up to 38 % slower than head-major (the
 # tiles in flight read more heads' Q / dO than L2 holds).
 VARIANTS.update(grid_order_variants(VARIANTS["default"]))
-# dQ's fp32 buffer tiled (dq_tiled, the default at D64 / D128 since session 25): the buffer holds each warpgroup's
-# [BLOCK_M, DQ_N] dQ tile as BLOCK_M * DQ_N contiguous floats in the wgmma accumulator's register order
+# dQ's fp32 buffer tiled (dq_tiled, the default at D64 / D128 since session 25, D256 since 26): the buffer holds each
+# warpgroup's [BLOCK_M, DQ_N] dQ tile as BLOCK_M * DQ_N contiguous floats in the wgmma accumulator's register order
 # (launch.dq_tiled_offsets), so the staging stores are v4 and free of bank conflicts (row-major in 128-byte swizzled
-# rows, a warp's v2 stores hit every bank twice: session 22's source counters, 8.7 % of the shared-memory
-# wavefronts), one reduce-add adds the tile, and the preprocess's zeroing and the dQ conversion's reads are
-# contiguous. D128 tile loops 552 / 523 / 549 / 518 -> 517 / 480 / 513 / 445 SASS instructions (offline, sm90,
+# rows, a warp's v2 stores hit every bank twice: session 22's source counters, 8.7 % of the shared-memory wavefronts),
+# one reduce-add adds the tile, and the preprocess's zeroing and the dQ conversion's reads are contiguous. D128 tile
+# loops 552 / 523 / 549 / 518 -> 517 / 480 / 513 / 445 SASS instructions (offline, sm90,
 # tests/gluon_bwd_compile_check.py's default case).
 # Session 25 (bwd-dq-tiled-h200-2026-12-01-s25 call 2, 16K tokens, TFLOP/s, two passes in swapped order, row-major
 # -> tiled; cuDNN in the same processes): D128 1K / 2K / 4K / 8K / 16K 417-409 / 471-472 / 509-510 / 528-529 /

@@ -67,9 +67,9 @@ class GluonConfig:
     over the tiles; ctas_per_sm CTAs per SM, max_ctas caps the grid, 0 = no cap: a small cap makes every CTA run
     many tiles, for checking the barriers' running phases); the features and varlen still run the one-tile
     kernel with this config. tma_store (persistent): O leaves through shared memory by TMA stores that overlap the
-    next tile's GEMMs (2 x 64 x D x 2 B more shared memory), where batch == 1 or Sq % 64 == 0; without it (or where
-    it does not apply) through one shared tile the consumers take in turns, at configs.GLUON_FWD_SMEM_EPILOGUE's
-    head dims (persistent_launch_args).
+    next tile's GEMMs (consumers x 64 x D x 2 B more shared memory), where batch == 1 or Sq % 64 == 0; without it
+    (or where it does not apply) through one shared tile two consumers take in turns, at
+    configs.GLUON_FWD_SMEM_EPILOGUE's head dims, or from the registers (three consumers; persistent_launch_args).
     consumers: consumer warpgroups of WG_M = 64 query rows, 2 (BLOCK_M 128) or 3 (BLOCK_M 192, FA3's D64 tile:
     each warpgroup's softmax hides behind the two others' GEMMs); 3 needs consumer_regs <= 160 and maxnreg 128
     (16 warps with the loader's warpgroup: 3 x 128 x 160 + 128 x 24 <= 64K registers), takes no bias or ALiBi
@@ -148,8 +148,8 @@ VARIANTS = {
     # Registers: the two worker consumers get 160 (the default partition 168); P by pairs (p_cvt_asm) made ptxas
     # spill in their full-block loop (12 LDL + 10 STL per block), so P is rounded per element (+28 instructions).
     "d64-3wg": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128, tree_max=True)},
-    # The same three consumers in the persistent grid (session 26), for the D64 rows the persistent kernel serves
-    # (plain up to 2K keys, causal up to 4K): 192-row tiles, O by TMA stores (3 x 8 KB more shared memory).
+    # The same three consumers in the persistent grid (session 26): 192-row tiles, O by TMA stores (3 x 8 KB more
+    # shared memory). Plain D64 rows of 1025-8192 keys take it (configs.GLUON_FWD_PERSISTENT); causal measured slower.
     "persistent-3wg-tma": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
                                            tree_max=True, persistent=True, tma_store=True)},
     "persistent-3wg-tma-lpt8": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
@@ -627,7 +627,7 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
     schedule = None
     if config.schedule and is_causal:
         schedule = persistent_schedule(q.device, n_m, n_bh, ctas, config.lpt_heads or n_bh, seqlen_q, seqlen_k,
-                                       BLOCK_M, config.block_n)
+                                       config.block_m, config.block_n)
     if schedule is not None:
         constexprs.update(SCHEDULE=True)  # the list holds the order: LPT_HEADS would only split the compiles
     elif config.lpt_heads and is_causal:

@@ -18,9 +18,9 @@ dQ's columns over all 128 keys, so each element is added once per key block; oth
 warpgroup adds dS_w K_w over its own 64 keys: no exchange, twice the atomics. DQ_TMA_REDUCE (the default since
 session 8; dq-reduce2 has two buffers; "atomics" is the path above): a warpgroup stores its [64, 64] fp32 dQ tile
 into shared memory instead and one thread adds it with two TMA reduce-adds (32-column boxes) while the warpgroup
-goes on: FA3's way, 4x fewer L2 requests, measured 1.12-1.45x the atomics' speed at 1K-16K. Dense D64 / D128 launches
-keep the fp32 buffer in tiles (session 25, gluon_bwd_launch.dq_tile): a warpgroup's tile is stored in the
-accumulator's register order (16-byte stores without bank conflicts) and added by one reduce-add.
+goes on: FA3's way, 4x fewer L2 requests, measured 1.12-1.45x the atomics' speed at 1K-16K. Dense launches keep the
+fp32 buffer in tiles (D64 / D128 since session 25, D256 since 26; gluon_bwd_launch.dq_tile): a warpgroup's tile is
+stored in the accumulator's register order (16-byte stores without bank conflicts) and added by one reduce-add.
 
 HEAD_DIM 256 (SPLIT_D; FA3's hdim-256 shape): dK and dV of 64 keys per warpgroup would be 256 fp32 registers per
 thread, so a program takes BLOCK_N = 64 keys and both warpgroups work on all of them, warpgroup w owning head-dim
@@ -718,8 +718,10 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
     [0, HEAD_DIM / 2) (unscaled) at dq_ptr + rows * stride_dqm. Same score features and masks as _bwd_step.
     DQ_TMA_REDUCE (DQ_CHUNKS 1): dQ through the tile's own ring slot instead, once both warpgroups' wgmmas on it
     retired (dq_done, count 2): warpgroup 0 in its Q buffer, 1 in its dO buffer (32 KB each: [64, 128] fp32), by
-    four TMA reduce-adds into dq_desc at [dq_b, m, dq_c + 32 c]; the slot goes back to the loader during the next
-    tile, once those have read it. BLOCK_SPARSE and MASKED: MASK_MOD on the half tile, as in _bwd_step."""
+    four TMA reduce-adds into dq_desc at [dq_b, m, dq_c + 32 c], or with the tiled buffer (2-D dq_desc, the dense
+    default) in the accumulator's order by one reduce-add of the [256, 32] box at the tile's row; the slot goes back
+    to the loader during the next tile, once those have read it. BLOCK_SPARSE and MASKED: MASK_MOD on the half tile,
+    as in _bwd_step."""
     dtype: gl.constexpr = q_bufs.dtype
     HALF_M: gl.constexpr = BLOCK_M // 2
     HALF_D: gl.constexpr = HEAD_DIM // 2
@@ -816,15 +818,15 @@ def _bwd_step_split_d(it, m, dk, dv, k_smem, v_smem, q_bufs, do_bufs, lse2_bufs,
                 dq_smem = own.index(stage)._reinterpret(gl.float32, [BLOCK_M * DQ_N // 32, 32], dq_desc.layout)
                 dq_t = gl.permute(gl.reshape(dq, [BLOCK_M // 64, 4, 2, 8, DQ_N // 8, 4, 2]), (0, 4, 1, 3, 5, 2, 6))
                 dq_smem.store(gl.reshape(dq_t, [BLOCK_M * DQ_N // 32, 32]))
-                fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
-                gl.thread_barrier()  # all 128 threads stored before the elected one issues
-                _tma_reduce_add(dq_desc, [((dq_b + m // BLOCK_M) * stride_dqm + dq_c) * (BLOCK_M // 32), 0],
-                                dq_smem)
             else:
                 dq_smem = own.index(stage)._reinterpret(gl.float32, [1, BLOCK_M, DQ_N], dq_desc.layout)
                 dq_smem.reshape([BLOCK_M, DQ_N]).store(dq)
-                fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
-                gl.thread_barrier()  # all 128 threads stored before the elected one issues
+            fence_async_shared()  # the generic-proxy stores before the async-proxy (TMA) read
+            gl.thread_barrier()  # all 128 threads stored before the elected one issues
+            if _dq_tiled(dq_desc):
+                _tma_reduce_add(dq_desc, [((dq_b + m // BLOCK_M) * stride_dqm + dq_c) * (BLOCK_M // 32), 0],
+                                dq_smem)
+            else:
                 BOX_N: gl.constexpr = dq_desc.block_type.shape[2]
                 for b in gl.static_range(DQ_N // BOX_N):
                     _tma_reduce_add(dq_desc, [dq_b, m, dq_c + b * BOX_N], dq_smem.slice(b * BOX_N, BOX_N, dim=2))
@@ -996,7 +998,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     DQ_TMA_REDUCE (1 or 2 shared buffers per warpgroup at D64 / D128; 1 at D256: the ring slot): dQ tiles by TMA
     reduce-add through dq_desc, DQAccum as (B, seqlen_q_pad, Hq * D) with boxes [1, BLOCK_M, 32] (one 128-byte
     swizzle block; triton 3.6 issues one message per reduce), or, when dq_desc is 2-D (gluon_bwd_launch.dq_tile:
-    dense D64 / D128), DQAccum in tiles (launch.dq_tiled_offsets) as (numel / 32, 32) with one tile per box; else
+    dense launches), DQAccum in tiles (launch.dq_tiled_offsets) as (numel / 32, 32) with one tile per box; else
     None.
     VARLEN: packed q / k / v / dO (total, H, D) at int32 CuSeqlensQ / CuSeqlensK (B + 1,), seen as one batch
     (descriptors (1, total, H * D)); seqlen_q / seqlen_k the maxima (the grid); lse2 / delta in the varlen row layout

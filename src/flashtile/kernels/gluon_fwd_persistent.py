@@ -2,13 +2,12 @@
 
 Short sequences give each program only a few key blocks (512 tokens: 4 blocks of 128), so a one-tile program's
 fixed cost (the Q load, the K/V pipeline's fill, the epilogue's stores) is exposed. Here a grid of about one CTA
-per SM walks the tiles (query tile, batch * head) with a stride of the grid, and the three partitions keep running
-across tile boundaries:
-  - the loader warp waits only until both consumers have finished their last Q K^T of tile t (q_empty), then
-    loads tile t+1's Q and its first K / V blocks into the ring while the consumers do tile t's last P V and
-    epilogue;
-  - the two consumer warpgroups ping-pong their GEMMs across tiles as within one, so one warpgroup's epilogue
-    overlaps the other's next GEMMs.
+per SM walks the tiles (query tile, batch * head) with a stride of the grid, and the partitions keep running across
+tile boundaries:
+  - the loader warp waits only until every consumer has finished its last Q K^T of tile t (q_empty), then loads
+    tile t+1's Q and its first K / V blocks into the ring while the consumers do tile t's last P V and epilogue;
+  - the consumer warpgroups (two, or three with CONSUMERS=3: 192-row tiles) take their GEMMs in turns across tiles
+    as within one, so one warpgroup's epilogue overlaps the others' next GEMMs.
 Every ring barrier, the Q barrier and the turn barriers are indexed by running counters (key blocks and tiles
 this CTA has processed so far, never reset per tile): stage = c % STAGES, phase = (c // STAGES) & 1, with c the
 CTA's global key-block count; the Q barrier's phase is the CTA's tile count & 1. Each consumer waits its turn once
