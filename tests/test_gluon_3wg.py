@@ -125,7 +125,7 @@ def test_persistent_variant_off_its_kernel_takes_the_default_config(monkeypatch)
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype): Sq off the 192-row tile (a third / two thirds of the last
 # tile), q < k (causal bottom-right), GQA / MQA, ragged batches (Sk % 128 != 0), 1 x 1, fp16. Batch > 1 with
 # Sq % 64 == 0 (the persistent grid's O by TMA): the last tile's warpgroups 1 and 2 past Sq (1024, 256, 4096), or
-# warpgroup 2 alone (896; added after session 26's GPU runs).
+# warpgroup 2 alone (896).
 SHAPES = [(2, 1024, 1024, 4, 4, torch.bfloat16), (1, 1000, 1000, 4, 2, torch.bfloat16),
           (1, 130, 257, 2, 2, torch.bfloat16), (1, 777, 999, 8, 1, torch.bfloat16), (1, 1, 1, 2, 1, torch.bfloat16),
           (1, 1000, 1000, 4, 2, torch.float16), (3, 256, 512, 4, 2, torch.bfloat16),
