@@ -437,6 +437,13 @@ def test_dq_tiled_preprocess_and_conversion():
         torch.testing.assert_close(dq, (want[:, :seqlen] * 0.5).half(), rtol=0, atol=0)
 
 
+def _sink_grad_from_rows(out, dout, lse, sink):
+    """The sink gradient as the preprocess adds it up, in float64: -sum over batches and rows of exp(sink - lse) *
+    rowsum(out * dout); out / dout (B, S, H, D), lse (B, H, S)."""
+    rowsum = (out.double() * dout.double()).sum(-1).transpose(1, 2)  # (B, H, S)
+    return -(torch.exp(sink.double()[None, :, None] - lse.double()) * rowsum).sum((0, 2))
+
+
 @pytest.mark.parametrize("seqlen", [130, 200])
 def test_preprocess_sink_parts_with_folded_rows(seqlen):
     """With ROWS_IN_ACC's fold (the D64 128-row variants, which plain / causal calls with a sink run) the preprocess
@@ -461,9 +468,8 @@ def test_preprocess_sink_parts_with_folded_rows(seqlen):
     view = buf[:shape[0] * shape[1]].view(shape)
     launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, sink, view, fold=(rows_pad, 0.125)).run()
     assert torch.all(buf[shape[0] * shape[1]:] == 7.0)
-    rowsum = (out.double() * dout.double()).sum(-1).transpose(1, 2)  # (B, H, S)
-    want = -(torch.exp(sink.double()[None, :, None] - lse.double()) * rowsum).sum((0, 2))
-    torch.testing.assert_close(launch.sink_grad(view, heads).double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(launch.sink_grad(view, heads).double(), _sink_grad_from_rows(out, dout, lse, sink),
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("varlen", [False, True])
@@ -1041,9 +1047,7 @@ def test_sink_gradient_through_gluon(monkeypatch, head_dim, seqlen, causal):
     names = ("dq", "dk", "dv", "dsink") if head_dim == 128 else ("dq", "dk", "dv")
     for name, got, r64, rlow in zip(names, grads, *results):
         assert_close_rule(name, got, r64, rlow, dtype)
-    rowsum = (out.double() * dout.double()).sum(-1).transpose(1, 2)  # (B, H, Sq)
-    want = -(torch.exp(sink.double()[None, :, None] - lse.double()) * rowsum).sum((0, 2))
-    torch.testing.assert_close(grads[3].double(), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grads[3].double(), _sink_grad_from_rows(out, dout, lse, sink), rtol=1e-4, atol=1e-4)
 
 
 # Packed sequences (seqlen_q, seqlen_k): an empty query side, one row, q < k and q > k, tails, a whole tile.
