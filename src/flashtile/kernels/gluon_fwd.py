@@ -159,12 +159,27 @@ def _bias_release(b_empty, j, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """-inf where key j * BLOCK_N + c is past seqlen_k or (causal) after row r's diagonal r + causal_offset."""
-    cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))  # [BLOCK_N]
+def _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                 BLOCK_RELATIVE: gl.constexpr = False):
+    """-inf where key j * BLOCK_N + c is past seqlen_k or (causal) after row r's diagonal r + causal_offset.
+    BLOCK_RELATIVE: the columns are counted from the block's first key (constants in each thread) and the bounds
+    move instead, one per row (causal) or per block, so a compare per score takes no add. Causal then skips the
+    sequence end: a row r < Sq sees no key past r + Sk - Sq <= Sk - 1, and rows past Sq are never stored (their
+    extra keys are TMA's zeros or another sequence's finite ones). Off where the bounds' registers spilled
+    (three consumers; dropout's draws live across the mask)."""
+    layout: gl.constexpr = s.type.layout
+    if BLOCK_RELATIVE:
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))  # [BLOCK_N], from the block's first key
+        if IS_CAUSAL:
+            last = row0 + causal_offset - j * BLOCK_N + gl.arange(0, WG_M, layout=gl.SliceLayout(1, layout))
+            visible = cols[None, :] <= last[:, None]  # [WG_M, BLOCK_N]; last: each row's last visible column
+        else:
+            visible = (cols < seqlen_k - j * BLOCK_N)[None, :]
+        return gl.where(visible, s, float("-inf"))  # [WG_M, BLOCK_N]
+    cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))  # [BLOCK_N]
     visible = (cols < seqlen_k)[None, :]
     if IS_CAUSAL:
-        rows = row0 + gl.arange(0, WG_M, layout=gl.SliceLayout(1, s.type.layout))  # [WG_M]
+        rows = row0 + gl.arange(0, WG_M, layout=gl.SliceLayout(1, layout))  # [WG_M]
         visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
     return gl.where(visible, s, float("-inf"))  # [WG_M, BLOCK_N]
 
@@ -357,7 +372,8 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         p_f32 = gl.exp2(s * qk_scale - m_sub[:, None])  # [WG_M, BLOCK_N]
     else:
         if MASKED:
-            s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
+            s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL,
+                             CONSUMERS == 2 and not HAS_DROPOUT)
         m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)  # [WG_M], log2 units of the scaled scores
         alpha = gl.exp2(m_i - m_new)  # [WG_M]
         p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
@@ -484,7 +500,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
         p_f32 = gl.exp2(s * qk_scale - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])  # [WG_M, BLOCK_N]
         l_i = gl.sum(p_f32, axis=1)  # [WG_M]
     else:
-        s = _mask_scores(s, 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
+        s = _mask_scores(s, 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL, CONSUMERS == 2 and not HAS_DROPOUT)
         m_i = gl.max(s, axis=1) * qk_scale  # [WG_M]; finite: every row sees key 0 (host guarantees it)
         if HAS_SINK:
             m_i = gl.maximum(m_i, sink_log2)
