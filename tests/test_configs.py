@@ -169,9 +169,9 @@ def test_gluon_forward_policy():
     assert not configs.gluon_fwd_wanted(128, True, 256) and configs.gluon_fwd_wanted(128, True, 512)
     assert not configs.gluon_fwd_wanted(64, False, 256) and configs.gluon_fwd_wanted(64, False, 512)
     assert not configs.gluon_fwd_wanted(64, True, 2048) and configs.gluon_fwd_wanted(64, True, 4096)
-    # Plain dense calls (the persistent grid's): D64 causal from 1K keys.
-    assert not configs.gluon_fwd_wanted(64, True, 512, plain=True)
-    assert configs.gluon_fwd_wanted(64, True, 1024, plain=True)
+    # Plain dense calls (the persistent grid's): D64 causal from 512 keys (since session 27).
+    assert not configs.gluon_fwd_wanted(64, True, 511, plain=True)
+    assert configs.gluon_fwd_wanted(64, True, 512, plain=True)
     assert all(configs.gluon_fwd_wanted(d, c, 512, plain=True) == configs.gluon_fwd_wanted(d, c, 512)
                for d, c in configs.GLUON_FWD_MIN_KEYS if (d, c) != (64, True))
     assert configs.gluon_fwd_wanted(256, True, 512) and not configs.gluon_fwd_wanted(256, False, 256)
@@ -188,7 +188,7 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_variant(256, True, 4096, plain=True) == "persistent-sched4"
     assert configs.gluon_fwd_variant(256, True, 16384, plain=True) == "persistent-sched4"
     assert configs.gluon_fwd_variant(256, True, 16385, plain=True) == "default"
-    assert configs.gluon_fwd_variant(64, True, 1024, plain=True) == "persistent-tma-lpt8"
+    assert configs.gluon_fwd_variant(64, True, 512, plain=True) == "persistent-tma-lpt8"
     # Calls with features or varlen run the one-tile kernel: the default's config, not a persistent variant's
     # (whose tile order would reach the one-tile kernel unmeasured).
     assert all(configs.gluon_fwd_variant(d, c, 1024) == "default" for d, c in configs.GLUON_FWD_PERSISTENT)
