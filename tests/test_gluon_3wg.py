@@ -152,7 +152,7 @@ def test_matches_reference(monkeypatch, shape, causal):
 
 
 
-PERSISTENT = ("persistent-3wg-tma", "persistent-3wg-tma-lpt8")
+PERSISTENT = ("persistent-3wg-tma", "persistent-3wg-tma-lpt8", "persistent-3wg-tma-q2")
 
 
 @needs_gluon

@@ -91,6 +91,7 @@ class GluonConfig:
     # rank by rank over all heads)
     schedule: bool = False  # persistent, causal: the host lists each CTA's tiles (persistent_schedule.py) in the
     # lpt_heads order
+    q_buffers: int = 1  # persistent: Q tiles in shared memory, 2: the next tile's Q loads while this tile runs
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.schedule):
@@ -98,6 +99,8 @@ class GluonConfig:
                              f"schedule={self.schedule}): the host's schedule lists 128-row tiles")
         if self.schedule and not self.persistent:
             raise ValueError("GluonConfig: schedule lists the persistent kernel's tiles (persistent=False)")
+        if self.q_buffers not in (1, 2) or (self.q_buffers == 2 and not self.persistent):
+            raise ValueError(f"GluonConfig: q_buffers must be 1, or 2 with persistent (got {self.q_buffers})")
 
     @property
     def block_m(self):
@@ -155,6 +158,10 @@ VARIANTS = {
     "persistent-3wg-tma-lpt8": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
                                                 tree_max=True, persistent=True, tma_store=True, lpt_heads=8)},
 }
+# Q double-buffered in the persistent grid (session 27): the loader issues tile t+1's Q as soon as it reaches that tile,
+# not after tile t's last Q K^T. D128: 224 KB of shared memory.
+VARIANTS.update({f"{name}-q2": {d: replace(c, q_buffers=2) for d, c in VARIANTS[name].items() if d != 256}
+                 for name in ("persistent-tma", "persistent-tma-7cta", "persistent-3wg-tma", "persistent-3wg-tma-lpt8")})
 # The causal grid's order (kernels/gluon_grid._heavy_first): "head-major" is the order before session 13 (head by
 # head, each head's longest rows first), "lptN" starts the longest rows of N heads at a time. Session 13
 # (lpt-h200-2026-11-30-s13, 16K tokens, causal 1K / 2K / 4K / 8K, speed / cuDNN, head-major -> lpt8): D128 0.81 ->
@@ -182,7 +189,7 @@ def persistent_order_variants():
     stride) and "-schedN" (the same order, listed per CTA by the host)."""
     orders = {"lpt4": (4, False), "lpt8": (8, False), "lpt16": (16, False), "sched4": (4, True), "sched8": (8, True)}
     return {f"{base}-{name}": {d: replace(c, lpt_heads=n, schedule=listed) for d, c in VARIANTS[base].items()}
-            for base in ("persistent", "persistent-tma") for name, (n, listed) in orders.items()}
+            for base in ("persistent", "persistent-tma", "persistent-tma-q2") for name, (n, listed) in orders.items()}
 
 
 VARIANTS.update({**grid_order_variants(VARIANTS["default"]), **persistent_order_variants()})
@@ -620,6 +627,8 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
                       RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm, TREE_MAX=config.tree_max, O_TMA=o_tma)
+    if config.q_buffers != 1:
+        constexprs.update(Q_BUFFERS=config.q_buffers)
     if config.consumers != 2:
         constexprs.update(CONSUMERS=config.consumers)  # its O leaves by TMA or from the registers
     elif not o_tma and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE:  # O through one shared tile (session 20)

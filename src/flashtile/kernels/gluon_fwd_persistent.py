@@ -108,7 +108,7 @@ def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_e
                       v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles, Schedule,
                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                       IS_CAUSAL: gl.constexpr, RAGGED: gl.constexpr, LPT_HEADS: gl.constexpr = 0,
-                      SCHEDULE: gl.constexpr = False, CONSUMERS: gl.constexpr = 2):
+                      SCHEDULE: gl.constexpr = False, CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1):
     BLOCK_M: gl.constexpr = CONSUMERS * WG_M
     c = 0  # key blocks loaded by this CTA so far (all tiles): the ring's running counter
     t = 0  # tiles of this CTA so far
@@ -131,6 +131,15 @@ def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_e
         kv_end = k_start + seqlen_k
         q_col = off_h * HEAD_DIM
         kv_col = (off_h // group_size) * HEAD_DIM
+        if Q_BUFFERS == 2:
+            # Tile t's Q goes into buffer t % 2, which tile t-2 released long before (this warp has since loaded
+            # all of tile t-1's K / V): first, so its latency hides behind tile t-1's last blocks.
+            qb = t % 2
+            mbarrier.wait(q_empty.index(qb), ((t // 2) & 1) ^ 1)
+            mbarrier.expect(q_bar.index(qb), CONSUMERS * q_desc.block_type.nbytes)
+            for w in gl.static_range(CONSUMERS):
+                _tma_load(q_desc, q_row + w * WG_M, q_end, q_col, q_bar.index(qb), q_smem.index(qb * CONSUMERS + w),
+                          RAGGED)
         for j in range(n_blocks):
             stage = c % STAGES
             empty_phase = ((c // STAGES) & 1) ^ 1
@@ -138,14 +147,14 @@ def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_e
             mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
             _tma_load(k_desc, kv_row + j * BLOCK_N, kv_end, kv_col, k_ready.index(stage), k_bufs.index(stage),
                       RAGGED)
-            if j == 0:
-                # Q is single-buffered: tile t-1's consumers release it after their last Q K^T (fresh barrier:
+            if Q_BUFFERS == 1 and j == 0:
+                # Q single-buffered: tile t-1's consumers release it after their last Q K^T (fresh barrier:
                 # phase 1 counts as complete, so tile 0 does not wait). K_0 goes first: its ring slot is usually
                 # free earlier, and the Q K^T needs both.
-                mbarrier.wait(q_empty, (t & 1) ^ 1)
-                mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
+                mbarrier.wait(q_empty.index(0), (t & 1) ^ 1)
+                mbarrier.expect(q_bar.index(0), CONSUMERS * q_desc.block_type.nbytes)
                 for w in gl.static_range(CONSUMERS):
-                    _tma_load(q_desc, q_row + w * WG_M, q_end, q_col, q_bar, q_smem.index(w), RAGGED)
+                    _tma_load(q_desc, q_row + w * WG_M, q_end, q_col, q_bar.index(0), q_smem.index(w), RAGGED)
             mbarrier.wait(v_empty.index(stage), empty_phase)
             mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
             _tma_load(v_desc, kv_row + j * BLOCK_N, kv_end, kv_col, v_ready.index(stage), v_bufs.index(stage),
@@ -195,7 +204,7 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
                           IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, P_CVT_ASM: gl.constexpr,
                           TREE_MAX: gl.constexpr, O_TMA: gl.constexpr, LPT_HEADS: gl.constexpr = 0,
                           SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
-                          CONSUMERS: gl.constexpr = 2):
+                          CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1):
     """Rows WG * 64 + [0, 64) of each of the CTA's tiles (gluon_fwd._consumer_partition's online softmax).
     O_TMA: O goes out through o_smem[WG] by a TMA store (o_desc: (B * Sq, Hq * D), boxes [64, D]) that runs on
     while the next tile's GEMMs do; the next epilogue waits for it before it writes the buffer again.
@@ -210,7 +219,6 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
-    q_view = q_smem.index(WG)
     if IS_CAUSAL:
         causal_offset = seqlen_k - seqlen_q
     else:
@@ -225,10 +233,12 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
         start_m = pid_m * BLOCK_M
         n_full, n_blocks = _tile_blocks(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
         row0 = start_m + WG * WG_M
+        qb = t % Q_BUFFERS
+        q_view = q_smem.index(qb * CONSUMERS + WG)
 
         # Key block 0 (masked).
         stage0 = c % STAGES
-        mbarrier.wait(q_bar, t & 1)
+        mbarrier.wait(q_bar.index(qb), (t // Q_BUFFERS) & 1)
         mbarrier.wait(k_ready.index(stage0), (c // STAGES) & 1)
         _turn_wait(turn_bars, c, WG, PINGPONG, CONSUMERS)
         s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
@@ -254,7 +264,7 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
                                             WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, P_CVT_ASM, TREE_MAX,
                                             CONSUMERS)
         # Every Q K^T of this tile has retired (each step waits for its S): the loader may load the next Q.
-        mbarrier.arrive(q_empty)
+        mbarrier.arrive(q_empty.index(qb))
 
         # The last block's PV.
         c_last = c + n_blocks - 1
@@ -314,7 +324,7 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                 P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
                                 O_TMA: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
                                 SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
-                                CONSUMERS: gl.constexpr = 2):
+                                CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1):
     """_attn_fwd_hopper's plain / causal forward over n_tiles = n_m * n_bh tiles (n_m = cdiv(Sq, 64 * CONSUMERS)
     query tiles, n_bh = B * Hq), tile i on CTA i % grid, or with SCHEDULE the CTA's tiles in Schedule (an int32
     tensor, persistent_schedule.schedule_table for this grid; unused without SCHEDULE). Launch with num_warps=4 and a
@@ -332,13 +342,13 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not SCHEDULE and not O_VIA_SMEM),
                      "CONSUMERS: 2, or 3 without SCHEDULE or O_VIA_SMEM")
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, WG_M, HEAD_DIM],
+    q_smem = gl.allocate_shared_memory(dtype, [Q_BUFFERS * CONSUMERS, WG_M, HEAD_DIM],
                                        gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], dtype))
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -352,8 +362,9 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                            gl.NVMMASharedLayout.get_default_for([WG_M, HEAD_DIM], dtype))
     else:
         o_smem = q_smem  # unused
-    mbarrier.init(q_bar, count=1)
-    mbarrier.init(q_empty, count=CONSUMERS)  # every consumer warpgroup releases Q
+    for i in gl.static_range(Q_BUFFERS):
+        mbarrier.init(q_bar.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=CONSUMERS)  # every consumer warpgroup releases its Q
     mbarrier.init(o_free, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
@@ -370,21 +381,21 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
-                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS)),
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS)),
             (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
-                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS)),
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS)),
             (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 2, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
-                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS)),
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS)),
             (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                                  v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
                                  Schedule, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE,
-                                 CONSUMERS)),
+                                 CONSUMERS, Q_BUFFERS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
@@ -392,13 +403,14 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
-                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM)),
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, 2, Q_BUFFERS)),
             (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
-                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM)),
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, 2, Q_BUFFERS)),
             (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                                  v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
-                                 Schedule, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE)),
+                                 Schedule, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE, 2,
+                                 Q_BUFFERS)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
