@@ -1,4 +1,6 @@
 """The Hopper Gluon forward (gluon_launch.py): GPU tier on sm90 only; on CPU just the import guard."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -96,7 +98,7 @@ PERSISTENT_SHAPES = [(4, 512, 512, 16, 16, torch.bfloat16), (3, 300, 700, 8, 2, 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("variant", ["persistent", "persistent-7cta", "persistent-tma", "persistent-tma-7cta",
-                                     "persistent-tma-q2", "persistent-tma-q2-7cta"])
+                                     "persistent-tma-q2", "persistent-tma-7cta-q2"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("shape", PERSISTENT_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
@@ -719,6 +721,13 @@ def test_persistent_launch_args():
         # Without the TMA store, O leaves through one shared tile (configs.GLUON_FWD_SMEM_EPILOGUE's head dims).
         assert constexprs.get("O_VIA_SMEM", False) == (not o_tma)
     assert gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, False, config, sm_count=132)[2]["O_VIA_SMEM"]
+    # Q double-buffered: Q_BUFFERS=2 (the kernel's default, 1, is left out of the single-buffered launch's set).
+    assert "Q_BUFFERS" not in constexprs
+    q2 = gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, False,
+                                             gluon_launch.VARIANTS["persistent-tma-q2"][128], sm_count=132)[2]
+    assert q2["Q_BUFFERS"] == 2 and q2["O_TMA"]
+    with pytest.raises(ValueError, match="q_buffers"):
+        replace(gluon_launch.VARIANTS["default"][128], q_buffers=2)  # the one-tile kernel has one Q tile
     assert gluon_launch.takes_persistent(config, q, q) and gluon_launch.takes_persistent(config, q, q, causal=True)
     assert not gluon_launch.takes_persistent(gluon_launch.VARIANTS["default"][128], q, q)
     assert not gluon_launch.takes_persistent(config, q, q, window_size=(64, 0))

@@ -265,7 +265,7 @@ def test_varlen_matches_each_sequence_alone(monkeypatch, case, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("causal, seqlen, variant", [(False, 4200, "persistent-3wg-tma"), (False, 8300, VARIANT),
+@pytest.mark.parametrize("causal, seqlen, variant", [(False, 4200, "persistent-3wg-tma-q2"), (False, 8300, VARIANT),
                                                      (True, 8200, VARIANT)],
                          ids=["full-4200", "full-8300", "causal-8200"])
 def test_long_d64_rows_dispatch_to_the_variant(monkeypatch, causal, seqlen, variant):

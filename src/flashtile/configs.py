@@ -135,10 +135,18 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 512}
 # 341-351 against persistent-tma-lpt8's 295-296 / 352-354 / 397-398). From 1025 keys: call 6, one pass, 1280 / 1536
 # / 1792 / 16K 405 / 410 / 422 / 445 -> 422 / 446 / 426 / 486 (cuDNN 436 / 440 / 447 / 452; d64-3wg at 16K 490, so
 # rows past 8K keep it).
-GLUON_FWD_PERSISTENT = {(128, False): (("persistent-tma", 0, 4096), ),
-                        (128, True): (("persistent-tma-sched4", 0, 16384), ),
-                        (64, False): (("persistent-tma", 0, 1024), ("persistent-3wg-tma", 1025, 8192)),
-                        (64, True): (("persistent-tma-lpt8", 0, 4096), ),
+# Session 27 (fwd-block-mask-h200-2026-12-01-s27 call 2, TFLOP/s, two passes in swapped order, cuDNN in brackets):
+# Q double-buffered ("-q2", GluonConfig.q_buffers), single -> double: D64 persistent-tma 512 / 1K / 2K / 4K 343-345 ->
+# 369-372 (378-382) / 393-394 -> 399-405 (379-408) / 410-416 -> 421 / 425-432 -> 422-423; persistent-3wg-tma 319-324
+# -> 350-356 / 368-376 -> 381 / 436 -> 440-442 (401-413) / 450-451 -> 453 (434-446); causal persistent-tma-lpt8 230-233
+# -> 245-246 (257-259) / 318-319 -> 319-323 (332-334) / 356-364 -> 366 (381-386) / 401-405 -> 407-409 (411-414); D128
+# persistent-tma 488-490 -> 511-519 (492-501) / 546-556 -> 581-584 (555-557) / 590-591 -> 608-614 (588-591) / 613-615
+# -> 628-631 (598-599); causal persistent-tma-sched4 294-331 -> 267-340 (322-328) / 437-438 -> 439-443 (411) / 514-519
+# -> 517-533 (475) / 574-577 -> 585-587 (512-521). Every range takes its "-q2" twin (D128 causal 8K-16K unmeasured).
+GLUON_FWD_PERSISTENT = {(128, False): (("persistent-tma-q2", 0, 4096), ),
+                        (128, True): (("persistent-tma-q2-sched4", 0, 16384), ),
+                        (64, False): (("persistent-tma-q2", 0, 1024), ("persistent-3wg-tma-q2", 1025, 8192)),
+                        (64, True): (("persistent-tma-q2-lpt8", 0, 4096), ),
                         (256, False): (("persistent", 0, 2048), ), (256, True): (("persistent-sched4", 0, 16384), )}
 # (head dim, causal) -> (variant, least seqlen_k): the entry that serves longer rows instead of "default". D64: three
 # consumer warpgroups (192-row tiles, FA3's hdim-64 schedule). Session 10 (d64-3wg-h200-2026-11-30-s10), speed /

@@ -158,10 +158,12 @@ VARIANTS = {
     "persistent-3wg-tma-lpt8": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
                                                 tree_max=True, persistent=True, tma_store=True, lpt_heads=8)},
 }
-# Q double-buffered in the persistent grid (session 27): the loader issues tile t+1's Q as soon as it reaches that tile,
-# not after tile t's last Q K^T. D128: 224 KB of shared memory.
+# Q double-buffered in the persistent grid (session 27; configs.GLUON_FWD_PERSISTENT serves these): the loader issues
+# tile t+1's Q as soon as it reaches that tile, not after tile t's last Q K^T. D128: 224 KB of shared memory; D256 has
+# no room.
 VARIANTS.update({f"{name}-q2": {d: replace(c, q_buffers=2) for d, c in VARIANTS[name].items() if d != 256}
-                 for name in ("persistent-tma", "persistent-tma-7cta", "persistent-3wg-tma", "persistent-3wg-tma-lpt8")})
+                 for name in ("persistent-tma", "persistent-tma-7cta", "persistent-3wg-tma",
+                              "persistent-3wg-tma-lpt8")})
 # The causal grid's order (kernels/gluon_grid._heavy_first): "head-major" is the order before session 13 (head by
 # head, each head's longest rows first), "lptN" starts the longest rows of N heads at a time. Session 13
 # (lpt-h200-2026-11-30-s13, 16K tokens, causal 1K / 2K / 4K / 8K, speed / cuDNN, head-major -> lpt8): D128 0.81 ->

@@ -6,6 +6,9 @@ per SM walks the tiles (query tile, batch * head) with a stride of the grid, and
 tile boundaries:
   - the loader warp waits only until every consumer has finished its last Q K^T of tile t (q_empty), then loads
     tile t+1's Q and its first K / V blocks into the ring while the consumers do tile t's last P V and epilogue;
+    with Q_BUFFERS=2 (two Q tiles in shared memory) it loads tile t+1's Q as soon as it reaches that tile, into the
+    buffer tile t-1 released, so the Q load's latency hides behind tile t's last blocks (session 27: +1-8 % at
+    512-2K keys);
   - the consumer warpgroups (two, or three with CONSUMERS=3: 192-row tiles) take their GEMMs in turns across tiles
     as within one, so one warpgroup's epilogue overlaps the others' next GEMMs.
 Every ring barrier, the Q barrier and the turn barriers are indexed by running counters (key blocks and tiles
@@ -335,7 +338,9 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
     O_TMA's two).
     CONSUMERS: consumer warpgroups, 2 (128-row tiles) or 3 (192-row tiles, as _attn_fwd_hopper's D64 variant: each
     warpgroup's softmax behind the two others' GEMMs; 3 x 128 threads at CONSUMER_REGS <= 160); 3 takes neither
-    SCHEDULE (the host's cost model lists 128-row tiles) nor O_VIA_SMEM (its turn order is written for two)."""
+    SCHEDULE (the host's cost model lists 128-row tiles) nor O_VIA_SMEM (its turn order is written for two).
+    Q_BUFFERS: 1, or 2 (tile t's Q in buffer t % 2: CONSUMERS x 64 x D x 2 B more shared memory, 224 KB in all at
+    D128 with O_TMA)."""
     gl.static_assert(LPT_HEADS == 0 or IS_CAUSAL, "LPT_HEADS: causal launches")
     gl.static_assert(not SCHEDULE or IS_CAUSAL, "SCHEDULE: causal launches")
     gl.static_assert(not (O_TMA and O_VIA_SMEM), "O_TMA or O_VIA_SMEM")
