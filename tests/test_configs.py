@@ -181,7 +181,7 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_variant(128, False, 4097, plain=True) == "default"
     # Causal short rows: the persistent grid's tiles heavy first by groups of heads, listed by the host (schedN) or
     # dealt by the grid's stride (lptN).
-    assert configs.gluon_fwd_variant(128, True, 16384, plain=True) == "persistent-tma-q2-sched4"
+    assert configs.gluon_fwd_variant(128, True, 16384, plain=True) == "persistent-tma-sched4"
     assert configs.gluon_fwd_variant(128, True, 16385, plain=True) == "default"
     assert configs.gluon_fwd_variant(256, False, 2048, plain=True) == "persistent"
     assert configs.gluon_fwd_variant(256, True, 512, plain=True) == "persistent-sched4"  # since session 20
