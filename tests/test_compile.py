@@ -71,6 +71,32 @@ def test_gluon_bwd_bm128_variants_compile_for_sm90(tmp_path):
     assert "C7515" not in proc.stdout and "serializ" not in proc.stdout, proc.stdout[-4000:]
 
 
+# The persistent forward's variants that configs.GLUON_FWD_PERSISTENT serves at D64 / D128 since session 27 (two Q
+# tiles), compiled for sm90 with the GPU machine's Triton, plain and causal: they build without ptxas warnings and fit
+# sm90's 227 KB of shared memory per CTA (D128 with two Q tiles and O by TMA takes 229768 B: a few more KB of buffers
+# would not launch), and the launches they serve spill nothing (three consumers serve plain rows only: their causal
+# kernel spilled 16 B, as it did with one Q tile).
+SM90_SMEM_BYTES = 232448
+
+
+@pytest.mark.skipif(not os.environ.get("FLASHTILE_DEVICE_TRITON"), reason="needs FLASHTILE_DEVICE_TRITON (triton 3.6)")
+@pytest.mark.parametrize("variant,head_dims,served", [("persistent-tma-q2", "64,128", ("full", "causal")),
+                                                      ("persistent-3wg-tma-q2", "64", ("full", ))])
+def test_gluon_fwd_persistent_variants_compile_for_sm90(variant, head_dims, served, tmp_path):
+    env = _device_triton_env(tmp_path)
+    script = Path(__file__).with_name("gluon_compile_check.py")
+    proc = subprocess.run([sys.executable, str(script), "--variant", variant, "--head-dims", head_dims, "--features",
+                           "plain", "--layouts", "dense"], env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if re.match(rf"d\d+-(full|causal)-{variant}:", line)]
+    assert proc.returncode == 0 and len(lines) == 2 * len(head_dims.split(",")), proc.stdout[-4000:] + proc.stderr[
+        -4000:]
+    for line in lines:
+        assert int(re.search(r"smem (\d+) B", line).group(1)) <= SM90_SMEM_BYTES, line
+        if line.split("-")[1] in served:
+            assert set(re.search(r"spill stores ([\d,]+) B", line).group(1).split(",")) == {"0"}, line
+    assert "    ptxas:" not in proc.stdout, proc.stdout[-4000:]
+
+
 @pytest.mark.skipif(not os.environ.get("FLASHTILE_DEVICE_TRITON"), reason="needs FLASHTILE_DEVICE_TRITON (triton 3.6)")
 @pytest.mark.parametrize("kernels,head_dims", [("fwd", "64,128,256"), ("dkdv,dq", "128")], ids=["fwd", "bwd-d128"])
 def test_fp32_fma_tiles_do_not_spill(kernels, head_dims, tmp_path):
