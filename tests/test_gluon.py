@@ -98,7 +98,8 @@ PERSISTENT_SHAPES = [(4, 512, 512, 16, 16, torch.bfloat16), (3, 300, 700, 8, 2, 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("variant", ["persistent", "persistent-7cta", "persistent-tma", "persistent-tma-7cta",
-                                     "persistent-tma-q2", "persistent-tma-7cta-q2"])
+                                     "persistent-tma-q2", "persistent-tma-7cta-q2", "persistent-tma-q2-de",
+                                     "persistent-tma-7cta-q2-de"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("shape", PERSISTENT_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"
@@ -728,6 +729,16 @@ def test_persistent_launch_args():
     assert q2["Q_BUFFERS"] == 2 and q2["O_TMA"]
     with pytest.raises(ValueError, match="q_buffers"):
         replace(gluon_launch.VARIANTS["default"][128], q_buffers=2)  # the one-tile kernel has one Q tile
+    # The deferred epilogue: where O leaves by TMA, not where it goes through the one shared tile (O_VIA_SMEM).
+    deferred = gluon_launch.VARIANTS["persistent-tma-q2-de"][128]
+    assert gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, False, deferred,
+                                               sm_count=132)[2]["DEFER_EPILOGUE"]
+    ragged = torch.empty(2, 130, 2, 128, dtype=torch.bfloat16)
+    constexprs = gluon_launch.persistent_launch_args(ragged, ragged, ragged, torch.empty_like(ragged),
+                                                     torch.empty(2, 2, 130), 0.125, False, deferred, sm_count=132)[2]
+    assert constexprs["O_VIA_SMEM"] and "DEFER_EPILOGUE" not in constexprs
+    with pytest.raises(ValueError, match="defer_epilogue"):
+        replace(gluon_launch.VARIANTS["default"][128], defer_epilogue=True)
     assert gluon_launch.takes_persistent(config, q, q) and gluon_launch.takes_persistent(config, q, q, causal=True)
     assert not gluon_launch.takes_persistent(gluon_launch.VARIANTS["default"][128], q, q)
     assert not gluon_launch.takes_persistent(config, q, q, window_size=(64, 0))

@@ -152,7 +152,7 @@ def test_matches_reference(monkeypatch, shape, causal):
 
 
 
-PERSISTENT = ("persistent-3wg-tma", "persistent-3wg-tma-lpt8", "persistent-3wg-tma-q2")
+PERSISTENT = ("persistent-3wg-tma", "persistent-3wg-tma-lpt8", "persistent-3wg-tma-q2", "persistent-3wg-tma-q2-de")
 
 
 @needs_gluon
@@ -173,6 +173,8 @@ def test_persistent_launch_args():
             assert grid == (min(n_tiles, 132), ) and options == dict(num_warps=4, maxnreg=128)
             assert constexprs["CONSUMERS"] == 3 and constexprs["O_TMA"] == o_tma and "O_VIA_SMEM" not in constexprs
             assert constexprs.get("LPT_HEADS", 0) == config.lpt_heads and "SCHEDULE" not in constexprs
+            # Three consumers never take O_VIA_SMEM, so a deferred epilogue always reaches the kernel.
+            assert constexprs.get("DEFER_EPILOGUE", False) == config.defer_epilogue
 
 
 @pytest.mark.gpu

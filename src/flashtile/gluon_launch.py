@@ -92,6 +92,8 @@ class GluonConfig:
     schedule: bool = False  # persistent, causal: the host lists each CTA's tiles (persistent_schedule.py) in the
     # lpt_heads order
     q_buffers: int = 1  # persistent: Q tiles in shared memory, 2: the next tile's Q loads while this tile runs
+    defer_epilogue: bool = False  # persistent: a tile's epilogue behind the next tile's first Q K^T (O by TMA or
+    # from the registers; launches that store O through one shared tile keep it in place)
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.schedule):
@@ -101,6 +103,8 @@ class GluonConfig:
             raise ValueError("GluonConfig: schedule lists the persistent kernel's tiles (persistent=False)")
         if self.q_buffers not in (1, 2) or (self.q_buffers == 2 and not self.persistent):
             raise ValueError(f"GluonConfig: q_buffers must be 1, or 2 with persistent (got {self.q_buffers})")
+        if self.defer_epilogue and not self.persistent:
+            raise ValueError("GluonConfig: defer_epilogue reorders the persistent kernel's tiles (persistent=False)")
 
     @property
     def block_m(self):
@@ -164,6 +168,10 @@ VARIANTS = {
 VARIANTS.update({f"{name}-q2": {d: replace(c, q_buffers=2) for d, c in VARIANTS[name].items() if d != 256}
                  for name in ("persistent-tma", "persistent-tma-7cta", "persistent-3wg-tma",
                               "persistent-3wg-tma-lpt8")})
+# And each tile's epilogue deferred behind the next tile's first Q K^T (written in session 27 after its device time:
+# unmeasured; docs/perf-log.md "How to continue (end of session 27)").
+VARIANTS.update({f"{name}-de": {d: replace(c, defer_epilogue=True) for d, c in VARIANTS[name].items()}
+                 for name in ("persistent-tma-q2", "persistent-tma-7cta-q2", "persistent-3wg-tma-q2")})
 # The causal grid's order (kernels/gluon_grid._heavy_first): "head-major" is the order before session 13 (head by
 # head, each head's longest rows first), "lptN" starts the longest rows of N heads at a time. Session 13
 # (lpt-h200-2026-11-30-s13, 16K tokens, causal 1K / 2K / 4K / 8K, speed / cuDNN, head-major -> lpt8): D128 0.81 ->
@@ -191,7 +199,8 @@ def persistent_order_variants():
     stride) and "-schedN" (the same order, listed per CTA by the host)."""
     orders = {"lpt4": (4, False), "lpt8": (8, False), "lpt16": (16, False), "sched4": (4, True), "sched8": (8, True)}
     return {f"{base}-{name}": {d: replace(c, lpt_heads=n, schedule=listed) for d, c in VARIANTS[base].items()}
-            for base in ("persistent", "persistent-tma", "persistent-tma-q2") for name, (n, listed) in orders.items()}
+            for base in ("persistent", "persistent-tma", "persistent-tma-q2", "persistent-tma-q2-de")
+            for name, (n, listed) in orders.items()}
 
 
 VARIANTS.update({**grid_order_variants(VARIANTS["default"]), **persistent_order_variants()})
@@ -631,9 +640,12 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
                       RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm, TREE_MAX=config.tree_max, O_TMA=o_tma)
     if config.q_buffers != 1:
         constexprs.update(Q_BUFFERS=config.q_buffers)
+    o_via_smem = config.consumers == 2 and not o_tma and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE
+    if config.defer_epilogue and not o_via_smem:
+        constexprs.update(DEFER_EPILOGUE=True)
     if config.consumers != 2:
         constexprs.update(CONSUMERS=config.consumers)  # its O leaves by TMA or from the registers
-    elif not o_tma and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE:  # O through one shared tile (session 20)
+    elif o_via_smem:  # O through one shared tile (session 20)
         constexprs.update(O_VIA_SMEM=True)
     schedule = None
     if config.schedule and is_causal:

@@ -200,6 +200,50 @@ def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empt
 
 
 @gluon.jit
+def _epilogue_p(o_acc, m_i, l_i, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b,
+                stride_lse_h, seqlen_q, off_b, off_h, row0, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+                O_TMA: gl.constexpr, O_VIA_SMEM: gl.constexpr):
+    """One warpgroup's rows row0 + [0, 64) of a tile of (batch off_b, head off_h): O = o_acc / l_i and lse out
+    (_consumer_partition_p's O_TMA / O_VIA_SMEM / register stores)."""
+    o_layout: gl.constexpr = o_acc.type.layout
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = o_smem.dtype
+    lse_ptr = Lse + off_b.to(gl.int64) * stride_lse_b + off_h.to(gl.int64) * stride_lse_h
+    l_o = gl.convert_layout(l_i, o_row)
+    out = o_acc * (1.0 / l_o)[:, None]  # [WG_M, HEAD_DIM]
+    rows = row0 + gl.arange(0, WG_M, layout=o_row)  # [WG_M]
+    in_seq = rows < seqlen_q
+    if O_VIA_SMEM:
+        # Epilogue e = 2 t + WG of this CTA waits for epilogue e - 1 (the other warpgroup's): completion e - 1 of
+        # o_free, parity WG ^ 1 (the fresh barrier counts phase 1 as complete: epilogue 0 does not wait).
+        mbarrier.wait(o_free, WG ^ 1)
+        out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+        _store_rows_via(o_smem.index(0), out.to(dtype), out_ptr, stride_om, row0, seqlen_q)
+        gl.thread_barrier()  # every warp has read o_smem back
+        mbarrier.arrive(o_free)
+    elif O_TMA:
+        # The previous tile's store has read o_smem[WG] (one thread issued it: the barrier tells the rest).
+        tma.store_wait(0)
+        gl.thread_barrier()
+        o_view = o_smem.index(WG)
+        o_view.store(out.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        # Rows past seqlen_q are past the tensor's end (batch 1) or the host made Sq a multiple of 64, so a box
+        # is wholly in or out of the sequence; one wholly out (a last tile's warpgroup when Sq % BLOCK_M != 0)
+        # would land on the next sequence's first rows: it is not stored.
+        if row0 < seqlen_q:
+            tma.async_copy_shared_to_global(o_desc, [off_b * seqlen_q + row0, off_h * HEAD_DIM], o_view)
+    else:
+        out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
+        o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
+        gl.store(o_ptrs, out.to(dtype), mask=in_seq[:, None])
+    lse = (gl.convert_layout(m_i, o_row) + gl.log2(l_o)) * LN2  # [WG_M], natural log
+    gl.store(lse_ptr + rows, lse, mask=in_seq)
+
+
+@gluon.jit
 def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty, turn_bars,
                           o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b, stride_lse_h,
                           seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles, Schedule, qk_scale,
@@ -207,13 +251,16 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
                           IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr, P_CVT_ASM: gl.constexpr,
                           TREE_MAX: gl.constexpr, O_TMA: gl.constexpr, LPT_HEADS: gl.constexpr = 0,
                           SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
-                          CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1):
+                          CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1,
+                          DEFER_EPILOGUE: gl.constexpr = False):
     """Rows WG * 64 + [0, 64) of each of the CTA's tiles (gluon_fwd._consumer_partition's online softmax).
     O_TMA: O goes out through o_smem[WG] by a TMA store (o_desc: (B * Sq, Hq * D), boxes [64, D]) that runs on
     while the next tile's GEMMs do; the next epilogue waits for it before it writes the buffer again.
     O_VIA_SMEM: O goes out through o_smem[0], one tile the two warpgroups take in turns (their epilogues alternate,
     WG 0's first: the ping-pong's order), as 16-byte row pieces (gluon_epilogue._store_rows_via); o_free counts the
-    epilogues that have read it back. The Q tile cannot serve (the next tile's Q is loaded into it meanwhile)."""
+    epilogues that have read it back. The Q tile cannot serve (the next tile's Q is loaded into it meanwhile).
+    DEFER_EPILOGUE (not with O_VIA_SMEM): tile t's epilogue (_epilogue_p) runs after tile t+1's first Q K^T is
+    issued, behind that GEMM, its registers carried to the next iteration; the CTA's last tile's after the loop."""
     BLOCK_M: gl.constexpr = CONSUMERS * WG_M
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -221,7 +268,6 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
     if IS_CAUSAL:
         causal_offset = seqlen_k - seqlen_q
     else:
@@ -229,6 +275,14 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
     c = 0  # key blocks consumed by this CTA so far (all tiles): ring and turn position
     t = 0  # tiles of this CTA so far: the Q barrier's phase
     first, end, step, listed = _tile_loop(Schedule, n_tiles, SCHEDULE)
+    if DEFER_EPILOGUE:
+        gl.static_assert(not O_VIA_SMEM, "DEFER_EPILOGUE: O by TMA or from the registers")
+        o_prev = gl.zeros([WG_M, HEAD_DIM], gl.float32, o_layout)
+        m_prev = gl.zeros([WG_M], gl.float32, gl.SliceLayout(1, s_layout))
+        l_prev = gl.zeros([WG_M], gl.float32, gl.SliceLayout(1, s_layout))
+        b_prev = 0
+        h_prev = 0
+        row0_prev = 0
     for tile in range(first, end, step):
         pid_m, pid_bh, listed = _next_tile(Schedule, tile, end, listed, n_m, n_bh, IS_CAUSAL, LPT_HEADS, SCHEDULE)
         off_b = pid_bh // heads_q
@@ -247,6 +301,11 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
         s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
         s_tok = warpgroup_mma(q_view, k_bufs.index(stage0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         _turn_pass(turn_bars, WG, PINGPONG, CONSUMERS)
+        if DEFER_EPILOGUE:
+            if t > 0:
+                _epilogue_p(o_prev, m_prev, l_prev, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
+                            stride_lse_b, stride_lse_h, seqlen_q, b_prev, h_prev, row0_prev, WG, HEAD_DIM, O_TMA,
+                            O_VIA_SMEM)
         s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_M, BLOCK_N]
         mbarrier.arrive(k_empty.index(stage0))
         s = _mask_scores(s, 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL, CONSUMERS == 2)
@@ -277,41 +336,19 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
         o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
         mbarrier.arrive(v_empty.index(last))
 
-        lse_ptr = Lse + off_b.to(gl.int64) * stride_lse_b + off_h.to(gl.int64) * stride_lse_h
-        l_o = gl.convert_layout(l_i, o_row)
-        out = o_acc * (1.0 / l_o)[:, None]  # [WG_M, HEAD_DIM]
-        rows = row0 + gl.arange(0, WG_M, layout=o_row)  # [WG_M]
-        in_seq = rows < seqlen_q
-        if O_VIA_SMEM:
-            # Epilogue e = 2 t + WG of this CTA waits for epilogue e - 1 (the other warpgroup's): completion e - 1 of
-            # o_free, parity WG ^ 1 (the fresh barrier counts phase 1 as complete: epilogue 0 does not wait).
-            mbarrier.wait(o_free, WG ^ 1)
-            out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
-            _store_rows_via(o_smem.index(0), out.to(dtype), out_ptr, stride_om, row0, seqlen_q)
-            gl.thread_barrier()  # every warp has read o_smem back
-            mbarrier.arrive(o_free)
-        elif O_TMA:
-            # The previous tile's store has read o_smem[WG] (one thread issued it: the barrier tells the rest).
-            tma.store_wait(0)
-            gl.thread_barrier()
-            o_view = o_smem.index(WG)
-            o_view.store(out.to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            # Rows past seqlen_q are past the tensor's end (batch 1) or the host made Sq a multiple of 64, so a box
-            # is wholly in or out of the sequence; one wholly out (a last tile's warpgroup when Sq % BLOCK_M != 0)
-            # would land on the next sequence's first rows: it is not stored.
-            if row0 < seqlen_q:
-                tma.async_copy_shared_to_global(o_desc, [off_b * seqlen_q + row0, off_h * HEAD_DIM], o_view)
+        if DEFER_EPILOGUE:
+            # Tile t's epilogue waits until tile t+1's first Q K^T is issued (or the loop ends).
+            o_prev, m_prev, l_prev, b_prev, h_prev, row0_prev = o_acc, m_i, l_i, off_b, off_h, row0
         else:
-            out_ptr = Out + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
-            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))  # [HEAD_DIM]
-            o_ptrs = out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :]
-            gl.store(o_ptrs, out.to(dtype), mask=in_seq[:, None])
-        lse = (gl.convert_layout(m_i, o_row) + gl.log2(l_o)) * LN2  # [WG_M], natural log
-        gl.store(lse_ptr + rows, lse, mask=in_seq)
+            _epilogue_p(o_acc, m_i, l_i, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
+                        stride_lse_b, stride_lse_h, seqlen_q, off_b, off_h, row0, WG, HEAD_DIM, O_TMA, O_VIA_SMEM)
         c += n_blocks
         t += 1
+    if DEFER_EPILOGUE:
+        if t > 0:
+            _epilogue_p(o_prev, m_prev, l_prev, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
+                        stride_lse_b, stride_lse_h, seqlen_q, b_prev, h_prev, row0_prev, WG, HEAD_DIM, O_TMA,
+                        O_VIA_SMEM)
     if O_TMA:
         tma.store_wait(0)  # the last store reads o_smem: the CTA's shared memory must outlive it
 
@@ -327,7 +364,8 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                 P_CVT_ASM: gl.constexpr = False, TREE_MAX: gl.constexpr = False,
                                 O_TMA: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
                                 SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
-                                CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1):
+                                CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1,
+                                DEFER_EPILOGUE: gl.constexpr = False):
     """_attn_fwd_hopper's plain / causal forward over n_tiles = n_m * n_bh tiles (n_m = cdiv(Sq, 64 * CONSUMERS)
     query tiles, n_bh = B * Hq), tile i on CTA i % grid, or with SCHEDULE the CTA's tiles in Schedule (an int32
     tensor, persistent_schedule.schedule_table for this grid; unused without SCHEDULE). Launch with num_warps=4 and a
@@ -340,7 +378,7 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
     warpgroup's softmax behind the two others' GEMMs; 3 x 128 threads at CONSUMER_REGS <= 160); 3 takes neither
     SCHEDULE (the host's cost model lists 128-row tiles) nor O_VIA_SMEM (its turn order is written for two).
     Q_BUFFERS: 1, or 2 (tile t's Q in buffer t % 2: CONSUMERS x 64 x D x 2 B more shared memory, 224 KB in all at
-    D128 with O_TMA)."""
+    D128 with O_TMA). DEFER_EPILOGUE: each tile's epilogue behind the next tile's first Q K^T (not with O_VIA_SMEM)."""
     gl.static_assert(LPT_HEADS == 0 or IS_CAUSAL, "LPT_HEADS: causal launches")
     gl.static_assert(not SCHEDULE or IS_CAUSAL, "SCHEDULE: causal launches")
     gl.static_assert(not (O_TMA and O_VIA_SMEM), "O_TMA or O_VIA_SMEM")
@@ -386,17 +424,20 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
-                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS)),
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS,
+                                     DEFER_EPILOGUE)),
             (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
-                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS)),
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS,
+                                     DEFER_EPILOGUE)),
             (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 2, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
-                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS)),
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS,
+                                     DEFER_EPILOGUE)),
             (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                                  v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
                                  Schedule, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE,
@@ -408,12 +449,14 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
-                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, 2, Q_BUFFERS)),
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, 2, Q_BUFFERS,
+                                     DEFER_EPILOGUE)),
             (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
-                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, 2, Q_BUFFERS)),
+                                     TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, 2, Q_BUFFERS,
+                                     DEFER_EPILOGUE)),
             (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                                  v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
                                  Schedule, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE, 2,
