@@ -71,16 +71,17 @@ def test_gluon_bwd_bm128_variants_compile_for_sm90(tmp_path):
     assert "C7515" not in proc.stdout and "serializ" not in proc.stdout, proc.stdout[-4000:]
 
 
-# The persistent forward's variants that configs.GLUON_FWD_PERSISTENT serves at D64 / D128 since session 27 (two Q
-# tiles), compiled for sm90 with the GPU machine's Triton, plain and causal: they build without ptxas warnings and fit
-# sm90's 227 KB of shared memory per CTA (D128 with two Q tiles and O by TMA takes 229768 B: a few more KB of buffers
-# would not launch), and the launches they serve spill nothing (three consumers serve plain rows only: their causal
-# kernel spilled 16 B, as it did with one Q tile).
+# The persistent forward's variants that configs.GLUON_FWD_PERSISTENT serves since session 27 (two Q tiles: D64 plain
+# and causal, D128 plain), compiled for sm90 with the GPU machine's Triton, plain and causal: they build without ptxas
+# warnings and fit sm90's 227 KB of shared memory per CTA (D128 with two Q tiles and O by TMA takes 229768 B: a few
+# more KB of buffers would not launch), and the launches they serve spill nothing (three consumers serve plain rows
+# only: their causal kernel spilled 16 B, as it did with one Q tile).
 SM90_SMEM_BYTES = 232448
 
 
 @pytest.mark.skipif(not os.environ.get("FLASHTILE_DEVICE_TRITON"), reason="needs FLASHTILE_DEVICE_TRITON (triton 3.6)")
-@pytest.mark.parametrize("variant,head_dims,served", [("persistent-tma-q2", "64,128", ("full", "causal")),
+@pytest.mark.parametrize("variant,head_dims,served", [("persistent-tma-q2", "64,128", ("full", )),
+                                                      ("persistent-tma-q2-lpt8", "64", ("causal", )),
                                                       ("persistent-3wg-tma-q2", "64", ("full", ))])
 def test_gluon_fwd_persistent_variants_compile_for_sm90(variant, head_dims, served, tmp_path):
     env = _device_triton_env(tmp_path)

@@ -1,6 +1,6 @@
 """The D64 Gluon forward with three consumer warpgroups (gluon_launch.VARIANTS["d64-3wg"], BLOCK_M 192, and the
-persistent grid's "persistent-3wg-tma[-lpt8]"): launch arguments and config rules on CPU, and the GPU tier (sm90)
-against the float64 reference."""
+persistent grid's "persistent-3wg-tma[-lpt8]" and "-q2[-de]"): launch arguments and config rules on CPU, and the GPU
+tier (sm90) against the float64 reference."""
 import math
 from dataclasses import replace
 
@@ -30,7 +30,7 @@ def test_config_rules():
     assert config.maxnreg * 16 * 32 <= 65536  # 16 warps at launch: 3 consumer warpgroups + the loader's
     with pytest.raises(ValueError, match="consumers"):
         gluon_launch.GluonConfig(128, 3, consumers=3, persistent=True, schedule=True)
-    for name in ("persistent-3wg-tma", "persistent-3wg-tma-lpt8"):
+    for name in ("persistent-3wg-tma", "persistent-3wg-tma-lpt8", "persistent-3wg-tma-q2", "persistent-3wg-tma-q2-de"):
         persistent = gluon_launch.VARIANTS[name][64]
         assert persistent.persistent and persistent.tma_store and persistent.block_m == 192
         assert (persistent.consumer_regs, persistent.loader_regs, persistent.maxnreg) == (160, 24, 128)

@@ -3,8 +3,9 @@ and the consumer warpgroups (two, or three with CONSUMERS=3) as generators that 
 make, running counters for the ring / turn / Q phases across tiles of different lengths, TMA loads landing at random
 later times. Random interleavings must finish (no deadlock) and every Q K^T / P V must read the block it expects (no
 buffer overwritten early, no phase aliasing). Mutations of the kernel's counters (a per-tile reset, a constant Q
-phase, no q_empty wait) make it fail. O_VIA_SMEM's epilogues: one O tile the two consumers take in turns (o_free,
-parity WG ^ 1); one parity for both fails (test_o_tile_parity_mutation_fails). Three consumers store O without that
+phase, no q_empty wait) made it fail when it was written (checked by hand then; the tests below keep three other
+mutations). O_VIA_SMEM's epilogues: one O tile the two consumers take in turns (o_free, parity WG ^ 1); one parity
+for both fails (test_o_tile_parity_mutation_fails). Three consumers store O without that
 tile (O_TMA or registers), so their model has no o_free. Q_BUFFERS=2 (GluonConfig.q_buffers): tile t's Q in buffer
 t % 2, loaded at the start of the loader's tile once tile t - 2 released that buffer; a loader that skips that wait
 fails (test_two_q_buffers_without_the_release_wait_fails)."""

@@ -142,9 +142,10 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 512}
 # -> 245-246 (257-259) / 318-319 -> 319-323 (332-334) / 356-364 -> 366 (381-386) / 401-405 -> 407-409 (411-414); D128
 # persistent-tma 488-490 -> 511-519 (492-501) / 546-556 -> 581-584 (555-557) / 590-591 -> 608-614 (588-591) / 613-615
 # -> 628-631 (598-599); causal persistent-tma-sched4 294-331 -> 267-340 (322-328) / 437-438 -> 439-443 (411) / 514-519
-# -> 517-533 (475) / 574-577 -> 585-587 (512-521). The D64 and D128 plain ranges take their "-q2" twins. D128 causal
-# keeps one Q tile: +0-4 % at 1K-4K is within its runs' spread, and at 512 keys both move between runs (README sweep,
-# call 3, q2: 242 = 0.73x cuDNN; call 5, three passes, one Q tile / two: 336 / 343, 324 / 279, 228 / 238).
+# -> 517-533 (475) / 574-577 -> 585-587 (512-521). The D64 ranges (plain and causal) and D128 plain take their "-q2"
+# twins. D128 causal keeps one Q tile: +0-4 % at 1K-4K is within its runs' spread, and at 512 keys both move between
+# runs (README sweep, call 3, q2: 242 = 0.73x cuDNN; call 5, three processes, one Q tile / two: 336 / 343, 324 / 279,
+# 228 / 238).
 GLUON_FWD_PERSISTENT = {(128, False): (("persistent-tma-q2", 0, 4096), ),
                         (128, True): (("persistent-tma-sched4", 0, 16384), ),
                         (64, False): (("persistent-tma-q2", 0, 1024), ("persistent-3wg-tma-q2", 1025, 8192)),

@@ -162,12 +162,11 @@ VARIANTS = {
     "persistent-3wg-tma-lpt8": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
                                                 tree_max=True, persistent=True, tma_store=True, lpt_heads=8)},
 }
-# Q double-buffered in the persistent grid (session 27; configs.GLUON_FWD_PERSISTENT serves these): the loader issues
-# tile t+1's Q as soon as it reaches that tile, not after tile t's last Q K^T. D128: 224 KB of shared memory; D256 has
-# no room.
+# Q double-buffered in the persistent grid (session 27; configs.GLUON_FWD_PERSISTENT serves some of these): the
+# loader issues tile t+1's Q as soon as it reaches that tile, not after tile t's last Q K^T. D128: 224 KB of shared
+# memory; D256 has no room.
 VARIANTS.update({f"{name}-q2": {d: replace(c, q_buffers=2) for d, c in VARIANTS[name].items() if d != 256}
-                 for name in ("persistent-tma", "persistent-tma-7cta", "persistent-3wg-tma",
-                              "persistent-3wg-tma-lpt8")})
+                 for name in ("persistent-tma", "persistent-tma-7cta", "persistent-3wg-tma")})
 # And each tile's epilogue deferred behind the next tile's first Q K^T (written in session 27 after its device time:
 # unmeasured; docs/perf-log.md "How to continue (end of session 27)").
 VARIANTS.update({f"{name}-de": {d: replace(c, defer_epilogue=True) for d, c in VARIANTS[name].items()}

@@ -2,7 +2,7 @@
 # Session 27, call 4: the GPU tier part 2, beside the 54 part-1 tests call 3's 390 s cap cut (4 workers).
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
 mkdir -p $OUT/rest1
-(timeout 400 python3 -m pytest -v -p no:cacheprovider -n 4 -rfE --tb=short -W ignore $(cat bisect/s27/rest1.txt | tr '\n' ' ') \
+(timeout 400 python3 -m pytest -v -p no:cacheprovider -n 4 -rfE --tb=short -W ignore $(cat benchmarks/results/h200-2026-12-01-s27/rest1.txt | tr '\n' ' ') \
   > $OUT/rest1.txt 2>&1) &
 OUT=$OUT/tier2 bash benchmarks/gpu_session.sh tests 2
 wait

@@ -14,7 +14,8 @@ softmax's MUFU work: docs/perf-log.md).
 Dense (B, S, H, D) q/k/v viewed as 2D (B * S, H * D) TMA tensors, head_dim 64/128/256, fp16/bf16; causal
 and sliding windows aligned bottom-right, the host guaranteeing that every real row sees at least one key.
 Rows of a tile past seqlen_q read the next batch's queries (or TMA's zero fill) and are never stored; keys
-past seqlen_k are masked to -inf in the last block. RAGGED (batch > 1 with Sk % BLOCK_N != 0, and varlen): the
+past seqlen_k are masked to -inf in the last block for the rows below seqlen_q (the causal block-relative mask
+leaves them visible to the rows past it: _mask_scores). RAGGED (batch > 1 with Sk % BLOCK_N != 0, and varlen): the
 same 2D tensors through ragged 4-D descriptors (gluon_launch.ragged_descriptor), so boxes past a sequence's end
 are zero-filled, never the next sequence's rows (whose values, even masked, could be non-finite: 0 * inf = NaN).
 VARLEN: packed (total, H, D) q/k/v at int32 cu_seqlens, the grid over max_seqlen_q; each program reads its
@@ -165,8 +166,8 @@ def _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N: gl.constexpr, IS_
     BLOCK_RELATIVE: the columns are counted from the block's first key (constants in each thread) and the bounds
     move instead, one per row (causal) or per block, so a compare per score takes no add. Causal then skips the
     sequence end: a row r < Sq sees no key past r + Sk - Sq <= Sk - 1, and rows past Sq are never stored (their
-    extra keys are TMA's zeros or another sequence's finite ones). Off where the bounds' registers spilled
-    (three consumers; dropout's draws live across the mask)."""
+    extra keys are TMA's zero fill: a block past Sk is loaded only through a ragged or the tensor's end). Off where
+    the bounds' registers spilled (three consumers; dropout's draws live across the mask)."""
     layout: gl.constexpr = s.type.layout
     if BLOCK_RELATIVE:
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))  # [BLOCK_N], from the block's first key

@@ -7,14 +7,14 @@ tile boundaries:
   - the loader warp waits only until every consumer has finished its last Q K^T of tile t (q_empty), then loads
     tile t+1's Q and its first K / V blocks into the ring while the consumers do tile t's last P V and epilogue;
     with Q_BUFFERS=2 (two Q tiles in shared memory) it loads tile t+1's Q as soon as it reaches that tile, into the
-    buffer tile t-1 released, so the Q load's latency hides behind tile t's last blocks (session 27: +1-8 % at
+    buffer tile t-1 released, so the Q load's latency hides behind tile t's last blocks (session 27: +0-11 % at
     512-2K keys);
   - the consumer warpgroups (two, or three with CONSUMERS=3: 192-row tiles) take their GEMMs in turns across tiles
     as within one, so one warpgroup's epilogue overlaps the others' next GEMMs.
 Every ring barrier, the Q barrier and the turn barriers are indexed by running counters (key blocks and tiles
 this CTA has processed so far, never reset per tile): stage = c % STAGES, phase = (c // STAGES) & 1, with c the
-CTA's global key-block count; the Q barrier's phase is the CTA's tile count & 1. Each consumer waits its turn once
-per key block, so its turn counter equals the key-block counter.
+CTA's global key-block count; tile t's Q barrier is q_bar[t % Q_BUFFERS], of phase (t // Q_BUFFERS) & 1. Each
+consumer waits its turn once per key block, so its turn counter equals the key-block counter.
 Tile order (_tile_coords): non-causal, the query tiles of one head adjacent and the heads of a batch (and KV group)
 next, so the CTAs running at once share K / V in L2; causal, the longest query tiles first across all heads (well
 balanced, but the tiles in flight then read many heads' K / V: slow, session 14), or with LPT_HEADS > 0
@@ -135,8 +135,9 @@ def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_e
         q_col = off_h * HEAD_DIM
         kv_col = (off_h // group_size) * HEAD_DIM
         if Q_BUFFERS == 2:
-            # Tile t's Q goes into buffer t % 2, which tile t-2 released long before (this warp has since loaded
-            # all of tile t-1's K / V): first, so its latency hides behind tile t-1's last blocks.
+            # Tile t's Q goes into buffer t % 2, which tile t-2 released, usually long before (this warp has since
+            # loaded all of tile t-1's K / V; a short tile t-1 may leave it waiting): first, so its latency hides
+            # behind tile t-1's last blocks.
             qb = t % 2
             mbarrier.wait(q_empty.index(qb), ((t // 2) & 1) ^ 1)
             mbarrier.expect(q_bar.index(qb), CONSUMERS * q_desc.block_type.nbytes)
@@ -273,7 +274,7 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
     else:
         causal_offset = 0
     c = 0  # key blocks consumed by this CTA so far (all tiles): ring and turn position
-    t = 0  # tiles of this CTA so far: the Q barrier's phase
+    t = 0  # tiles of this CTA so far: the Q buffer and its barrier's phase
     first, end, step, listed = _tile_loop(Schedule, n_tiles, SCHEDULE)
     if DEFER_EPILOGUE:
         gl.static_assert(not O_VIA_SMEM, "DEFER_EPILOGUE: O by TMA or from the registers")
@@ -325,7 +326,8 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
                                             v_ready, v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale,
                                             WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, P_CVT_ASM, TREE_MAX,
                                             CONSUMERS)
-        # Every Q K^T of this tile has retired (each step waits for its S): the loader may load the next Q.
+        # Every Q K^T of this tile has retired (each step waits for its S): the loader may load a Q into this buffer
+        # (the next tile's, or with two buffers the one after).
         mbarrier.arrive(q_empty.index(qb))
 
         # The last block's PV.
