@@ -107,6 +107,18 @@ def _tile_blocks(start_m, seqlen_q, seqlen_k, BLOCK_M: gl.constexpr, BLOCK_N: gl
 
 
 @gluon.jit
+def _load_q_tile(q_desc, q_smem, q_bar, q_empty, t, q_row, q_end, q_col, CONSUMERS: gl.constexpr,
+                 Q_BUFFERS: gl.constexpr, RAGGED: gl.constexpr):
+    """Tile t's Q (CONSUMERS boxes of 64 rows from q_row) into buffer t % Q_BUFFERS once tile t - Q_BUFFERS's
+    consumers released it (fresh barrier: phase 1 counts as complete, so the first tiles do not wait)."""
+    qb = t % Q_BUFFERS
+    mbarrier.wait(q_empty.index(qb), ((t // Q_BUFFERS) & 1) ^ 1)
+    mbarrier.expect(q_bar.index(qb), CONSUMERS * q_desc.block_type.nbytes)
+    for w in gl.static_range(CONSUMERS):
+        _tma_load(q_desc, q_row + w * WG_M, q_end, q_col, q_bar.index(qb), q_smem.index(qb * CONSUMERS + w), RAGGED)
+
+
+@gluon.jit
 def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready,
                       v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles, Schedule,
                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -138,12 +150,7 @@ def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_e
             # Tile t's Q goes into buffer t % 2, which tile t-2 released, usually long before (this warp has since
             # loaded all of tile t-1's K / V; a short tile t-1 may leave it waiting): first, so its latency hides
             # behind tile t-1's last blocks.
-            qb = t % 2
-            mbarrier.wait(q_empty.index(qb), ((t // 2) & 1) ^ 1)
-            mbarrier.expect(q_bar.index(qb), CONSUMERS * q_desc.block_type.nbytes)
-            for w in gl.static_range(CONSUMERS):
-                _tma_load(q_desc, q_row + w * WG_M, q_end, q_col, q_bar.index(qb), q_smem.index(qb * CONSUMERS + w),
-                          RAGGED)
+            _load_q_tile(q_desc, q_smem, q_bar, q_empty, t, q_row, q_end, q_col, CONSUMERS, Q_BUFFERS, RAGGED)
         for j in range(n_blocks):
             stage = c % STAGES
             empty_phase = ((c // STAGES) & 1) ^ 1
@@ -152,13 +159,9 @@ def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_e
             _tma_load(k_desc, kv_row + j * BLOCK_N, kv_end, kv_col, k_ready.index(stage), k_bufs.index(stage),
                       RAGGED)
             if Q_BUFFERS == 1 and j == 0:
-                # Q single-buffered: tile t-1's consumers release it after their last Q K^T (fresh barrier:
-                # phase 1 counts as complete, so tile 0 does not wait). K_0 goes first: its ring slot is usually
-                # free earlier, and the Q K^T needs both.
-                mbarrier.wait(q_empty.index(0), (t & 1) ^ 1)
-                mbarrier.expect(q_bar.index(0), CONSUMERS * q_desc.block_type.nbytes)
-                for w in gl.static_range(CONSUMERS):
-                    _tma_load(q_desc, q_row + w * WG_M, q_end, q_col, q_bar.index(0), q_smem.index(w), RAGGED)
+                # Q single-buffered: tile t-1's consumers release it after their last Q K^T. K_0 goes first: its
+                # ring slot is usually free earlier, and the Q K^T needs both.
+                _load_q_tile(q_desc, q_smem, q_bar, q_empty, t, q_row, q_end, q_col, CONSUMERS, Q_BUFFERS, RAGGED)
             mbarrier.wait(v_empty.index(stage), empty_phase)
             mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
             _tma_load(v_desc, kv_row + j * BLOCK_N, kv_end, kv_col, v_ready.index(stage), v_bufs.index(stage),
