@@ -71,19 +71,24 @@ def test_gluon_bwd_bm128_variants_compile_for_sm90(tmp_path):
     assert "C7515" not in proc.stdout and "serializ" not in proc.stdout, proc.stdout[-4000:]
 
 
-# The persistent forward's variants that configs.GLUON_FWD_PERSISTENT serves since session 27 (two Q tiles: D64 plain
-# and causal, D128 plain), compiled for sm90 with the GPU machine's Triton, plain and causal: they build without ptxas
-# warnings and fit sm90's 227 KB of shared memory per CTA (D128 with two Q tiles and O by TMA takes 229768 B: a few
-# more KB of buffers would not launch), and the launches they serve spill nothing (three consumers serve plain rows
-# only: their causal kernel spilled 16 B, as it did with one Q tile).
+# The persistent forward's variants that configs.GLUON_FWD_PERSISTENT serves (session 28: two Q tiles at D64 / D128
+# plain, the epilogue deferred at D64 plain 0-1K, D64 causal and D128 causal 0-4K), compiled for sm90 with the GPU
+# machine's Triton, plain and causal: they build without ptxas warnings and fit sm90's 227 KB of shared memory per CTA
+# (D128 with two Q tiles and O by TMA takes 229768 B: a few more KB of buffers would not launch), and the launches
+# they serve spill at most what they were measured with: nothing, but 4 B in D128 causal q2-de-sched4 (one store,
+# three reloads outside the key loops; three consumers serve plain rows only: their causal kernel spilled 16 B, as it
+# did with one Q tile).
 SM90_SMEM_BYTES = 232448
 
 
 @pytest.mark.skipif(not os.environ.get("FLASHTILE_DEVICE_TRITON"), reason="needs FLASHTILE_DEVICE_TRITON (triton 3.6)")
-@pytest.mark.parametrize("variant,head_dims,served", [("persistent-tma-q2", "64,128", ("full", )),
-                                                      ("persistent-tma-q2-lpt8", "64", ("causal", )),
-                                                      ("persistent-3wg-tma-q2", "64", ("full", ))])
-def test_gluon_fwd_persistent_variants_compile_for_sm90(variant, head_dims, served, tmp_path):
+@pytest.mark.parametrize("variant,head_dims,served,spill_bytes", [
+    ("persistent-tma-q2", "128", ("full", ), 0),
+    ("persistent-tma-q2-de", "64", ("full", ), 0),
+    ("persistent-tma-q2-de-lpt8", "64", ("causal", ), 0),
+    ("persistent-tma-q2-de-sched4", "128", ("causal", ), 4),
+    ("persistent-3wg-tma-q2", "64", ("full", ), 0)])
+def test_gluon_fwd_persistent_variants_compile_for_sm90(variant, head_dims, served, spill_bytes, tmp_path):
     env = _device_triton_env(tmp_path)
     script = Path(__file__).with_name("gluon_compile_check.py")
     proc = subprocess.run([sys.executable, str(script), "--variant", variant, "--head-dims", head_dims, "--features",
@@ -94,7 +99,7 @@ def test_gluon_fwd_persistent_variants_compile_for_sm90(variant, head_dims, serv
     for line in lines:
         assert int(re.search(r"smem (\d+) B", line).group(1)) <= SM90_SMEM_BYTES, line
         if line.split("-")[1] in served:
-            assert set(re.search(r"spill stores ([\d,]+) B", line).group(1).split(",")) == {"0"}, line
+            assert max(map(int, re.search(r"spill stores ([\d,]+) B", line).group(1).split(","))) <= spill_bytes, line
     assert "    ptxas:" not in proc.stdout, proc.stdout[-4000:]
 
 

@@ -181,6 +181,8 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_variant(128, False, 4097, plain=True) == "default"
     # Causal short rows: the persistent grid's tiles heavy first by groups of heads, listed by the host (schedN) or
     # dealt by the grid's stride (lptN).
+    assert configs.gluon_fwd_variant(128, True, 4096, plain=True) == "persistent-tma-q2-de-sched4"  # session 28
+    assert configs.gluon_fwd_variant(128, True, 4097, plain=True) == "persistent-tma-sched4"
     assert configs.gluon_fwd_variant(128, True, 16384, plain=True) == "persistent-tma-sched4"
     assert configs.gluon_fwd_variant(128, True, 16385, plain=True) == "default"
     assert configs.gluon_fwd_variant(256, False, 2048, plain=True) == "persistent"
@@ -188,7 +190,7 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_variant(256, True, 4096, plain=True) == "persistent-sched4"
     assert configs.gluon_fwd_variant(256, True, 16384, plain=True) == "persistent-sched4"
     assert configs.gluon_fwd_variant(256, True, 16385, plain=True) == "default"
-    assert configs.gluon_fwd_variant(64, True, 512, plain=True) == "persistent-tma-q2-lpt8"
+    assert configs.gluon_fwd_variant(64, True, 512, plain=True) == "persistent-tma-q2-de-lpt8"
     # Calls with features or varlen run the one-tile kernel: the default's config, not a persistent variant's
     # (whose tile order would reach the one-tile kernel unmeasured).
     assert all(configs.gluon_fwd_variant(d, c, 1024) == "default" for d, c in configs.GLUON_FWD_PERSISTENT)
@@ -197,13 +199,13 @@ def test_gluon_forward_policy():
             assert gluon_launch.VARIANTS[variant][head_dim].persistent and 0 <= least < most < after[1]
     # D64 plain rows: the persistent grid of two consumers to 1K keys, of three (192-row tiles) to 8K; longer ones
     # and the features' from 2K keys three consumers in the one-tile kernel (configs.GLUON_FWD_LONG).
-    assert configs.gluon_fwd_variant(64, False, 1024, plain=True) == "persistent-tma-q2"
+    assert configs.gluon_fwd_variant(64, False, 1024, plain=True) == "persistent-tma-q2-de"
     assert configs.gluon_fwd_variant(64, False, 1025, plain=True) == "persistent-3wg-tma-q2"
     assert configs.gluon_fwd_variant(64, False, 8192, plain=True) == "persistent-3wg-tma-q2"
     assert configs.gluon_fwd_variant(64, False, 8193, plain=True) == "d64-3wg"
     assert configs.gluon_fwd_variant(64, False, 2048) == "default"
     assert configs.gluon_fwd_variant(64, False, 2049) == "d64-3wg"
-    assert configs.gluon_fwd_variant(64, True, 4096, plain=True) == "persistent-tma-q2-lpt8"
+    assert configs.gluon_fwd_variant(64, True, 4096, plain=True) == "persistent-tma-q2-de-lpt8"
     assert configs.gluon_fwd_variant(64, True, 4097, plain=True) == "default"
     assert configs.gluon_fwd_variant(64, True, 8192) == "d64-3wg"
     assert configs.gluon_fwd_variant(128, False, 16384, plain=True) == "default"

@@ -99,7 +99,8 @@ PERSISTENT_SHAPES = [(4, 512, 512, 16, 16, torch.bfloat16), (3, 300, 700, 8, 2, 
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("variant", ["persistent", "persistent-7cta", "persistent-tma", "persistent-tma-7cta",
                                      "persistent-tma-q2", "persistent-tma-7cta-q2", "persistent-tma-q2-lpt8",
-                                     "persistent-tma-q2-de", "persistent-tma-7cta-q2-de"])
+                                     "persistent-tma-q2-de", "persistent-tma-7cta-q2-de", "persistent-tma-q2-de-lpt8",
+                                     "persistent-tma-q2-de-sched4"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 @pytest.mark.parametrize("shape", PERSISTENT_SHAPES, ids=[f"b{b}-q{sq}-k{sk}-h{hq}/{hk}-{str(dt)[6:]}"

@@ -146,10 +146,19 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 512}
 # twins. D128 causal keeps one Q tile: +0-4 % at 1K-4K is within its runs' spread, and at 512 keys both move between
 # runs (README sweep, call 3, q2: 242 = 0.73x cuDNN; call 5, three processes, one Q tile / two: 336 / 343, 324 / 279,
 # 228 / 238).
+# Session 28 (h200-2026-12-01-s28 call 1, TFLOP/s, two passes in swapped order, cuDNN in brackets): each tile's
+# epilogue deferred behind the next tile's first Q K^T ("-de", GluonConfig.defer_epilogue), q2 -> q2-de: D64
+# persistent-tma-q2 512 / 1K / 2K / 4K 373-375 -> 382-383 (385-386) / 406-408 -> 420-422 (391-396) / 422-426 -> 440
+# (411-424) / 434 -> 449-454 (438-442); persistent-3wg-tma-q2 356-365 -> 355-356 / 391-393 -> 386-387 / 448 -> 440-441
+# / 460-465 -> 451-455 (slower: it keeps q2); causal persistent-tma-q2-lpt8 246-247 -> 245-246 (261-263) / 326-329 ->
+# 334-335 (335) / 377-380 -> 375-379 (388-390) / 416-422 -> 416-428 (417-418); D128 persistent-tma-q2 within the
+# passes' spread (keeps q2); causal persistent-tma-sched4 339-342 -> 342-359 (337-338) / 443 -> 450-455 (419-429) /
+# 525-532 -> 532-545 (481-487) / 574-582 -> 593-596 (515-530), q2-sched4 350-353 / 454-458 / 523-526 / 588-589. D128
+# causal takes q2-de-sched4 where it was measured (to 4K keys).
 GLUON_FWD_PERSISTENT = {(128, False): (("persistent-tma-q2", 0, 4096), ),
-                        (128, True): (("persistent-tma-sched4", 0, 16384), ),
-                        (64, False): (("persistent-tma-q2", 0, 1024), ("persistent-3wg-tma-q2", 1025, 8192)),
-                        (64, True): (("persistent-tma-q2-lpt8", 0, 4096), ),
+                        (128, True): (("persistent-tma-q2-de-sched4", 0, 4096), ("persistent-tma-sched4", 4097, 16384)),
+                        (64, False): (("persistent-tma-q2-de", 0, 1024), ("persistent-3wg-tma-q2", 1025, 8192)),
+                        (64, True): (("persistent-tma-q2-de-lpt8", 0, 4096), ),
                         (256, False): (("persistent", 0, 2048), ), (256, True): (("persistent-sched4", 0, 16384), )}
 # (head dim, causal) -> (variant, least seqlen_k): the entry that serves longer rows instead of "default". D64: three
 # consumer warpgroups (192-row tiles, FA3's hdim-64 schedule). Session 10 (d64-3wg-h200-2026-11-30-s10), speed /

@@ -167,8 +167,8 @@ VARIANTS = {
 # memory; D256 has no room.
 VARIANTS.update({f"{name}-q2": {d: replace(c, q_buffers=2) for d, c in VARIANTS[name].items() if d != 256}
                  for name in ("persistent-tma", "persistent-tma-7cta", "persistent-3wg-tma")})
-# And each tile's epilogue deferred behind the next tile's first Q K^T (written in session 27 after its device time:
-# unmeasured; docs/perf-log.md "How to continue (end of session 27)").
+# And each tile's epilogue deferred behind the next tile's first Q K^T (session 27; measured in session 28: faster
+# with two consumers, slower with three; configs.GLUON_FWD_PERSISTENT has the numbers).
 VARIANTS.update({f"{name}-de": {d: replace(c, defer_epilogue=True) for d, c in VARIANTS[name].items()}
                  for name in ("persistent-tma-q2", "persistent-tma-7cta-q2", "persistent-3wg-tma-q2")})
 # The causal grid's order (kernels/gluon_grid._heavy_first): "head-major" is the order before session 13 (head by
