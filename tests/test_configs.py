@@ -186,6 +186,8 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_variant(128, True, 16384, plain=True) == "persistent-tma-sched4"
     assert configs.gluon_fwd_variant(128, True, 16385, plain=True) == "default"
     assert configs.gluon_fwd_variant(256, False, 2048, plain=True) == "persistent"
+    assert configs.gluon_fwd_variant(256, False, 16384, plain=True) == "persistent"  # since session 28
+    assert configs.gluon_fwd_variant(256, False, 16385, plain=True) == "default"
     assert configs.gluon_fwd_variant(256, True, 512, plain=True) == "persistent-sched4"  # since session 20
     assert configs.gluon_fwd_variant(256, True, 4096, plain=True) == "persistent-sched4"
     assert configs.gluon_fwd_variant(256, True, 16384, plain=True) == "persistent-sched4"
