@@ -19,7 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from flashtile import fit, launch
+from flashtile import configs, fit, launch
 
 # Per-block shared memory limits (bytes) of the targets checked: H100/H200 and A100.
 TARGETS = {(9, 0): 232448, (8, 0): 166912, (8, 6): 101376, (7, 5): 65536}
@@ -133,6 +133,9 @@ CASES = [
     (256, True, torch.float32, 8, 1, dict(decode=True, tf32=True)),
     (256, True, torch.float32, 8, 1, dict(decode=True, ieee=True)),
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, seqlen_q=4)),
+    # The combine fused into the split-KV kernel (configs.DECODE_FUSED_COMBINE): one launch.
+    (128, True, torch.bfloat16, 8, 1, dict(decode=True, fused_combine=True)),
+    (256, True, torch.float32, 8, 1, dict(decode=True, paged=True, seqlen_q=4, fused_combine=True)),
     # An int cache_seqlens: the key count as a kernel scalar, no tensor (HAS_SEQUSED_TENSOR / HAS_CACHE_SEQLENS off).
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, scalar_seqlens=True)),
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True, leftpad=True, scalar_seqlens=True)),
@@ -287,8 +290,12 @@ def _case_launches(arch, case):
     elif features.get("decode"):
         lse = torch.zeros(1, heads_q, q.shape[1])
         cfg, splits, precision = launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"), interpreter=False)
-        assert splits > 1, "the compile check needs the combine kernel"
-        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision)
+        assert splits > 1, "the compile check needs the combine (kernel or fused)"
+        fused, configs.DECODE_FUSED_COMBINE = configs.DECODE_FUSED_COMBINE, bool(features.get("fused_combine"))
+        try:
+            launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision)
+        finally:
+            configs.DECODE_FUSED_COMBINE = fused
     else:
         launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False, mods=mods)
     if not any(features.get(name) for name in ("kvcache", "decode", "paged", "append")):  # paged KV is inference only
