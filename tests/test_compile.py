@@ -71,8 +71,9 @@ def test_gluon_bwd_bm128_variants_compile_for_sm90(tmp_path):
     assert "C7515" not in proc.stdout and "serializ" not in proc.stdout, proc.stdout[-4000:]
 
 
-# The persistent forward's variants that configs.GLUON_FWD_PERSISTENT serves (session 28: two Q tiles at D64 / D128
-# plain, the epilogue deferred at D64 plain 0-1K, D64 causal and D128 causal 0-4K), compiled for sm90 with the GPU
+# The persistent forward's variants that sessions 27-28 made configs.GLUON_FWD_PERSISTENT serve (two Q tiles at D64 /
+# D128 plain, the epilogue deferred at D64 plain 0-1K, D64 causal and D128 causal 0-4K; not the older persistent-tma-
+# sched4 and D256 persistent ranges), compiled for sm90 with the GPU
 # machine's Triton, plain and causal: they build without ptxas warnings and fit sm90's 227 KB of shared memory per CTA
 # (D128 with two Q tiles and O by TMA takes 229768 B: a few more KB of buffers would not launch), and the launches
 # they serve spill at most what they were measured with: nothing, but 4 B in D128 causal q2-de-sched4 (one store,

@@ -154,11 +154,11 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 512}
 # 334-335 (335) / 377-380 -> 375-379 (388-390) / 416-422 -> 416-428 (417-418); D128 persistent-tma-q2 within the
 # passes' spread (keeps q2); causal persistent-tma-sched4 339-342 -> 342-359 (337-338) / 443 -> 450-455 (419-429) /
 # 525-532 -> 532-545 (481-487) / 574-582 -> 593-596 (515-530), q2-sched4 350-353 / 454-458 / 523-526 / 588-589. D128
-# causal takes q2-de-sched4 where it was measured (to 4K keys). Call 3 (longer rows, two passes): D256 plain 4K / 8K /
-# 16K default -> persistent 650-664 -> 680-681 (646-651) / 664-665 -> 691-701 (654-661) / 674-675 -> 681-693 (659-661):
-# D256 plain takes persistent to 16K keys; D128 plain 8K / 16K (default, persistent-tma-q2, -de: 629-642 each), D64
-# 8K / 16K (d64-3wg, persistent-3wg-tma-q2: 473-484 each) and D128 causal 8K / 16K (sched4, q2-sched4, q2-de-sched4:
-# 607-628 each) within the passes' spread: unchanged.
+# causal takes q2-de-sched4 where it measured faster (to 4K keys; at 8K / 16K within the spread, below). Call 3 (longer
+# rows, two passes): D256 plain 4K / 8K / 16K default -> persistent 650-664 -> 680-681 (646-651) / 664-665 -> 691-701
+# (654-661) / 674-675 -> 681-693 (659-661): D256 plain takes persistent to 16K keys; D128 plain 8K / 16K (default,
+# persistent-tma-q2, -de: 628-642 each), D64 8K / 16K (d64-3wg, persistent-3wg-tma-q2: 473-484 each) and D128 causal 8K
+# / 16K (sched4, q2-sched4, q2-de-sched4: 607-628 each) within the passes' spread: unchanged.
 GLUON_FWD_PERSISTENT = {(128, False): (("persistent-tma-q2", 0, 4096), ),
                         (128, True): (("persistent-tma-q2-de-sched4", 0, 4096), ("persistent-tma-sched4", 4097, 16384)),
                         (64, False): (("persistent-tma-q2-de", 0, 1024), ("persistent-3wg-tma-q2", 1025, 8192)),
