@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from flashtile import configs
+
 pytest.importorskip("triton.backends.nvidia")
 
 TRITONS = ["installed"] + (["device"] if os.environ.get("FLASHTILE_DEVICE_TRITON") else [])
@@ -71,36 +73,44 @@ def test_gluon_bwd_bm128_variants_compile_for_sm90(tmp_path):
     assert "C7515" not in proc.stdout and "serializ" not in proc.stdout, proc.stdout[-4000:]
 
 
-# The persistent forward's variants that sessions 27-28 made configs.GLUON_FWD_PERSISTENT serve (two Q tiles at D64 /
-# D128 plain, the epilogue deferred at D64 plain 0-1K, D64 causal and D128 causal 0-4K; not the older persistent-tma-
-# sched4 and D256 persistent ranges), compiled for sm90 with the GPU
-# machine's Triton, plain and causal: they build without ptxas warnings and fit sm90's 227 KB of shared memory per CTA
-# (D128 with two Q tiles and O by TMA takes 229768 B: a few more KB of buffers would not launch), and the launches
-# they serve spill at most what they were measured with: nothing, but 4 B in D128 causal q2-de-sched4 (one store,
-# three reloads outside the key loops; three consumers serve plain rows only: their causal kernel spilled 16 B, as it
-# did with one Q tile).
+# Every variant configs.GLUON_FWD_PERSISTENT serves, compiled for sm90 with the GPU machine's Triton at the head dims
+# it serves, plain and causal: they build without ptxas warnings and fit sm90's 227 KB of shared memory per CTA (D128
+# with two Q tiles and O by TMA takes 229768 B, D256 229808 B: a few more KB of buffers would not launch), and the
+# launches they serve spill at most what they were measured with: nothing, but 4 B in D128 causal q2-de-sched4 (one
+# store, three reloads outside the key loops; three consumers serve plain rows only: their causal kernel spilled 16 B).
 SM90_SMEM_BYTES = 232448
+SERVED_SPILL_BYTES = {("persistent-tma-q2-de-sched4", 128, "causal"): 4}
+
+
+def _served_persistent():
+    """variant -> head dim -> the modes ("full", "causal") configs.GLUON_FWD_PERSISTENT serves it for."""
+    served = {}
+    for (head_dim, causal), ranges in configs.GLUON_FWD_PERSISTENT.items():
+        for variant, _, _ in ranges:
+            served.setdefault(variant, {}).setdefault(head_dim, set()).add("causal" if causal else "full")
+    return served
+
+
+SERVED_PERSISTENT = _served_persistent()
 
 
 @pytest.mark.skipif(not os.environ.get("FLASHTILE_DEVICE_TRITON"), reason="needs FLASHTILE_DEVICE_TRITON (triton 3.6)")
-@pytest.mark.parametrize("variant,head_dims,served,spill_bytes", [
-    ("persistent-tma-q2", "128", ("full", ), 0),
-    ("persistent-tma-q2-de", "64", ("full", ), 0),
-    ("persistent-tma-q2-de-lpt8", "64", ("causal", ), 0),
-    ("persistent-tma-q2-de-sched4", "128", ("causal", ), 4),
-    ("persistent-3wg-tma-q2", "64", ("full", ), 0)])
-def test_gluon_fwd_persistent_variants_compile_for_sm90(variant, head_dims, served, spill_bytes, tmp_path):
+@pytest.mark.parametrize("variant", sorted(SERVED_PERSISTENT))
+def test_gluon_fwd_persistent_variants_compile_for_sm90(variant, tmp_path):
     env = _device_triton_env(tmp_path)
+    served = SERVED_PERSISTENT[variant]
     script = Path(__file__).with_name("gluon_compile_check.py")
-    proc = subprocess.run([sys.executable, str(script), "--variant", variant, "--head-dims", head_dims, "--features",
-                           "plain", "--layouts", "dense"], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, str(script), "--variant", variant, "--head-dims",
+                           ",".join(map(str, sorted(served))), "--features", "plain", "--layouts", "dense"], env=env,
+                          capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if re.match(rf"d\d+-(full|causal)-{variant}:", line)]
-    assert proc.returncode == 0 and len(lines) == 2 * len(head_dims.split(",")), proc.stdout[-4000:] + proc.stderr[
-        -4000:]
+    assert proc.returncode == 0 and len(lines) == 2 * len(served), proc.stdout[-4000:] + proc.stderr[-4000:]
     for line in lines:
         assert int(re.search(r"smem (\d+) B", line).group(1)) <= SM90_SMEM_BYTES, line
-        if line.split("-")[1] in served:
-            assert max(map(int, re.search(r"spill stores ([\d,]+) B", line).group(1).split(","))) <= spill_bytes, line
+        head_dim, mode = int(re.match(r"d(\d+)-(full|causal)", line).group(1)), line.split("-")[1]
+        if mode in served[head_dim]:
+            spills = max(map(int, re.search(r"spill stores ([\d,]+) B", line).group(1).split(",")))
+            assert spills <= SERVED_SPILL_BYTES.get((variant, head_dim, mode), 0), line
     assert "    ptxas:" not in proc.stdout, proc.stdout[-4000:]
 
 
