@@ -13,6 +13,6 @@ if ! python -c "import torch" 2>/dev/null; then
         python -m pip install -q torch==2.13.0 || python -m pip install -q torch
     fi
 fi
-if ! python -c "import flashtile, pytest, tqdm" 2>/dev/null; then
+if ! python -c "import flashtile, pytest, tqdm, xdist" 2>/dev/null; then
     python -m pip install -q -e ".[test,bench]"
 fi
