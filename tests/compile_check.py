@@ -19,7 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from flashtile import configs, fit, launch
+from flashtile import fit, launch
 
 # Per-block shared memory limits (bytes) of the targets checked: H100/H200 and A100.
 TARGETS = {(9, 0): 232448, (8, 0): 166912, (8, 6): 101376, (7, 5): 65536}
@@ -291,11 +291,8 @@ def _case_launches(arch, case):
         lse = torch.zeros(1, heads_q, q.shape[1])
         cfg, splits, precision = launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"), interpreter=False)
         assert splits > 1, "the compile check needs the combine (kernel or fused)"
-        fused, configs.DECODE_FUSED_COMBINE = configs.DECODE_FUSED_COMBINE, bool(features.get("fused_combine"))
-        try:
-            launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision)
-        finally:
-            configs.DECODE_FUSED_COMBINE = fused
+        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision,
+                                           fused_combine=bool(features.get("fused_combine")))
     else:
         launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False, mods=mods)
     if not any(features.get(name) for name in ("kvcache", "decode", "paged", "append")):  # paged KV is inference only

@@ -443,17 +443,20 @@ def _split_counters(q, tiles):
     return counters
 
 
-def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, precision):
+def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, precision, fused_combine=None):
     """The split-KV kernel, and with num_splits > 1 the combine kernel, writing out (q's shape) and lse
     (B, Hq, Sq). The splits' partial outputs go to an fp32 workspace (num_splits, B, Sq, Hq, D) and lse
     (num_splits, B, Hq, Sq); one split writes out and lse directly. With configs.DECODE_FUSED_COMBINE and
     num_splits > 1 there is no combine kernel: the split-KV kernel's last program of each (batch * KV head, row
     block) tile merges the tile's splits into out and lse (FUSED_COMBINE), counting its programs in this call's
-    device and stream's counters (_split_counters), which the launch's arguments hold."""
+    device and stream's counters (_split_counters), which the launch's arguments hold; fused_combine (a bool)
+    overrides the flag for this call."""
     group_size = geo.heads_q // geo.heads_kv
     head_dim_pad = _head_dim_padded(geo.head_dim)
     grid = (num_splits, geo.batch * geo.heads_kv, _cdiv(geo.seqlen_q * group_size, cfg.BLOCK_M))
-    fused = num_splits > 1 and configs.DECODE_FUSED_COMBINE
+    if fused_combine is None:
+        fused_combine = configs.DECODE_FUSED_COMBINE
+    fused = num_splits > 1 and fused_combine
     if num_splits > 1:
         out_acc = _empty((num_splits, *q.shape), q, torch.float32)
         lse_acc = _empty((num_splits, *lse.shape), q, torch.float32)
