@@ -133,9 +133,6 @@ CASES = [
     (256, True, torch.float32, 8, 1, dict(decode=True, tf32=True)),
     (256, True, torch.float32, 8, 1, dict(decode=True, ieee=True)),
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, seqlen_q=4)),
-    # The combine fused into the split-KV kernel (configs.DECODE_FUSED_COMBINE): one launch.
-    (128, True, torch.bfloat16, 8, 1, dict(decode=True, fused_combine=True)),
-    (256, True, torch.float32, 8, 1, dict(decode=True, paged=True, seqlen_q=4, fused_combine=True)),
     # An int cache_seqlens: the key count as a kernel scalar, no tensor (HAS_SEQUSED_TENSOR / HAS_CACHE_SEQLENS off).
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, scalar_seqlens=True)),
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True, leftpad=True, scalar_seqlens=True)),
@@ -290,9 +287,8 @@ def _case_launches(arch, case):
     elif features.get("decode"):
         lse = torch.zeros(1, heads_q, q.shape[1])
         cfg, splits, precision = launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"), interpreter=False)
-        assert splits > 1, "the compile check needs the combine (kernel or fused)"
-        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision,
-                                           fused_combine=bool(features.get("fused_combine")))
+        assert splits > 1, "the compile check needs the combine kernel"
+        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision)
     else:
         launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False, mods=mods)
     if not any(features.get(name) for name in ("kvcache", "decode", "paged", "append")):  # paged KV is inference only

@@ -418,11 +418,6 @@ _TF32X3_DECODE = dict(_GENERIC_DECODE)
 # combine kernel streams splits, so this only bounds the workspace), and no more than the key blocks.
 MAX_SPLITS = 128
 SPLIT_PROGRAMS_PER_SM = 2
-# FLASHTILE_DECODE_FUSED_COMBINE=1: with num_splits > 1 the last split of each tile to finish merges the tile's
-# splits (decode._attn_fwd_splitkv's FUSED_COMBINE), so a decode step is one launch instead of two (the combine
-# kernel and the gap before it: ~3 us of a ~32 us CUDA-graph step at batch 8 on the H200). Off until measured on
-# the GPU; read once, at import.
-DECODE_FUSED_COMBINE = os.environ.get("FLASHTILE_DECODE_FUSED_COMBINE", "0") == "1"
 
 
 def decode_config(arch, head_dim_padded, rows, dtype, interpreter=False, precision="tf32"):

@@ -77,8 +77,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     page size; row b's token t lives in page block_table[b, t // page_size] at slot t % page_size.
     num_splits: for few queries per KV head (group_size * Sq <= 128, decoding) a split-KV kernel packs the
     query heads of each KV head into one tile and splits the key range over num_splits programs whose
-    partial results a second kernel combines (with FLASHTILE_DECODE_FUSED_COMBINE=1 the last split of each tile
-    to finish, in the same launch); 0 picks the count from the batch, heads and cache length
+    partial results a second kernel combines; 0 picks the count from the batch, heads and cache length
     (configs.num_splits_heuristic). It changes speed, not results (up to rounding).
     cache_batch_idx (int32 (B,)): batch row b uses cache row cache_batch_idx[b] of a contiguous cache
     (B_cache, capacity, Hk, D), for appends too (with repeated indices, which row's append lands is

@@ -422,41 +422,12 @@ def splitkv_plan(geo, max_seqlen_k, num_splits, arch, dtype, device, interpreter
     return cfg, configs.num_splits_heuristic(programs, _cdiv(max_seqlen_k, cfg.BLOCK_N), _num_sms(device)), precision
 
 
-# The fused combine's arrival counters (decode._attn_fwd_splitkv's FUSED_COMBINE), int32, per (device index, CUDA
-# stream; None on the CPU): two streams decoding at once must not count into each other's tiles. The kernel leaves
-# them zero, so a buffer is zeroed once, when allocated. A buffer too small for a call is replaced by a larger one
-# and kept (_retired_counters): a CUDA graph captured with it still counts there on every replay.
-_counters = {}
-_retired_counters = []
-
-
-def _split_counters(q, tiles):
-    """At least `tiles` zero int32 counters for launches on q's device and its current stream."""
-    device = q.get_device()
-    # triton's own stream getter: a C call, where torch.cuda.current_stream builds a Stream object (host time)
-    key = device, torch._C._cuda_getCurrentRawStream(device) if device >= 0 else None
-    counters = _counters.get(key)
-    if counters is None or counters.numel() < tiles:
-        if counters is not None:
-            _retired_counters.append(counters)
-        counters = _counters[key] = torch.zeros(_next_pow2(tiles), dtype=torch.int32, device=q.device)
-    return counters
-
-
-def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, precision, fused_combine=None):
+def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, precision):
     """The split-KV kernel, and with num_splits > 1 the combine kernel, writing out (q's shape) and lse
     (B, Hq, Sq). The splits' partial outputs go to an fp32 workspace (num_splits, B, Sq, Hq, D) and lse
-    (num_splits, B, Hq, Sq); one split writes out and lse directly. With configs.DECODE_FUSED_COMBINE and
-    num_splits > 1 there is no combine kernel: the split-KV kernel's last program of each (batch * KV head, row
-    block) tile merges the tile's splits into out and lse (FUSED_COMBINE), counting its programs in this call's
-    device and stream's counters (_split_counters), which the launch's arguments hold; fused_combine (a bool)
-    overrides the flag for this call."""
+    (num_splits, B, Hq, Sq); one split writes out and lse directly."""
     group_size = geo.heads_q // geo.heads_kv
     head_dim_pad = _head_dim_padded(geo.head_dim)
-    grid = (num_splits, geo.batch * geo.heads_kv, _cdiv(geo.seqlen_q * group_size, cfg.BLOCK_M))
-    if fused_combine is None:
-        fused_combine = configs.DECODE_FUSED_COMBINE
-    fused = num_splits > 1 and fused_combine
     if num_splits > 1:
         out_acc = _empty((num_splits, *q.shape), q, torch.float32)
         lse_acc = _empty((num_splits, *lse.shape), q, torch.float32)
@@ -466,22 +437,20 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, precision, fus
     acc4 = out_acc if num_splits == 1 else out_acc[0]
     lse3 = lse_acc if num_splits == 1 else lse_acc[0]
     main = KernelLaunch(
-        _attn_fwd_splitkv, grid,
+        _attn_fwd_splitkv, (num_splits, geo.batch * geo.heads_kv, _cdiv(geo.seqlen_q * group_size, cfg.BLOCK_M)),
         (q, k, v, out_acc, lse_acc, sa.alibi, geo.seqused_k if geo.seqused_k is not None else lse,
          geo.block_table if geo.block_table is not None else lse,
-         geo.key_start_arg(lse), out, lse, _split_counters(q, grid[1] * grid[2]) if fused else lse,
-         *_strides3(q), *_strides3(k), *_strides3(v), split_strides[0], *_strides3(acc4),
-         split_strides[1], lse3.stride(0), lse3.stride(1), *_strides3(out), lse.stride(0), lse.stride(1),
-         sa.stride_alibi_b, *geo.page_args(k),
+         geo.key_start_arg(lse), *_strides3(q), *_strides3(k), *_strides3(v), split_strides[0], *_strides3(acc4),
+         split_strides[1], lse3.stride(0), lse3.stride(1), sa.stride_alibi_b, *geo.page_args(k),
          geo.seqlen_q, geo.heads_kv, group_size, num_splits, geo.seqused_add or 0, *sa.score_scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              IS_LOCAL=sa.constexprs["IS_LOCAL"], SOFTCAP=sa.constexprs["SOFTCAP"],
              HAS_ALIBI=sa.constexprs["HAS_ALIBI"], **geo.page_constexprs(k, cfg.BLOCK_N),
              LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
-             DOT_PRECISION=precision, HAS_SEQUSED_TENSOR=geo.seqused_k is not None, FUSED_COMBINE=fused),
+             DOT_PRECISION=precision, HAS_SEQUSED_TENSOR=geo.seqused_k is not None),
         cfg.num_warps, cfg.num_stages, shrink=("BLOCK_N",),
     )
-    if num_splits == 1 or fused:
+    if num_splits == 1:
         return [main]
     combine = KernelLaunch(
         _attn_combine, (geo.batch * geo.seqlen_q * geo.heads_q,),

@@ -6,8 +6,7 @@ once per query head: packed row r is query head hk * group_size + r // Sq at que
 (B, Hq, Sq)-ordered rows this makes a tile's rows consecutive in lse's layout. Each split handles a
 contiguous, BLOCK_N-aligned range of the key blocks its rows may see, and writes its partial output
 (normalized by its own denominator) and lse; `_attn_combine` merges the splits with lse weights. With one
-split the first kernel writes the final output directly. With FUSED_COMBINE the last split of each tile to
-finish merges the tile's splits itself (a per-tile arrival counter), so a decode step is one launch.
+split the first kernel writes the final output directly.
 """
 import triton
 import triton.language as tl
@@ -19,13 +18,12 @@ from .fwd import LN2, _attn_fwd_inner
 # seqused_add is the cache length of a decode step with an int cache_seqlens: specialized (== 1, % 16) it would
 # compile the kernel again as the cache grows.
 @triton.jit(do_not_specialize=["seqused_add"])
-def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart, OutFinal, LseFinal, Counters,
+def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart,
                       stride_qb, stride_qm, stride_qh,
                       stride_kb, stride_kn, stride_kh,
                       stride_vb, stride_vn, stride_vh,
                       stride_os, stride_ob, stride_om, stride_oh,
                       stride_ls, stride_lb, stride_lh,
-                      stride_fob, stride_fom, stride_foh, stride_flb, stride_flh,
                       stride_alibi_b, stride_bt_b, page_size,
                       seqlen_q, heads_kv, group_size, num_splits, seqused_add,
                       qk_scale, softcap_log2, window_left, window_right,
@@ -34,7 +32,7 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart, 
                       IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, PAGED: tl.constexpr,
                       LEFTPAD: tl.constexpr, LEFT_BOUNDED: tl.constexpr, DOT_PRECISION: tl.constexpr,
                       HAS_SEQUSED_TENSOR: tl.constexpr, PAGE_SHIFT: tl.constexpr = -1,
-                      PAGE_PREFETCH: tl.constexpr = False, FUSED_COMBINE: tl.constexpr = False):
+                      PAGE_PREFETCH: tl.constexpr = False):
     """Writes split s's Out[s] (B, Sq, Hq, D) and Lse[s] (B, Hq, Sq) (natural log) at s * stride_os / stride_ls.
 
     Out/Lse are the fp32 workspace (num_splits > 1) or the final output and lse (one split, strides 0 along
@@ -42,11 +40,6 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart, 
     (K, V: (B, capacity, Hk, D)) or, when PAGED, in the pages BlockTable[b] lists (K, V: (num_pages, page_size,
     Hk, D)); with LEFTPAD only the cache tokens from KeyStart[b] on. A split that sees no key of a row writes
     output 0 and lse -inf for it.
-    FUSED_COMBINE (num_splits > 1 only): after writing its split, each program counts itself in
-    Counters[tile] (int32, one per (batch * KV head, row block) tile, zero on entry); the last of the tile's
-    num_splits programs merges their Out/Lse rows as _attn_combine does into OutFinal (B, Sq, Hq, D) and
-    LseFinal (B, Hq, Sq) and sets the counter back to 0, so the counters are zero again after every launch
-    (CUDA-graph replays reuse them). Without it OutFinal, LseFinal and Counters are not read.
     PAGED, PAGE_SHIFT: see common._kv_tile_ptrs; PAGE_PREFETCH: see fwd._attn_fwd_inner.
     Score arguments: see common._scores.
     """
@@ -110,56 +103,6 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart, 
               + head[:, None] * stride_oh + offs_d[None, :])
     _store_tile(o_ptrs, acc.to(Out.dtype.element_ty), offs_r, n_rows, offs_d, HEAD_DIM, HEAD_DIM_PAD)
     tl.store(Lse + split * stride_ls + off_b * stride_lb + head * stride_lh + pos, lse, mask=row_ok)
-    if FUSED_COMBINE:
-        # Every thread's stores are issued before the one thread that does the scalar atomic releases them; its
-        # acquire (broadcast to the other threads through shared memory) orders the partial loads after the other
-        # splits' releases.
-        tl.debug_barrier()
-        tile = pid_bh * tl.num_programs(2) + tl.program_id(2)
-        arrived = tl.atomic_add(Counters + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == num_splits - 1:
-            _combine_tile(Out, Lse, OutFinal, LseFinal, off_b, pos, head, offs_r, offs_d, n_rows, num_splits,
-                          stride_os, stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh,
-                          stride_fob, stride_fom, stride_foh, stride_flb, stride_flh, HEAD_DIM, HEAD_DIM_PAD,
-                          BLOCK_M)
-            tl.atomic_xchg(Counters + tile, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _combine_tile(Out, Lse, OutFinal, LseFinal, off_b, pos, head, offs_r, offs_d, n_rows, num_splits,
-                  stride_os, stride_ob, stride_om, stride_oh, stride_ls, stride_lb, stride_lh,
-                  stride_fob, stride_fom, stride_foh, stride_flb, stride_flh,
-                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr):
-    """_attn_combine for one split-KV tile's packed rows, a split at a time: OutFinal = sum_s exp(lse_s - lse) *
-    Out[s], LseFinal = log sum_s exp(lse_s). Splits with lse_s = -inf weigh 0; a row no split saw gets output
-    0 and lse -inf. The loads bypass L1 (.cg): other programs wrote these lines, and L1 is not coherent."""
-    row_ok = offs_r < n_rows
-    mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    pos64 = pos.to(tl.int64)
-    lse_ptrs = Lse + off_b * stride_lb + head * stride_lh + pos64  # [BLOCK_M]
-    o_ptrs = Out + off_b * stride_ob + pos64[:, None] * stride_om + head[:, None] * stride_oh + offs_d[None, :]
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    denom = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    for _ in range(num_splits):
-        lse_s = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"), cache_modifier=".cg")  # [BLOCK_M]
-        o = tl.load(o_ptrs, mask=mask, other=0.0, cache_modifier=".cg")  # [BLOCK_M, HEAD_DIM_PAD]
-        lse_ptrs += stride_ls
-        o_ptrs += stride_os
-        m_new = tl.maximum(m, lse_s)
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # all splits so far empty: weights 0, not NaN
-        weight = tl.exp(lse_s - m_sub)
-        alpha = tl.exp(m - m_sub)
-        acc = acc * alpha[:, None] + o * weight[:, None]
-        denom = denom * alpha + weight
-        m = m_new
-    empty = denom == 0.0
-    out = acc / tl.where(empty, 1.0, denom)[:, None]
-    lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, denom)))
-    out_ptrs = (OutFinal + off_b * stride_fob + pos64[:, None] * stride_fom + head[:, None] * stride_foh
-                + offs_d[None, :])
-    tl.store(out_ptrs, out.to(OutFinal.dtype.element_ty), mask=mask)
-    tl.store(LseFinal + off_b * stride_flb + head * stride_flh + pos64, lse, mask=row_ok)
 
 
 @triton.jit
