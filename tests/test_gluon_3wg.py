@@ -14,9 +14,6 @@ from utils import (alibi_slopes, assert_close_rule, assert_varlen_matches_each_s
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 VARIANT = "d64-3wg"
-# The persistent variants of three consumers; "-wr": each warpgroup computes only the key blocks its rows see.
-PERSISTENT = ("persistent-3wg-tma", "persistent-3wg-tma-lpt8", "persistent-3wg-tma-q2", "persistent-3wg-tma-q2-de",
-              "persistent-3wg-tma-q2-wr", "persistent-3wg-tma-q2-wr-lpt8")
 needs_gluon = pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
 
 
@@ -33,7 +30,7 @@ def test_config_rules():
     assert config.maxnreg * 16 * 32 <= 65536  # 16 warps at launch: 3 consumer warpgroups + the loader's
     with pytest.raises(ValueError, match="consumers"):
         gluon_launch.GluonConfig(128, 3, consumers=3, persistent=True, schedule=True)
-    for name in PERSISTENT:
+    for name in ("persistent-3wg-tma", "persistent-3wg-tma-lpt8", "persistent-3wg-tma-q2", "persistent-3wg-tma-q2-de"):
         persistent = gluon_launch.VARIANTS[name][64]
         assert persistent.persistent and persistent.tma_store and persistent.block_m == 192
         assert (persistent.consumer_regs, persistent.loader_regs, persistent.maxnreg) == (160, 24, 128)
@@ -155,6 +152,7 @@ def test_matches_reference(monkeypatch, shape, causal):
 
 
 
+PERSISTENT = ("persistent-3wg-tma", "persistent-3wg-tma-lpt8", "persistent-3wg-tma-q2", "persistent-3wg-tma-q2-de")
 
 
 @needs_gluon
@@ -177,9 +175,6 @@ def test_persistent_launch_args():
             assert constexprs.get("LPT_HEADS", 0) == config.lpt_heads and "SCHEDULE" not in constexprs
             # Three consumers never take O_VIA_SMEM, so a deferred epilogue always reaches the kernel.
             assert constexprs.get("DEFER_EPILOGUE", False) == config.defer_epilogue
-            assert constexprs.get("WG_RANGES", False) == config.wg_ranges
-    with pytest.raises(ValueError, match="wg_ranges"):
-        replace(gluon_launch.VARIANTS[VARIANT][64], wg_ranges=True)  # the one-tile kernel's tiles are not ranged
 
 
 @pytest.mark.gpu

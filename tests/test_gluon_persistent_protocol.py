@@ -8,14 +8,9 @@ mutations). O_VIA_SMEM's epilogues: one O tile the two consumers take in turns (
 for both fails (test_o_tile_parity_mutation_fails). Three consumers store O without that
 tile (O_TMA or registers), so their model has no o_free. Q_BUFFERS=2 (GluonConfig.q_buffers): tile t's Q in buffer
 t % 2, loaded at the start of the loader's tile once tile t - 2 released that buffer; a loader that skips that wait
-fails (test_two_q_buffers_without_the_release_wait_fails). WG_RANGES (GluonConfig.wg_ranges): a tile given as
-(n, per-warpgroup counts) has the loader load n key blocks and warpgroup w compute its first counts[w] of them,
-then take its turn and release the ring slots of the rest, each after the slot's ready wait; releases without that
-wait fail (test_warpgroup_ranges_without_a_ready_wait_fail)."""
+fails (test_two_q_buffers_without_the_release_wait_fails)."""
 
 import random
-
-import pytest
 
 
 class Bar:
@@ -36,14 +31,12 @@ class Bar:
 
 
 def run(tile_blocks, stages, pingpong=True, seed=0, o_parity=lambda wg: wg ^ 1, consumers=2, release_count=None,
-        q_buffers=1, q_wait=True, skip_waits=("k", "v")):
-    """One CTA's tiles (tile_blocks: key blocks per tile, or (key blocks, per-warpgroup counts) for WG_RANGES)
-    under a random interleaving; raises on a deadlock or a
+        q_buffers=1, q_wait=True):
+    """One CTA's tiles (tile_blocks: key blocks per tile) under a random interleaving; raises on a deadlock or a
     GEMM that would read the wrong block (or an epilogue whose O tile another one overwrote). o_parity(wg): the
     o_free parity an epilogue of consumer wg waits for (two consumers). release_count: the arrivals q_empty and the
     ring's empty barriers count (the kernel: consumers). q_buffers: the kernel's Q_BUFFERS; q_wait=False: the loader
-    does not wait for q_empty (a mutation); skip_waits: the ready barriers ("k", "v") a warpgroup waits for before it
-    releases the slots of a block it does not compute (leaving one out is a mutation)."""
+    does not wait for q_empty (a mutation)."""
     rng = random.Random(seed)
     release = release_count or consumers
     q_bar, q_empty = [Bar(1) for _ in range(q_buffers)], [Bar(release) for _ in range(q_buffers)]
@@ -54,13 +47,9 @@ def run(tile_blocks, stages, pingpong=True, seed=0, o_parity=lambda wg: wg ^ 1, 
     k_buf, v_buf, q_buf = [None] * stages, [None] * stages, [None] * q_buffers  # which block / tile each buffer holds
     in_flight = []  # TMA loads issued, not landed: (barrier, buffer list, index, value)
 
-    def blocks(tile, wg):  # (the tile's key blocks, those warpgroup wg computes)
-        return (tile[0], tile[1][wg]) if isinstance(tile, tuple) else (tile, tile)
-
     def loader():  # _load_partition_p
         c = 0
-        for t, tile in enumerate(tile_blocks):
-            n = blocks(tile, 0)[0]
+        for t, n in enumerate(tile_blocks):
             if q_buffers == 2:  # Q first, into buffer t % 2
                 qb = t % 2
                 if q_wait:
@@ -87,8 +76,7 @@ def run(tile_blocks, stages, pingpong=True, seed=0, o_parity=lambda wg: wg ^ 1, 
                 turn[(wg + 1) % consumers].arrive()
 
         c = 0
-        for t, tile in enumerate(tile_blocks):
-            n, mine = blocks(tile, wg)
+        for t, n in enumerate(tile_blocks):
             qb = t % q_buffers
             yield lambda: q_bar[qb].done((t // q_buffers) & 1)
             yield lambda: k_ready[c % stages].done((c // stages) & 1)
@@ -98,7 +86,7 @@ def run(tile_blocks, stages, pingpong=True, seed=0, o_parity=lambda wg: wg ^ 1, 
             yield None  # the Q K^T runs
             assert q_buf[qb] == t and k_buf[c % stages] == c, ("S_0 read", wg, t, c, q_buf, k_buf)
             k_empty[c % stages].arrive()
-            for j in range(1, mine):
+            for j in range(1, n):
                 cc = c + j
                 yield lambda: k_ready[cc % stages].done((cc // stages) & 1)
                 yield turn_wait(cc)
@@ -113,22 +101,12 @@ def run(tile_blocks, stages, pingpong=True, seed=0, o_parity=lambda wg: wg ^ 1, 
                 assert v_buf[(cc - 1) % stages] == cc - 1, ("PV read", wg, t, cc - 1, v_buf)
                 v_empty[(cc - 1) % stages].arrive()
             q_empty[qb].arrive()
-            last = c + mine - 1
+            last = c + n - 1
             yield lambda: v_ready[last % stages].done((last // stages) & 1)
             assert v_buf[last % stages] == last, ("last PV", wg, t, last, v_buf)
             yield None
             assert v_buf[last % stages] == last, ("last PV read", wg, t, last, v_buf)
             v_empty[last % stages].arrive()
-            for j in range(mine, n):  # _skip_block_p
-                cc = c + j
-                if "k" in skip_waits:
-                    yield lambda: k_ready[cc % stages].done((cc // stages) & 1)
-                yield turn_wait(cc)
-                turn_pass()
-                k_empty[cc % stages].arrive()
-                if "v" in skip_waits:
-                    yield lambda: v_ready[cc % stages].done((cc // stages) & 1)
-                v_empty[cc % stages].arrive()
             if consumers == 2:  # O_VIA_SMEM's shared O tile
                 yield lambda: o_free.done(o_parity(wg))
                 o_buf[0] = (t, wg)
@@ -217,38 +195,5 @@ def test_two_q_buffers_without_the_release_wait_fails():
         try:
             run([1, 1, 1, 1, 1, 1], 4, seed=seed, q_buffers=2, q_wait=False)
         except (AssertionError, RuntimeError):  # a Q read overwritten, or a deadlock
-            failed += 1
-    assert failed
-
-
-def _ranged_tiles(rng, consumers):
-    tiles = []
-    for _ in range(rng.randint(1, 8)):
-        n = rng.randint(1, 6)
-        tiles.append((n, tuple(rng.randint(1, n) for _ in range(consumers))))
-    return tiles
-
-
-def test_warpgroup_ranges_random_schedules():
-    """WG_RANGES: warpgroups computing different numbers of a tile's key blocks (a causal tile's warpgroups up to
-    their own diagonal blocks, rows past Sq block 0 alone), three and two consumers, one and two Q buffers."""
-    for seed in range(300):
-        rng = random.Random(seed)
-        consumers = rng.choice([2, 3])
-        run(_ranged_tiles(rng, consumers), rng.choice([1, 2, 3, 4]), pingpong=rng.random() < 0.8, seed=seed,
-            consumers=consumers, q_buffers=rng.choice([1, 2]))
-
-
-@pytest.mark.parametrize("kept", [("v", ), ("k", )], ids=["no-k-wait", "no-v-wait"])
-def test_warpgroup_ranges_without_a_ready_wait_fail(kept):
-    """A warpgroup that releases a skipped block's K (or V) slot before the block is loaded completes the slot's
-    previous phase early: the loader then overwrites a block another warpgroup still reads (or the run deadlocks).
-    One stage: with two or more, the turn ring alone orders the K release after the other warpgroups' (their turn
-    at the next position follows their release of the previous one), and some V releases too."""
-    failed = 0
-    for seed in range(100):
-        try:
-            run([(4, (1, 4, 2)), (3, (1, 1, 3)), (4, (2, 4, 1))], 1, seed=seed, consumers=3, skip_waits=kept)
-        except (AssertionError, RuntimeError):
             failed += 1
     assert failed

@@ -94,7 +94,6 @@ class GluonConfig:
     q_buffers: int = 1  # persistent: Q tiles in shared memory, 2: the next tile's Q loads while this tile runs
     defer_epilogue: bool = False  # persistent: a tile's epilogue behind the next tile's first Q K^T (O by TMA or
     # from the registers; launches that store O through one shared tile keep it in place)
-    wg_ranges: bool = False  # persistent: each consumer warpgroup computes only the key blocks its own rows see
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.schedule):
@@ -106,8 +105,6 @@ class GluonConfig:
             raise ValueError(f"GluonConfig: q_buffers must be 1, or 2 with persistent (got {self.q_buffers})")
         if self.defer_epilogue and not self.persistent:
             raise ValueError("GluonConfig: defer_epilogue reorders the persistent kernel's tiles (persistent=False)")
-        if self.wg_ranges and not self.persistent:
-            raise ValueError("GluonConfig: wg_ranges is the persistent kernel's (persistent=False)")
 
     @property
     def block_m(self):
@@ -174,13 +171,6 @@ VARIANTS.update({f"{name}-q2": {d: replace(c, q_buffers=2) for d, c in VARIANTS[
 # with two consumers, slower with three; configs.GLUON_FWD_PERSISTENT has the numbers).
 VARIANTS.update({f"{name}-de": {d: replace(c, defer_epilogue=True) for d, c in VARIANTS[name].items()}
                  for name in ("persistent-tma-q2", "persistent-tma-7cta-q2", "persistent-3wg-tma-q2")})
-# Three consumers whose warpgroups each compute only the key blocks their rows see (written in session 28 after its
-# device time: unmeasured; GluonConfig.wg_ranges): causal 192-row tiles then run one masked block per warpgroup, not
-# two, and skip the blocks past each warpgroup's diagonal; at 1K plain keys the last tile's rows past Sq (1024 ->
-# 1152) run block 0 only. docs/perf-log.md "How to continue (end of session 28)" has the model.
-VARIANTS.update({"persistent-3wg-tma-q2-wr": {64: replace(VARIANTS["persistent-3wg-tma-q2"][64], wg_ranges=True)},
-                 "persistent-3wg-tma-q2-wr-lpt8": {64: replace(VARIANTS["persistent-3wg-tma-q2"][64], wg_ranges=True,
-                                                               lpt_heads=8)}})
 # The causal grid's order (kernels/gluon_grid._heavy_first): "head-major" is the order before session 13 (head by
 # head, each head's longest rows first), "lptN" starts the longest rows of N heads at a time. Session 13
 # (lpt-h200-2026-11-30-s13, 16K tokens, causal 1K / 2K / 4K / 8K, speed / cuDNN, head-major -> lpt8): D128 0.81 ->
@@ -652,8 +642,6 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
     o_via_smem = config.consumers == 2 and not o_tma and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE
     if config.defer_epilogue and not o_via_smem:
         constexprs.update(DEFER_EPILOGUE=True)
-    if config.wg_ranges:
-        constexprs.update(WG_RANGES=True)
     if config.consumers != 2:
         constexprs.update(CONSUMERS=config.consumers)  # its O leaves by TMA or from the registers
     elif o_via_smem:  # O through one shared tile (session 20)

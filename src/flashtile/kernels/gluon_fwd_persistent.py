@@ -204,21 +204,6 @@ def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empt
 
 
 @gluon.jit
-def _skip_block_p(c, k_ready, k_empty, v_ready, v_empty, turn_bars, WG: gl.constexpr, STAGES: gl.constexpr,
-                  PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr):
-    """WG_RANGES: a key block of the tile that this warpgroup's rows do not see (ring position c): its turn taken
-    and passed, its K / V slots released. Each release waits for the slot's ready barrier first: an arrival before
-    the block is loaded would count towards the slot's previous phase, whose block another warpgroup may still read."""
-    stage = c % STAGES
-    mbarrier.wait(k_ready.index(stage), (c // STAGES) & 1)
-    _turn_wait(turn_bars, c, WG, PINGPONG, CONSUMERS)
-    _turn_pass(turn_bars, WG, PINGPONG, CONSUMERS)
-    mbarrier.arrive(k_empty.index(stage))
-    mbarrier.wait(v_ready.index(stage), (c // STAGES) & 1)
-    mbarrier.arrive(v_empty.index(stage))
-
-
-@gluon.jit
 def _epilogue_p(o_acc, m_i, l_i, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh, stride_lse_b,
                 stride_lse_h, seqlen_q, off_b, off_h, row0, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
                 O_TMA: gl.constexpr, O_VIA_SMEM: gl.constexpr):
@@ -271,7 +256,7 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
                           TREE_MAX: gl.constexpr, O_TMA: gl.constexpr, LPT_HEADS: gl.constexpr = 0,
                           SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
                           CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1,
-                          DEFER_EPILOGUE: gl.constexpr = False, WG_RANGES: gl.constexpr = False):
+                          DEFER_EPILOGUE: gl.constexpr = False):
     """Rows WG * 64 + [0, 64) of each of the CTA's tiles (gluon_fwd._consumer_partition's online softmax).
     O_TMA: O goes out through o_smem[WG] by a TMA store (o_desc: (B * Sq, Hq * D), boxes [64, D]) that runs on
     while the next tile's GEMMs do; the next epilogue waits for it before it writes the buffer again.
@@ -279,10 +264,7 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
     WG 0's first: the ping-pong's order), as 16-byte row pieces (gluon_epilogue._store_rows_via); o_free counts the
     epilogues that have read it back. The Q tile cannot serve (the next tile's Q is loaded into it meanwhile).
     DEFER_EPILOGUE (not with O_VIA_SMEM): tile t's epilogue (_epilogue_p) runs after tile t+1's first Q K^T is
-    issued, behind that GEMM, its registers carried to the next iteration; the CTA's last tile's after the loop.
-    WG_RANGES: the warpgroup computes only the key blocks its own 64 rows see (causal: up to its own diagonal block,
-    one masked block where the tile's rows span two; rows past Sq: block 0 alone), and takes its turn and releases
-    the ring slots of the tile's other blocks (_skip_block_p), which the loader loads for the other warpgroups."""
+    issued, behind that GEMM, its registers carried to the next iteration; the CTA's last tile's after the loop."""
     BLOCK_M: gl.constexpr = CONSUMERS * WG_M
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -312,13 +294,6 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
         start_m = pid_m * BLOCK_M
         n_full, n_blocks = _tile_blocks(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, IS_CAUSAL)
         row0 = start_m + WG * WG_M
-        if WG_RANGES:
-            n_full, n_mine = _tile_blocks(row0, seqlen_q, seqlen_k, WG_M, BLOCK_N, IS_CAUSAL)
-            if row0 >= seqlen_q:
-                n_mine = 1  # rows never stored: block 0 only (the tile's first Q K^T and turn)
-            n_full = gl.minimum(n_full, n_mine)
-        else:
-            n_mine = n_blocks
         qb = t % Q_BUFFERS
         q_view = q_smem.index(qb * CONSUMERS + WG)
 
@@ -349,7 +324,7 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
                                             v_ready, v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale,
                                             WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, P_CVT_ASM, TREE_MAX,
                                             CONSUMERS)
-        for j in range(gl.maximum(n_full, 1), n_mine):
+        for j in range(gl.maximum(n_full, 1), n_blocks):
             o_acc, m_i, l_i, p = _kv_step_p(c + j, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty,
                                             v_ready, v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale,
                                             WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, P_CVT_ASM, TREE_MAX,
@@ -359,15 +334,12 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
         mbarrier.arrive(q_empty.index(qb))
 
         # The last block's PV.
-        c_last = c + n_mine - 1
+        c_last = c + n_blocks - 1
         last = c_last % STAGES
         mbarrier.wait(v_ready.index(last), (c_last // STAGES) & 1)
         o_tok = warpgroup_mma(p, v_bufs.index(last), o_acc, is_async=True)
         o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
         mbarrier.arrive(v_empty.index(last))
-        if WG_RANGES:
-            for j in range(n_mine, n_blocks):
-                _skip_block_p(c + j, k_ready, k_empty, v_ready, v_empty, turn_bars, WG, STAGES, PINGPONG, CONSUMERS)
 
         if DEFER_EPILOGUE:
             # Tile t's epilogue waits until tile t+1's first Q K^T is issued (or the loop ends).
@@ -398,7 +370,7 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                 O_TMA: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
                                 SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
                                 CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1,
-                                DEFER_EPILOGUE: gl.constexpr = False, WG_RANGES: gl.constexpr = False):
+                                DEFER_EPILOGUE: gl.constexpr = False):
     """_attn_fwd_hopper's plain / causal forward over n_tiles = n_m * n_bh tiles (n_m = cdiv(Sq, 64 * CONSUMERS)
     query tiles, n_bh = B * Hq), tile i on CTA i % grid, or with SCHEDULE the CTA's tiles in Schedule (an int32
     tensor, persistent_schedule.schedule_table for this grid; unused without SCHEDULE). Launch with num_warps=4 and a
@@ -411,8 +383,7 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
     warpgroup's softmax behind the two others' GEMMs; 3 x 128 threads at CONSUMER_REGS <= 160); 3 takes neither
     SCHEDULE (the host's cost model lists 128-row tiles) nor O_VIA_SMEM (its turn order is written for two).
     Q_BUFFERS: 1, or 2 (tile t's Q in buffer t % 2: CONSUMERS x 64 x D x 2 B more shared memory, 224 KB in all at
-    D128 with O_TMA). DEFER_EPILOGUE: each tile's epilogue behind the next tile's first Q K^T (not with O_VIA_SMEM).
-    WG_RANGES: each consumer warpgroup computes only the key blocks its own rows see (_consumer_partition_p)."""
+    D128 with O_TMA). DEFER_EPILOGUE: each tile's epilogue behind the next tile's first Q K^T (not with O_VIA_SMEM)."""
     gl.static_assert(LPT_HEADS == 0 or IS_CAUSAL, "LPT_HEADS: causal launches")
     gl.static_assert(not SCHEDULE or IS_CAUSAL, "SCHEDULE: causal launches")
     gl.static_assert(not (O_TMA and O_VIA_SMEM), "O_TMA or O_VIA_SMEM")
@@ -459,19 +430,19 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
                                      TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS,
-                                     DEFER_EPILOGUE, WG_RANGES)),
+                                     DEFER_EPILOGUE)),
             (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
                                      TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS,
-                                     DEFER_EPILOGUE, WG_RANGES)),
+                                     DEFER_EPILOGUE)),
             (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 2, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
                                      TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS,
-                                     DEFER_EPILOGUE, WG_RANGES)),
+                                     DEFER_EPILOGUE)),
             (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                                  v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
                                  Schedule, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE,
@@ -484,13 +455,13 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
                                      TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, 2, Q_BUFFERS,
-                                     DEFER_EPILOGUE, WG_RANGES)),
+                                     DEFER_EPILOGUE)),
             (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
                                      TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, 2, Q_BUFFERS,
-                                     DEFER_EPILOGUE, WG_RANGES)),
+                                     DEFER_EPILOGUE)),
             (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                                  v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
                                  Schedule, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE, 2,
