@@ -115,6 +115,40 @@ def test_persistent_matches_reference(shape, head_dim, causal, variant, monkeypa
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
+# The "-lr" variants (GluonConfig.lazy_rescale, kernels/gluon_fwd._lazy_max). Random scores never move a row's max by
+# 2^8 after key block 0, so every rescale is skipped; keys scaled up along the sequence move every row's max in every
+# block; spike keys move some rows' max once, mid-row (in a warp some rows then rescale by alpha < 1, others by 1).
+LAZY_VARIANTS = ["persistent-tma-q2-lr", "persistent-tma-q2-de-lr", "persistent-tma-q2-de-lpt8-lr",
+                 "persistent-tma-q2-de-sched4-lr", "persistent-tma-sched4-lr", "persistent-3wg-tma-q2-lr",
+                 "persistent-lr", "persistent-sched4-lr"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("scores", ["random", "growing", "spikes"])
+@pytest.mark.parametrize("shape", [(2, 1024, 1024, 8, 2), (1, 1000, 1000, 4, 1)], ids=["b2-1024", "b1-1000"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("variant", LAZY_VARIANTS)
+def test_lazy_rescale_matches_reference(variant, causal, shape, scores, monkeypatch):
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
+    for head_dim in gluon_launch.VARIANTS[variant]:
+        q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
+                           requires_grad=False)
+        if scores == "growing":
+            k = k * (1 + torch.arange(seqlen_k, device="cuda") / 32).to(k.dtype)[None, :, None, None]
+        elif scores == "spikes":
+            k[:, 500] *= 30
+            k[-1, 900, 0] *= 60
+        config = gluon_launch.VARIANTS[variant][head_dim]
+        assert gluon_launch.takes_persistent(config, q, k, causal=causal)
+        out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=variant)
+        ref, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True)
+        assert_close_rule("out", out, ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False),
+                          torch.bfloat16)
+        torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 def test_refuses_rows_without_keys():
@@ -740,6 +774,11 @@ def test_persistent_launch_args():
     assert constexprs["O_VIA_SMEM"] and "DEFER_EPILOGUE" not in constexprs
     with pytest.raises(ValueError, match="defer_epilogue"):
         replace(gluon_launch.VARIANTS["default"][128], defer_epilogue=True)
+    with pytest.raises(ValueError, match="lazy_rescale"):
+        replace(gluon_launch.VARIANTS["default"][128], lazy_rescale=True)
+    base, lazy = (gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, True, gluon_launch.VARIANTS[name][128],
+                                                      sm_count=132)[2] for name in ("persistent", "persistent-lr"))
+    assert lazy == {**base, "LAZY_RESCALE": True} and "LAZY_RESCALE" not in base
     assert gluon_launch.takes_persistent(config, q, q) and gluon_launch.takes_persistent(config, q, q, causal=True)
     assert not gluon_launch.takes_persistent(gluon_launch.VARIANTS["default"][128], q, q)
     assert not gluon_launch.takes_persistent(config, q, q, window_size=(64, 0))

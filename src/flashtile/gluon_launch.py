@@ -94,6 +94,8 @@ class GluonConfig:
     q_buffers: int = 1  # persistent: Q tiles in shared memory, 2: the next tile's Q loads while this tile runs
     defer_epilogue: bool = False  # persistent: a tile's epilogue behind the next tile's first Q K^T (O by TMA or
     # from the registers; launches that store O through one shared tile keep it in place)
+    lazy_rescale: bool = False  # persistent: O rescaled only when a row's max grows by more than 2^8
+    # (kernels/gluon_fwd._lazy_max)
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.schedule):
@@ -105,6 +107,8 @@ class GluonConfig:
             raise ValueError(f"GluonConfig: q_buffers must be 1, or 2 with persistent (got {self.q_buffers})")
         if self.defer_epilogue and not self.persistent:
             raise ValueError("GluonConfig: defer_epilogue reorders the persistent kernel's tiles (persistent=False)")
+        if self.lazy_rescale and not self.persistent:
+            raise ValueError("GluonConfig: lazy_rescale is the persistent kernel's (persistent=False)")
 
     @property
     def block_m(self):
@@ -203,6 +207,11 @@ def persistent_order_variants():
 
 
 VARIANTS.update({**grid_order_variants(VARIANTS["default"]), **persistent_order_variants()})
+# FA4's conditional rescaling (session 29, unmeasured): "-lr" twins of the persistent variants configs serves.
+VARIANTS.update({f"{name}-lr": {d: replace(c, lazy_rescale=True) for d, c in VARIANTS[name].items()}
+                 for name in ("persistent", "persistent-sched4", "persistent-tma-q2", "persistent-tma-q2-de",
+                              "persistent-tma-q2-de-lpt8", "persistent-tma-q2-de-sched4", "persistent-tma-sched4",
+                              "persistent-3wg-tma-q2")})
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -642,6 +651,8 @@ def persistent_launch_args(q, k, v, out, lse, softmax_scale, causal, config, sm_
     o_via_smem = config.consumers == 2 and not o_tma and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE
     if config.defer_epilogue and not o_via_smem:
         constexprs.update(DEFER_EPILOGUE=True)
+    if config.lazy_rescale:
+        constexprs.update(LAZY_RESCALE=True)
     if config.consumers != 2:
         constexprs.update(CONSUMERS=config.consumers)  # its O leaves by TMA or from the registers
     elif o_via_smem:  # O through one shared tile (session 20)

@@ -266,6 +266,44 @@ def _row_max(s, TREE_MAX: gl.constexpr):
         return gl.max(s, axis=1)
 
 
+# LAZY_RESCALE (FA4's conditional rescaling): a row's running max moves only when a key block's max passes it by more
+# than RESCALE_LOG2 (log2 units), so the unnormalized P stays <= 2^8 (16-bit P and the fp32 O / l hold that exactly as
+# well as <= 1), and O is rescaled only in steps where some row's max moved: on long rows, rarely after the first
+# blocks. The result is the same softmax (O / l and lse do not depend on which max a row subtracts).
+RESCALE_LOG2 = gl.constexpr(8.0)
+
+
+@gluon.jit
+def _lazy_max(m_i, m_blk):
+    """m_new[r] = m_blk[r] where it exceeds m_i[r] (finite) by more than RESCALE_LOG2, else m_i[r]."""
+    return gl.where(m_blk > m_i + RESCALE_LOG2, m_blk, m_i)
+
+
+_PACK = 16  # accumulator values per branch of _rescale_lazy: $0-15 out (tied to $16-31 in), $32-47 alpha, $48 flag
+RESCALE_PACK = gl.constexpr(_PACK)
+RESCALE_ASM = gl.constexpr(
+    f"{{ .reg .pred p; setp.ne.u32 p, ${3 * _PACK}, 0; @!p bra.uni SKIP_${{:uid}}; "
+    + " ".join(f"mul.f32 ${i}, ${_PACK + i}, ${2 * _PACK + i};" for i in range(_PACK)) + " SKIP_${:uid}: }")
+RESCALE_CONSTRAINTS = gl.constexpr(",".join(["=f"] * _PACK + [str(i) for i in range(_PACK)] + ["f"] * _PACK
+                                            + ["r"] * _PACK))
+
+
+@gluon.jit
+def _rescale_lazy(o_acc, alpha):
+    """o_acc * alpha[:, None], skipped by the warps none of whose rows has alpha != 1: one vote per warp, then a
+    warp-uniform branch around each RESCALE_PACK multiplies (the values stay in their registers when it jumps)."""
+    moved = gl.inline_asm_elementwise(  # [WG_M], 1 in every row of a warp where some row's alpha != 1
+        "{ .reg .pred p, q; setp.neu.f32 p, $2, 0f3F800000; setp.neu.or.f32 p, $3, 0f3F800000, p; "
+        "vote.sync.any.pred q, p, 0xffffffff; selp.u32 $0, 1, 0, q; mov.b32 $1, $0; }",
+        "=r,=r,f,f", [alpha], dtype=gl.int32, is_pure=True, pack=2)
+    o_layout: gl.constexpr = o_acc.type.layout
+    o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
+    a2 = gl.convert_layout(alpha, o_row)[:, None] + gl.zeros_like(o_acc)  # [WG_M, HEAD_DIM]: registers renamed
+    m2 = gl.convert_layout(moved, o_row)[:, None] + gl.zeros(o_acc.shape, gl.int32, o_layout)
+    return gl.inline_asm_elementwise(RESCALE_ASM, RESCALE_CONSTRAINTS, [o_acc, a2, m2], dtype=gl.float32,
+                                     is_pure=True, pack=RESCALE_PACK)
+
+
 @gluon.jit
 def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn_bars,
              row0, seqlen_k, causal_offset, qk_scale, key_lo, softcap_log2, alibi_log2, window_left, window_right,

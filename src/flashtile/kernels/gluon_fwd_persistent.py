@@ -34,8 +34,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .gluon_epilogue import _store_rows_via
-from .gluon_fwd import (LN2, RAGGED_BILLION, WG_M, _mask_scores, _row_max, _tma_load, _to_p, _turn_pass,
-                        _turn_wait)
+from .gluon_fwd import (LN2, RAGGED_BILLION, WG_M, _lazy_max, _mask_scores, _rescale_lazy, _row_max, _tma_load,
+                        _to_p, _turn_pass, _turn_wait)
 from .gluon_grid import _heavy_first_linear
 
 
@@ -174,9 +174,10 @@ def _load_partition_p(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_e
 def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn_bars,
                row0, seqlen_k, causal_offset, qk_scale, WG: gl.constexpr, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, PINGPONG: gl.constexpr,
-               P_CVT_ASM: gl.constexpr, TREE_MAX: gl.constexpr, CONSUMERS: gl.constexpr):
+               P_CVT_ASM: gl.constexpr, TREE_MAX: gl.constexpr, CONSUMERS: gl.constexpr,
+               LAZY_RESCALE: gl.constexpr = False):
     """gluon_fwd._kv_step without score features, with the ring / turn position c (the CTA's running key-block
-    count) apart from the tile's key block j >= 1 (the masks' columns)."""
+    count) apart from the tile's key block j >= 1 (the masks' columns). LAZY_RESCALE: gluon_fwd._lazy_max."""
     o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
     s_layout: gl.constexpr = m_i.type.layout.parent
     stage = c % STAGES
@@ -192,14 +193,20 @@ def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empt
     mbarrier.arrive(k_empty.index(stage))
     if MASKED:
         s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL, CONSUMERS == 2)
-    m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)  # [WG_M]
+    if LAZY_RESCALE:
+        m_new = _lazy_max(m_i, _row_max(s, TREE_MAX) * qk_scale)  # [WG_M]
+    else:
+        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)  # [WG_M]
     alpha = gl.exp2(m_i - m_new)  # [WG_M]
     p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
     l_i = l_i * alpha + gl.sum(p_f32, axis=1)
     p_next = gl.convert_layout(_to_p(p_f32, p, P_CVT_ASM), p.type.layout, assert_trivial=True)
     o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
     mbarrier.arrive(v_empty.index(prev))
-    o_acc = o_acc * gl.convert_layout(alpha, o_row)[:, None]
+    if LAZY_RESCALE:
+        o_acc = _rescale_lazy(o_acc, alpha)
+    else:
+        o_acc = o_acc * gl.convert_layout(alpha, o_row)[:, None]
     return o_acc, m_new, l_i, p_next
 
 
@@ -256,7 +263,7 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
                           TREE_MAX: gl.constexpr, O_TMA: gl.constexpr, LPT_HEADS: gl.constexpr = 0,
                           SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
                           CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1,
-                          DEFER_EPILOGUE: gl.constexpr = False):
+                          DEFER_EPILOGUE: gl.constexpr = False, LAZY_RESCALE: gl.constexpr = False):
     """Rows WG * 64 + [0, 64) of each of the CTA's tiles (gluon_fwd._consumer_partition's online softmax).
     O_TMA: O goes out through o_smem[WG] by a TMA store (o_desc: (B * Sq, Hq * D), boxes [64, D]) that runs on
     while the next tile's GEMMs do; the next epilogue waits for it before it writes the buffer again.
@@ -323,12 +330,12 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
             o_acc, m_i, l_i, p = _kv_step_p(c + j, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty,
                                             v_ready, v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale,
                                             WG, BLOCK_N, STAGES, IS_CAUSAL, False, PINGPONG, P_CVT_ASM, TREE_MAX,
-                                            CONSUMERS)
+                                            CONSUMERS, LAZY_RESCALE)
         for j in range(gl.maximum(n_full, 1), n_blocks):
             o_acc, m_i, l_i, p = _kv_step_p(c + j, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty,
                                             v_ready, v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale,
                                             WG, BLOCK_N, STAGES, IS_CAUSAL, True, PINGPONG, P_CVT_ASM, TREE_MAX,
-                                            CONSUMERS)
+                                            CONSUMERS, LAZY_RESCALE)
         # Every Q K^T of this tile has retired (each step waits for its S): the loader may load a Q into this buffer
         # (the next tile's, or with two buffers the one after).
         mbarrier.arrive(q_empty.index(qb))
@@ -370,7 +377,7 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                 O_TMA: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
                                 SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
                                 CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1,
-                                DEFER_EPILOGUE: gl.constexpr = False):
+                                DEFER_EPILOGUE: gl.constexpr = False, LAZY_RESCALE: gl.constexpr = False):
     """_attn_fwd_hopper's plain / causal forward over n_tiles = n_m * n_bh tiles (n_m = cdiv(Sq, 64 * CONSUMERS)
     query tiles, n_bh = B * Hq), tile i on CTA i % grid, or with SCHEDULE the CTA's tiles in Schedule (an int32
     tensor, persistent_schedule.schedule_table for this grid; unused without SCHEDULE). Launch with num_warps=4 and a
@@ -383,7 +390,8 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
     warpgroup's softmax behind the two others' GEMMs; 3 x 128 threads at CONSUMER_REGS <= 160); 3 takes neither
     SCHEDULE (the host's cost model lists 128-row tiles) nor O_VIA_SMEM (its turn order is written for two).
     Q_BUFFERS: 1, or 2 (tile t's Q in buffer t % 2: CONSUMERS x 64 x D x 2 B more shared memory, 224 KB in all at
-    D128 with O_TMA). DEFER_EPILOGUE: each tile's epilogue behind the next tile's first Q K^T (not with O_VIA_SMEM)."""
+    D128 with O_TMA). DEFER_EPILOGUE: each tile's epilogue behind the next tile's first Q K^T (not with O_VIA_SMEM).
+    LAZY_RESCALE: O rescaled only when a row's max moved by more than 2^8 (gluon_fwd._lazy_max)."""
     gl.static_assert(LPT_HEADS == 0 or IS_CAUSAL, "LPT_HEADS: causal launches")
     gl.static_assert(not SCHEDULE or IS_CAUSAL, "SCHEDULE: causal launches")
     gl.static_assert(not (O_TMA and O_VIA_SMEM), "O_TMA or O_VIA_SMEM")
@@ -430,19 +438,19 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
                                      TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS,
-                                     DEFER_EPILOGUE)),
+                                     DEFER_EPILOGUE, LAZY_RESCALE)),
             (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
                                      TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS,
-                                     DEFER_EPILOGUE)),
+                                     DEFER_EPILOGUE, LAZY_RESCALE)),
             (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 2, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
                                      TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, CONSUMERS, Q_BUFFERS,
-                                     DEFER_EPILOGUE)),
+                                     DEFER_EPILOGUE, LAZY_RESCALE)),
             (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                                  v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
                                  Schedule, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE,
@@ -455,13 +463,13 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
                                      TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, 2, Q_BUFFERS,
-                                     DEFER_EPILOGUE)),
+                                     DEFER_EPILOGUE, LAZY_RESCALE)),
             (_consumer_partition_p, (q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty, v_ready, v_empty,
                                      turn_bars, o_smem, o_free, o_desc, Out, Lse, stride_ob, stride_om, stride_oh,
                                      stride_lse_b, stride_lse_h, seqlen_q, seqlen_k, heads_q, n_m, n_bh, n_tiles,
                                      Schedule, qk_scale, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, P_CVT_ASM,
                                      TREE_MAX, O_TMA, LPT_HEADS, SCHEDULE, O_VIA_SMEM, 2, Q_BUFFERS,
-                                     DEFER_EPILOGUE)),
+                                     DEFER_EPILOGUE, LAZY_RESCALE)),
             (_load_partition_p, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_empty,
                                  v_ready, v_empty, seqlen_q, seqlen_k, heads_q, group_size, n_m, n_bh, n_tiles,
                                  Schedule, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, RAGGED, LPT_HEADS, SCHEDULE, 2,
