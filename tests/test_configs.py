@@ -185,12 +185,13 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_variant(128, True, 4097, plain=True) == "persistent-tma-sched4"
     assert configs.gluon_fwd_variant(128, True, 16384, plain=True) == "persistent-tma-sched4"
     assert configs.gluon_fwd_variant(128, True, 16385, plain=True) == "default"
-    assert configs.gluon_fwd_variant(256, False, 2048, plain=True) == "persistent"
-    assert configs.gluon_fwd_variant(256, False, 16384, plain=True) == "persistent"  # since session 28
+    # D256: the lazy rescale since session 29
+    assert configs.gluon_fwd_variant(256, False, 2048, plain=True) == "persistent-lr"
+    assert configs.gluon_fwd_variant(256, False, 16384, plain=True) == "persistent-lr"  # to 16K since session 28
     assert configs.gluon_fwd_variant(256, False, 16385, plain=True) == "default"
-    assert configs.gluon_fwd_variant(256, True, 512, plain=True) == "persistent-sched4"  # since session 20
-    assert configs.gluon_fwd_variant(256, True, 4096, plain=True) == "persistent-sched4"
-    assert configs.gluon_fwd_variant(256, True, 16384, plain=True) == "persistent-sched4"
+    assert configs.gluon_fwd_variant(256, True, 512, plain=True) == "persistent-sched4-lr"  # from 0 since session 20
+    assert configs.gluon_fwd_variant(256, True, 4096, plain=True) == "persistent-sched4-lr"
+    assert configs.gluon_fwd_variant(256, True, 16384, plain=True) == "persistent-sched4-lr"
     assert configs.gluon_fwd_variant(256, True, 16385, plain=True) == "default"
     assert configs.gluon_fwd_variant(64, True, 512, plain=True) == "persistent-tma-q2-de-lpt8"
     # Calls with features or varlen run the one-tile kernel: the default's config, not a persistent variant's
@@ -199,12 +200,12 @@ def test_gluon_forward_policy():
     for (head_dim, _), ranges in configs.GLUON_FWD_PERSISTENT.items():
         for (variant, least, most), after in zip(ranges, ranges[1:] + ((None, math.inf, None), )):
             assert gluon_launch.VARIANTS[variant][head_dim].persistent and 0 <= least < most < after[1]
-    # D64 plain rows: the persistent grid of two consumers to 1K keys, of three (192-row tiles) to 8K; longer ones
-    # and the features' from 2K keys three consumers in the one-tile kernel (configs.GLUON_FWD_LONG).
+    # D64 plain rows: the persistent grid of two consumers to 1K keys, of three (192-row tiles, the lazy rescale) to
+    # 16K; longer ones and the features' from 2K keys three consumers in the one-tile kernel (configs.GLUON_FWD_LONG).
     assert configs.gluon_fwd_variant(64, False, 1024, plain=True) == "persistent-tma-q2-de"
-    assert configs.gluon_fwd_variant(64, False, 1025, plain=True) == "persistent-3wg-tma-q2"
-    assert configs.gluon_fwd_variant(64, False, 8192, plain=True) == "persistent-3wg-tma-q2"
-    assert configs.gluon_fwd_variant(64, False, 8193, plain=True) == "d64-3wg"
+    assert configs.gluon_fwd_variant(64, False, 1025, plain=True) == "persistent-3wg-tma-q2-lr"
+    assert configs.gluon_fwd_variant(64, False, 16384, plain=True) == "persistent-3wg-tma-q2-lr"
+    assert configs.gluon_fwd_variant(64, False, 16385, plain=True) == "d64-3wg"
     assert configs.gluon_fwd_variant(64, False, 2048) == "default"
     assert configs.gluon_fwd_variant(64, False, 2049) == "d64-3wg"
     assert configs.gluon_fwd_variant(64, True, 4096, plain=True) == "persistent-tma-q2-de-lpt8"

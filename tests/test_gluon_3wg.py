@@ -267,12 +267,13 @@ def test_varlen_matches_each_sequence_alone(monkeypatch, case, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("causal, seqlen, variant", [(False, 4200, "persistent-3wg-tma-q2"), (False, 8300, VARIANT),
+@pytest.mark.parametrize("causal, seqlen, variant", [(False, 4200, "persistent-3wg-tma-q2-lr"),
+                                                     (False, 8300, "persistent-3wg-tma-q2-lr"), (False, 16500, VARIANT),
                                                      (True, 8200, VARIANT)],
-                         ids=["full-4200", "full-8300", "causal-8200"])
+                         ids=["full-4200", "full-8300", "full-16500", "causal-8200"])
 def test_long_d64_rows_dispatch_to_the_variant(monkeypatch, causal, seqlen, variant):
     """flash_attn_func at D64 past configs.GLUON_FWD_LONG's thresholds takes the three-consumer forward (plain rows
-    up to 8K keys in the persistent grid: configs.GLUON_FWD_PERSISTENT); output and gradients (the Gluon backward on
+    up to 16K keys in the persistent grid: configs.GLUON_FWD_PERSISTENT); output and gradients (the Gluon backward on
     its out / lse) against the float64 reference."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     calls = record_calls(monkeypatch, gluon_launch, "gluon_forward")

@@ -159,11 +159,21 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 512}
 # (654-661) / 674-675 -> 681-693 (659-661): D256 plain takes persistent to 16K keys; D128 plain 8K / 16K (default,
 # persistent-tma-q2, -de: 628-642 each), D64 8K / 16K (d64-3wg, persistent-3wg-tma-q2: 473-484 each) and D128 causal 8K
 # / 16K (sched4, q2-sched4, q2-de-sched4: 607-628 each) within the passes' spread: unchanged.
+# Session 29 (h200-2026-12-02-s29 calls 3-4, TFLOP/s, two passes in swapped order, cuDNN in brackets): O rescaled only
+# when a row's max moved by more than 2^8 ("-lr", GluonConfig.lazy_rescale), base -> -lr: D256 persistent 1K / 2K / 4K
+# / 8K / 16K 627-650 -> 632-638 (600-603) / 666 -> 683 (675) / 690 -> 694-702 (644-651) / 689 -> 711 (665) / 697-715 ->
+# 715-719 (666-675); causal persistent-sched4 468-472 -> 466-482 (452-454) / 552 -> 574 (522) / 635-645 -> 656-657
+# (564-571) / 680 -> 689 (587) / 684-686 -> 710-718 (602-607); D64 persistent-3wg-tma-q2 2K / 4K / 8K 450 -> 458
+# (452) / 462 -> 472 (464) / 483-484 -> 490-497 (462-467), 16K (one pass) 489 -> 508 (d64-3wg, served there before:
+# 491; cuDNN 445). Those take their -lr twins, D64 plain's to 16K keys. The two-consumer kernels lost or stayed within
+# the spread with it (call 3: D64 persistent-tma-q2-de 512 / 1K -1.5 / -2.5 %, causal -lpt8 1K-4K -2 to -4 %; D128
+# plain 1K / 4K / 16K +0.5 / -1.5 / -1.6 %, causal -2 to +2 %) and keep the rescale in every step.
 GLUON_FWD_PERSISTENT = {(128, False): (("persistent-tma-q2", 0, 4096), ),
                         (128, True): (("persistent-tma-q2-de-sched4", 0, 4096), ("persistent-tma-sched4", 4097, 16384)),
-                        (64, False): (("persistent-tma-q2-de", 0, 1024), ("persistent-3wg-tma-q2", 1025, 8192)),
+                        (64, False): (("persistent-tma-q2-de", 0, 1024), ("persistent-3wg-tma-q2-lr", 1025, 16384)),
                         (64, True): (("persistent-tma-q2-de-lpt8", 0, 4096), ),
-                        (256, False): (("persistent", 0, 16384), ), (256, True): (("persistent-sched4", 0, 16384), )}
+                        (256, False): (("persistent-lr", 0, 16384), ),
+                        (256, True): (("persistent-sched4-lr", 0, 16384), )}
 # (head dim, causal) -> (variant, least seqlen_k): the entry that serves longer rows instead of "default". D64: three
 # consumer warpgroups (192-row tiles, FA3's hdim-64 schedule). Session 10 (d64-3wg-h200-2026-11-30-s10), speed /
 # cuDNN in one run, default / d64-3wg / persistent-tma: 2K 0.85 / 0.93 / 0.94, 3K 0.86 / 0.95 / 0.92, 4K 0.90 / 0.99
