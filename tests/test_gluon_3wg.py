@@ -152,7 +152,8 @@ def test_matches_reference(monkeypatch, shape, causal):
 
 
 
-PERSISTENT = ("persistent-3wg-tma", "persistent-3wg-tma-lpt8", "persistent-3wg-tma-q2", "persistent-3wg-tma-q2-de")
+PERSISTENT = ("persistent-3wg-tma", "persistent-3wg-tma-lpt8", "persistent-3wg-tma-q2", "persistent-3wg-tma-q2-de",
+              "persistent-3wg-tma-q2-lr")
 
 
 @needs_gluon

@@ -167,7 +167,9 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 512}
 # (452) / 462 -> 472 (464) / 483-484 -> 490-497 (462-467), 16K (one pass) 489 -> 508 (d64-3wg, served there before:
 # 491; cuDNN 445). Those take their -lr twins, D64 plain's to 16K keys. The two-consumer kernels lost or stayed within
 # the spread with it (call 3: D64 persistent-tma-q2-de 512 / 1K -1.5 / -2.5 %, causal -lpt8 1K-4K -2 to -4 %; D128
-# plain 1K / 4K / 16K +0.5 / -1.5 / -1.6 %, causal -2 to +2 %) and keep the rescale in every step.
+# plain 1K / 4K / 16K +0.5 / -1.5 / -1.6 %, causal -2 to +2 %) and keep the rescale in every step. One pass (call 4)
+# at D256 2K / 8K and D64 4K / 16K. D256 at 1K (-2.7 / +1.7 %) and 512 keys (not measured) and D64 at 1025-2047 keys
+# (not measured) take the twins so that one kernel serves each range.
 GLUON_FWD_PERSISTENT = {(128, False): (("persistent-tma-q2", 0, 4096), ),
                         (128, True): (("persistent-tma-q2-de-sched4", 0, 4096), ("persistent-tma-sched4", 4097, 16384)),
                         (64, False): (("persistent-tma-q2-de", 0, 1024), ("persistent-3wg-tma-q2-lr", 1025, 16384)),

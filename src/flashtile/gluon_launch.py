@@ -160,7 +160,8 @@ VARIANTS = {
     # spill in their full-block loop (12 LDL + 10 STL per block), so P is rounded per element (+28 instructions).
     "d64-3wg": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128, tree_max=True)},
     # The same three consumers in the persistent grid (session 26): 192-row tiles, O by TMA stores (3 x 8 KB more
-    # shared memory). Plain D64 rows of 1025-8192 keys take it (configs.GLUON_FWD_PERSISTENT); causal measured slower.
+    # shared memory). Plain D64 rows of 1025-16384 keys take its "-q2-lr" twin (configs.GLUON_FWD_PERSISTENT); causal
+    # measured slower.
     "persistent-3wg-tma": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
                                            tree_max=True, persistent=True, tma_store=True)},
     "persistent-3wg-tma-lpt8": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
@@ -207,7 +208,8 @@ def persistent_order_variants():
 
 
 VARIANTS.update({**grid_order_variants(VARIANTS["default"]), **persistent_order_variants()})
-# FA4's conditional rescaling (session 29, unmeasured): "-lr" twins of the persistent variants configs serves.
+# FA4's conditional rescaling (GluonConfig.lazy_rescale, session 29): "-lr" twins of the persistent variants configs
+# serves; D256 and the three-consumer D64 grid take them (configs.GLUON_FWD_PERSISTENT has the numbers).
 VARIANTS.update({f"{name}-lr": {d: replace(c, lazy_rescale=True) for d, c in VARIANTS[name].items()}
                  for name in ("persistent", "persistent-sched4", "persistent-tma-q2", "persistent-tma-q2-de",
                               "persistent-tma-q2-de-lpt8", "persistent-tma-q2-de-sched4", "persistent-tma-sched4",
