@@ -193,10 +193,11 @@ def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empt
     mbarrier.arrive(k_empty.index(stage))
     if MASKED:
         s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL, CONSUMERS == 2)
+    m_blk = _row_max(s, TREE_MAX) * qk_scale  # [WG_M]
     if LAZY_RESCALE:  # m_i is finite: every row saw key 0 in block 0
-        m_new = _lazy_max(m_i, _row_max(s, TREE_MAX) * qk_scale)  # [WG_M]
+        m_new = _lazy_max(m_i, m_blk)
     else:
-        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)  # [WG_M]
+        m_new = gl.maximum(m_i, m_blk)
     alpha = gl.exp2(m_i - m_new)  # [WG_M]
     p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
     l_i = l_i * alpha + gl.sum(p_f32, axis=1)
