@@ -2,7 +2,6 @@
 what the key loop's loads become, for the decode bench's shape (Hq 32 / Hk 4, D 128, bf16, 1 query token,
 causal) with a contiguous or paged cache laid out as flashtile.bench.decode lays it out.
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36:src python benchmarks/decode_asm.py --page-sizes 0,16,256
-    (FLASHTILE_DECODE_TMA=0 / 1 picks the contiguous caches' loads as on an H200: launch.decode_kv_descriptors.)
     (--dump DIR writes each kernel's TTGIR, PTX and SASS there.)
 Counts: in the TTGIR, async copies (cp.async, with the shared-memory buffer shapes: a leading dimension =
 the pipeline's stages) and synchronous tt.load ops; in the PTX, cp.async by byte width and ld.global by width.
@@ -48,7 +47,7 @@ def decode_launch(batch, cache_len, page_size, leftpad=False):
     lse = torch.empty(batch, HEADS_Q, 1, device="meta")
     sa = launch.ScoreArgs.make(geo, HEAD_DIM ** -0.5, -1, 0, 0.0, None, lse)
     cfg, splits, precision = launch.splitkv_plan(geo, cache_len, 0, (9, 0), torch.bfloat16, torch.device("cpu"), False)
-    return launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision, (9, 0))[0], splits
+    return launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision)[0], splits
 
 
 def ptxas(ptx):
@@ -105,7 +104,7 @@ def facts(batch, cache_len, page_size, leftpad, dump):
     c = kl.constexprs
     lines = [f"{name}: BLOCK_M {c['BLOCK_M']} BLOCK_N {c['BLOCK_N']} warps {kl.num_warps} stages {kl.num_stages} "
              f"splits {splits} PAGED {c['PAGED']}" + "".join(f" {k} {v}" for k, v in c.items() if k.startswith("PAGE_"))
-             + f" KV_DESC {c['KV_DESC']}\n  regs {regs}  spill {spills} B  smem {compiled.metadata.shared} B",
+             + f"\n  regs {regs}  spill {spills} B  smem {compiled.metadata.shared} B",
              f"  TTGIR: {ttgir.count('ttg.async_copy_global_to_local')} async copies, "
              f"{len(re.findall(r'= tt.load ', ttgir))} tt.load, {ttgir.count('ttg.async_wait')} async_wait, "
              f"multi-buffered smem {dict(async_bufs) or '-'}",

@@ -133,14 +133,6 @@ CASES = [
     (256, True, torch.float32, 8, 1, dict(decode=True, tf32=True)),
     (256, True, torch.float32, 8, 1, dict(decode=True, ieee=True)),
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, seqlen_q=4)),
-    # The same kernel with its full key blocks by TMA (sm90; sm80 keeps the pointer loads): the bench's shape, the
-    # smallest and largest head dims, leftpad, every score feature, a prefill-sized chunk.
-    (128, True, torch.bfloat16, 8, 1, dict(decode=True, tma=True)),
-    (64, True, torch.bfloat16, 1, 1, dict(decode=True, tma=True)),
-    (256, True, torch.bfloat16, 8, 1, dict(decode=True, tma=True, leftpad=True)),
-    (128, False, torch.float16, 8, 2, dict(decode=True, tma=True, window_left=32, window_right=8, softcap=30.0,
-                                           alibi=True)),
-    (128, True, torch.bfloat16, 8, 1, dict(decode=True, tma=True, seqlen_q=4, scalar_seqlens=True)),
     # An int cache_seqlens: the key count as a kernel scalar, no tensor (HAS_SEQUSED_TENSOR / HAS_CACHE_SEQLENS off).
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, scalar_seqlens=True)),
     (128, True, torch.bfloat16, 8, 1, dict(decode=True, paged=True, leftpad=True, scalar_seqlens=True)),
@@ -296,9 +288,7 @@ def _case_launches(arch, case):
         lse = torch.zeros(1, heads_q, q.shape[1])
         cfg, splits, precision = launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"), interpreter=False)
         assert splits > 1, "the compile check needs the combine kernel"
-        # "tma": the split kernel's TMA loads where arch has TMA (launch.decode_kv_descriptors), else the default
-        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision, arch,
-                                           tma=features.get("tma"))
+        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision)
     else:
         launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False, mods=mods)
     if not any(features.get(name) for name in ("kvcache", "decode", "paged", "append")):  # paged KV is inference only

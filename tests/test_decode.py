@@ -152,88 +152,6 @@ def test_cache_batch_idx_gpu_tiles(monkeypatch, leftpad):
               [n - pad])
 
 
-def cache_layout(k, layout):
-    """k (B, capacity, Hk, D) in one of the layouts decode_kv_descriptors addresses: "flash" as is, "head-major" a
-    (B, Hk, capacity, D) tensor seen through strides (SDPA's layout), "sliced" the first capacity tokens of a longer
-    cache (a batch stride of more rows than the capacity)."""
-    if layout == "head-major":
-        return k.transpose(1, 2).contiguous().transpose(1, 2)
-    if layout == "sliced":
-        longer = torch.full((k.shape[0], k.shape[1] + 24, *k.shape[2:]), float("nan"), dtype=k.dtype, device=k.device)
-        longer[:, :k.shape[1]] = k
-        return longer[:, :k.shape[1]]
-    return k
-
-
-def nan_past(cache, lengths):
-    """NaN in every slot past each row's keys: a kernel that reads them into P V returns NaN."""
-    cache = cache.clone()
-    for b, n in enumerate(lengths):
-        cache[b, n:] = float("nan")
-    return cache
-
-
-TMA_CASES = {
-    "flash": dict(layout="flash"),
-    "head-major": dict(layout="head-major"),
-    "sliced-leftpad": dict(layout="sliced", leftpad=True),
-    "q4-causal-features": dict(layout="flash", seqlen_q=4, causal=True, window_size=(90, 0), softcap=5.0,
-                               alibi=True),
-}
-
-
-@pytest.mark.skipif(not launch.interpreter_active(), reason="TMA on CPU tensors: interpreter only (GPU: below)")
-@pytest.mark.parametrize("num_splits", [1, 3], ids=["s1", "s3"])
-@pytest.mark.parametrize("case", list(TMA_CASES.values()), ids=list(TMA_CASES))
-def test_tma_loads_match_pointer_loads(monkeypatch, case, num_splits):
-    """FLASHTILE_DECODE_TMA=1: the split kernel's full key blocks by TMA descriptors (the interpreter emulates
-    them) give the pointer loads' bits and the reference's values, with NaN in the cache past each row's keys
-    (only the masked blocks, which keep the pointer loads, may touch those slots)."""
-    monkeypatch.setattr(configs, "INTERPRETER_DECODE", GPU_TILES)
-    case = dict(case)
-    layout, leftpad, seqlen_q = case.pop("layout"), case.pop("leftpad", False), case.pop("seqlen_q", 1)
-    if case.pop("alibi", False):
-        case["alibi_slopes"] = torch.rand(8, generator=torch.Generator().manual_seed(4))
-    q, k_cache, v_cache = make_cache("cpu", len(TILE_LENGTHS), seqlen_q, 8, 2, 200, dtype=torch.float16)
-    k_in, v_in = (cache_layout(nan_past(c, TILE_LENGTHS), layout) for c in (k_cache, v_cache))
-    seqlens = torch.tensor(TILE_LENGTHS, dtype=torch.int32)
-    pads = torch.tensor([min(n, 17 * i) for i, n in enumerate(TILE_LENGTHS)], dtype=torch.int32) if leftpad else None
-    made = []
-    real = launch.decode_kv_descriptors
-    monkeypatch.setattr(launch, "decode_kv_descriptors", lambda *a, **kw: made.append(real(*a, **kw)) or made[-1])
-    results = []
-    for tma in ("0", "1"):
-        monkeypatch.setenv("FLASHTILE_DECODE_TMA", tma)
-        results.append(flashtile.flash_attn_with_kvcache(q, k_in, v_in, cache_seqlens=seqlens, cache_leftpad=pads,
-                                                         num_splits=num_splits, return_softmax_lse=True, **case))
-    assert made[0] is None and made[1] is not None, "FLASHTILE_DECODE_TMA=1 made no descriptors"
-    (out, lse), (want, want_lse) = results[1], results[0]
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
-    pad_of = pads.tolist() if leftpad else [0] * len(TILE_LENGTHS)
-    for b, (n, pad) in enumerate(zip(TILE_LENGTHS, pad_of)):
-        check(out[b:b + 1], lse[b:b + 1], q[b:b + 1], k_cache[b:b + 1, pad:], v_cache[b:b + 1, pad:], [n - pad],
-              **case)
-
-
-def test_tma_descriptor_geometry():
-    """Where the descriptors apply, and the (rows per batch, rows per KV head, columns per KV head) the kernel
-    addresses key j of (b, hk) with; None for what TMA cannot read (then the pointer loads serve the call)."""
-    def geometry(k, v=None, head_dim=None, block_n=64):
-        descs = launch.decode_kv_descriptors(k, k if v is None else v, block_n, head_dim or k.shape[-1], None, True,
-                                             tma=True)
-        return descs and descs[2:]
-    k = torch.zeros(3, 100, 4, 64, dtype=torch.bfloat16)
-    assert geometry(k) == (100, 0, 64)
-    assert geometry(cache_layout(k, "head-major")) == (400, 100, 0)
-    assert geometry(torch.zeros(3, 120, 4, 64, dtype=torch.float16)[:, :100]) == (120, 0, 64)
-    assert geometry(k.float()) is None  # 16-bit caches only
-    assert geometry(torch.zeros(3, 100, 4, 40, dtype=torch.bfloat16)) is None  # a padded head dim
-    assert geometry(k, cache_layout(k, "head-major")) is None  # k and v laid out differently
-    assert geometry(torch.zeros(3 * 100 * 256 + 1, dtype=torch.bfloat16)[1:].view(3, 100, 4, 64)) is None  # 2 B off
-    # the interpreter takes them only when asked (FLASHTILE_DECODE_TMA=1 or tma=True)
-    assert launch.decode_kv_descriptors(k, k, 64, 64, None, True) is None or launch._decode_tma_env() == "1"
-
-
 FEATURES = {
     "window": dict(window_size=(20, 0)),
     "window-both": dict(window_size=(5, 3)),
@@ -344,25 +262,6 @@ def test_gpu_decode(dtype, num_splits, page_size):
                                                  cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"),
                                                  num_splits=num_splits, return_softmax_lse=True)
     check(out, lse, q, k_cache, v_cache, lengths, causal=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout", ["flash", "head-major"])
-@pytest.mark.parametrize("num_splits", [0, 1], ids=["auto", "s1"])
-def test_gpu_decode_tma_matches_pointer_loads(monkeypatch, layout, num_splits):
-    """The decode bench's shape on the GPU with and without FLASHTILE_DECODE_TMA (TMA on sm90+), NaN past each
-    row's keys: the same bits (the same tiles and order), the reference's values."""
-    lengths = [1, 4095, 4096, 20000]
-    q, k_cache, v_cache = make_cache("cuda", len(lengths), 1, 32, 4, 20032, head_dim=128, dtype=torch.bfloat16)
-    k_in, v_in = (cache_layout(nan_past(c, lengths), layout) for c in (k_cache, v_cache))
-    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    results = []
-    for tma in ("0", "1"):
-        monkeypatch.setenv("FLASHTILE_DECODE_TMA", tma)
-        results.append(flashtile.flash_attn_with_kvcache(q, k_in, v_in, cache_seqlens=seqlens, causal=True,
-                                                         num_splits=num_splits, return_softmax_lse=True))
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
-    check(*results[1], q, k_cache, v_cache, lengths, causal=True)
 
 
 @pytest.mark.gpu

@@ -426,8 +426,6 @@ _IEEE_DECODE = {**_GENERIC_DECODE, 256: (16, 4, 2)}
 # tf32x3 dots (see _TF32X3_FWD): the generic tiles measured fastest (D128: 16 / 32-key tiles 1.31 / 1.01x their time,
 # D256: 16-key 1.16x).
 _TF32X3_DECODE = dict(_GENERIC_DECODE)
-# The split-KV kernel's full key blocks by TMA on sm90 (launch.decode_kv_descriptors; FLASHTILE_DECODE_TMA overrides).
-DECODE_TMA_DEFAULT = False
 # Splits: enough programs for SPLIT_PROGRAMS_PER_SM resident programs on every SM, at most MAX_SPLITS (the
 # combine kernel streams splits, so this only bounds the workspace), and no more than the key blocks.
 MAX_SPLITS = 128

@@ -47,7 +47,6 @@ def _env_reader(name):
 _poison_env = _env_reader("FLASHTILE_POISON_OUTPUTS")
 _gluon_env = _env_reader("FLASHTILE_GLUON")  # the switches read by the planned calls' keys
 _gluon_bwd_env = _env_reader("FLASHTILE_GLUON_BWD")
-_decode_tma_env = _env_reader("FLASHTILE_DECODE_TMA")
 
 
 def poison_outputs():
@@ -423,54 +422,10 @@ def splitkv_plan(geo, max_seqlen_k, num_splits, arch, dtype, device, interpreter
     return cfg, configs.num_splits_heuristic(programs, _cdiv(max_seqlen_k, cfg.BLOCK_N), _num_sms(device)), precision
 
 
-def decode_kv_descriptors(k, v, block_n, head_dim, arch, interpreter, tma=None):
-    """(k descriptor, v descriptor, rows per batch, rows per KV head, columns per KV head) for the split-KV kernel's
-    KV_DESC path, or None where it is off or TMA cannot address the caches. tma: False never, True on sm90+ GPUs
-    and in the interpreter, None: FLASHTILE_DECODE_TMA (read per call) "0" / "1" as False / True, unset: on sm90
-    GPUs if configs.DECODE_TMA_DEFAULT.
-
-    Each cache (B, capacity, Hk, D) is viewed as rows of stride(1) elements: a (b, hk) pair's keys are consecutive
-    rows, from b * stride(0) + hk * stride(2) elements on. Where stride(2) is a multiple of stride(1) (head-major
-    caches) that offset is rows only; where the Hk heads fit in one row (flash-attn's layout) it is a row for b and
-    a column for hk. The descriptor spans the cache's first to last element, and k and v must have the same strides.
-    Contiguous caches only (paged ones keep the pointer loads), 16-bit, head dims that need no padding."""
-    if tma is None:
-        env = _decode_tma_env()
-        tma = env == "1" if env in ("0", "1") else None
-    if tma is False or (interpreter and tma is None):
-        return None
-    if not interpreter and (arch is None or arch[0] < 9 or (tma is None and not (configs.DECODE_TMA_DEFAULT
-                                                                                 and arch[0] == 9))):
-        return None
-    from triton.tools.tensor_descriptor import TensorDescriptor  # triton >= 3.4
-
-    size = k.element_size()
-    stride_b, stride_n, stride_h, stride_d = k.stride()
-    batch, capacity, heads_kv, _ = k.shape
-    if (k.dtype not in (torch.float16, torch.bfloat16) or v.dtype != k.dtype or v.shape != k.shape
-            or v.stride() != k.stride() or stride_d != 1 or head_dim != _head_dim_padded(head_dim)
-            or (stride_n * size) % 16 or k.data_ptr() % 16 or v.data_ptr() % 16 or stride_b % stride_n):
-        return None
-    row_b = stride_b // stride_n
-    if stride_h % stride_n == 0:
-        row_h, col_h, cols = stride_h // stride_n, 0, head_dim
-    elif (heads_kv - 1) * stride_h + head_dim <= stride_n:
-        row_h, col_h, cols = 0, stride_h, (heads_kv - 1) * stride_h + head_dim
-    else:
-        return None
-    rows = (batch - 1) * row_b + (heads_kv - 1) * row_h + capacity
-    if rows >= 2 ** 31:
-        return None
-    descs = tuple(TensorDescriptor(t, [rows, cols], [stride_n, 1], [block_n, head_dim]) for t in (k, v))
-    return (*descs, row_b, row_h, col_h)
-
-
-def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, precision, arch=None, interpreter=False,
-                     tma=None):
+def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, precision):
     """The split-KV kernel, and with num_splits > 1 the combine kernel, writing out (q's shape) and lse
     (B, Hq, Sq). The splits' partial outputs go to an fp32 workspace (num_splits, B, Sq, Hq, D) and lse
-    (num_splits, B, Hq, Sq); one split writes out and lse directly. arch, interpreter, tma: see
-    decode_kv_descriptors (contiguous caches only)."""
+    (num_splits, B, Hq, Sq); one split writes out and lse directly."""
     group_size = geo.heads_q // geo.heads_kv
     head_dim_pad = _head_dim_padded(geo.head_dim)
     if num_splits > 1:
@@ -481,21 +436,19 @@ def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, precision, arc
         out_acc, lse_acc, split_strides = out, lse, (0, 0)
     acc4 = out_acc if num_splits == 1 else out_acc[0]
     lse3 = lse_acc if num_splits == 1 else lse_acc[0]
-    descs = None if geo.block_table is not None else decode_kv_descriptors(k, v, cfg.BLOCK_N, geo.head_dim, arch,
-                                                                          interpreter, tma)
     main = KernelLaunch(
         _attn_fwd_splitkv, (num_splits, geo.batch * geo.heads_kv, _cdiv(geo.seqlen_q * group_size, cfg.BLOCK_M)),
         (q, k, v, out_acc, lse_acc, sa.alibi, geo.seqused_k if geo.seqused_k is not None else lse,
          geo.block_table if geo.block_table is not None else lse,
-         geo.key_start_arg(lse), *(descs or (None, None, 0, 0, 0)), *_strides3(q), *_strides3(k), *_strides3(v), split_strides[0], *_strides3(acc4),
+         geo.key_start_arg(lse), *_strides3(q), *_strides3(k), *_strides3(v), split_strides[0], *_strides3(acc4),
          split_strides[1], lse3.stride(0), lse3.stride(1), sa.stride_alibi_b, *geo.page_args(k),
          geo.seqlen_q, geo.heads_kv, group_size, num_splits, geo.seqused_add or 0, *sa.score_scalars()),
         dict(HEAD_DIM=geo.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
              IS_LOCAL=sa.constexprs["IS_LOCAL"], SOFTCAP=sa.constexprs["SOFTCAP"],
              HAS_ALIBI=sa.constexprs["HAS_ALIBI"], **geo.page_constexprs(k, cfg.BLOCK_N),
              LEFTPAD=geo.key_start is not None, LEFT_BOUNDED=sa.left_bounded,
-             DOT_PRECISION=precision, HAS_SEQUSED_TENSOR=geo.seqused_k is not None, KV_DESC=descs is not None),
-        cfg.num_warps, cfg.num_stages, shrink=() if descs else ("BLOCK_N",),  # the descriptors' box is BLOCK_N
+             DOT_PRECISION=precision, HAS_SEQUSED_TENSOR=geo.seqused_k is not None),
+        cfg.num_warps, cfg.num_stages, shrink=("BLOCK_N",),
     )
     if num_splits == 1:
         return [main]
@@ -947,7 +900,7 @@ def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, sof
     arch, interpreter = _arch(q.device), interpreter_active()
     if uses_splitkv(geo, num_splits):
         cfg, splits, precision = splitkv_plan(geo, max_seqlen_k, num_splits, arch, q.dtype, q.device, interpreter)
-        launches = splitkv_launches(geo, q, k_cache, v_cache, out, lse, sa, cfg, splits, precision, arch, interpreter)
+        launches = splitkv_launches(geo, q, k_cache, v_cache, out, lse, sa, cfg, splits, precision)
     else:
         launches = forward_launches(geo, q, k_cache, v_cache, out, lse, None, sa, arch, interpreter)
     for launch in launches:

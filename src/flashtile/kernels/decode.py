@@ -18,8 +18,7 @@ from .fwd import LN2, _attn_fwd_inner
 # seqused_add is the cache length of a decode step with an int cache_seqlens: specialized (== 1, % 16) it would
 # compile the kernel again as the cache grows.
 @triton.jit(do_not_specialize=["seqused_add"])
-def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart, KDesc, VDesc,
-                      desc_row_b, desc_row_h, desc_col_h,
+def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart,
                       stride_qb, stride_qm, stride_qh,
                       stride_kb, stride_kn, stride_kh,
                       stride_vb, stride_vn, stride_vh,
@@ -33,7 +32,7 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart, 
                       IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, PAGED: tl.constexpr,
                       LEFTPAD: tl.constexpr, LEFT_BOUNDED: tl.constexpr, DOT_PRECISION: tl.constexpr,
                       HAS_SEQUSED_TENSOR: tl.constexpr, PAGE_SHIFT: tl.constexpr = -1,
-                      PAGE_PREFETCH: tl.constexpr = False, KV_DESC: tl.constexpr = False):
+                      PAGE_PREFETCH: tl.constexpr = False):
     """Writes split s's Out[s] (B, Sq, Hq, D) and Lse[s] (B, Hq, Sq) (natural log) at s * stride_os / stride_ls.
 
     Out/Lse are the fp32 workspace (num_splits > 1) or the final output and lse (one split, strides 0 along
@@ -42,9 +41,6 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart, 
     Hk, D)); with LEFTPAD only the cache tokens from KeyStart[b] on. A split that sees no key of a row writes
     output 0 and lse -inf for it.
     PAGED, PAGE_SHIFT: see common._kv_tile_ptrs; PAGE_PREFETCH: see fwd._attn_fwd_inner.
-    KV_DESC: the full key blocks come by TMA through KDesc / VDesc (launch.decode_kv_descriptors), key j of (b, hk)
-    at row b * desc_row_b + hk * desc_row_h + key_start + j and column hk * desc_col_h; the masked blocks through
-    K / V as without it.
     Score arguments: see common._scores.
     """
     split = tl.program_id(0).to(tl.int64)
@@ -88,22 +84,17 @@ def _attn_fwd_splitkv(Q, K, V, Out, Lse, Alibi, SequsedK, BlockTable, KeyStart, 
     per_split = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), num_splits) * BLOCK_N
     split_lo = tl.minimum(lo + split * per_split, hi)
     split_hi = tl.minimum(split_lo + per_split, hi)
-    desc_row = (off_b * desc_row_b + off_hk * desc_row_h + key_start).to(tl.int32)
-    desc_col = (off_hk * desc_col_h).to(tl.int32)
     for SEGMENT in tl.static_range(3):
         seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
         seg_lo = tl.minimum(tl.maximum(seg_lo, split_lo), split_hi)
         seg_hi = tl.minimum(tl.maximum(seg_hi, split_lo), split_hi)
-        k_src = KDesc if KV_DESC and SEGMENT == 1 else k_ptrs
-        v_src = VDesc if KV_DESC and SEGMENT == 1 else v_ptrs
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn, pos, offs_n,
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, pos, offs_n,
                                         offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k, qk_scale, softcap_log2,
                                         alibi_slope, window_left, window_right, Q, 0, 0, k_head, v_head,
                                         stride_kb, stride_vb, block_table, page_size, key_start, 0, 0, 0, 0.0,
                                         HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1, IS_LOCAL,
                                         SOFTCAP, HAS_ALIBI, False, PAGED, False, DOT_PRECISION,
-                                        PAGE_SHIFT=PAGE_SHIFT, PAGE_PREFETCH=PAGE_PREFETCH,
-                                        desc_row=desc_row, desc_col=desc_col, KV_DESC=KV_DESC and SEGMENT == 1)
+                                        PAGE_SHIFT=PAGE_SHIFT, PAGE_PREFETCH=PAGE_PREFETCH)
 
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]

@@ -21,8 +21,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
                     off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
                     SCORE_MOD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, idx_ptr=None,
                     BLOCK_SPARSE: tl.constexpr = False, SPARSE_N: tl.constexpr = 128,
-                    PAGE_SHIFT: tl.constexpr = -1, PAGE_PREFETCH: tl.constexpr = False,
-                    desc_row=0, desc_col=0, KV_DESC: tl.constexpr = False):
+                    PAGE_SHIFT: tl.constexpr = -1, PAGE_PREFETCH: tl.constexpr = False):
     """Online softmax over key blocks [lo, hi); MASKED blocks evaluate the masks, the others skip them.
     BLOCK_SPARSE: [lo, hi) are offsets into the key blocks listed at idx_ptr (see _sparse_tile_start).
     PAGED: see common._kv_tile_ptrs. PAGE_PREFETCH: the block-table entries of the next tile are read while this
@@ -33,12 +32,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
 
     HAS_DROPOUT: dropped probabilities still count in the denominator l_i (the softmax is of the
     undropped scores) but not in acc; the caller scales by 1 / (1 - dropout_p) at the end.
-    KV_DESC: k_ptrs / v_ptrs are TMA descriptors over [rows, columns] views of the caches (launch.decode_kv_descriptors)
-    and key j of this row's head sits at row desc_row + j, columns desc_col + [0, HEAD_DIM). Full blocks only: TMA
-    does not zero the rows past the sequence (where a cache may hold NaN, and 0 * NaN in P V is NaN).
     """
-    tl.static_assert(not (KV_DESC and (MASKED or PAGED or BLOCK_SPARSE or HEAD_DIM != HEAD_DIM_PAD)),
-                     "TMA tiles serve full, contiguous, unpadded key blocks")
     tl.static_assert(not (BLOCK_SPARSE and PAGED and PAGE_PREFETCH), "the block-sparse loop reads no pages ahead")
     if PAGED and PAGE_PREFETCH:
         next_pages = _tile_pages(block_table, lo, offs_n, seqlen_k, key_start, page_size, PAGED, PAGE_SHIFT)
@@ -58,12 +52,9 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
                                      PAGE_SHIFT)
         elif PAGED:
             pages = _tile_pages(block_table, start_n, offs_n, seqlen_k, key_start, page_size, PAGED, PAGE_SHIFT)
-        if KV_DESC:
-            k = k_ptrs.load([(desc_row + start_n).to(tl.int32), desc_col])  # [BLOCK_N, HEAD_DIM]
-        else:
-            k = _load_tile(_kv_tile_ptrs(k_ptrs, k_head, start_n, offs_kn, offs_d, stride_kn, stride_kpage, pages,
-                                         page_size, key_start, PAGED, PAGE_SHIFT),
-                           offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
+        k = _load_tile(_kv_tile_ptrs(k_ptrs, k_head, start_n, offs_kn, offs_d, stride_kn, stride_kpage, pages,
+                                     page_size, key_start, PAGED, PAGE_SHIFT),
+                       offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         s, _, _ = _scores(qk, offs_m[:, None], offs_kn[None, :], seqlen_q, seqlen_k, qk_scale, softcap_log2,
                           alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
@@ -81,12 +72,9 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
         if HAS_DROPOUT:
             p = tl.where(_dropout_keep(seed, rng_base, offs_m[:, None], start_n, max_k, dropout_threshold, BLOCK_N,
                                        False), p, 0.0)
-        if KV_DESC:
-            v = v_ptrs.load([(desc_row + start_n).to(tl.int32), desc_col])
-        else:
-            v = _load_tile(_kv_tile_ptrs(v_ptrs, v_head, start_n, offs_kn, offs_d, stride_vn, stride_vpage, pages,
-                                         page_size, key_start, PAGED, PAGE_SHIFT),
-                           offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
+        v = _load_tile(_kv_tile_ptrs(v_ptrs, v_head, start_n, offs_kn, offs_d, stride_vn, stride_vpage, pages,
+                                     page_size, key_start, PAGED, PAGE_SHIFT),
+                       offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
