@@ -44,9 +44,10 @@ killing the child frees the GPU and the run goes on to report it):
            portable kernel), Gluon against the portable kernel, as ratios to the plain Gluon time (causal+softcap /
            causal+alibi / causal+bias: to the causal one), per unit of work for windows; cuDNN plain and causal for
            scale. With
-           --feature-variants V1,V2 instead: plain, causal, softcap, causal softcap, bias and causal bias with the
-           default and each of them, as ratios to the default's plain / causal time, at D128 and at D64 (8K, H 32)
-           (the correct phase checks them too).
+           --feature-variants V1,V2 instead: plain, causal, softcap, causal softcap, bias, causal bias, ALiBi, sink
+           and a 4096-key window with softcap with each of them in the listed order, as ratios to the first one's
+           plain / causal time, at --feature-dims (default 128,64,256; 8K tokens, hidden 2048) (the correct phase
+           checks them too).
 Every line starts with PASS / FAIL / SKIP / ERROR / TIME / INFO so the log greps well.
 """
 import argparse
@@ -670,21 +671,22 @@ def _ms(fn):
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def phase_bench_features(feature_variants=()):
+def phase_bench_features(feature_variants=(), head_dims=(128, 64, 256)):
     """D128, 8K, B 2, H 16, bf16: each score feature's forward time, Gluon (default variant) against the portable
     kernel, as a ratio to the plain Gluon time (issue 6: each feature <= 1.10x plain) and, for windows, per unit of
     work (time ratio / the fraction of the score matrix the window keeps); cuDNN plain / causal for scale.
-    feature_variants: instead, plain / causal / softcap / causal softcap of the default and these variants."""
+    feature_variants: instead, variant_feature_times of these variants at head_dims (8K tokens, hidden 2048)."""
     os.environ.pop("FLASHTILE_POISON_OUTPUTS", None)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     batch, seqlen, heads, head_dim = 2, 8192, 16, 128
     q, k, v = make_inputs(batch, seqlen, seqlen, heads, heads, head_dim, torch.bfloat16)
     scale = head_dim ** -0.5
     if feature_variants:
-        variant_feature_times(q, k, v, scale, feature_variants)
-        # D64 too (the same 8K tokens, H 32): half the matmul work per score, so MUFU weighs twice as much.
-        variant_feature_times(*make_inputs(batch, seqlen, seqlen, 2 * heads, 2 * heads, 64, torch.bfloat16)[:3],
-                              64 ** -0.5, feature_variants)
+        # At D64 half the matmul work per score, so MUFU weighs twice as much; D256's one-tile kernel serves all its
+        # feature calls.
+        for dim in head_dims:
+            variant_feature_times(*make_inputs(batch, seqlen, seqlen, heads * 128 // dim, heads * 128 // dim, dim,
+                                               torch.bfloat16)[:3], dim ** -0.5, feature_variants)
         return
     full = seqlen * seqlen
 
@@ -738,28 +740,31 @@ def phase_bench_features(feature_variants=()):
 
 
 def variant_feature_times(q, k, v, scale, feature_variants):
-    """Plain / causal / softcap 30 / causal softcap 30 / bias (1, H, S, S) bf16 / causal bias with the default and
-    each variant (those with a config at q's head dim), as ratios to the default's plain or causal time: what a
-    variant does to the softcap and bias costs."""
+    """Plain / causal / softcap 30 / causal softcap 30 / bias (1, H, S, S) bf16 / causal bias / ALiBi / sink / a
+    4096-key window with softcap 30 (Gemma 2's local layers) with each variant that has a config at q's head dim, in
+    the order given, as ratios to the first one's plain or causal time: what a variant does to the feature costs (a
+    second pass can list them in the other order)."""
     batch, _, heads, head_dim = q.shape
     base = {}
-    names = ["default"] + [v_ for v_ in feature_variants if v_ != "default" and head_dim in gluon_launch.VARIANTS[v_]]
+    names = [v_ for v_ in feature_variants if head_dim in gluon_launch.VARIANTS[v_]]
     for variant in names:
         for name, causal, spec in (("plain", False, {}), ("causal", True, {}), ("softcap30", False, dict(softcap=30.0)),
                                    ("causal+softcap30", True, dict(softcap=30.0)),
                                    ("bias", False, dict(bias=("h", "bf16"))),
-                                   ("causal+bias", True, dict(bias=("h", "bf16")))):
+                                   ("causal+bias", True, dict(bias=("h", "bf16"))),
+                                   ("alibi", False, dict(alibi="h")), ("sink", False, dict(sink=True)),
+                                   ("win4096+softcap30", False, dict(window=(4096, 0), softcap=30.0))):
             feats = feature_args(spec, batch, heads, q.shape[1], k.shape[1])
             try:
                 ms = _ms(lambda: gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant, **feats))
             except Exception as exc:  # noqa: BLE001
                 say(f"ERROR time feat {name} [{variant}]: {type(exc).__name__}: {exc}")
                 continue
-            if variant == "default" and not spec:
+            if variant == names[0] and not spec:
                 base[causal] = ms
             ref = base.get(causal)
             say(f"TIME feat-variant d{head_dim} S{q.shape[1]} B{batch} H{heads} {name:<17} [{variant:<20}] "
-                f"{ms:8.3f} ms  / default {'causal' if causal else 'plain '} "
+                f"{ms:8.3f} ms  / {names[0]} {'causal' if causal else 'plain '} "
                 f"{ms / ref if ref else float('nan'):.3f}x")
 
 
@@ -799,6 +804,7 @@ def main():
     parser.add_argument("--tile-overhead", type=float, default=None, help="with --phase bench only: the listed "
                         "persistent orders' cost model, a tile's fixed cost in key blocks "
                         "(persistent_schedule.TILE_OVERHEAD)")
+    parser.add_argument("--feature-dims", default="128,64,256", help="with --feature-variants: the head dims")
     parser.add_argument("--feature-variants", default="", help="with --bench-features: time plain / causal / softcap "
                         "of the default and these variants instead of every feature (the correct phase checks them)")
     args = parser.parse_args()
@@ -820,7 +826,7 @@ def main():
         phase_bench(variants, seqlens, [int(d) for d in args.bench_dims.split(",")], args.bench_causal)
         return
     if args.phase == "bench-features":
-        phase_bench_features(feature_variants)
+        phase_bench_features(feature_variants, [int(d) for d in args.feature_dims.split(",")])
         return
     if args.phase == "varlen":
         sys.exit(0 if phase_varlen() else 1)

@@ -252,6 +252,74 @@ def test_features_match_reference(feature, shape, head_dim):
     _check_gluon_forward(q, k, v, causal, feats)
 
 
+# The one-tile kernel's lazy rescale (session 30: D256's default, d64-3wg, the "default-lr" twin) on the calls it
+# serves: score features, sinks, windows (rows that see no key in a block keep m = -inf), a bias, dropout, varlen;
+# keys scaled up along the sequence move most rows' max in most blocks, spike keys move some rows' max once. Three
+# consumers take no ALiBi, bias or dropout.
+LAZY_ONE_TILE = [
+    ("softcap", False, dict(softcap=30.0)),
+    ("alibi-bh-causal", True, dict(alibi="bh")),
+    ("sink", False, dict(sink=True)),
+    ("window-100-50", False, dict(window_size=(100, 50))),
+    ("window-softcap-alibi-sink", False, dict(window_size=(200, 100), softcap=30.0, alibi="bh", sink=True)),
+    ("bias-causal", True, dict(bias=True)),
+    ("dropout", False, dict(dropout_p=0.2)),
+    ("varlen-causal", True, dict(varlen=True)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("scores", ["growing", "spikes"])
+@pytest.mark.parametrize("case", LAZY_ONE_TILE, ids=[c[0] for c in LAZY_ONE_TILE])
+@pytest.mark.parametrize("variant,head_dim", [("default-lr", 64), ("default-lr", 128), ("default", 256),
+                                              ("d64-3wg", 64)], ids=["d64", "d128", "d256", "d64-3wg"])
+def test_lazy_rescale_one_tile_matches_reference(variant, head_dim, case, scores, monkeypatch):
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    _, causal, spec = case
+    spec = dict(spec)
+    if gluon_launch.VARIANTS[variant][head_dim].consumers == 3 and {"alibi", "bias", "dropout_p"} & set(spec):
+        pytest.skip("three consumers take no ALiBi, bias or dropout (takes_config)")
+    batch, seqlen, heads_q, heads_kv = 2, 1000, 4, 2
+    q, k, v = make_qkv(batch, seqlen, seqlen, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
+                       requires_grad=False)
+    if scores == "growing":
+        k = k * (1 + torch.arange(seqlen, device="cuda") / 32).to(k.dtype)[None, :, None, None]
+    else:
+        k[:, 500] *= 30
+        k[-1, 900, 0] *= 60
+    feats = dict(window_size=spec.get("window_size", (-1, -1)), softcap=spec.get("softcap", 0.0),
+                 sink=torch.randn(heads_q, device="cuda") if spec.get("sink") else None,
+                 alibi_slopes=alibi_slopes(heads_q, batch) if spec.get("alibi") else None)
+    if spec.get("bias"):
+        feats["attn_bias"] = torch.randn(1, heads_q, seqlen, seqlen, device="cuda", dtype=torch.bfloat16)
+    config = gluon_launch.takes_config(variant, head_dim, feats.get("attn_bias"), feats["alibi_slopes"],
+                                       spec.get("dropout_p", 0.0))
+    assert config.lazy_rescale
+    if spec.get("varlen"):  # sequences of 300, 700 and 1000 tokens packed
+        cu = torch.tensor([0, 300, 1000, 2000], dtype=torch.int32, device="cuda")
+        qv, kv, vv = (t.reshape(batch * seqlen, *t.shape[2:]) for t in (q, k, v))
+        lens = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1000, max_seqlen_k=1000)
+        assert gluon_launch.gluon_supported(qv, kv, vv, causal=causal, **lens)
+        out, lse = gluon_launch.gluon_forward(qv, kv, vv, causal=causal, variant=variant, **lens)
+        assert_varlen_matches_each_sequence(out, lse, qv, kv, vv, [300, 700, 1000], [300, 700, 1000], cu, cu, causal)
+        return
+    ref_feats = dict(feats)
+    if spec.get("dropout_p"):  # the reference with philox's keep mask (the draws the kernels make); lse undropped
+        seed, drop = 1234567890123, spec["dropout_p"]
+        feats.update(dropout_p=drop, rng=torch.tensor([seed], dtype=torch.int64, device="cuda"))
+        ref_feats.update(dropout_p=drop, dropout_mask=_dropout_keep(seed, batch, heads_q, seqlen, seqlen, drop))
+    assert gluon_launch.gluon_supported(q, k, v, causal=causal, **feats)
+    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=variant, **feats)
+    ref = flashtile.attention_ref(q, k, v, causal=causal, **ref_feats)
+    assert_close_rule("out", out, ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False, **ref_feats),
+                      torch.bfloat16)
+    feats.pop("dropout_p", None)
+    feats.pop("rng", None)
+    _, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True, **feats)
+    torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 def test_refuses_windows_with_rows_without_keys():
@@ -776,8 +844,9 @@ def test_persistent_launch_args():
     assert constexprs["O_VIA_SMEM"] and "DEFER_EPILOGUE" not in constexprs
     with pytest.raises(ValueError, match="defer_epilogue"):
         replace(gluon_launch.VARIANTS["default"][128], defer_epilogue=True)
-    with pytest.raises(ValueError, match="lazy_rescale"):
-        replace(gluon_launch.VARIANTS["default"][128], lazy_rescale=True)
+    base, lazy = (gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.125, True, gluon_launch.VARIANTS[name][128])[2]
+                  for name in ("default", "default-lr"))  # the one-tile kernel's lazy rescale (session 30)
+    assert lazy == {**base, "LAZY_RESCALE": True} and "LAZY_RESCALE" not in base
     base, lazy = (gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, True, gluon_launch.VARIANTS[name][128],
                                                       sm_count=132)[2] for name in ("persistent", "persistent-lr"))
     assert lazy == {**base, "LAZY_RESCALE": True} and "LAZY_RESCALE" not in base

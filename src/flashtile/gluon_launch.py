@@ -94,8 +94,8 @@ class GluonConfig:
     q_buffers: int = 1  # persistent: Q tiles in shared memory, 2: the next tile's Q loads while this tile runs
     defer_epilogue: bool = False  # persistent: a tile's epilogue behind the next tile's first Q K^T (O by TMA or
     # from the registers; launches that store O through one shared tile keep it in place)
-    lazy_rescale: bool = False  # persistent: O rescaled only when a row's max grows by more than 2^8
-    # (kernels/gluon_fwd._lazy_max)
+    lazy_rescale: bool = False  # O rescaled only when a row's max grows by more than 2^8 (kernels/gluon_fwd._lazy_max;
+    # the persistent kernel and, since session 30, the one-tile kernel's score features too)
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.schedule):
@@ -107,8 +107,6 @@ class GluonConfig:
             raise ValueError(f"GluonConfig: q_buffers must be 1, or 2 with persistent (got {self.q_buffers})")
         if self.defer_epilogue and not self.persistent:
             raise ValueError("GluonConfig: defer_epilogue reorders the persistent kernel's tiles (persistent=False)")
-        if self.lazy_rescale and not self.persistent:
-            raise ValueError("GluonConfig: lazy_rescale is the persistent kernel's (persistent=False)")
 
     @property
     def block_m(self):
@@ -127,9 +125,10 @@ class GluonConfig:
 # stayed above 1.19x plain); code in 26fceee, numbers in docs/perf-log.md.
 _TREE_CVT = dict(p_cvt_asm=True, tree_max=True)
 VARIANTS = {
-    # D128 / D256 causal: heavy-first grid order by groups of 8 heads (lpt_heads; session 13, below).
+    # D128 / D256 causal: heavy-first grid order by groups of 8 heads (lpt_heads; session 13, below). D256: the lazy
+    # rescale (session 30, below).
     "default": {64: GluonConfig(128, 3, **_TREE_CVT), 128: GluonConfig(128, 2, lpt_heads=8, **_TREE_CVT),
-                256: GluonConfig(64, 2, lpt_heads=8)},
+                256: GluonConfig(64, 2, lpt_heads=8, lazy_rescale=True)},
     "plain-softmax": {64: GluonConfig(128, 3), 128: GluonConfig(128, 2)},  # the session-5 default
     "no-pingpong": {64: GluonConfig(128, 3, pingpong=False), 128: GluonConfig(128, 2, pingpong=False),
                     256: GluonConfig(64, 2, pingpong=False)},
@@ -158,7 +157,9 @@ VARIANTS = {
     # not fit) and ALiBi (ptxas spills at 160 registers) run the default config (takes_config).
     # Registers: the two worker consumers get 160 (the default partition 168); P by pairs (p_cvt_asm) made ptxas
     # spill in their full-block loop (12 LDL + 10 STL per block), so P is rounded per element (+28 instructions).
-    "d64-3wg": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128, tree_max=True)},
+    # Lazy rescale since session 30 (below).
+    "d64-3wg": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128, tree_max=True,
+                                lazy_rescale=True)},
     # The same three consumers in the persistent grid (session 26): 192-row tiles, O by TMA stores (3 x 8 KB more
     # shared memory). Plain D64 rows of 1025-16384 keys take its "-q2-lr" twin (configs.GLUON_FWD_PERSISTENT); causal
     # measured slower.
@@ -214,6 +215,16 @@ VARIANTS.update({f"{name}-lr": {d: replace(c, lazy_rescale=True) for d, c in VAR
                  for name in ("persistent", "persistent-sched4", "persistent-tma-q2", "persistent-tma-q2-de",
                               "persistent-tma-q2-de-lpt8", "persistent-tma-q2-de-sched4", "persistent-tma-sched4",
                               "persistent-3wg-tma-q2")})
+# The one-tile kernel (session 30), which serves the score features, a bias, dropout, varlen and the plain rows past
+# the persistent ranges: "default" at D256 and "d64-3wg" (D64's long rows) rescale lazily, "default-lr" is the D64 /
+# D128 two-consumer twin. Call 3 (h200-2026-12-02-s30), ms at 8K tokens (B2, hidden 2048), two passes in swapped
+# order, without -> with: D256 softcap 30 1.718 / 1.756 -> 1.645 / 1.618, causal softcap 0.960 / 0.974 -> 0.886 /
+# 0.883, sink 1.624 / 1.626 -> 1.561 / 1.529, bias 2.044 / 2.061 -> 1.974 / 2.000, a 4096-key window with softcap
+# 0.708 / 0.737 -> 0.693 / 0.703, causal bias 1.052 / 1.055 -> 1.056 / 1.011, ALiBi 1.646 / 1.618 -> 1.650 / 1.649;
+# d64-3wg softcap 3.238 / 3.235 -> 3.064 / 3.063, sink 2.327 / 2.415 -> 2.236 / 2.212, causal softcap 1.760 / 1.764
+# -> 1.746 / 1.747, window + softcap 1.765 / 1.762 -> 1.788 / 1.780; D128 two consumers slower (softcap 2.180 ->
+# 2.233, ALiBi 1.846 / 1.903 -> 1.953 / 1.918, bias 2.382 / 2.464 -> 2.554 / 2.486), as in the persistent kernel.
+VARIANTS["default-lr"] = {d: replace(c, lazy_rescale=True) for d, c in VARIANTS["default"].items()}
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -508,6 +519,8 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
     if (not varlen and mods is None and config.consumers == 2 and not (dropout_p and not is_causal)
             and head_dim in configs.GLUON_FWD_SMEM_EPILOGUE):
         constexprs.update(O_VIA_SMEM=True)
+    if config.lazy_rescale:
+        constexprs.update(LAZY_RESCALE=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)  # only then: other launches keep their kernels
     if mods is not None:

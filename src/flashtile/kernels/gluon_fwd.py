@@ -305,6 +305,14 @@ def _rescale_lazy(o_acc, alpha):
 
 
 @gluon.jit
+def _new_max(m_i, m_blk, LAZY_RESCALE: gl.constexpr):
+    """The running row max after a block whose row max is m_blk: _lazy_max's, or the plain maximum."""
+    if LAZY_RESCALE:
+        return _lazy_max(m_i, m_blk)
+    return gl.maximum(m_i, m_blk)
+
+
+@gluon.jit
 def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn_bars,
              row0, seqlen_k, causal_offset, qk_scale, key_lo, softcap_log2, alibi_log2, window_left, window_right,
              WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
@@ -315,7 +323,8 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
              key0=0, seqlen_q=0, off_b=0, off_h=0, aux0=None, aux1=None, aux2=None, aux3=None,
              MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
              CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
-             drop_seed=0, drop_rows=0, drop_thr=0, HAS_DROPOUT: gl.constexpr = False):
+             drop_seed=0, drop_rows=0, drop_thr=0, HAS_DROPOUT: gl.constexpr = False,
+             LAZY_RESCALE: gl.constexpr = False):
     """Key block j >= 1 (keys key_lo + j * BLOCK_N + [0, BLOCK_N)): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1},
     softmax S_j while the PV runs, then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i,
     p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it. P_CVT_ASM: see _to_p. TREE_MAX: see
@@ -327,7 +336,10 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     key0 + [0, BLOCK_N), MASK_MOD is evaluated (_mask_mod_scores) and a row may have seen no key so far (0 is
     subtracted then). The full blocks run the dense unmasked step (every row of the tile real and seeing every key).
     HAS_DROPOUT: P_j's dropped entries are zeroed after l_i took them (gluon_dropout; drop_rows from
-    dropout_row_counters, drop_thr the integer threshold); the draws are made while S_j runs."""
+    dropout_row_counters, drop_thr the integer threshold); the draws are made while S_j runs.
+    LAZY_RESCALE: a row's max moves only past _lazy_max's margin, and O is rescaled by the warps where one moved
+    (_rescale_lazy). A row that saw no key yet (m_i = -inf: windows, a bias, block masks) takes the block's max as
+    gl.maximum would."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
     stage = j % STAGES
@@ -359,7 +371,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
                             HAS_BIAS=HAS_BIAS)  # [WG_M, BLOCK_N], score - shift per row
         m_layout: gl.constexpr = m_i.type.layout
         shift = _alibi_row_shift(key_lo + j * BLOCK_N, row0, causal_offset, alibi_log2, m_layout, ALIBI_SIDE)
-        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) + shift)  # [WG_M], finite (unmasked block) without a bias
+        m_new = _new_max(m_i, _row_max(s, TREE_MAX) + shift, LAZY_RESCALE)  # [WG_M], finite without a bias
         if HAS_BIAS and not HAS_SINK:
             m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
@@ -370,7 +382,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                             MASKED, CAP_SCALED=False)  # [WG_M, BLOCK_N], tanh(score / softcap) or -inf
-        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * softcap_log2)  # [WG_M]
+        m_new = _new_max(m_i, _row_max(s, TREE_MAX) * softcap_log2, LAZY_RESCALE)  # [WG_M]
         if IS_LOCAL and MASKED and not HAS_SINK:
             m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
@@ -381,7 +393,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                             MASKED, bias=bias, HAS_BIAS=HAS_BIAS)
-        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX))  # [WG_M]
+        m_new = _new_max(m_i, _row_max(s, TREE_MAX), LAZY_RESCALE)  # [WG_M]
         if (IS_LOCAL and MASKED or HAS_BIAS) and not HAS_SINK:
             # A window can leave a row without a visible key so far: m stays -inf; subtract 0 so exp2 gives 0.
             m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -395,7 +407,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         s = s * sm_scale + _to_f32_16bit(bias)  # [WG_M, BLOCK_N]
         if MASKED:
             s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
-        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * LOG2E)  # [WG_M], log2 units
+        m_new = _new_max(m_i, _row_max(s, TREE_MAX) * LOG2E, LAZY_RESCALE)  # [WG_M], log2 units
         if HAS_SINK:
             m_sub = m_new
         else:
@@ -405,7 +417,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     elif BLOCK_SPARSE and MASKED:
         s = _mask_mod_scores(s, key0, row0, seqlen_q, seqlen_k, off_b, off_h, aux0, aux1, aux2, aux3, BLOCK_N,
                              MASK_MOD, EVEN_N)
-        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)  # [WG_M]; -inf while a row saw no key
+        m_new = _new_max(m_i, _row_max(s, TREE_MAX) * qk_scale, LAZY_RESCALE)  # [WG_M]; -inf until a key is seen
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_sub)  # [WG_M]
         p_f32 = gl.exp2(s * qk_scale - m_sub[:, None])  # [WG_M, BLOCK_N]
@@ -413,7 +425,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         if MASKED:
             s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL,
                              CONSUMERS == 2 and not HAS_DROPOUT)
-        m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)  # [WG_M], log2 units of the scaled scores
+        m_new = _new_max(m_i, _row_max(s, TREE_MAX) * qk_scale, LAZY_RESCALE)  # [WG_M], log2 units
         alpha = gl.exp2(m_i - m_new)  # [WG_M]
         p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
     l_i = l_i * alpha + gl.sum(p_f32, axis=1)
@@ -425,7 +437,10 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     mbarrier.arrive(v_empty.index(prev))
     if HAS_BIAS:
         _bias_release(b_empty, j, STAGES)
-    o_acc = o_acc * gl.convert_layout(alpha, o_row)[:, None]
+    if LAZY_RESCALE:
+        o_acc = _rescale_lazy(o_acc, alpha)
+    else:
+        o_acc = o_acc * gl.convert_layout(alpha, o_row)[:, None]
     return o_acc, m_new, l_i, p_next
 
 
@@ -443,7 +458,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         aux3=None, MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
                         SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
                         drop_seed=0, drop_base=0, drop_row_groups=0, drop_thr=0, dropout_scale=1.0,
-                        HAS_DROPOUT: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False):
+                        HAS_DROPOUT: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
+                        LAZY_RESCALE: gl.constexpr = False):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
     of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
@@ -457,7 +473,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     dropout_scale = 1 / (1 - dropout_p); lse stays the undropped one.
     O_VIA_SMEM: the rows leave through the warpgroup's Q tile (free after its last QK^T; the one-tile kernel loads
     no other Q into it) as 16-byte row pieces (gluon_epilogue._store_rows_via), else from the accumulator's layout
-    in 4-byte pieces."""
+    in 4-byte pieces. LAZY_RESCALE: see _kv_step."""
     dtype: gl.constexpr = q_smem.dtype
     SCORES: gl.constexpr = SOFTCAP or HAS_ALIBI or IS_LOCAL  # scores pass through _feature_scores
     # One warpgroup, 64 rows: S is [64, BLOCK_N] and O [64, HEAD_DIM] in wgmma accumulator layouts; P feeds
@@ -563,7 +579,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
-                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT)
+                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
+                                          LAZY_RESCALE=LAZY_RESCALE)
         full_start = gl.maximum(n_lead, 1)
     else:
         full_start = 1
@@ -588,7 +605,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX, alibi_cols, 1,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
-                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT)
+                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
+                                          LAZY_RESCALE=LAZY_RESCALE)
         for j in range(left_end, right_start):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
@@ -597,7 +615,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
-                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT)
+                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
+                                          LAZY_RESCALE=LAZY_RESCALE)
         for j in range(right_start, n_full):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
@@ -606,7 +625,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX, alibi_cols, -1,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
-                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT)
+                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
+                                          LAZY_RESCALE=LAZY_RESCALE)
     else:
         for j in range(full_start, n_full):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
@@ -616,7 +636,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           HAS_ALIBI, HAS_SINK, P_CVT_ASM, TREE_MAX,
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
-                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT)
+                                          drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
+                                          LAZY_RESCALE=LAZY_RESCALE)
     for j in range(gl.maximum(n_full, 1), n_blocks):
         key0 = 0
         if BLOCK_SPARSE:
@@ -631,7 +652,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                       aux0=aux0, aux1=aux1, aux2=aux2, aux3=aux3, MASK_MOD=MASK_MOD,
                                       BLOCK_SPARSE=BLOCK_SPARSE, CONSUMERS=CONSUMERS, EVEN_N=EVEN_N,
                                       drop_seed=drop_seed, drop_rows=drop_rows, drop_thr=drop_thr,
-                                      HAS_DROPOUT=HAS_DROPOUT)
+                                      HAS_DROPOUT=HAS_DROPOUT, LAZY_RESCALE=LAZY_RESCALE)
 
     # The last block's PV.
     last = (n_blocks - 1) % STAGES
@@ -706,7 +727,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
                      SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
                      LPT_HEADS: gl.constexpr = 0, HAS_DROPOUT: gl.constexpr = False,
-                     O_VIA_SMEM: gl.constexpr = False):
+                     O_VIA_SMEM: gl.constexpr = False, LAZY_RESCALE: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -901,21 +922,24 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    window_right, 0, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale,
                                    HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
-                                   MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS)),
+                                   MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS, False, 0, 0, 0, 0, 1.0, False, False,
+                                   LAZY_RESCALE)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
                                    window_right, 1, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
-                                   Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS)),
+                                   Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS, False, 0, 0, 0, 0, 1.0,
+                                   False, False, LAZY_RESCALE)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
                                    window_right, 2, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG, IS_LOCAL, SOFTCAP,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
-                                   Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS)),
+                                   Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS, False, 0, 0, 0, 0, 1.0,
+                                   False, False, LAZY_RESCALE)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                                v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
                                q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
@@ -931,7 +955,8 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale,
                                    HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
                                    MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N, drop_seed, drop_base,
-                                   drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT, O_VIA_SMEM)),
+                                   drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT, O_VIA_SMEM,
+                                   LAZY_RESCALE)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
@@ -939,7 +964,8 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N, drop_seed, drop_base,
-                                   drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT, O_VIA_SMEM)),
+                                   drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT, O_VIA_SMEM,
+                                   LAZY_RESCALE)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                                v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
                                q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
