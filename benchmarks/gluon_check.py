@@ -777,7 +777,8 @@ def _phase_of(group, phase):
 
 def _children(phase, args, timeout, groups=(None, )):
     argv = ["--variants", args.variants, "--seqlens", args.seqlens, "--bench-dims", args.bench_dims,
-            "--feature-variants", args.feature_variants, "--bench-causal", args.bench_causal]
+            "--feature-variants", args.feature_variants, "--feature-dims", args.feature_dims,
+            "--bench-causal", args.bench_causal]
     return run_children(__file__, phase, argv, timeout, groups, _phase_of)
 
 
@@ -805,8 +806,9 @@ def main():
                         "persistent orders' cost model, a tile's fixed cost in key blocks "
                         "(persistent_schedule.TILE_OVERHEAD)")
     parser.add_argument("--feature-dims", default="128,64,256", help="with --feature-variants: the head dims")
-    parser.add_argument("--feature-variants", default="", help="with --bench-features: time plain / causal / softcap "
-                        "of the default and these variants instead of every feature (the correct phase checks them)")
+    parser.add_argument("--feature-variants", default="", help="with --bench-features: time nine feature rows with "
+                        "these variants in the listed order, as ratios to the first one's plain / causal time, "
+                        "instead of every feature against the portable kernel (the correct phase checks them)")
     args = parser.parse_args()
     variants = args.variants.split(",")
     feature_variants = [v for v in args.feature_variants.split(",") if v]
@@ -852,7 +854,7 @@ def main():
     if not args.skip_bench:
         _children("bench", args, 240)
     if args.bench_features:
-        _children("bench-features", args, 180)
+        _children("bench-features", args, 420 if args.feature_variants else 180)  # 9 rows x head dims x variants
     if args.bench_varlen:
         _children("bench-varlen", args, 150)
     say(f"INFO total {time.time() - start:.1f} s")

@@ -265,6 +265,7 @@ LAZY_ONE_TILE = [
     ("bias-causal", True, dict(bias=True)),
     ("dropout", False, dict(dropout_p=0.2)),
     ("varlen-causal", True, dict(varlen=True)),
+    ("sink-window-fp16", True, dict(sink=True, window_size=(300, 0), dtype=torch.float16)),
 ]
 
 
@@ -281,8 +282,8 @@ def test_lazy_rescale_one_tile_matches_reference(variant, head_dim, case, scores
     if gluon_launch.VARIANTS[variant][head_dim].consumers == 3 and {"alibi", "bias", "dropout_p"} & set(spec):
         pytest.skip("three consumers take no ALiBi, bias or dropout (takes_config)")
     batch, seqlen, heads_q, heads_kv = 2, 1000, 4, 2
-    q, k, v = make_qkv(batch, seqlen, seqlen, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
-                       requires_grad=False)
+    dtype = spec.get("dtype", torch.bfloat16)
+    q, k, v = make_qkv(batch, seqlen, seqlen, heads_q, heads_kv, head_dim, dtype, "cuda", requires_grad=False)
     if scores == "growing":
         k = k * (1 + torch.arange(seqlen, device="cuda") / 32).to(k.dtype)[None, :, None, None]
     else:
@@ -313,7 +314,7 @@ def test_lazy_rescale_one_tile_matches_reference(variant, head_dim, case, scores
     out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=variant, **feats)
     ref = flashtile.attention_ref(q, k, v, causal=causal, **ref_feats)
     assert_close_rule("out", out, ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False, **ref_feats),
-                      torch.bfloat16)
+                      dtype)
     feats.pop("dropout_p", None)
     feats.pop("rng", None)
     _, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True, **feats)
@@ -847,6 +848,13 @@ def test_persistent_launch_args():
     base, lazy = (gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.125, True, gluon_launch.VARIANTS[name][128])[2]
                   for name in ("default", "default-lr"))  # the one-tile kernel's lazy rescale (session 30)
     assert lazy == {**base, "LAZY_RESCALE": True} and "LAZY_RESCALE" not in base
+    # Served: D256's default and d64-3wg rescale lazily; a D64 call that d64-3wg cannot take (ALiBi) gets the
+    # two-consumer default, which does not.
+    for name, dim in (("default", 256), ("d64-3wg", 64)):
+        t = torch.empty(1, 256, 2, dim, dtype=torch.bfloat16)
+        assert gluon_launch.gluon_launch_args(t, t, t, torch.empty_like(t), torch.empty(1, 2, 256), 0.125, True,
+                                              gluon_launch.VARIANTS[name][dim])[2]["LAZY_RESCALE"]
+    assert not gluon_launch.takes_config("d64-3wg", 64, alibi_slopes=torch.ones(2)).lazy_rescale
     base, lazy = (gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, True, gluon_launch.VARIANTS[name][128],
                                                       sm_count=132)[2] for name in ("persistent", "persistent-lr"))
     assert lazy == {**base, "LAZY_RESCALE": True} and "LAZY_RESCALE" not in base
@@ -1011,13 +1019,16 @@ def test_bias_matches_reference(monkeypatch, case, shape, head_dim):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("variant,head_dim", [("default", 128), ("default-lr", 128), ("default", 256)],
+                         ids=["d128", "d128-lazy", "d256-lazy"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_bias_rows_without_keys_and_the_next_heads_rows(monkeypatch, causal):
+def test_bias_rows_without_keys_and_the_next_heads_rows(monkeypatch, causal, variant, head_dim):
     """A bias of -inf on every key of some rows (a mask as a bias): those rows get 0 and lse -inf, as the portable
     kernel writes them, also where the rows of a tile past Sq read them (head 1's first rows, read by head 0's last
-    tile); NaN in the storage's key columns past Sk (row padding) is never read (TMA zero-fills past the view)."""
+    tile); NaN in the storage's key columns past Sk (row padding) is never read (TMA zero-fills past the view). With
+    the lazy rescale (D256's default, "default-lr") a row's max stays -inf until it sees a key."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    q, k, v = make_qkv(1, 300, 1000, 2, 2, 128, torch.bfloat16, "cuda", requires_grad=False)
+    q, k, v = make_qkv(1, 300, 1000, 2, 2, head_dim, torch.bfloat16, "cuda", requires_grad=False)
     storage = torch.randn(1, 2, 300, 1008, device="cuda").to(torch.bfloat16)
     storage[..., 1000:] = float("nan")  # past Sk
     bias = storage[..., :1000]
@@ -1025,7 +1036,7 @@ def test_bias_rows_without_keys_and_the_next_heads_rows(monkeypatch, causal):
     bias[0, 1, :45] = float("-inf")  # head 1's first rows: what the tile rows past Sq of head 0 read
     bias[0, 1, 200, 500:] = float("-inf")  # a row that sees only the first 500 keys
     assert gluon_launch.gluon_supported(q, k, v, causal=causal, attn_bias=bias)
-    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, attn_bias=bias)
+    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, attn_bias=bias, variant=variant)
     clean = bias.contiguous()
     ref, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True, attn_bias=clean)
     assert torch.all(out[0, 10, 0] == 0) and lse[0, 0, 10] == float("-inf")
