@@ -313,6 +313,14 @@ def _new_max(m_i, m_blk, LAZY_RESCALE: gl.constexpr):
 
 
 @gluon.jit
+def _rescale(o_acc, alpha, LAZY_RESCALE: gl.constexpr):
+    """O to the new row max: o_acc * alpha[:, None], by _rescale_lazy's warp-skipping multiplies under LAZY_RESCALE."""
+    if LAZY_RESCALE:
+        return _rescale_lazy(o_acc, alpha)
+    return o_acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_acc.type.layout))[:, None]
+
+
+@gluon.jit
 def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, turn_bars,
              row0, seqlen_k, causal_offset, qk_scale, key_lo, softcap_log2, alibi_log2, window_left, window_right,
              WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
@@ -341,7 +349,6 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     (_rescale_lazy). A row that saw no key yet (m_i = -inf: windows, a bias, block masks) takes the block's max as
     gl.maximum would."""
     s_layout: gl.constexpr = m_i.type.layout.parent
-    o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
     stage = j % STAGES
     prev = (j - 1) % STAGES
     mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
@@ -437,11 +444,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     mbarrier.arrive(v_empty.index(prev))
     if HAS_BIAS:
         _bias_release(b_empty, j, STAGES)
-    if LAZY_RESCALE:
-        o_acc = _rescale_lazy(o_acc, alpha)
-    else:
-        o_acc = o_acc * gl.convert_layout(alpha, o_row)[:, None]
-    return o_acc, m_new, l_i, p_next
+    return _rescale(o_acc, alpha, LAZY_RESCALE), m_new, l_i, p_next
 
 
 @gluon.jit

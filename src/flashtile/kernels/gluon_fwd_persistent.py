@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .gluon_epilogue import _store_rows_via
-from .gluon_fwd import (LN2, RAGGED_BILLION, WG_M, _lazy_max, _mask_scores, _rescale_lazy, _row_max, _tma_load,
+from .gluon_fwd import (LN2, RAGGED_BILLION, WG_M, _mask_scores, _new_max, _rescale, _row_max, _tma_load,
                         _to_p, _turn_pass, _turn_wait)
 from .gluon_grid import _heavy_first_linear
 
@@ -178,7 +178,6 @@ def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empt
                LAZY_RESCALE: gl.constexpr = False):
     """gluon_fwd._kv_step without score features, with the ring / turn position c (the CTA's running key-block
     count) apart from the tile's key block j >= 1 (the masks' columns). LAZY_RESCALE: gluon_fwd._lazy_max."""
-    o_row: gl.constexpr = gl.SliceLayout(1, o_acc.type.layout)
     s_layout: gl.constexpr = m_i.type.layout.parent
     stage = c % STAGES
     prev = (c - 1) % STAGES
@@ -193,22 +192,14 @@ def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empt
     mbarrier.arrive(k_empty.index(stage))
     if MASKED:
         s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL, CONSUMERS == 2)
-    m_blk = _row_max(s, TREE_MAX) * qk_scale  # [WG_M]
-    if LAZY_RESCALE:  # m_i is finite: every row saw key 0 in block 0
-        m_new = _lazy_max(m_i, m_blk)
-    else:
-        m_new = gl.maximum(m_i, m_blk)
+    m_new = _new_max(m_i, _row_max(s, TREE_MAX) * qk_scale, LAZY_RESCALE)  # [WG_M]; finite: every row saw key 0
     alpha = gl.exp2(m_i - m_new)  # [WG_M]
     p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
     l_i = l_i * alpha + gl.sum(p_f32, axis=1)
     p_next = gl.convert_layout(_to_p(p_f32, p, P_CVT_ASM), p.type.layout, assert_trivial=True)
     o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
     mbarrier.arrive(v_empty.index(prev))
-    if LAZY_RESCALE:
-        o_acc = _rescale_lazy(o_acc, alpha)
-    else:
-        o_acc = o_acc * gl.convert_layout(alpha, o_row)[:, None]
-    return o_acc, m_new, l_i, p_next
+    return _rescale(o_acc, alpha, LAZY_RESCALE), m_new, l_i, p_next
 
 
 @gluon.jit
