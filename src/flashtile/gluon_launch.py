@@ -210,22 +210,21 @@ def persistent_order_variants():
 
 VARIANTS.update({**grid_order_variants(VARIANTS["default"]), **persistent_order_variants()})
 # FA4's conditional rescaling (GluonConfig.lazy_rescale, session 29): "-lr" twins of the persistent variants configs
-# serves; D256 and the three-consumer D64 grid take them (configs.GLUON_FWD_PERSISTENT has the numbers).
+# serves; D256 and the three-consumer D64 grid take them (configs.GLUON_FWD_PERSISTENT has the numbers). And of the
+# one-tile kernel's default (session 30), which serves the score features, a bias, dropout, varlen and the plain rows
+# past the persistent ranges: "default" at D256 (and the grid-order variants built from it above) and "d64-3wg" (D64's
+# long rows) rescale lazily themselves, "default-lr" is the D64 / D128 two-consumer twin. Call 3 (h200-2026-12-02-s30),
+# ms at 8K tokens (B2, hidden 2048), two passes in swapped order, without -> with: D256 softcap 30 1.718 / 1.756 ->
+# 1.645 / 1.618, causal softcap 0.960 / 0.974 -> 0.886 / 0.883, sink 1.624 / 1.626 -> 1.561 / 1.529, bias 2.044 / 2.061
+# -> 1.974 / 2.000, a 4096-key window with softcap 0.708 / 0.737 -> 0.693 / 0.703, causal bias 1.052 / 1.055 -> 1.056 /
+# 1.011, ALiBi 1.646 / 1.618 -> 1.650 / 1.649; d64-3wg softcap 3.238 / 3.235 -> 3.064 / 3.063, sink 2.327 / 2.415 ->
+# 2.236 / 2.212, causal softcap 1.760 / 1.764 -> 1.746 / 1.747, window + softcap 1.765 / 1.762 -> 1.788 / 1.780; D128
+# two consumers slower (softcap 2.175 / 2.180 -> 2.216 / 2.233, ALiBi 1.903 / 1.846 -> 1.918 / 1.953, bias 2.382 / 2.464
+# -> 2.554 / 2.486), as in the persistent kernel.
 VARIANTS.update({f"{name}-lr": {d: replace(c, lazy_rescale=True) for d, c in VARIANTS[name].items()}
                  for name in ("persistent", "persistent-sched4", "persistent-tma-q2", "persistent-tma-q2-de",
                               "persistent-tma-q2-de-lpt8", "persistent-tma-q2-de-sched4", "persistent-tma-sched4",
-                              "persistent-3wg-tma-q2")})
-# The one-tile kernel (session 30), which serves the score features, a bias, dropout, varlen and the plain rows past
-# the persistent ranges: "default" at D256 (and the grid-order variants built from it above) and "d64-3wg" (D64's
-# long rows) rescale lazily, "default-lr" is the D64 / D128 two-consumer twin. Call 3 (h200-2026-12-02-s30), ms at
-# 8K tokens (B2, hidden 2048), two passes in swapped order, without -> with: D256 softcap 30 1.718 / 1.756 -> 1.645 /
-# 1.618, causal softcap 0.960 / 0.974 -> 0.886 / 0.883, sink 1.624 / 1.626 -> 1.561 / 1.529, bias 2.044 / 2.061 ->
-# 1.974 / 2.000, a 4096-key window with softcap 0.708 / 0.737 -> 0.693 / 0.703, causal bias 1.052 / 1.055 -> 1.056 /
-# 1.011, ALiBi 1.646 / 1.618 -> 1.650 / 1.649; d64-3wg softcap 3.238 / 3.235 -> 3.064 / 3.063, sink 2.327 / 2.415 ->
-# 2.236 / 2.212, causal softcap 1.760 / 1.764 -> 1.746 / 1.747, window + softcap 1.765 / 1.762 -> 1.788 / 1.780; D128
-# two consumers slower (softcap 2.175 / 2.180 -> 2.216 / 2.233, ALiBi 1.903 / 1.846 -> 1.918 / 1.953, bias 2.382 /
-# 2.464 -> 2.554 / 2.486), as in the persistent kernel.
-VARIANTS["default-lr"] = {d: replace(c, lazy_rescale=True) for d, c in VARIANTS["default"].items()}
+                              "persistent-3wg-tma-q2", "default")})
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
 
