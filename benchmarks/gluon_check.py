@@ -44,10 +44,10 @@ killing the child frees the GPU and the run goes on to report it):
            portable kernel), Gluon against the portable kernel, as ratios to the plain Gluon time (causal+softcap /
            causal+alibi / causal+bias: to the causal one), per unit of work for windows; cuDNN plain and causal for
            scale. With
-           --feature-variants V1,V2 instead: plain, causal, softcap, causal softcap, bias, causal bias, ALiBi, sink
-           and a 4096-key window with softcap with each of them in the listed order, as ratios to the first one's
-           plain / causal time, at --feature-dims (default 128,64,256; 8K tokens, hidden 2048) (the correct phase
-           checks them too).
+           --feature-variants V1,V2 instead: plain, causal, softcap, causal softcap, bias, causal bias, ALiBi, causal
+           ALiBi, sink and a 4096-key window with softcap with each of them in the listed order, as ratios to the
+           first one's plain / causal time, at --feature-dims (default 128,64,256; 8K tokens, hidden 2048) (the
+           correct phase checks them too).
 Every line starts with PASS / FAIL / SKIP / ERROR / TIME / INFO so the log greps well.
 """
 import argparse
@@ -740,7 +740,8 @@ def phase_bench_features(feature_variants=(), head_dims=(128, 64, 256)):
 
 
 def variant_feature_times(q, k, v, scale, feature_variants):
-    """Plain / causal / softcap 30 / causal softcap 30 / bias (1, H, S, S) bf16 / causal bias / ALiBi / sink / a
+    """Plain / causal / softcap 30 / causal softcap 30 / bias (1, H, S, S) bf16 / causal bias / ALiBi / causal ALiBi /
+    sink / a
     4096-key window with softcap 30 (Gemma 2's local layers) with each variant that has a config at q's head dim, in
     the order given, as ratios to the first one's plain or causal time: what a variant does to the feature costs (a
     second pass can list them in the other order)."""
@@ -752,7 +753,8 @@ def variant_feature_times(q, k, v, scale, feature_variants):
                                    ("causal+softcap30", True, dict(softcap=30.0)),
                                    ("bias", False, dict(bias=("h", "bf16"))),
                                    ("causal+bias", True, dict(bias=("h", "bf16"))),
-                                   ("alibi", False, dict(alibi="h")), ("sink", False, dict(sink=True)),
+                                   ("alibi", False, dict(alibi="h")), ("causal+alibi", True, dict(alibi="h")),
+                                   ("sink", False, dict(sink=True)),
                                    ("win4096+softcap30", False, dict(window=(4096, 0), softcap=30.0))):
             feats = feature_args(spec, batch, heads, q.shape[1], k.shape[1])
             try:
@@ -806,7 +808,7 @@ def main():
                         "persistent orders' cost model, a tile's fixed cost in key blocks "
                         "(persistent_schedule.TILE_OVERHEAD)")
     parser.add_argument("--feature-dims", default="128,64,256", help="with --feature-variants: the head dims")
-    parser.add_argument("--feature-variants", default="", help="with --bench-features: time nine feature rows with "
+    parser.add_argument("--feature-variants", default="", help="with --bench-features: time ten feature rows with "
                         "these variants in the listed order, as ratios to the first one's plain / causal time, "
                         "instead of every feature against the portable kernel (the correct phase checks them)")
     args = parser.parse_args()

@@ -7,6 +7,7 @@ CASE (shapes of the bench: bf16, 16K tokens, hidden 2048; decode: B64, 4K cache,
 - decode, decode-16, decode-256: flash_attn_with_kvcache over a contiguous cache or pages of 16 / 256 tokens;
 - sdpa-decode: SDPA's default dispatch on the same cache, (B, H, S, D)-contiguous;
 - fwd-D-S-causal / fwd-D-S-full: flash_attn_func's forward at head dim D, S tokens per sequence;
+  bias-fwd-D-S-..., softcap-..., alibi-...: the same with a (1, H, S, S) bf16 bias, softcap 30 or ALiBi;
 - sdpa-fwd-D-S-causal: SDPA's cuDNN backend on the same shape;
 - bwd-D-S-causal / sdpa-bwd-D-S-causal: the same forward, then its backward (dO = 1), e.g. with the regex
   _attn_bwd_dkdv_hopper for flashtile's dK/dV kernel, bprop for cuDNN's;
@@ -38,13 +39,21 @@ if case.startswith("decode") or case.startswith("sdpa-decode"):
         if page:
             k, v, table = paged(k, v, cache_len, page, gen)
         run = lambda: flash_attn_with_kvcache(q, k, v, block_table=table, cache_seqlens=cache_len, causal=True)  # noqa
-else:  # fwd-D-S-causal, sdpa-fwd-D-S-causal
+else:  # fwd-D-S-causal, sdpa-fwd-D-S-causal, FEATURE-fwd-D-S-causal
     parts = case.split("-")
+    feature = parts.pop(0) if parts[0] in ("bias", "softcap", "alibi") else None  # bias-fwd-128-8192-full
     sdpa = parts[0] == "sdpa"
     d, s, causal = int(parts[-3]), int(parts[-2]), parts[-1] == "causal"
     b, h = 16384 // s, 2048 // d
     backward = "bwd" in parts[:2]  # bwd-D-S-causal, sdpa-bwd-D-S-causal: forward then backward
     q, k, v = (torch.randn(b, s, h, d, generator=gen, **bf).requires_grad_(backward) for _ in range(3))
+    extra = {}  # flash_attn_func's keywords for the FEATURE prefix
+    if feature == "bias":
+        extra = dict(attn_bias=torch.randn(1, h, s, s, generator=gen, **bf))
+    elif feature == "softcap":
+        extra = dict(softcap=30.0)
+    elif feature == "alibi":
+        extra = dict(alibi_slopes=torch.rand(h, generator=gen, device="cuda"))
     if parts[0] == "gluon":  # gluon-VARIANT-D-S-causal: one Gluon forward variant
         from flashtile import gluon_launch
         variant = "-".join(parts[1:-3])
@@ -57,7 +66,7 @@ else:  # fwd-D-S-causal, sdpa-fwd-D-S-causal
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
     else:
-        run = lambda: flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+        run = lambda: flash_attn_func(q, k, v, causal=causal, **extra)  # noqa: E731
     if backward:
         forward = run
         run = lambda: forward().backward(torch.ones_like(q) if not sdpa else torch.ones_like(qt))  # noqa: E731

@@ -142,6 +142,8 @@ FEATURES = {
     "sink": dict(sink=True),
     "window": dict(window_size=(256, 0)),
     "combo": dict(window_size=(256, 64), softcap=30.0, alibi_slopes=True, sink=True),
+    "alibi-window-sink": dict(window_size=(256, 64), alibi_slopes=True, sink=True),  # ALiBi without softcap / bias
+    "alibi-dropout": dict(alibi_slopes=True, dropout_p=0.1, rng=True),
     # A bf16 (1, Hq, Sq, Sk) bias (rows padded to a 16-byte multiple where Sk is not), alone and with the rest.
     "bias": dict(attn_bias=True),
     "bias-alibi": dict(alibi_slopes=True, attn_bias=True),

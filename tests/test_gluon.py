@@ -321,6 +321,66 @@ def test_lazy_rescale_one_tile_matches_reference(variant, head_dim, case, scores
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
+# ALiBi's one-sided key blocks by one more wgmma (GluonConfig.alibi_mma, session 31): rows on both sides of their
+# diagonal (q == k, q < k, q > k, bottom-right aligned), slopes (H,) and (B, H), large slopes (x 16: the bf16 split of
+# slope / scale must carry its low bits), a scale that is not a power of two, windows with sinks, dropout, fp16, varlen.
+ALIBI_MMA_CASES = [
+    ("q1000-k1000", False, 1000, 1000, dict()),
+    ("q1000-k1000-causal", True, 1000, 1000, dict(per_batch=True)),
+    ("q300-k1000", False, 300, 1000, dict(per_batch=True)),
+    ("q1000-k300", False, 1000, 300, dict()),
+    ("q300-k1000-causal", True, 300, 1000, dict()),
+    ("large-slopes", False, 1000, 1000, dict(slope_factor=16.0, softmax_scale=0.3)),
+    ("window-sink", False, 1000, 1000, dict(window_size=(200, 100), sink=True)),
+    ("dropout", False, 1000, 1000, dict(dropout_p=0.2)),
+    ("fp16-causal", True, 1000, 1000, dict(dtype=torch.float16)),
+    ("varlen-causal", True, 1000, 1000, dict(varlen=True)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("case", ALIBI_MMA_CASES, ids=[c[0] for c in ALIBI_MMA_CASES])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+def test_alibi_by_mma_matches_reference(head_dim, case, monkeypatch):
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    _, causal, seqlen_q, seqlen_k, spec = case
+    batch, heads_q, heads_kv = 2, 4, 2
+    dtype = spec.get("dtype", torch.bfloat16)
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda", requires_grad=False)
+    slopes = alibi_slopes(heads_q, batch if spec.get("per_batch") else None) * spec.get("slope_factor", 1.0)
+    feats = dict(alibi_slopes=slopes, window_size=spec.get("window_size", (-1, -1)),
+                 sink=torch.randn(heads_q, device="cuda") if spec.get("sink") else None)
+    scale = spec.get("softmax_scale")
+    variant = "default"
+    assert gluon_launch.VARIANTS[variant][head_dim].alibi_mma
+    compiled = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "ALIBI_MMA")
+    if spec.get("varlen"):  # sequences of 300, 700 and 1000 tokens packed, (H,) slopes
+        cu = torch.tensor([0, 300, 1000, 2000], dtype=torch.int32, device="cuda")
+        qv, kv, vv = (t.reshape(batch * seqlen_q, *t.shape[2:]) for t in (q, k, v))
+        lens = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1000, max_seqlen_k=1000)
+        out, lse = gluon_launch.gluon_forward(qv, kv, vv, causal=causal, variant=variant, **feats, **lens)
+        assert_varlen_matches_each_sequence(out, lse, qv, kv, vv, [300, 700, 1000], [300, 700, 1000], cu, cu, causal,
+                                            alibi_slopes=slopes)
+        assert compiled == [True]
+        return
+    ref_feats = dict(feats)
+    if spec.get("dropout_p"):  # the reference with philox's keep mask (the draws the kernels make); lse undropped
+        seed, drop = 1234567890123, spec["dropout_p"]
+        feats.update(dropout_p=drop, rng=torch.tensor([seed], dtype=torch.int64, device="cuda"))
+        ref_feats.update(dropout_p=drop, dropout_mask=_dropout_keep(seed, batch, heads_q, seqlen_q, seqlen_k, drop))
+    assert gluon_launch.gluon_supported(q, k, v, causal=causal, **feats)
+    out, lse = gluon_launch.gluon_forward(q, k, v, scale, causal=causal, variant=variant, **feats)
+    ref = flashtile.attention_ref(q, k, v, causal=causal, softmax_scale=scale, **ref_feats)
+    low = flashtile.attention_ref(q, k, v, causal=causal, softmax_scale=scale, upcast=False, **ref_feats)
+    assert_close_rule("out", out, ref, low, dtype)
+    feats.pop("dropout_p", None)
+    feats.pop("rng", None)
+    _, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, softmax_scale=scale, return_lse=True, **feats)
+    torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+    assert compiled == [True]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 def test_refuses_windows_with_rows_without_keys():

@@ -57,10 +57,11 @@ def alibi_slopes(heads, batch=None, device="cuda"):
     return slopes if batch is None else torch.stack([slopes * (1.0 + 0.1 * b) for b in range(batch)])
 
 
-def assert_varlen_matches_each_sequence(out, lse, q, k, v, lens_q, lens_k, cu_q, cu_k, causal):
+def assert_varlen_matches_each_sequence(out, lse, q, k, v, lens_q, lens_k, cu_q, cu_k, causal, **features):
     """A packed (varlen) forward's out (total_q, Hq, D) and lse (Hq, total_q) against the float64 reference of each
     sequence alone (DESIGN.md's rule for out, 2e-3 for lse); a sequence without keys must give 0 and lse -inf, and
-    causal rows without keys (Sq > Sk) likewise, where the reference has NaN."""
+    causal rows without keys (Sq > Sk) likewise, where the reference has NaN. features: attention_ref keywords that
+    hold for every sequence (e.g. (H,) ALiBi slopes)."""
     for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
         qs, ks = slice(cu_q[b].item(), cu_q[b + 1].item()), slice(cu_k[b].item(), cu_k[b + 1].item())
         if sq == 0:
@@ -69,10 +70,10 @@ def assert_varlen_matches_each_sequence(out, lse, q, k, v, lens_q, lens_k, cu_q,
             assert torch.all(out[qs] == 0) and torch.all(lse[:, qs] == float("-inf"))
             continue
         seq = [x[s][None] for x, s in ((q, qs), (k, ks), (v, ks))]
-        ref, lse_ref = attention_ref(*seq, causal=causal, return_lse=True)
+        ref, lse_ref = attention_ref(*seq, causal=causal, return_lse=True, **features)
         if causal and sq > sk:
             ref, lse_ref = ref.nan_to_num(0.0), torch.where(torch.isnan(lse_ref), float("-inf"), lse_ref)
-        low = attention_ref(*seq, causal=causal, upcast=False).nan_to_num(0.0)
+        low = attention_ref(*seq, causal=causal, upcast=False, **features).nan_to_num(0.0)
         assert_close_rule(f"sequence {b} out", out[qs][None], ref, low, q.dtype)
         torch.testing.assert_close(lse[:, qs].double(), lse_ref[0], atol=2e-3, rtol=1e-4)
 

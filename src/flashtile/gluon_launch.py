@@ -96,6 +96,8 @@ class GluonConfig:
     # from the registers; launches that store O through one shared tile keep it in place)
     lazy_rescale: bool = False  # O rescaled only when a row's max grows by more than 2^8 (kernels/gluon_fwd._lazy_max;
     # the persistent kernel and, since session 30, the one-tile kernel: its features, varlen, block masks and rows)
+    alibi_mma: bool = False  # one-tile kernel, ALiBi without softcap or a bias at BLOCK_N 128: the one-sided key
+    # blocks' ALiBi columns by one more wgmma (k = 16) instead of an FADD per score (gluon_fwd._alibi_mma_operands)
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.schedule):
@@ -126,8 +128,12 @@ class GluonConfig:
 _TREE_CVT = dict(p_cvt_asm=True, tree_max=True)
 VARIANTS = {
     # D128 / D256 causal: heavy-first grid order by groups of 8 heads (lpt_heads; session 13, below). D256: the lazy
-    # rescale (session 30, below).
-    "default": {64: GluonConfig(128, 3, **_TREE_CVT), 128: GluonConfig(128, 2, lpt_heads=8, **_TREE_CVT),
+    # rescale (session 30, below). D64 / D128: ALiBi's one-sided key blocks by a wgmma (alibi_mma, session 31; 8K
+    # tokens, B2, hidden 2048, three passes, ms without -> with: D128 ALiBi 2.014 / 1.864 / 2.176 -> 1.777 / 1.984 /
+    # 1.772, causal 1.012 / 1.006 / 1.012 -> 0.953 / 0.960 / 0.964; D64 2.720 / 2.775 / 2.736 -> 2.686 / 2.688 / 2.671,
+    # causal 1.420 / 1.432 / 1.423 -> 1.420 / 1.429 / 1.429).
+    "default": {64: GluonConfig(128, 3, alibi_mma=True, **_TREE_CVT),
+                128: GluonConfig(128, 2, lpt_heads=8, alibi_mma=True, **_TREE_CVT),
                 256: GluonConfig(64, 2, lpt_heads=8, lazy_rescale=True)},
     "plain-softmax": {64: GluonConfig(128, 3), 128: GluonConfig(128, 2)},  # the session-5 default
     "no-pingpong": {64: GluonConfig(128, 3, pingpong=False), 128: GluonConfig(128, 2, pingpong=False),
@@ -521,6 +527,9 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
         constexprs.update(O_VIA_SMEM=True)
     if config.lazy_rescale:
         constexprs.update(LAZY_RESCALE=True)
+    if (config.alibi_mma and alibi_slopes is not None and not softcap and attn_bias is None and config.consumers == 2
+            and config.block_n == 128):
+        constexprs.update(ALIBI_MMA=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)  # only then: other launches keep their kernels
     if mods is not None:

@@ -34,7 +34,8 @@ kernels/fwd.py does.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
 from .common import LOG2E, _tanh, _to_f32_16bit
 from .gluon_dropout import (FRESH_KEYS_FWD_MIN_HEAD_DIM, dropout_apply, dropout_rng, dropout_row_counters,
@@ -249,6 +250,33 @@ def _alibi_row_shift(key0, row0, diag, alibi_log2, layout: gl.constexpr, ALIBI_S
 
 
 @gluon.jit
+def _alibi_mma_operands(alibi_q, alibi_k, a, WG: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Warpgroup WG's operands of ALIBI_MMA's wgmma, in shared memory: alibi_k[WG] [BLOCK_N, 16] rows
+    [c, c, c, 0, ...] (c < 256: exact in 16 bits) and alibi_q[2 WG] / alibi_q[2 WG + 1] [WG_M, 16] rows
+    [a_hi, a_mid, a_lo, 0, ...] / their negations, a = slope * log2(e) / qk_scale split into three bf16 parts (a's
+    fp32 value to ~2^-24), so that alibi_q[2 WG + (1 - side) // 2] @ alibi_k[WG]^T = side * a * c in the fp32
+    accumulator. Written by the warpgroup's 128 threads, then fenced for the async proxy before its wgmmas read."""
+    gl.static_assert(BLOCK_N % 128 == 0, "ALIBI_MMA: BLOCK_N a multiple of 128")
+    k_layout: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])  # [128, 16]: one row per thread
+    cols = gl.arange(0, 16, layout=gl.SliceLayout(0, k_layout))
+    for r0 in gl.static_range(0, BLOCK_N, 128):
+        c = (r0 + gl.arange(0, 128, layout=gl.SliceLayout(1, k_layout))).to(gl.float32)
+        k_rows = gl.where(cols[None, :] < 3, c[:, None], 0.0)  # [128, 16]
+        alibi_k.index(WG).slice(r0, 128, dim=0).store(k_rows.to(alibi_k.dtype))
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])  # [64, 16]
+    qcols = gl.arange(0, 16, layout=gl.SliceLayout(0, q_layout))
+    a_hi = a.to(gl.bfloat16).to(gl.float32)
+    a_mid = (a - a_hi).to(gl.bfloat16).to(gl.float32)
+    a_lo = (a - a_hi - a_mid).to(gl.bfloat16).to(gl.float32)
+    parts = gl.where(qcols == 0, a_hi, gl.where(qcols == 1, a_mid, gl.where(qcols == 2, a_lo, 0.0)))  # [16]
+    q_rows = gl.zeros([WG_M, 16], gl.float32, q_layout) + parts[None, :]
+    alibi_q.index(2 * WG).store(q_rows.to(alibi_q.dtype))
+    alibi_q.index(2 * WG + 1).store((-q_rows).to(alibi_q.dtype))
+    fence_async_shared()  # the generic-proxy stores before the async-proxy (wgmma) reads
+    gl.thread_barrier()  # all 128 threads stored before the warpgroup's wgmmas read
+
+
+@gluon.jit
 def _row_max(s, TREE_MAX: gl.constexpr):
     """Row max of a [WG_M, N] score tile. Triton reduces a thread's N / 4 scores of a row as one dependent chain
     of FMNMX (32 at N = 128, ~4 clocks each, before the shuffles and every exp2 of the row can start); TREE_MAX
@@ -332,7 +360,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
              MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
              CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
              drop_seed=0, drop_rows=0, drop_thr=0, HAS_DROPOUT: gl.constexpr = False,
-             LAZY_RESCALE: gl.constexpr = False):
+             LAZY_RESCALE: gl.constexpr = False, alibi_q=None, alibi_k=None, ALIBI_MMA: gl.constexpr = False):
     """Key block j >= 1 (keys key_lo + j * BLOCK_N + [0, BLOCK_N)): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1},
     softmax S_j while the PV runs, then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i,
     p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it. P_CVT_ASM: see _to_p. TREE_MAX: see
@@ -347,7 +375,10 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     dropout_row_counters, drop_thr the integer threshold); the draws are made while S_j runs.
     LAZY_RESCALE: a row's max moves only past _lazy_max's margin, and O is rescaled by the warps where one moved
     (_rescale_lazy). A row that saw no key yet (m_i = -inf: windows, a bias, block masks) takes the block's max as
-    gl.maximum would."""
+    gl.maximum would.
+    ALIBI_MMA (with ALIBI_SIDE, no softcap or bias): the column term ALIBI_SIDE * alibi_cols comes from one more
+    wgmma (k = 16) into S, alibi_q [WG_M, 16] times alibi_k^T ([BLOCK_N, 16], _alibi_mma_operands), so the softmax
+    takes plain's one FFMA per score instead of an FFMA and an FADD."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     stage = j % STAGES
     prev = (j - 1) % STAGES
@@ -355,6 +386,10 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     _turn_wait(turn_bars, j, WG, PINGPONG, CONSUMERS)
     s_zero = gl.zeros([WG_M, BLOCK_N], gl.float32, s_layout)
     s_tok = warpgroup_mma(q_view, k_bufs.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    ALIBI_BY_MMA: gl.constexpr = ALIBI_MMA and ALIBI_SIDE != 0
+    if ALIBI_BY_MMA:
+        s_tok = warpgroup_mma(alibi_q.index(2 * WG + (1 - ALIBI_SIDE) // 2), alibi_k.index(WG).permute((1, 0)),
+                              s_tok, is_async=True)
     mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
     o_tok = warpgroup_mma(p, v_bufs.index(prev), o_acc, is_async=True)
     _turn_pass(turn_bars, WG, PINGPONG, CONSUMERS)
@@ -371,7 +406,14 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     mbarrier.arrive(k_empty.index(stage))
     if HAS_BIAS and (HAS_ALIBI or IS_LOCAL or SOFTCAP):
         bias = _bias_tile(b_bufs, b_ready, j, WG, STAGES, s_layout)  # [WG_M, BLOCK_N], 16-bit
-    if HAS_ALIBI and ALIBI_SIDE != 0:
+    if ALIBI_BY_MMA:
+        # s = q.k + ALIBI_SIDE * alibi_cols / qk_scale: plain's softmax, the row term added to the max as below.
+        m_layout_mma: gl.constexpr = m_i.type.layout
+        shift = _alibi_row_shift(key_lo + j * BLOCK_N, row0, causal_offset, alibi_log2, m_layout_mma, ALIBI_SIDE)
+        m_new = _new_max(m_i, _row_max(s, TREE_MAX) * qk_scale + shift, LAZY_RESCALE)  # [WG_M]
+        alpha = gl.exp2(m_i - m_new)  # [WG_M]
+        p_f32 = gl.exp2(s * qk_scale - (m_new - shift)[:, None])  # [WG_M, BLOCK_N]
+    elif HAS_ALIBI and ALIBI_SIDE != 0:
         s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                             False, alibi_cols, ALIBI_SIDE, bias=bias,
@@ -462,7 +504,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
                         drop_seed=0, drop_base=0, drop_row_groups=0, drop_thr=0, dropout_scale=1.0,
                         HAS_DROPOUT: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
-                        LAZY_RESCALE: gl.constexpr = False):
+                        LAZY_RESCALE: gl.constexpr = False, alibi_q=None, alibi_k=None,
+                        ALIBI_MMA: gl.constexpr = False):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
     of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
@@ -476,7 +519,9 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     dropout_scale = 1 / (1 - dropout_p); lse stays the undropped one.
     O_VIA_SMEM: the rows leave through the warpgroup's Q tile (free after its last QK^T; the one-tile kernel loads
     no other Q into it) as 16-byte row pieces (gluon_epilogue._store_rows_via), else from the accumulator's layout
-    in 4-byte pieces. LAZY_RESCALE: see _kv_step."""
+    in 4-byte pieces. LAZY_RESCALE: see _kv_step. ALIBI_MMA: the one-sided blocks' ALiBi columns by a wgmma (_kv_step),
+    from this warpgroup's operands in alibi_q ([2 * CONSUMERS, WG_M, 16]) and alibi_k ([CONSUMERS, BLOCK_N, 16]),
+    written here."""
     dtype: gl.constexpr = q_smem.dtype
     SCORES: gl.constexpr = SOFTCAP or HAS_ALIBI or IS_LOCAL  # scores pass through _feature_scores
     # One warpgroup, 64 rows: S is [64, BLOCK_N] and O [64, HEAD_DIM] in wgmma accumulator layouts; P feeds
@@ -497,6 +542,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     sink_log2 = 0.0
     if HAS_SINK:
         sink_log2 = gl.load(sink_ptr) * LOG2E
+    if ALIBI_MMA:
+        _alibi_mma_operands(alibi_q, alibi_k, alibi_log2 / qk_scale, WG, BLOCK_N)
 
     if BLOCK_SPARSE:
         full_ptr += list_off
@@ -609,7 +656,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
                                           drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
-                                          LAZY_RESCALE=LAZY_RESCALE)
+                                          LAZY_RESCALE=LAZY_RESCALE, alibi_q=alibi_q, alibi_k=alibi_k,
+                                          ALIBI_MMA=ALIBI_MMA)
         for j in range(left_end, right_start):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
@@ -629,7 +677,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
                                           drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
-                                          LAZY_RESCALE=LAZY_RESCALE)
+                                          LAZY_RESCALE=LAZY_RESCALE, alibi_q=alibi_q, alibi_k=alibi_k,
+                                          ALIBI_MMA=ALIBI_MMA)
     else:
         for j in range(full_start, n_full):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
@@ -730,7 +779,8 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
                      SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
                      LPT_HEADS: gl.constexpr = 0, HAS_DROPOUT: gl.constexpr = False,
-                     O_VIA_SMEM: gl.constexpr = False, LAZY_RESCALE: gl.constexpr = False):
+                     O_VIA_SMEM: gl.constexpr = False, LAZY_RESCALE: gl.constexpr = False,
+                     ALIBI_MMA: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -764,11 +814,15 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     below dropout_threshold (kernels/common._dropout_keep's draws, made by gluon_dropout), the kept ones scaled by
     dropout_scale = 1 / (1 - dropout_p); Lse stays the undropped one (what kernels/bwd.py expects).
     O_VIA_SMEM (two consumers): each warpgroup's output rows leave through its Q tile in 16-byte row pieces
-    (_consumer_partition); gluon_launch_args sets it where configs.GLUON_FWD_SMEM_EPILOGUE says."""
+    (_consumer_partition); gluon_launch_args sets it where configs.GLUON_FWD_SMEM_EPILOGUE says.
+    ALIBI_MMA (two consumers, HAS_ALIBI without SOFTCAP or HAS_BIAS, BLOCK_N 128): the one-sided key blocks' ALiBi
+    columns by one more wgmma (_kv_step), from 2 x (4 KB + 2 x 2 KB) of shared memory."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not HAS_BIAS and not BLOCK_SPARSE),
                      "CONSUMERS: 2, or 3 without a bias or a block mask")
     gl.static_assert(CONSUMERS == 2 or not HAS_DROPOUT, "HAS_DROPOUT: two consumers")
     gl.static_assert(CONSUMERS == 2 or not O_VIA_SMEM, "O_VIA_SMEM: two consumers")
+    gl.static_assert(not ALIBI_MMA or (CONSUMERS == 2 and HAS_ALIBI and not (SOFTCAP or HAS_BIAS)),
+                     "ALIBI_MMA: two consumers, ALiBi without softcap or a bias")
     # The draws follow key_lo + j * BLOCK_N, not a block mask's listed tiles.
     gl.static_assert(not (HAS_DROPOUT and BLOCK_SPARSE), "HAS_DROPOUT: no block mask")
     gl.static_assert(LPT_HEADS == 0 or (IS_CAUSAL and not (IS_LOCAL or VARLEN or BLOCK_SPARSE)),
@@ -906,6 +960,14 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
         b_ready = k_ready
         b_empty = k_empty
         b_row = 0
+    alibi_q = q_smem  # stand-ins the partitions do not read without ALIBI_MMA
+    alibi_k = q_smem
+    if ALIBI_MMA:
+        # Per consumer warpgroup: its [2, WG_M, 16] (a, -a) and [BLOCK_N, 16] (key offsets) operands.
+        alibi_q = gl.allocate_shared_memory(gl.bfloat16, [2 * CONSUMERS, WG_M, 16],
+                                            gl.NVMMASharedLayout.get_default_for([WG_M, 16], gl.bfloat16))
+        alibi_k = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, BLOCK_N, 16],
+                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, 16], gl.bfloat16))
 
     alibi_ptr = Alibi
     if HAS_ALIBI:
@@ -926,7 +988,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale,
                                    HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
                                    MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS, False, 0, 0, 0, 0, 1.0, False, False,
-                                   LAZY_RESCALE)),
+                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
@@ -934,7 +996,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS, False, 0, 0, 0, 0, 1.0,
-                                   False, False, LAZY_RESCALE)),
+                                   False, False, LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
@@ -942,7 +1004,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS, False, 0, 0, 0, 0, 1.0,
-                                   False, False, LAZY_RESCALE)),
+                                   False, False, LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                                v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
                                q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
@@ -959,7 +1021,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
                                    MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N, drop_seed, drop_base,
                                    drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT, O_VIA_SMEM,
-                                   LAZY_RESCALE)),
+                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
@@ -968,7 +1030,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N, drop_seed, drop_base,
                                    drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT, O_VIA_SMEM,
-                                   LAZY_RESCALE)),
+                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                                v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
                                q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
