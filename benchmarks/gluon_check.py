@@ -741,10 +741,9 @@ def phase_bench_features(feature_variants=(), head_dims=(128, 64, 256)):
 
 def variant_feature_times(q, k, v, scale, feature_variants):
     """Plain / causal / softcap 30 / causal softcap 30 / bias (1, H, S, S) bf16 / causal bias / ALiBi / causal ALiBi /
-    sink / a
-    4096-key window with softcap 30 (Gemma 2's local layers) with each variant that has a config at q's head dim, in
-    the order given, as ratios to the first one's plain or causal time: what a variant does to the feature costs (a
-    second pass can list them in the other order)."""
+    sink / a 4096-key window with softcap 30 (Gemma 2's local layers) with each variant that has a config at q's head
+    dim, in the order given, as ratios to the first one's plain or causal time: what a variant does to the feature
+    costs (a second pass can list them in the other order)."""
     batch, _, heads, head_dim = q.shape
     base = {}
     names = [v_ for v_ in feature_variants if head_dim in gluon_launch.VARIANTS[v_]]

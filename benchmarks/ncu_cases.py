@@ -42,6 +42,8 @@ if case.startswith("decode") or case.startswith("sdpa-decode"):
 else:  # fwd-D-S-causal, sdpa-fwd-D-S-causal, FEATURE-fwd-D-S-causal
     parts = case.split("-")
     feature = parts.pop(0) if parts[0] in ("bias", "softcap", "alibi") else None  # bias-fwd-128-8192-full
+    if feature and parts[0] not in ("fwd", "bwd"):
+        sys.exit(f"{case}: a FEATURE- prefix goes with fwd- / bwd- cases (flash_attn_func)")
     sdpa = parts[0] == "sdpa"
     d, s, causal = int(parts[-3]), int(parts[-2]), parts[-1] == "causal"
     b, h = 16384 // s, 2048 // d

@@ -305,19 +305,25 @@ def test_lazy_rescale_one_tile_matches_reference(variant, head_dim, case, scores
         out, lse = gluon_launch.gluon_forward(qv, kv, vv, causal=causal, variant=variant, **lens)
         assert_varlen_matches_each_sequence(out, lse, qv, kv, vv, [300, 700, 1000], [300, 700, 1000], cu, cu, causal)
         return
-    ref_feats = dict(feats)
-    if spec.get("dropout_p"):  # the reference with philox's keep mask (the draws the kernels make); lse undropped
-        seed, drop = 1234567890123, spec["dropout_p"]
-        feats.update(dropout_p=drop, rng=torch.tensor([seed], dtype=torch.int64, device="cuda"))
-        ref_feats.update(dropout_p=drop, dropout_mask=_dropout_keep(seed, batch, heads_q, seqlen, seqlen, drop))
-    assert gluon_launch.gluon_supported(q, k, v, causal=causal, **feats)
-    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=variant, **feats)
-    ref = flashtile.attention_ref(q, k, v, causal=causal, **ref_feats)
-    assert_close_rule("out", out, ref, flashtile.attention_ref(q, k, v, causal=causal, upcast=False, **ref_feats),
-                      dtype)
-    feats.pop("dropout_p", None)
-    feats.pop("rng", None)
-    _, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True, **feats)
+    _check_variant_forward(q, k, v, causal, variant, feats, spec.get("dropout_p", 0.0))
+
+
+def _check_variant_forward(q, k, v, causal, variant, feats, dropout_p=0.0, softmax_scale=None):
+    """gluon_forward(variant) on dense q / k / v with feats (dropout_p > 0: the reference takes the kernels' Philox keep
+    mask) against the float64 reference: out by DESIGN.md's rule, lse (undropped) within 2e-3."""
+    batch, seqlen_q, heads_q = q.shape[:3]
+    run_feats, ref_feats = dict(feats), dict(feats)
+    if dropout_p:
+        seed = 1234567890123
+        run_feats.update(dropout_p=dropout_p, rng=torch.tensor([seed], dtype=torch.int64, device=q.device))
+        ref_feats.update(dropout_p=dropout_p,
+                         dropout_mask=_dropout_keep(seed, batch, heads_q, seqlen_q, k.shape[1], dropout_p))
+    assert gluon_launch.gluon_supported(q, k, v, causal=causal, **run_feats)
+    out, lse = gluon_launch.gluon_forward(q, k, v, softmax_scale, causal=causal, variant=variant, **run_feats)
+    ref = flashtile.attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale, **ref_feats)
+    low = flashtile.attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale, upcast=False, **ref_feats)
+    assert_close_rule("out", out, ref, low, q.dtype)
+    _, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True, **feats)
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
@@ -331,9 +337,12 @@ ALIBI_MMA_CASES = [
     ("q1000-k300", False, 1000, 300, dict()),
     ("q300-k1000-causal", True, 300, 1000, dict()),
     ("large-slopes", False, 1000, 1000, dict(slope_factor=16.0, softmax_scale=0.3)),
-    ("window-sink", False, 1000, 1000, dict(window_size=(200, 100), sink=True)),
+    # wide enough that each tile has fully visible key blocks on both sides of its rows' diagonals (a narrower window
+    # leaves only masked blocks, which take the |i - j| path)
+    ("window-sink", False, 1000, 1000, dict(window_size=(600, 400), sink=True)),
     ("dropout", False, 1000, 1000, dict(dropout_p=0.2)),
     ("fp16-causal", True, 1000, 1000, dict(dtype=torch.float16)),
+    ("varlen", False, 1000, 1000, dict(varlen=True)),
     ("varlen-causal", True, 1000, 1000, dict(varlen=True)),
 ]
 
@@ -351,7 +360,6 @@ def test_alibi_by_mma_matches_reference(head_dim, case, monkeypatch):
     slopes = alibi_slopes(heads_q, batch if spec.get("per_batch") else None) * spec.get("slope_factor", 1.0)
     feats = dict(alibi_slopes=slopes, window_size=spec.get("window_size", (-1, -1)),
                  sink=torch.randn(heads_q, device="cuda") if spec.get("sink") else None)
-    scale = spec.get("softmax_scale")
     variant = "default"
     assert gluon_launch.VARIANTS[variant][head_dim].alibi_mma
     compiled = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "ALIBI_MMA")
@@ -364,20 +372,7 @@ def test_alibi_by_mma_matches_reference(head_dim, case, monkeypatch):
                                             alibi_slopes=slopes)
         assert compiled == [True]
         return
-    ref_feats = dict(feats)
-    if spec.get("dropout_p"):  # the reference with philox's keep mask (the draws the kernels make); lse undropped
-        seed, drop = 1234567890123, spec["dropout_p"]
-        feats.update(dropout_p=drop, rng=torch.tensor([seed], dtype=torch.int64, device="cuda"))
-        ref_feats.update(dropout_p=drop, dropout_mask=_dropout_keep(seed, batch, heads_q, seqlen_q, seqlen_k, drop))
-    assert gluon_launch.gluon_supported(q, k, v, causal=causal, **feats)
-    out, lse = gluon_launch.gluon_forward(q, k, v, scale, causal=causal, variant=variant, **feats)
-    ref = flashtile.attention_ref(q, k, v, causal=causal, softmax_scale=scale, **ref_feats)
-    low = flashtile.attention_ref(q, k, v, causal=causal, softmax_scale=scale, upcast=False, **ref_feats)
-    assert_close_rule("out", out, ref, low, dtype)
-    feats.pop("dropout_p", None)
-    feats.pop("rng", None)
-    _, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, softmax_scale=scale, return_lse=True, **feats)
-    torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+    _check_variant_forward(q, k, v, causal, variant, feats, spec.get("dropout_p", 0.0), spec.get("softmax_scale"))
     assert compiled == [True]
 
 

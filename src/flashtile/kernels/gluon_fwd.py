@@ -408,8 +408,8 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         bias = _bias_tile(b_bufs, b_ready, j, WG, STAGES, s_layout)  # [WG_M, BLOCK_N], 16-bit
     if ALIBI_BY_MMA:
         # s = q.k + ALIBI_SIDE * alibi_cols / qk_scale: plain's softmax, the row term added to the max as below.
-        m_layout_mma: gl.constexpr = m_i.type.layout
-        shift = _alibi_row_shift(key_lo + j * BLOCK_N, row0, causal_offset, alibi_log2, m_layout_mma, ALIBI_SIDE)
+        m_layout: gl.constexpr = m_i.type.layout
+        shift = _alibi_row_shift(key_lo + j * BLOCK_N, row0, causal_offset, alibi_log2, m_layout, ALIBI_SIDE)
         m_new = _new_max(m_i, _row_max(s, TREE_MAX) * qk_scale + shift, LAZY_RESCALE)  # [WG_M]
         alpha = gl.exp2(m_i - m_new)  # [WG_M]
         p_f32 = gl.exp2(s * qk_scale - (m_new - shift)[:, None])  # [WG_M, BLOCK_N]
@@ -638,7 +638,9 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
         # The unmasked blocks wholly left of every row's diagonal (all of them under causal: one FFMA per score
         # for the bias, _feature_scores' ALIBI_SIDE), those a row's diagonal crosses (the |.| path), and those
         # wholly right of it. Bounds from this warpgroup's 64 rows (those past Sq included).
-        alibi_cols = alibi_log2 * gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)).to(gl.float32)
+        alibi_cols = 0.0  # ALIBI_MMA: the columns come from the wgmma
+        if not ALIBI_MMA:
+            alibi_cols = alibi_log2 * gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout)).to(gl.float32)
         if IS_CAUSAL:
             left_end = n_full
             right_start = n_full
