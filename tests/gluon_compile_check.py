@@ -262,10 +262,11 @@ def main():
                                         if not (c and ("window_size" in FEATURES[f] or "sparse" in FEATURES[f]))
                                         and not (lay == "varlen" and "sparse" in FEATURES[f])]:
             # The config the launch would run (gluon_launch.takes_config: a three-consumer variant gives a bias or
-            # ALiBi the default's).
+            # ALiBi the default's, ALiBi without softcap not where its alibi_mma takes it).
             config = gluon_launch.takes_config(args.variant, head_dim, FEATURES[feature].get("attn_bias"),
                                                FEATURES[feature].get("alibi_slopes"),
-                                               FEATURES[feature].get("dropout_p", 0.0))
+                                               FEATURES[feature].get("dropout_p", 0.0),
+                                               FEATURES[feature].get("softcap", 0.0))
             variant = args.variant if config is gluon_launch.VARIANTS[args.variant][head_dim] else "default"
             name = f"d{head_dim}-{'causal' if causal else 'full'}-{variant}"
             if feature != "plain":

@@ -327,7 +327,8 @@ def _check_variant_forward(q, k, v, causal, variant, feats, dropout_p=0.0, softm
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
-# ALiBi's one-sided key blocks by one more wgmma (GluonConfig.alibi_mma, session 31): rows on both sides of their
+# ALiBi's one-sided key blocks by one more wgmma (GluonConfig.alibi_mma, session 31; "d64-3wg-am": three consumers,
+# not yet run on a GPU): rows on both sides of their
 # diagonal (q == k, q < k, q > k, bottom-right aligned), slopes (H,) and (B, H), large slopes (x 16: the bf16 split of
 # slope / scale must carry its low bits), a scale that is not a power of two, windows with sinks, dropout, fp16, varlen.
 ALIBI_MMA_CASES = [
@@ -350,8 +351,9 @@ ALIBI_MMA_CASES = [
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("case", ALIBI_MMA_CASES, ids=[c[0] for c in ALIBI_MMA_CASES])
-@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
-def test_alibi_by_mma_matches_reference(head_dim, case, monkeypatch):
+@pytest.mark.parametrize("variant,head_dim", [("default", 64), ("default", 128), ("d64-3wg-am", 64)],
+                         ids=["d64", "d128", "d64-3wg-am"])
+def test_alibi_by_mma_matches_reference(variant, head_dim, case, monkeypatch):
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     _, causal, seqlen_q, seqlen_k, spec = case
     batch, heads_q, heads_kv = 2, 4, 2
@@ -360,9 +362,11 @@ def test_alibi_by_mma_matches_reference(head_dim, case, monkeypatch):
     slopes = alibi_slopes(heads_q, batch if spec.get("per_batch") else None) * spec.get("slope_factor", 1.0)
     feats = dict(alibi_slopes=slopes, window_size=spec.get("window_size", (-1, -1)),
                  sink=torch.randn(heads_q, device="cuda") if spec.get("sink") else None)
-    variant = "default"
     assert gluon_launch.VARIANTS[variant][head_dim].alibi_mma
     compiled = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "ALIBI_MMA")
+    # three consumers (d64-3wg-am) take ALiBi through the wgmma, but not dropout (takes_config: the default's tiles)
+    consumers = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "CONSUMERS")
+    expected_consumers = 2 if spec.get("dropout_p") else gluon_launch.VARIANTS[variant][head_dim].consumers
     if spec.get("varlen"):  # sequences of 300, 700 and 1000 tokens packed, (H,) slopes
         cu = torch.tensor([0, 300, 1000, 2000], dtype=torch.int32, device="cuda")
         qv, kv, vv = (t.reshape(batch * seqlen_q, *t.shape[2:]) for t in (q, k, v))
@@ -370,10 +374,10 @@ def test_alibi_by_mma_matches_reference(head_dim, case, monkeypatch):
         out, lse = gluon_launch.gluon_forward(qv, kv, vv, causal=causal, variant=variant, **feats, **lens)
         assert_varlen_matches_each_sequence(out, lse, qv, kv, vv, [300, 700, 1000], [300, 700, 1000], cu, cu, causal,
                                             alibi_slopes=slopes)
-        assert compiled == [True]
+        assert compiled == [True] and consumers == [expected_consumers]
         return
     _check_variant_forward(q, k, v, causal, variant, feats, spec.get("dropout_p", 0.0), spec.get("softmax_scale"))
-    assert compiled == [True]
+    assert compiled == [True] and consumers == [expected_consumers]
 
 
 @pytest.mark.gpu

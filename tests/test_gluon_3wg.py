@@ -46,6 +46,16 @@ def test_takes_config_gives_a_bias_the_default():
     assert gluon_launch.takes_config("default", 128, bias) is gluon_launch.VARIANTS["default"][128]
     slopes = torch.ones(4)
     assert gluon_launch.takes_config(VARIANT, 64, alibi_slopes=slopes) is gluon_launch.VARIANTS["default"][64]
+    # With alibi_mma the ALiBi columns leave the registers (a wgmma): three consumers take ALiBi, but not with softcap
+    # (no wgmma then), a bias or dropout.
+    am = gluon_launch.VARIANTS["d64-3wg-am"][64]
+    assert am.consumers == 3 and am.alibi_mma
+    assert gluon_launch.takes_config("d64-3wg-am", 64, alibi_slopes=slopes) is am
+    assert gluon_launch.takes_config("d64-3wg-am", 64, alibi_slopes=slopes, softcap=30.0) is \
+        gluon_launch.VARIANTS["default"][64]
+    assert gluon_launch.takes_config("d64-3wg-am", 64, bias, slopes) is gluon_launch.VARIANTS["default"][64]
+    assert gluon_launch.takes_config("d64-3wg-am", 64, alibi_slopes=slopes, dropout_p=0.1) is \
+        gluon_launch.VARIANTS["default"][64]
 
 
 @needs_gluon

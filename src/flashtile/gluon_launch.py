@@ -97,7 +97,8 @@ class GluonConfig:
     lazy_rescale: bool = False  # O rescaled only when a row's max grows by more than 2^8 (kernels/gluon_fwd._lazy_max;
     # the persistent kernel and, since session 30, the one-tile kernel: its features, varlen, block masks and rows)
     alibi_mma: bool = False  # one-tile kernel, ALiBi without softcap or a bias at BLOCK_N 128: the one-sided key
-    # blocks' ALiBi columns by one more wgmma (k = 16) instead of an FADD per score (gluon_fwd._alibi_mma_operands)
+    # blocks' ALiBi columns by one more wgmma (k = 16) instead of an FADD per score (gluon_fwd._alibi_mma_operands);
+    # with three consumers it lets them take ALiBi (takes_config)
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.schedule):
@@ -228,6 +229,10 @@ VARIANTS.update({**grid_order_variants(VARIANTS["default"]), **persistent_order_
 # 2.236 / 2.212, causal softcap 1.760 / 1.764 -> 1.746 / 1.747, window + softcap 1.765 / 1.762 -> 1.788 / 1.780; D128
 # two consumers slower (softcap 2.175 / 2.180 -> 2.216 / 2.233, ALiBi 1.903 / 1.846 -> 1.918 / 1.953, bias 2.382 / 2.464
 # -> 2.554 / 2.486), as in the persistent kernel.
+# Three consumers with ALiBi by the wgmma (session 31, offline only: no spills at D64 with ALiBi, windows and sinks,
+# dense and varlen, but 8 B with varlen + window + sink; not measured yet): d64-3wg serves D64's long rows and their
+# features, while ALiBi still falls back to the two-consumer default (takes_config).
+VARIANTS["d64-3wg-am"] = {64: replace(VARIANTS["d64-3wg"][64], alibi_mma=True)}
 VARIANTS.update({f"{name}-lr": {d: replace(c, lazy_rescale=True) for d, c in VARIANTS[name].items()}
                  for name in ("persistent", "persistent-sched4", "persistent-tma-q2", "persistent-tma-q2-de",
                               "persistent-tma-q2-de-lpt8", "persistent-tma-q2-de-sched4", "persistent-tma-sched4",
@@ -513,9 +518,11 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
                       HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm,
                       TREE_MAX=config.tree_max,
                       HAS_BIAS=attn_bias is not None, CONSUMERS=config.consumers)
+    alibi_mma = (config.alibi_mma and alibi_slopes is not None and not softcap and attn_bias is None
+                 and config.block_n == 128)
     if config.consumers != 2:
-        assert attn_bias is None and alibi_slopes is None and mods is None and not dropout_p, \
-            "a bias, ALiBi, dropout or a block mask runs two consumers (takes_config, sparse_ok)"
+        assert attn_bias is None and (alibi_slopes is None or alibi_mma) and mods is None and not dropout_p, \
+            "a bias, ALiBi (but by ALIBI_MMA), dropout or a block mask runs two consumers (takes_config, sparse_ok)"
     if dropout_p:
         constexprs.update(HAS_DROPOUT=True)
     # O through each warpgroup's Q tile: dense launches of two consumers at the head dims
@@ -528,8 +535,7 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
         constexprs.update(O_VIA_SMEM=True)
     if config.lazy_rescale:
         constexprs.update(LAZY_RESCALE=True)
-    if (config.alibi_mma and alibi_slopes is not None and not softcap and attn_bias is None and config.consumers == 2
-            and config.block_n == 128):
+    if alibi_mma:
         constexprs.update(ALIBI_MMA=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)  # only then: other launches keep their kernels
@@ -612,14 +618,15 @@ def gluon_sparse_forward(q, k, v, softmax_scale, mods, variant="default"):
     return out, lse
 
 
-def takes_config(variant, head_dim, attn_bias=None, alibi_slopes=None, dropout_p=0.0):
+def takes_config(variant, head_dim, attn_bias=None, alibi_slopes=None, dropout_p=0.0, softcap=0.0):
     """VARIANTS[variant][head_dim], or the default's config where that one cannot serve the call: a
     three-consumer config (192-row tiles, 160 registers per consumer thread) with an attn_bias (the bias ring's
     [BLOCK_M, BLOCK_N] boxes are sized for 128 rows) or ALiBi slopes (the key loop's per-column ALiBi term, 32
-    more live registers, made ptxas spill 296-608 B: tests/gluon_compile_check.py --variant d64-3wg) or dropout
-    (its draws take 32 more)."""
+    more live registers, made ptxas spill 296-608 B: tests/gluon_compile_check.py --variant d64-3wg; not where the
+    config's alibi_mma takes that term into a wgmma: no softcap) or dropout (its draws take 32 more)."""
     config = VARIANTS[variant][head_dim]
-    if config.consumers != 2 and (attn_bias is not None or alibi_slopes is not None or dropout_p):
+    alibi_spills = alibi_slopes is not None and not (config.alibi_mma and not softcap)
+    if config.consumers != 2 and (attn_bias is not None or alibi_spills or dropout_p):
         return VARIANTS["default"][head_dim]
     return config
 
@@ -714,7 +721,7 @@ def gluon_forward(q, k, v, softmax_scale=None, causal=False, variant="default", 
         lse = _launch._empty((shape[1], shape[0]), q, torch.float32, poison)
     else:
         lse = _launch._empty((shape[0], shape[2], shape[1]), q, torch.float32, poison)
-    config = takes_config(variant, q.shape[-1], attn_bias, alibi_slopes, dropout_p)
+    config = takes_config(variant, q.shape[-1], attn_bias, alibi_slopes, dropout_p, softcap)
     if not dropout_p and takes_persistent(config, q, k, causal, window_size, softcap, alibi_slopes, sink,
                                           cu_seqlens_q, attn_bias):
         # launch.py says causal as the window (-1, 0): the persistent kernel knows only plain and causal.

@@ -817,14 +817,14 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     dropout_scale = 1 / (1 - dropout_p); Lse stays the undropped one (what kernels/bwd.py expects).
     O_VIA_SMEM (two consumers): each warpgroup's output rows leave through its Q tile in 16-byte row pieces
     (_consumer_partition); gluon_launch_args sets it where configs.GLUON_FWD_SMEM_EPILOGUE says.
-    ALIBI_MMA (two consumers, HAS_ALIBI without SOFTCAP or HAS_BIAS, BLOCK_N 128): the one-sided key blocks' ALiBi
-    columns by one more wgmma (_kv_step), from 2 x (4 KB + 2 x 2 KB) of shared memory."""
+    ALIBI_MMA (HAS_ALIBI without SOFTCAP or HAS_BIAS, BLOCK_N 128): the one-sided key blocks' ALiBi columns by one
+    more wgmma (_kv_step), from CONSUMERS x (4 KB + 2 x 2 KB) of shared memory."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not HAS_BIAS and not BLOCK_SPARSE),
                      "CONSUMERS: 2, or 3 without a bias or a block mask")
     gl.static_assert(CONSUMERS == 2 or not HAS_DROPOUT, "HAS_DROPOUT: two consumers")
     gl.static_assert(CONSUMERS == 2 or not O_VIA_SMEM, "O_VIA_SMEM: two consumers")
-    gl.static_assert(not ALIBI_MMA or (CONSUMERS == 2 and HAS_ALIBI and not (SOFTCAP or HAS_BIAS)),
-                     "ALIBI_MMA: two consumers, ALiBi without softcap or a bias")
+    gl.static_assert(not ALIBI_MMA or (HAS_ALIBI and not (SOFTCAP or HAS_BIAS)),
+                     "ALIBI_MMA: ALiBi without softcap or a bias")
     # The draws follow key_lo + j * BLOCK_N, not a block mask's listed tiles.
     gl.static_assert(not (HAS_DROPOUT and BLOCK_SPARSE), "HAS_DROPOUT: no block mask")
     gl.static_assert(LPT_HEADS == 0 or (IS_CAUSAL and not (IS_LOCAL or VARLEN or BLOCK_SPARSE)),
