@@ -327,10 +327,10 @@ def _check_variant_forward(q, k, v, causal, variant, feats, dropout_p=0.0, softm
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
-# ALiBi's one-sided key blocks by one more wgmma (GluonConfig.alibi_mma, session 31; "d64-3wg-am": three consumers,
-# not yet run on a GPU): rows on both sides of their
-# diagonal (q == k, q < k, q > k, bottom-right aligned), slopes (H,) and (B, H), large slopes (x 16: the bf16 split of
-# slope / scale must carry its low bits), a scale that is not a power of two, windows with sinks, dropout, fp16, varlen.
+# ALiBi's one-sided key blocks by one more wgmma (GluonConfig.alibi_mma, session 31; "d64-3wg-am", three consumers,
+# not yet run on a GPU): rows on both sides of their diagonal (q == k, q < k, q > k, bottom-right aligned), slopes (H,)
+# and (B, H), large slopes (x 16: the bf16 split of slope / scale must carry its low bits), a scale that is not a power
+# of two, windows with sinks, dropout, fp16, varlen.
 ALIBI_MMA_CASES = [
     ("q1000-k1000", False, 1000, 1000, dict()),
     ("q1000-k1000-causal", True, 1000, 1000, dict(per_batch=True)),
