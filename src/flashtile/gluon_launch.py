@@ -518,8 +518,7 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
                       HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm,
                       TREE_MAX=config.tree_max,
                       HAS_BIAS=attn_bias is not None, CONSUMERS=config.consumers)
-    alibi_mma = (config.alibi_mma and alibi_slopes is not None and not softcap and attn_bias is None
-                 and config.block_n == 128)
+    alibi_mma = alibi_by_mma(config, alibi_slopes, softcap, attn_bias)
     if config.consumers != 2:
         assert attn_bias is None and (alibi_slopes is None or alibi_mma) and mods is None and not dropout_p, \
             "a bias, ALiBi (but by ALIBI_MMA), dropout or a block mask runs two consumers (takes_config, sparse_ok)"
@@ -618,6 +617,13 @@ def gluon_sparse_forward(q, k, v, softmax_scale, mods, variant="default"):
     return out, lse
 
 
+def alibi_by_mma(config, alibi_slopes, softcap=0.0, attn_bias=None):
+    """True when a launch with config adds ALiBi's columns by the wgmma (ALIBI_MMA): its alibi_mma, ALiBi without
+    softcap (tanh comes between) or a bias (no shared memory left for the operands at D128), 128-key blocks."""
+    return (config.alibi_mma and alibi_slopes is not None and not softcap and attn_bias is None
+            and config.block_n == 128)
+
+
 def takes_config(variant, head_dim, attn_bias=None, alibi_slopes=None, dropout_p=0.0, softcap=0.0):
     """VARIANTS[variant][head_dim], or the default's config where that one cannot serve the call: a
     three-consumer config (192-row tiles, 160 registers per consumer thread) with an attn_bias (the bias ring's
@@ -625,7 +631,7 @@ def takes_config(variant, head_dim, attn_bias=None, alibi_slopes=None, dropout_p
     more live registers, made ptxas spill 296-608 B: tests/gluon_compile_check.py --variant d64-3wg; not where the
     config's alibi_mma takes that term into a wgmma: no softcap) or dropout (its draws take 32 more)."""
     config = VARIANTS[variant][head_dim]
-    alibi_spills = alibi_slopes is not None and not (config.alibi_mma and not softcap)
+    alibi_spills = alibi_slopes is not None and not alibi_by_mma(config, alibi_slopes, softcap, attn_bias)
     if config.consumers != 2 and (attn_bias is not None or alibi_spills or dropout_p):
         return VARIANTS["default"][head_dim]
     return config
