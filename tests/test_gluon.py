@@ -297,15 +297,22 @@ def test_lazy_rescale_one_tile_matches_reference(variant, head_dim, case, scores
     config = gluon_launch.takes_config(variant, head_dim, feats.get("attn_bias"), feats["alibi_slopes"],
                                        spec.get("dropout_p", 0.0))
     assert config.lazy_rescale
-    if spec.get("varlen"):  # sequences of 300, 700 and 1000 tokens packed
-        cu = torch.tensor([0, 300, 1000, 2000], dtype=torch.int32, device="cuda")
-        qv, kv, vv = (t.reshape(batch * seqlen, *t.shape[2:]) for t in (q, k, v))
-        lens = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1000, max_seqlen_k=1000)
-        assert gluon_launch.gluon_supported(qv, kv, vv, causal=causal, **lens)
-        out, lse = gluon_launch.gluon_forward(qv, kv, vv, causal=causal, variant=variant, **lens)
-        assert_varlen_matches_each_sequence(out, lse, qv, kv, vv, [300, 700, 1000], [300, 700, 1000], cu, cu, causal)
+    if spec.get("varlen"):
+        _check_variant_varlen(q, k, v, causal, variant)
         return
     _check_variant_forward(q, k, v, causal, variant, feats, spec.get("dropout_p", 0.0))
+
+
+def _check_variant_varlen(q, k, v, causal, variant, **feats):
+    """The batch of 2 x 1000 tokens packed as sequences of 300, 700 and 1000 through gluon_forward(variant) with feats
+    (ones that hold for every sequence), each sequence against the float64 reference run alone."""
+    cu = torch.tensor([0, 300, 1000, 2000], dtype=torch.int32, device="cuda")
+    qv, kv, vv = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v))
+    lens = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1000, max_seqlen_k=1000)
+    assert gluon_launch.gluon_supported(qv, kv, vv, causal=causal, **feats, **lens)
+    out, lse = gluon_launch.gluon_forward(qv, kv, vv, causal=causal, variant=variant, **feats, **lens)
+    assert_varlen_matches_each_sequence(out, lse, qv, kv, vv, [300, 700, 1000], [300, 700, 1000], cu, cu, causal,
+                                        **feats)
 
 
 def _check_variant_forward(q, k, v, causal, variant, feats, dropout_p=0.0, softmax_scale=None):
@@ -367,13 +374,8 @@ def test_alibi_by_mma_matches_reference(variant, head_dim, case, monkeypatch):
     # three consumers (d64-3wg-am) take ALiBi through the wgmma, but not dropout (takes_config: the default's tiles)
     consumers = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "CONSUMERS")
     expected_consumers = 2 if spec.get("dropout_p") else gluon_launch.VARIANTS[variant][head_dim].consumers
-    if spec.get("varlen"):  # sequences of 300, 700 and 1000 tokens packed, (H,) slopes
-        cu = torch.tensor([0, 300, 1000, 2000], dtype=torch.int32, device="cuda")
-        qv, kv, vv = (t.reshape(batch * seqlen_q, *t.shape[2:]) for t in (q, k, v))
-        lens = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1000, max_seqlen_k=1000)
-        out, lse = gluon_launch.gluon_forward(qv, kv, vv, causal=causal, variant=variant, **feats, **lens)
-        assert_varlen_matches_each_sequence(out, lse, qv, kv, vv, [300, 700, 1000], [300, 700, 1000], cu, cu, causal,
-                                            alibi_slopes=slopes)
+    if spec.get("varlen"):  # (H,) slopes: the same for every sequence
+        _check_variant_varlen(q, k, v, causal, variant, **feats)
         assert compiled == [True] and consumers == [expected_consumers]
         return
     _check_variant_forward(q, k, v, causal, variant, feats, spec.get("dropout_p", 0.0), spec.get("softmax_scale"))
