@@ -334,8 +334,8 @@ def _check_variant_forward(q, k, v, causal, variant, feats, dropout_p=0.0, softm
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
-# ALiBi's one-sided key blocks by one more wgmma (GluonConfig.alibi_mma, session 31; "d64-3wg-am", three consumers,
-# not yet run on a GPU): rows on both sides of their diagonal (q == k, q < k, q > k, bottom-right aligned), slopes (H,)
+# ALiBi's one-sided key blocks by one more wgmma (GluonConfig.alibi_mma, session 31; d64-3wg's three consumers since
+# session 32): rows on both sides of their diagonal (q == k, q < k, q > k, bottom-right aligned), slopes (H,)
 # and (B, H), large slopes (x 16: the bf16 split of slope / scale must carry its low bits), a scale that is not a power
 # of two, windows with sinks, dropout, fp16, varlen.
 ALIBI_MMA_CASES = [
@@ -358,8 +358,8 @@ ALIBI_MMA_CASES = [
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("case", ALIBI_MMA_CASES, ids=[c[0] for c in ALIBI_MMA_CASES])
-@pytest.mark.parametrize("variant,head_dim", [("default", 64), ("default", 128), ("d64-3wg-am", 64)],
-                         ids=["d64", "d128", "d64-3wg-am"])
+@pytest.mark.parametrize("variant,head_dim", [("default", 64), ("default", 128), ("d64-3wg", 64)],
+                         ids=["d64", "d128", "d64-3wg"])
 def test_alibi_by_mma_matches_reference(variant, head_dim, case, monkeypatch):
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     _, causal, seqlen_q, seqlen_k, spec = case
@@ -371,7 +371,7 @@ def test_alibi_by_mma_matches_reference(variant, head_dim, case, monkeypatch):
                  sink=torch.randn(heads_q, device="cuda") if spec.get("sink") else None)
     assert gluon_launch.VARIANTS[variant][head_dim].alibi_mma
     compiled = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "ALIBI_MMA")
-    # three consumers (d64-3wg-am) take ALiBi through the wgmma, but not dropout (takes_config: the default's tiles)
+    # three consumers (d64-3wg) take ALiBi through the wgmma, but not dropout (takes_config: the default's tiles)
     consumers = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "CONSUMERS")
     expected_consumers = 2 if spec.get("dropout_p") else gluon_launch.VARIANTS[variant][head_dim].consumers
     if spec.get("varlen"):  # (H,) slopes: the same for every sequence
@@ -909,13 +909,15 @@ def test_persistent_launch_args():
     base, lazy = (gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.125, True, gluon_launch.VARIANTS[name][128])[2]
                   for name in ("default", "default-lr"))  # the one-tile kernel's lazy rescale (session 30)
     assert lazy == {**base, "LAZY_RESCALE": True} and "LAZY_RESCALE" not in base
-    # Served: D256's default and d64-3wg rescale lazily; a D64 call that d64-3wg cannot take (ALiBi) gets the
-    # two-consumer default, which does not.
+    # Served: D256's default and d64-3wg rescale lazily (ALiBi through the wgmma there too, since session 32); a D64
+    # call that d64-3wg cannot take (dropout, ALiBi with softcap) gets the two-consumer default, which does not.
     for name, dim in (("default", 256), ("d64-3wg", 64)):
         t = torch.empty(1, 256, 2, dim, dtype=torch.bfloat16)
         assert gluon_launch.gluon_launch_args(t, t, t, torch.empty_like(t), torch.empty(1, 2, 256), 0.125, True,
                                               gluon_launch.VARIANTS[name][dim])[2]["LAZY_RESCALE"]
-    assert not gluon_launch.takes_config("d64-3wg", 64, alibi_slopes=torch.ones(2)).lazy_rescale
+    assert gluon_launch.takes_config("d64-3wg", 64, alibi_slopes=torch.ones(2)).lazy_rescale
+    assert not gluon_launch.takes_config("d64-3wg", 64, alibi_slopes=torch.ones(2), softcap=30.0).lazy_rescale
+    assert not gluon_launch.takes_config("d64-3wg", 64, dropout_p=0.1).lazy_rescale
     base, lazy = (gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, True, gluon_launch.VARIANTS[name][128],
                                                       sm_count=132)[2] for name in ("persistent", "persistent-lr"))
     assert lazy == {**base, "LAZY_RESCALE": True} and "LAZY_RESCALE" not in base

@@ -45,16 +45,19 @@ def test_takes_config_gives_a_bias_the_default():
     assert gluon_launch.takes_config(VARIANT, 64, bias) is gluon_launch.VARIANTS["default"][64]
     assert gluon_launch.takes_config("default", 128, bias) is gluon_launch.VARIANTS["default"][128]
     slopes = torch.ones(4)
-    assert gluon_launch.takes_config(VARIANT, 64, alibi_slopes=slopes) is gluon_launch.VARIANTS["default"][64]
-    # With alibi_mma the ALiBi columns leave the registers (a wgmma): three consumers take ALiBi, but not with softcap
-    # (no wgmma then), a bias or dropout.
-    am = gluon_launch.VARIANTS["d64-3wg-am"][64]
-    assert am.consumers == 3 and am.alibi_mma
-    assert gluon_launch.takes_config("d64-3wg-am", 64, alibi_slopes=slopes) is am
-    assert gluon_launch.takes_config("d64-3wg-am", 64, alibi_slopes=slopes, softcap=30.0) is \
+    # Without alibi_mma, ALiBi's per-column term spills three consumers' registers: the default takes ALiBi.
+    assert not gluon_launch.VARIANTS["persistent-3wg-tma"][64].alibi_mma
+    assert gluon_launch.takes_config("persistent-3wg-tma", 64, alibi_slopes=slopes) is \
         gluon_launch.VARIANTS["default"][64]
-    assert gluon_launch.takes_config("d64-3wg-am", 64, bias, slopes) is gluon_launch.VARIANTS["default"][64]
-    assert gluon_launch.takes_config("d64-3wg-am", 64, alibi_slopes=slopes, dropout_p=0.1) is \
+    # With alibi_mma (d64-3wg's) the ALiBi columns leave the registers (a wgmma): three consumers take ALiBi, but not
+    # with softcap (no wgmma then), a bias or dropout.
+    am = gluon_launch.VARIANTS[VARIANT][64]
+    assert am.consumers == 3 and am.alibi_mma
+    assert gluon_launch.takes_config(VARIANT, 64, alibi_slopes=slopes) is am
+    assert gluon_launch.takes_config(VARIANT, 64, alibi_slopes=slopes, softcap=30.0) is \
+        gluon_launch.VARIANTS["default"][64]
+    assert gluon_launch.takes_config(VARIANT, 64, bias, slopes) is gluon_launch.VARIANTS["default"][64]
+    assert gluon_launch.takes_config(VARIANT, 64, alibi_slopes=slopes, dropout_p=0.1) is \
         gluon_launch.VARIANTS["default"][64]
 
 
@@ -86,9 +89,9 @@ def test_launch_args():
 
 @needs_gluon
 def test_forward_launches_the_variant(monkeypatch):
-    """gluon_forward with the variant launches CONSUMERS=3 on a 192-row grid (softcap, sinks and windows too), never
-    the persistent kernel, and a bias or ALiBi with the default config. The kernel is replaced by a recorder (no GPU
-    here)."""
+    """gluon_forward with the variant launches CONSUMERS=3 on a 192-row grid (softcap, sinks, windows and ALiBi
+    through the wgmma too), never the persistent kernel, and a bias or ALiBi with softcap with the default config.
+    The kernel is replaced by a recorder (no GPU here)."""
     seen = []
 
     class Recorder:
@@ -108,7 +111,10 @@ def test_forward_launches_the_variant(monkeypatch):
     assert grid == (8, 4) and kwargs["CONSUMERS"] == 2 and kwargs["HAS_BIAS"]
     gluon_launch.gluon_forward(q, q, q, causal=True, variant=VARIANT, alibi_slopes=torch.ones(4))
     grid, kwargs = seen.pop()
-    assert grid == (8, 4) and kwargs["CONSUMERS"] == 2 and kwargs["HAS_ALIBI"]
+    assert grid == (6, 4) and kwargs["CONSUMERS"] == 3 and kwargs["HAS_ALIBI"] and kwargs["ALIBI_MMA"]
+    gluon_launch.gluon_forward(q, q, q, causal=True, variant=VARIANT, alibi_slopes=torch.ones(4), softcap=30.0)
+    grid, kwargs = seen.pop()
+    assert grid == (8, 4) and kwargs["CONSUMERS"] == 2 and kwargs["HAS_ALIBI"] and not kwargs.get("ALIBI_MMA")
     gluon_launch.gluon_forward(q, q, q, variant=VARIANT, softcap=30.0, sink=torch.zeros(4), window_size=(256, 0))
     grid, kwargs = seen.pop()
     assert grid == (6, 4) and kwargs["CONSUMERS"] == 3 and kwargs["SOFTCAP"] and kwargs["HAS_SINK"]
@@ -214,7 +220,8 @@ def test_persistent_matches_reference(monkeypatch, shape, causal, variant, max_c
 
 
 # (id, causal, window_size, softcap, alibi: None / "h" / "bh", sink, bias): the score features the three
-# consumers share with the default (a bias or ALiBi runs the default config: gluon_launch.takes_config).
+# consumers share with the default (a bias or ALiBi with softcap runs the default config: gluon_launch.takes_config;
+# ALiBi without softcap runs three consumers, its columns by the wgmma, since session 32).
 FEATURES = [
     ("softcap-causal", True, (-1, -1), 30.0, None, False, False),
     ("alibi-bh", False, (-1, -1), 0.0, "bh", False, False),

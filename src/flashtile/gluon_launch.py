@@ -161,13 +161,15 @@ VARIANTS = {
     # Issue 4 at D64 (0.84-0.97x cuDNN): FA3's hdim-64 tile, three consumer warpgroups (BLOCK_M 192) taking turns
     # round a ring, so a warpgroup's softmax (66 MUFU.EX2 per thread and key block: 528 clocks of the MUFU pipe)
     # hides behind two warpgroups' GEMMs (2 x 512 clocks) instead of one. Shared memory: Q 3 x 8 KB + 3 K / V
-    # stages of 2 x 16 KB = 120 KB. Softcap, sinks, windows and varlen run in it; a bias (a [192, 128] box ring would
-    # not fit) and ALiBi (ptxas spills at 160 registers) run the default config (takes_config).
+    # stages of 2 x 16 KB = 120 KB. Softcap, sinks, windows, varlen and ALiBi (its columns by the wgmma: in
+    # registers ptxas spilled at 160) run in it; a bias (a [192, 128] box ring would not fit), dropout and ALiBi with
+    # softcap run the default config (takes_config).
     # Registers: the two worker consumers get 160 (the default partition 168); P by pairs (p_cvt_asm) made ptxas
     # spill in their full-block loop (12 LDL + 10 STL per block), so P is rounded per element (+28 instructions).
     # Lazy rescale since session 30 (below).
+    # ALiBi's columns by the wgmma since session 32 (alibi_mma, below): ALiBi runs three consumers too.
     "d64-3wg": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128, tree_max=True,
-                                lazy_rescale=True)},
+                                lazy_rescale=True, alibi_mma=True)},
     # The same three consumers in the persistent grid (session 26): 192-row tiles, O by TMA stores (3 x 8 KB more
     # shared memory). Plain D64 rows of 1025-16384 keys take its "-q2-lr" twin (configs.GLUON_FWD_PERSISTENT); causal
     # measured slower.
@@ -229,10 +231,11 @@ VARIANTS.update({**grid_order_variants(VARIANTS["default"]), **persistent_order_
 # 2.236 / 2.212, causal softcap 1.760 / 1.764 -> 1.746 / 1.747, window + softcap 1.765 / 1.762 -> 1.788 / 1.780; D128
 # two consumers slower (softcap 2.175 / 2.180 -> 2.216 / 2.233, ALiBi 1.903 / 1.846 -> 1.918 / 1.953, bias 2.382 / 2.464
 # -> 2.554 / 2.486), as in the persistent kernel.
-# Three consumers with ALiBi by the wgmma (session 31, offline only: no spills at D64 with ALiBi, windows and sinks,
-# dense and varlen, but 8 B with varlen + window + sink; not measured yet): d64-3wg serves D64's long rows and their
-# features, while ALiBi still falls back to the two-consumer default (takes_config).
-VARIANTS["d64-3wg-am"] = {64: replace(VARIANTS["d64-3wg"][64], alibi_mma=True)}
+# Three consumers with ALiBi by the wgmma (built in session 31 as "d64-3wg-am": no spills at D64 with ALiBi, windows
+# and sinks, dense and varlen, but 8 B with varlen + window + sink). Until then d64-3wg's ALiBi calls fell back to the
+# two-consumer default (takes_config). Session 32, call 1 (h200-2026-12-02-s32), ms at D64 8K (B2, H32), two passes in
+# swapped order, default fallback -> three consumers: ALiBi 2.625 / 2.644 -> 2.435 / 2.403, causal ALiBi 1.401 / 1.408
+# -> 1.383 / 1.386; d64-3wg took alibi_mma then.
 VARIANTS.update({f"{name}-lr": {d: replace(c, lazy_rescale=True) for d, c in VARIANTS[name].items()}
                  for name in ("persistent", "persistent-sched4", "persistent-tma-q2", "persistent-tma-q2-de",
                               "persistent-tma-q2-de-lpt8", "persistent-tma-q2-de-sched4", "persistent-tma-sched4",
