@@ -270,8 +270,8 @@ FEATURE_CASES = {
 BACKWARD_FEATURES = dict(window=(256, 0), softcap=30.0, alibi="h", sink=True)
 # A variant with another tile height (GluonConfig.consumers != 2: BLOCK_M 192) changes the grid, the causal block
 # ranges, the tails and the varlen early exit, so it runs every CASE (not the short list), these score features
-# (its consumers share the default's score code) and VARLEN_CASES at its head dims; the ALiBi and bias cases are
-# served by the default config (gluon_launch.takes_config).
+# (its consumers share the default's score code) and VARLEN_CASES at its head dims; the bias cases and ALiBi with
+# softcap are served by the default config (gluon_launch.takes_config).
 TILE_FEATURE_CASES = [
     (C1000, False, dict(softcap=30.0)),
     (C1000, True, dict(softcap=30.0)),

@@ -270,9 +270,9 @@ def gluon_bwd_variant(head_dim, causal, plain):
 def gluon_fwd_variant(head_dim, causal, seqlen_k, plain=False):
     """The gluon_launch.VARIANTS entry for a forward the Gluon kernel serves: GLUON_FWD_PERSISTENT for short rows of
     plain dense calls (plain as for gluon_fwd_wanted: the calls the persistent kernel takes), GLUON_FWD_LONG for long
-    ones, else "default". GLUON_FWD_LONG's features (windows, softcap, sinks) and varlen calls run the one-tile
-    kernel with its tiles (gluon_launch.takes_config gives a bias or ALiBi the default's tiles where a variant cannot
-    serve them)."""
+    ones, else "default". GLUON_FWD_LONG's features (windows, softcap, sinks, ALiBi without softcap) and varlen calls
+    run the one-tile kernel with its tiles (gluon_launch.takes_config gives a bias, dropout or ALiBi with softcap the
+    default's tiles where a variant cannot serve them)."""
     for variant, least, most in GLUON_FWD_PERSISTENT.get((head_dim, causal), ()) if plain else ():
         if least <= seqlen_k <= most:
             return variant

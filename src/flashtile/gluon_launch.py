@@ -631,7 +631,7 @@ def takes_config(variant, head_dim, attn_bias=None, alibi_slopes=None, dropout_p
     """VARIANTS[variant][head_dim], or the default's config where that one cannot serve the call: a
     three-consumer config (192-row tiles, 160 registers per consumer thread) with an attn_bias (the bias ring's
     [BLOCK_M, BLOCK_N] boxes are sized for 128 rows) or ALiBi slopes (the key loop's per-column ALiBi term, 32
-    more live registers, made ptxas spill 296-608 B: tests/gluon_compile_check.py --variant d64-3wg; not where the
+    more live registers, made ptxas spill 296-608 B in d64-3wg before it took alibi_mma in session 32; not where the
     config's alibi_mma takes that term into a wgmma: no softcap) or dropout (its draws take 32 more)."""
     config = VARIANTS[variant][head_dim]
     alibi_spills = alibi_slopes is not None and not alibi_by_mma(config, alibi_slopes, softcap, attn_bias)
