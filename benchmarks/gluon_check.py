@@ -45,13 +45,15 @@ killing the child frees the GPU and the run goes on to report it):
            causal+alibi / causal+bias: to the causal one), per unit of work for windows; cuDNN plain and causal for
            scale. With
            --feature-variants V1,V2 instead: plain, causal, softcap, causal softcap, bias, causal bias, ALiBi, causal
-           ALiBi, sink and a 4096-key window with softcap with each of them in the listed order, as ratios to the
-           first one's plain / causal time, at --feature-dims (default 128,64,256; 8K tokens, hidden 2048) (the
-           correct phase checks them too).
+           ALiBi, sink and a 4096-key window with softcap with each of them, row by row, the variants in turn and
+           in reversed order the second round (the mean of two rounds), as ratios to the first one's plain / causal
+           time, at --feature-dims (default 128,64,256; 8K tokens, hidden 2048) (the correct phase checks them too).
 Every line starts with PASS / FAIL / SKIP / ERROR / TIME / INFO so the log greps well.
 """
 import argparse
+import functools
 import os
+import statistics
 import sys
 import time
 
@@ -739,34 +741,50 @@ def phase_bench_features(feature_variants=(), head_dims=(128, 64, 256)):
             f"{'  OVER 1.10' if rel / work > 1.10 else ''}")
 
 
-def variant_feature_times(q, k, v, scale, feature_variants):
+VARIANT_FEATURE_ROWS = (("plain", False, {}), ("causal", True, {}), ("softcap30", False, dict(softcap=30.0)),
+                        ("causal+softcap30", True, dict(softcap=30.0)), ("bias", False, dict(bias=("h", "bf16"))),
+                        ("causal+bias", True, dict(bias=("h", "bf16"))), ("alibi", False, dict(alibi="h")),
+                        ("causal+alibi", True, dict(alibi="h")), ("sink", False, dict(sink=True)),
+                        ("win4096+softcap30", False, dict(window=(4096, 0), softcap=30.0)))
+
+
+def variant_feature_times(q, k, v, scale, feature_variants, rounds=2):
     """Plain / causal / softcap 30 / causal softcap 30 / bias (1, H, S, S) bf16 / causal bias / ALiBi / causal ALiBi /
     sink / a 4096-key window with softcap 30 (Gemma 2's local layers) with each variant that has a config at q's head
-    dim, in the order given, as ratios to the first one's plain or causal time: what a variant does to the feature
-    costs (a second pass can list them in the other order)."""
+    dim, as ratios to the first one's plain or causal time: what a variant does to the feature costs.
+    Each row is timed with every variant in turn, `rounds` times, the order reversed every other round (A B, B A, ...),
+    and the rounds' mean reported: the clocks drift over a run (the 700 W cap), and when each variant ran all its rows
+    after the other, the second-timed one ran 5-18 % slower or faster than like against like (sessions 31 and 32)."""
     batch, _, heads, head_dim = q.shape
-    base = {}
     names = [v_ for v_ in feature_variants if head_dim in gluon_launch.VARIANTS[v_]]
+    times = {}  # (variant, row name) -> [ms per round]
+    for name, causal, spec in VARIANT_FEATURE_ROWS:
+        feats = feature_args(spec, batch, heads, q.shape[1], k.shape[1])
+        failed = set()
+        for round_ in range(rounds):
+            for variant in names if round_ % 2 == 0 else names[::-1]:
+                if variant in failed:
+                    continue
+                try:
+                    ms = _ms(functools.partial(gluon_launch.gluon_forward, q, k, v, scale, causal, variant=variant,
+                                               **feats))
+                except Exception as exc:  # noqa: BLE001
+                    say(f"ERROR time feat {name} [{variant}]: {type(exc).__name__}: {exc}")
+                    failed.add(variant)
+                    continue
+                times.setdefault((variant, name), []).append(ms)
+    base = {causal: statistics.mean(times[(names[0], name)]) for name, causal, spec in VARIANT_FEATURE_ROWS[:2]
+            if (names[0], name) in times}
     for variant in names:
-        for name, causal, spec in (("plain", False, {}), ("causal", True, {}), ("softcap30", False, dict(softcap=30.0)),
-                                   ("causal+softcap30", True, dict(softcap=30.0)),
-                                   ("bias", False, dict(bias=("h", "bf16"))),
-                                   ("causal+bias", True, dict(bias=("h", "bf16"))),
-                                   ("alibi", False, dict(alibi="h")), ("causal+alibi", True, dict(alibi="h")),
-                                   ("sink", False, dict(sink=True)),
-                                   ("win4096+softcap30", False, dict(window=(4096, 0), softcap=30.0))):
-            feats = feature_args(spec, batch, heads, q.shape[1], k.shape[1])
-            try:
-                ms = _ms(lambda: gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant, **feats))
-            except Exception as exc:  # noqa: BLE001
-                say(f"ERROR time feat {name} [{variant}]: {type(exc).__name__}: {exc}")
+        for name, causal, _ in VARIANT_FEATURE_ROWS:
+            if (variant, name) not in times:
                 continue
-            if variant == names[0] and not spec:
-                base[causal] = ms
+            ms = statistics.mean(times[(variant, name)])
             ref = base.get(causal)
+            each = " / ".join(f"{t:.3f}" for t in times[(variant, name)])
             say(f"TIME feat-variant d{head_dim} S{q.shape[1]} B{batch} H{heads} {name:<17} [{variant:<20}] "
                 f"{ms:8.3f} ms  / {names[0]} {'causal' if causal else 'plain '} "
-                f"{ms / ref if ref else float('nan'):.3f}x")
+                f"{ms / ref if ref else float('nan'):.3f}x  (rounds {each})")
 
 
 def _phase_of(group, phase):
