@@ -334,6 +334,59 @@ def _check_variant_forward(q, k, v, causal, variant, feats, dropout_p=0.0, softm
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
+# The softmax's row sums by a wgmma (GluonConfig.rowsum_mma, session 32, built offline): P @ ones adds each block's
+# sum in the step after it, so block 0's comes with block 1's step (or the last P V when there is one block), the
+# sink's term starts the sum, and rows that see no key keep 0. Every score path of _kv_step, the lazy rescale, fp16,
+# varlen; dropout and a bias keep the FADD sums (ROWSUM_MMA off).
+ROWSUM_MMA_CASES = [
+    ("q1000-k1000", False, 1000, 1000, dict()),
+    ("q1000-k1000-causal", True, 1000, 1000, dict()),
+    ("q300-k1000-causal", True, 300, 1000, dict()),
+    ("q1000-k300", False, 1000, 300, dict()),
+    ("one-block", False, 100, 100, dict()),
+    ("growing-keys-softcap", False, 1000, 1000, dict(growing=True, softcap=30.0)),
+    ("alibi-bh-causal", True, 1000, 1000, dict(alibi=True)),
+    ("window-sink", False, 1000, 1000, dict(window_size=(300, 100), sink=True)),
+    ("window-softcap-alibi-sink", False, 1000, 1000, dict(window_size=(200, 100), softcap=30.0, alibi=True,
+                                                          sink=True)),
+    ("fp16-causal", True, 1000, 1000, dict(dtype=torch.float16)),
+    ("varlen-causal", True, 1000, 1000, dict(varlen=True)),
+    ("varlen-window-sink", False, 1000, 1000, dict(varlen=True, window_size=(300, 100), sink=True)),
+    ("dropout", False, 1000, 1000, dict(dropout_p=0.2)),
+    ("bias-causal", True, 1000, 1000, dict(bias=True)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("case", ROWSUM_MMA_CASES, ids=[c[0] for c in ROWSUM_MMA_CASES])
+@pytest.mark.parametrize("variant,head_dim", [("default-rs", 64), ("default-rs", 128), ("default-rs", 256),
+                                              ("d64-3wg-rs", 64)], ids=["d64", "d128", "d256", "d64-3wg"])
+def test_rowsum_by_mma_matches_reference(variant, head_dim, case, monkeypatch):
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    _, causal, seqlen_q, seqlen_k, spec = case
+    batch, heads_q, heads_kv = 2, 4, 2
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, spec.get("dtype", torch.bfloat16),
+                       "cuda", requires_grad=False)
+    if spec.get("growing"):
+        k = k * (1 + torch.arange(seqlen_k, device="cuda") / 32).to(k.dtype)[None, :, None, None]
+    feats = dict(softcap=spec.get("softcap", 0.0), window_size=spec.get("window_size", (-1, -1)),
+                 sink=torch.randn(heads_q, device="cuda") if spec.get("sink") else None,
+                 alibi_slopes=alibi_slopes(heads_q, None if spec.get("varlen") else batch) if spec.get("alibi")
+                 else None)
+    if spec.get("bias"):
+        feats["attn_bias"] = torch.randn(1, heads_q, seqlen_q, seqlen_k, device="cuda", dtype=torch.bfloat16)
+    compiled = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "ROWSUM_MMA")
+    if spec.get("varlen"):
+        _check_variant_varlen(q, k, v, causal, variant, **feats)
+    else:
+        _check_variant_forward(q, k, v, causal, variant, feats, spec.get("dropout_p", 0.0))
+    config = gluon_launch.takes_config(variant, head_dim, feats.get("attn_bias"), feats["alibi_slopes"],
+                                       spec.get("dropout_p", 0.0), feats["softcap"])
+    expected = config.rowsum_mma and not (spec.get("dropout_p") or spec.get("bias"))
+    assert compiled == [expected]
+
+
 # ALiBi's one-sided key blocks by one more wgmma (GluonConfig.alibi_mma, session 31; d64-3wg's three consumers since
 # session 32): rows on both sides of their diagonal (q == k, q < k, q > k, bottom-right aligned), slopes (H,)
 # and (B, H), large slopes (x 16: the bf16 split of slope / scale must carry its low bits), a scale that is not a power
@@ -854,6 +907,24 @@ def test_persistent_launch_takes_causal_from_the_window(monkeypatch, variant):
         seen.clear()
         gluon_launch.gluon_forward(q, q, q, causal=causal, variant=variant, window_size=window)
         assert seen["IS_CAUSAL"] == expect, (window, causal)
+
+
+@pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
+def test_rowsum_mma_launch_args():
+    """ROWSUM_MMA is compiled with the config's rowsum_mma, but not with dropout (l counts the dropped entries) or a
+    bias; without rowsum_mma the constexprs stay those of the kernel before it."""
+    q = torch.empty(1, 256, 2, 128, dtype=torch.bfloat16)
+    out, lse, rng = torch.empty_like(q), torch.empty(1, 2, 256), torch.zeros(1, dtype=torch.int64)
+
+    def constexprs(variant, **kwargs):
+        return gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.125, False, gluon_launch.VARIANTS[variant][128],
+                                              **kwargs)[2]
+
+    assert constexprs("default-rs")["ROWSUM_MMA"] and constexprs("default-rs", softcap=30.0)["ROWSUM_MMA"]
+    assert {**constexprs("default"), "ROWSUM_MMA": True} == constexprs("default-rs")
+    assert "ROWSUM_MMA" not in constexprs("default-rs", dropout_p=0.1, rng=rng)
+    bias = torch.zeros(1, 2, 256, 256, dtype=torch.bfloat16)
+    assert "ROWSUM_MMA" not in constexprs("default-rs", attn_bias=bias)
 
 
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper_persistent is None, reason="no Gluon in this triton")
