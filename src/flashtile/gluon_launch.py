@@ -99,8 +99,9 @@ class GluonConfig:
     alibi_mma: bool = False  # one-tile kernel, ALiBi without softcap or a bias at BLOCK_N 128: the one-sided key
     # blocks' ALiBi columns by one more wgmma (k = 16) instead of an FADD per score (gluon_fwd._alibi_mma_operands);
     # with three consumers it lets them take ALiBi (takes_config)
-    rowsum_mma: bool = False  # one-tile kernel, launches without dropout or a bias: the softmax's row sums by one
-    # more wgmma per key block, P @ ones (m64 n8), instead of FADDs and shuffles (gluon_fwd._kv_step)
+    rowsum_mma: bool = False  # one-tile kernel, launches without dropout, a bias or a block mask: the softmax's row
+    # sums by one more wgmma per key block, P @ ones (m64 n8), instead of FADDs and shuffles (gluon_fwd._kv_step); the
+    # sum is then of the 16-bit P, so lse is within log(1 + 2^-8) (bf16) of the fp32 sum's, not ~1e-6
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.schedule):
@@ -112,6 +113,8 @@ class GluonConfig:
             raise ValueError(f"GluonConfig: q_buffers must be 1, or 2 with persistent (got {self.q_buffers})")
         if self.defer_epilogue and not self.persistent:
             raise ValueError("GluonConfig: defer_epilogue reorders the persistent kernel's tiles (persistent=False)")
+        if self.rowsum_mma and self.persistent:
+            raise ValueError("GluonConfig: rowsum_mma is the one-tile kernel's (persistent=True)")
 
     @property
     def block_m(self):
@@ -544,7 +547,7 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
         constexprs.update(LAZY_RESCALE=True)
     if alibi_mma:
         constexprs.update(ALIBI_MMA=True)
-    if config.rowsum_mma and not dropout_p and attn_bias is None:
+    if config.rowsum_mma and not dropout_p and attn_bias is None and mods is None:
         constexprs.update(ROWSUM_MMA=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)  # only then: other launches keep their kernels
