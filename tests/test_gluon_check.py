@@ -14,22 +14,29 @@ def gluon_check(monkeypatch):
     return gluon_check
 
 
+def _run(gluon_check, monkeypatch, fake_ms):
+    """variant_feature_times of "default" and "default-lr" with fake_ms as the timer and no feature arguments: the
+    lines it says and the rows it times."""
+    lines = []
+    monkeypatch.setattr(gluon_check, "_ms", fake_ms)
+    monkeypatch.setattr(gluon_check, "feature_args", lambda spec, *args: {})
+    monkeypatch.setattr(gluon_check, "say", lines.append)
+    q = torch.empty(2, 256, 4, 64)
+    gluon_check.variant_feature_times(q, q, q, 0.125, ["default", "default-lr"])
+    return lines, gluon_check.VARIANT_FEATURE_ROWS
+
+
 def test_variant_feature_times_interleaves_the_variants(gluon_check, monkeypatch):
     """Every row is timed with each variant in turn, the order reversed in the second round, and each variant's mean
     over the rounds is reported against the first variant's plain / causal mean."""
-    order, lines = [], []
+    order = []
     clock = iter(range(1, 1000))  # a drifting clock: each timing takes longer than the one before
 
     def fake_ms(fn):
         order.append((fn.args[4], fn.keywords["variant"]))
         return float(next(clock))
 
-    monkeypatch.setattr(gluon_check, "_ms", fake_ms)
-    monkeypatch.setattr(gluon_check, "feature_args", lambda spec, *args: {})
-    monkeypatch.setattr(gluon_check, "say", lines.append)
-    q = torch.empty(2, 256, 4, 64)
-    gluon_check.variant_feature_times(q, q, q, 0.125, ["default", "default-lr"])
-    rows = gluon_check.VARIANT_FEATURE_ROWS
+    lines, rows = _run(gluon_check, monkeypatch, fake_ms)
     assert order[:4] == [(False, "default"), (False, "default-lr"), (False, "default-lr"), (False, "default")]
     assert len(order) == 4 * len(rows)
     # A linear drift lands on both variants alike: the same mean for each row (plain: (1 + 4) / 2 = (2 + 3) / 2).
@@ -41,18 +48,11 @@ def test_variant_feature_times_interleaves_the_variants(gluon_check, monkeypatch
 
 
 def test_variant_feature_times_reports_a_failing_variant_once(gluon_check, monkeypatch):
-    lines = []
-
     def fake_ms(fn):
         if fn.keywords["variant"] == "default-lr":
             raise RuntimeError("no kernel")
         return 1.0
 
-    monkeypatch.setattr(gluon_check, "_ms", fake_ms)
-    monkeypatch.setattr(gluon_check, "feature_args", lambda spec, *args: {})
-    monkeypatch.setattr(gluon_check, "say", lines.append)
-    q = torch.empty(2, 256, 4, 64)
-    gluon_check.variant_feature_times(q, q, q, 0.125, ["default", "default-lr"])
-    rows = gluon_check.VARIANT_FEATURE_ROWS
+    lines, rows = _run(gluon_check, monkeypatch, fake_ms)
     assert sum(line.startswith("ERROR") for line in lines) == len(rows)  # one per row, not one per round
     assert sum(line.startswith("TIME") for line in lines) == len(rows)
