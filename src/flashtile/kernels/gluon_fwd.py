@@ -867,8 +867,8 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     (_consumer_partition); gluon_launch_args sets it where configs.GLUON_FWD_SMEM_EPILOGUE says.
     ALIBI_MMA (HAS_ALIBI without SOFTCAP or HAS_BIAS, BLOCK_N 128): the one-sided key blocks' ALiBi columns by one
     more wgmma (_kv_step), from CONSUMERS x (4 KB + 2 x 2 KB) of shared memory.
-    ROWSUM_MMA (no dropout or bias): the softmax's row sums by one more wgmma per key block, P @ ones (m64 n8), from
-    CONSUMERS x 2 KB of shared memory (_kv_step)."""
+    ROWSUM_MMA (no dropout or bias; gluon_launch leaves block masks out too, untested there): the softmax's row sums
+    by one more wgmma per key block, P @ ones (m64 n8), from CONSUMERS x 2 KB of shared memory (_kv_step)."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not HAS_BIAS and not BLOCK_SPARSE),
                      "CONSUMERS: 2, or 3 without a bias or a block mask")
     gl.static_assert(CONSUMERS == 2 or not HAS_DROPOUT, "HAS_DROPOUT: two consumers")
