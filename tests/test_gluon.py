@@ -304,16 +304,18 @@ def test_lazy_rescale_one_tile_matches_reference(variant, head_dim, case, scores
     _check_variant_forward(q, k, v, causal, variant, feats, spec.get("dropout_p", 0.0))
 
 
-def _check_variant_varlen(q, k, v, causal, variant, **feats):
-    """The batch of 2 x 1000 tokens packed as sequences of 300, 700 and 1000 through gluon_forward(variant) with feats
-    (ones that hold for every sequence), each sequence against the float64 reference run alone."""
-    cu = torch.tensor([0, 300, 1000, 2000], dtype=torch.int32, device="cuda")
+def _check_variant_varlen(q, k, v, causal, variant, lens_k=(300, 700, 1000), **feats):
+    """The batch of 2 x 1000 tokens packed as sequences of 300, 700 and 1000 queries (and lens_k keys, 2000 in all)
+    through gluon_forward(variant) with feats (ones that hold for every sequence), each sequence against the float64
+    reference run alone."""
+    lens_q = [300, 700, 1000]
+    cu_q, cu_k = (torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+                  for lens in (lens_q, list(lens_k)))
     qv, kv, vv = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v))
-    lens = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1000, max_seqlen_k=1000)
+    lens = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1000, max_seqlen_k=max(lens_k))
     assert gluon_launch.gluon_supported(qv, kv, vv, causal=causal, **feats, **lens)
     out, lse = gluon_launch.gluon_forward(qv, kv, vv, causal=causal, variant=variant, **feats, **lens)
-    assert_varlen_matches_each_sequence(out, lse, qv, kv, vv, [300, 700, 1000], [300, 700, 1000], cu, cu, causal,
-                                        **feats)
+    assert_varlen_matches_each_sequence(out, lse, qv, kv, vv, lens_q, list(lens_k), cu_q, cu_k, causal, **feats)
 
 
 def _check_variant_forward(q, k, v, causal, variant, feats, dropout_p=0.0, softmax_scale=None):
@@ -353,6 +355,8 @@ ROWSUM_MMA_CASES = [
     ("fp16-causal", True, 1000, 1000, dict(dtype=torch.float16)),
     ("varlen-causal", True, 1000, 1000, dict(varlen=True)),
     ("varlen-window-sink", False, 1000, 1000, dict(varlen=True, window_size=(300, 100), sink=True)),
+    # the first sequence's 300 queries see 100 keys under the causal mask: 200 rows without any key (l stays 0)
+    ("varlen-rows-without-keys", True, 1000, 1000, dict(varlen=True, lens_k=(100, 900, 1000))),
     ("dropout", False, 1000, 1000, dict(dropout_p=0.2)),
     ("bias-causal", True, 1000, 1000, dict(bias=True)),
 ]
@@ -379,7 +383,7 @@ def test_rowsum_by_mma_matches_reference(variant, head_dim, case, monkeypatch):
         feats["attn_bias"] = torch.randn(1, heads_q, seqlen_q, seqlen_k, device="cuda", dtype=torch.bfloat16)
     compiled = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "ROWSUM_MMA")
     if spec.get("varlen"):
-        _check_variant_varlen(q, k, v, causal, variant, **feats)
+        _check_variant_varlen(q, k, v, causal, variant, spec.get("lens_k", (300, 700, 1000)), **feats)
     else:
         _check_variant_forward(q, k, v, causal, variant, feats, spec.get("dropout_p", 0.0))
     config = gluon_launch.takes_config(variant, head_dim, feats.get("attn_bias"), feats["alibi_slopes"],
