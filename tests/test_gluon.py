@@ -140,7 +140,7 @@ def test_lazy_rescale_matches_reference(variant, causal, shape, scores, monkeypa
         q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda",
                            requires_grad=False)
         if scores == "growing":
-            k = k * (1 + torch.arange(seqlen_k, device="cuda") / 32).to(k.dtype)[None, :, None, None]
+            k = _growing_keys(k)
         elif scores == "spikes":
             k[:, 500] *= 30
             k[-1, 900, 0] *= 60
@@ -284,15 +284,11 @@ def test_lazy_rescale_one_tile_matches_reference(variant, head_dim, case, scores
     dtype = spec.get("dtype", torch.bfloat16)
     q, k, v = make_qkv(batch, seqlen, seqlen, heads_q, heads_kv, head_dim, dtype, "cuda", requires_grad=False)
     if scores == "growing":
-        k = k * (1 + torch.arange(seqlen, device="cuda") / 32).to(k.dtype)[None, :, None, None]
+        k = _growing_keys(k)
     else:
         k[:, 500] *= 30
         k[-1, 900, 0] *= 60
-    feats = dict(window_size=spec.get("window_size", (-1, -1)), softcap=spec.get("softcap", 0.0),
-                 sink=torch.randn(heads_q, device="cuda") if spec.get("sink") else None,
-                 alibi_slopes=alibi_slopes(heads_q, batch) if spec.get("alibi") else None)
-    if spec.get("bias"):
-        feats["attn_bias"] = torch.randn(1, heads_q, seqlen, seqlen, device="cuda", dtype=torch.bfloat16)
+    feats = _spec_feats(spec, batch, heads_q, seqlen, seqlen)
     config = gluon_launch.takes_config(variant, head_dim, feats.get("attn_bias"), feats["alibi_slopes"],
                                        spec.get("dropout_p", 0.0), feats["softcap"])
     if gluon_launch.VARIANTS[variant][head_dim].consumers == 3 and config.consumers == 2:
@@ -302,6 +298,23 @@ def test_lazy_rescale_one_tile_matches_reference(variant, head_dim, case, scores
         _check_variant_varlen(q, k, v, causal, variant)
         return
     _check_variant_forward(q, k, v, causal, variant, feats, spec.get("dropout_p", 0.0))
+
+
+def _growing_keys(k):
+    """k scaled up along the sequence (x 1 + position / 32): most rows' max moves in most key blocks."""
+    return k * (1 + torch.arange(k.shape[1], device=k.device) / 32).to(k.dtype)[None, :, None, None]
+
+
+def _spec_feats(spec, batch, heads_q, seqlen_q, seqlen_k):
+    """gluon_forward keywords of a test case's spec: window_size, softcap, sink (N(0, 1) logits), ALiBi slopes ((B, H),
+    or (H,) under varlen, whose sequences share them) and bias (a (1, H, Sq, Sk) bf16 N(0, 1) bias)."""
+    feats = dict(window_size=spec.get("window_size", (-1, -1)), softcap=spec.get("softcap", 0.0),
+                 sink=torch.randn(heads_q, device="cuda") if spec.get("sink") else None,
+                 alibi_slopes=alibi_slopes(heads_q, None if spec.get("varlen") else batch) if spec.get("alibi")
+                 else None)
+    if spec.get("bias"):
+        feats["attn_bias"] = torch.randn(1, heads_q, seqlen_q, seqlen_k, device="cuda", dtype=torch.bfloat16)
+    return feats
 
 
 def _check_variant_varlen(q, k, v, causal, variant, lens_k=(300, 700, 1000), **feats):
@@ -374,13 +387,8 @@ def test_rowsum_by_mma_matches_reference(variant, head_dim, case, monkeypatch):
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, spec.get("dtype", torch.bfloat16),
                        "cuda", requires_grad=False)
     if spec.get("growing"):
-        k = k * (1 + torch.arange(seqlen_k, device="cuda") / 32).to(k.dtype)[None, :, None, None]
-    feats = dict(softcap=spec.get("softcap", 0.0), window_size=spec.get("window_size", (-1, -1)),
-                 sink=torch.randn(heads_q, device="cuda") if spec.get("sink") else None,
-                 alibi_slopes=alibi_slopes(heads_q, None if spec.get("varlen") else batch) if spec.get("alibi")
-                 else None)
-    if spec.get("bias"):
-        feats["attn_bias"] = torch.randn(1, heads_q, seqlen_q, seqlen_k, device="cuda", dtype=torch.bfloat16)
+        k = _growing_keys(k)
+    feats = _spec_feats(spec, batch, heads_q, seqlen_q, seqlen_k)
     compiled = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "ROWSUM_MMA")
     if spec.get("varlen"):
         _check_variant_varlen(q, k, v, causal, variant, spec.get("lens_k", (300, 700, 1000)), **feats)
