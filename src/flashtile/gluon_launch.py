@@ -99,9 +99,6 @@ class GluonConfig:
     alibi_mma: bool = False  # one-tile kernel, ALiBi without softcap or a bias at BLOCK_N 128: the one-sided key
     # blocks' ALiBi columns by one more wgmma (k = 16) instead of an FADD per score (gluon_fwd._alibi_mma_operands);
     # with three consumers it lets them take ALiBi (takes_config)
-    rowsum_mma: bool = False  # one-tile kernel, launches without dropout, a bias or a block mask: the softmax's row
-    # sums by one more wgmma per key block, P @ ones (m64 n8), instead of FADDs and shuffles (gluon_fwd._kv_step); the
-    # sum is then of the 16-bit P, so lse is within log(1 + 2^-8) (bf16) of the fp32 sum's, not ~1e-6
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.schedule):
@@ -113,8 +110,6 @@ class GluonConfig:
             raise ValueError(f"GluonConfig: q_buffers must be 1, or 2 with persistent (got {self.q_buffers})")
         if self.defer_epilogue and not self.persistent:
             raise ValueError("GluonConfig: defer_epilogue reorders the persistent kernel's tiles (persistent=False)")
-        if self.rowsum_mma and self.persistent:
-            raise ValueError("GluonConfig: rowsum_mma is the one-tile kernel's (persistent=True)")
 
     @property
     def block_m(self):
@@ -241,9 +236,6 @@ VARIANTS.update({**grid_order_variants(VARIANTS["default"]), **persistent_order_
 # two-consumer default (takes_config). Session 32, call 1 (h200-2026-12-02-s32), ms at D64 8K (B2, H32), two passes in
 # swapped order, default fallback -> three consumers: ALiBi 2.625 / 2.644 -> 2.435 / 2.403, causal ALiBi 1.401 / 1.408
 # -> 1.383 / 1.386; d64-3wg took alibi_mma then.
-# The row sums by a wgmma (session 32, built offline, not yet run on a GPU): "-rs" twins of the one-tile kernels.
-VARIANTS.update({f"{name}-rs": {d: replace(c, rowsum_mma=True) for d, c in VARIANTS[name].items()}
-                 for name in ("default", "d64-3wg")})
 VARIANTS.update({f"{name}-lr": {d: replace(c, lazy_rescale=True) for d, c in VARIANTS[name].items()}
                  for name in ("persistent", "persistent-sched4", "persistent-tma-q2", "persistent-tma-q2-de",
                               "persistent-tma-q2-de-lpt8", "persistent-tma-q2-de-sched4", "persistent-tma-sched4",
@@ -547,8 +539,6 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
         constexprs.update(LAZY_RESCALE=True)
     if alibi_mma:
         constexprs.update(ALIBI_MMA=True)
-    if config.rowsum_mma and not dropout_p and attn_bias is None and mods is None:
-        constexprs.update(ROWSUM_MMA=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)  # only then: other launches keep their kernels
     if mods is not None:

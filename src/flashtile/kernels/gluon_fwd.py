@@ -277,25 +277,6 @@ def _alibi_mma_operands(alibi_q, alibi_k, a, WG: gl.constexpr, BLOCK_N: gl.const
 
 
 @gluon.jit
-def _rowsum_ones(ones, WG: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Warpgroup WG's operand of ROWSUM_MMA's wgmma: ones[WG] [8, BLOCK_N] of 1.0 (used transposed, K-major, as
-    the B of P [WG_M, BLOCK_N] @ ones^T [BLOCK_N, 8]: each of the 8 columns is P's row sum). Written once by the
-    warpgroup's 128 threads, fenced for the async proxy."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # [8, BLOCK_N]: 8 values per thread
-    ones.index(WG).store(gl.full([8, BLOCK_N], 1.0, ones.dtype, layout))
-    fence_async_shared()  # the generic-proxy stores before the async-proxy (wgmma) reads
-    gl.thread_barrier()  # all 128 threads stored before the warpgroup's wgmmas read
-
-
-@gluon.jit
-def _rowsum_init(l_init):
-    """ROWSUM_MMA's running denominator: the [WG_M, 8] wgmma accumulator that P @ ones^T adds to (every column the
-    same sum), from l_init ([WG_M], the rows' sum so far)."""
-    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
-    return gl.convert_layout(l_init, gl.SliceLayout(1, l_layout))[:, None] + gl.zeros([WG_M, 8], gl.float32, l_layout)
-
-
-@gluon.jit
 def _row_max(s, TREE_MAX: gl.constexpr):
     """Row max of a [WG_M, N] score tile. Triton reduces a thread's N / 4 scores of a row as one dependent chain
     of FMNMX (32 at N = 128, ~4 clocks each, before the shuffles and every exp2 of the row can start); TREE_MAX
@@ -379,8 +360,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
              MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
              CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
              drop_seed=0, drop_rows=0, drop_thr=0, HAS_DROPOUT: gl.constexpr = False,
-             LAZY_RESCALE: gl.constexpr = False, alibi_q=None, alibi_k=None, ALIBI_MMA: gl.constexpr = False,
-             ones=None, ROWSUM_MMA: gl.constexpr = False):
+             LAZY_RESCALE: gl.constexpr = False, alibi_q=None, alibi_k=None, ALIBI_MMA: gl.constexpr = False):
     """Key block j >= 1 (keys key_lo + j * BLOCK_N + [0, BLOCK_N)): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1},
     softmax S_j while the PV runs, then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i,
     p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it. P_CVT_ASM: see _to_p. TREE_MAX: see
@@ -398,10 +378,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     gl.maximum would.
     ALIBI_MMA (with ALIBI_SIDE, no softcap or bias): the column term ALIBI_SIDE * alibi_cols comes from one more
     wgmma (k = 16) into S, alibi_q [WG_M, 16] times alibi_k^T ([BLOCK_N, 16], _alibi_mma_operands), so the softmax
-    takes plain's one FFMA per score instead of an FFMA and an FADD.
-    ROWSUM_MMA (no dropout: l counts the dropped entries): l_i is _rowsum_init's [WG_M, 8] accumulator, and the row
-    sums come from one more wgmma, P_{j-1} @ ones^T (m64 n8), issued between S_j and the P V, instead of a thread's
-    FADDs and the quad's shuffles; it is rescaled with O. The sum is then of P as rounded for the P V, as O's is."""
+    takes plain's one FFMA per score instead of an FFMA and an FADD."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     stage = j % STAGES
     prev = (j - 1) % STAGES
@@ -413,9 +390,6 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     if ALIBI_BY_MMA:
         s_tok = warpgroup_mma(alibi_q.index(2 * WG + (1 - ALIBI_SIDE) // 2), alibi_k.index(WG).permute((1, 0)),
                               s_tok, is_async=True)
-    if ROWSUM_MMA:
-        # Before the P V, so that the wait for S_j below (one group outstanding) also retires it.
-        l_tok = warpgroup_mma(p, ones.index(WG).permute((1, 0)), l_i, is_async=True)
     mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
     o_tok = warpgroup_mma(p, v_bufs.index(prev), o_acc, is_async=True)
     _turn_pass(turn_bars, WG, PINGPONG, CONSUMERS)
@@ -428,10 +402,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         words = dropout_words(drop_seed, drop_rows, key_lo + j * BLOCK_N, BLOCK_N, 4,  # integer work beside S_j
                               q_view.shape[1] >= FRESH_KEYS_FWD_MIN_HEAD_DIM)
     # wgmma groups retire in order: one outstanding means S_j is done and the PV may still run.
-    if ROWSUM_MMA:
-        s, l_i = warpgroup_mma_wait(1, deps=(s_tok, l_tok))  # [WG_M, BLOCK_N], [WG_M, 8] (P_{j-1} added)
-    else:
-        s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_M, BLOCK_N]
+    s = warpgroup_mma_wait(1, deps=(s_tok, ))  # [WG_M, BLOCK_N]
     mbarrier.arrive(k_empty.index(stage))
     if HAS_BIAS and (HAS_ALIBI or IS_LOCAL or SOFTCAP):
         bias = _bias_tile(b_bufs, b_ready, j, WG, STAGES, s_layout)  # [WG_M, BLOCK_N], 16-bit
@@ -506,10 +477,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         m_new = _new_max(m_i, _row_max(s, TREE_MAX) * qk_scale, LAZY_RESCALE)  # [WG_M], log2 units
         alpha = gl.exp2(m_i - m_new)  # [WG_M]
         p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
-    if ROWSUM_MMA:
-        l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout))[:, None]  # P_j's sum: next step
-    else:
-        l_i = l_i * alpha + gl.sum(p_f32, axis=1)
+    l_i = l_i * alpha + gl.sum(p_f32, axis=1)
     if HAS_DROPOUT:
         p_f32 = dropout_apply(p_f32, words, drop_thr)  # [WG_M, BLOCK_N]: l_i counts the dropped entries, O does not
     p_next = gl.convert_layout(_to_p(p_f32, p, P_CVT_ASM), p.type.layout, assert_trivial=True)
@@ -537,7 +505,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         drop_seed=0, drop_base=0, drop_row_groups=0, drop_thr=0, dropout_scale=1.0,
                         HAS_DROPOUT: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
                         LAZY_RESCALE: gl.constexpr = False, alibi_q=None, alibi_k=None,
-                        ALIBI_MMA: gl.constexpr = False, ones=None, ROWSUM_MMA: gl.constexpr = False):
+                        ALIBI_MMA: gl.constexpr = False):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
     of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
@@ -553,8 +521,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     no other Q into it) as 16-byte row pieces (gluon_epilogue._store_rows_via), else from the accumulator's layout
     in 4-byte pieces. LAZY_RESCALE: see _kv_step. ALIBI_MMA: the one-sided blocks' ALiBi columns by a wgmma (_kv_step),
     from this warpgroup's operands in alibi_q ([2 * CONSUMERS, WG_M, 16]) and alibi_k ([CONSUMERS, BLOCK_N, 16]),
-    written here. ROWSUM_MMA: the row sums by a wgmma with this warpgroup's ones ([CONSUMERS, 8, BLOCK_N]), written
-    here (_kv_step); block 0's sum is added by the step after it (or the last P V's)."""
+    written here."""
     dtype: gl.constexpr = q_smem.dtype
     SCORES: gl.constexpr = SOFTCAP or HAS_ALIBI or IS_LOCAL  # scores pass through _feature_scores
     # One warpgroup, 64 rows: S is [64, BLOCK_N] and O [64, HEAD_DIM] in wgmma accumulator layouts; P feeds
@@ -577,8 +544,6 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
         sink_log2 = gl.load(sink_ptr) * LOG2E
     if ALIBI_MMA:
         _alibi_mma_operands(alibi_q, alibi_k, alibi_log2 / qk_scale, WG, BLOCK_N)
-    if ROWSUM_MMA:
-        _rowsum_ones(ones, WG, BLOCK_N)
 
     if BLOCK_SPARSE:
         full_ptr += list_off
@@ -652,12 +617,6 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
         p_f32 = dropout_apply(p_f32, words, drop_thr)  # [WG_M, BLOCK_N]
     p = gl.convert_layout(p_f32.to(dtype), p_layout, assert_trivial=True)  # [WG_M, BLOCK_N]
     o_acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, o_layout)
-    if ROWSUM_MMA:
-        # Block 0's sum comes with the next wgmma of P (the branches' sums above go unused); the sink's term stays.
-        l_init = gl.zeros_like(m_i)
-        if HAS_SINK:
-            l_init = gl.exp2(sink_log2 - m_i)
-        l_i = _rowsum_init(l_init)  # [WG_M, 8]
 
     # Masked blocks before the window's full ones (IS_LOCAL), fully visible blocks, then the masked ones (the
     # causal diagonal or the window's right edge, and the seqlen_k tail).
@@ -671,7 +630,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
                                           drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
-                                          LAZY_RESCALE=LAZY_RESCALE, ones=ones, ROWSUM_MMA=ROWSUM_MMA)
+                                          LAZY_RESCALE=LAZY_RESCALE)
         full_start = gl.maximum(n_lead, 1)
     else:
         full_start = 1
@@ -700,7 +659,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
                                           drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
                                           LAZY_RESCALE=LAZY_RESCALE, alibi_q=alibi_q, alibi_k=alibi_k,
-                                          ALIBI_MMA=ALIBI_MMA, ones=ones, ROWSUM_MMA=ROWSUM_MMA)
+                                          ALIBI_MMA=ALIBI_MMA)
         for j in range(left_end, right_start):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
@@ -710,7 +669,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
                                           drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
-                                          LAZY_RESCALE=LAZY_RESCALE, ones=ones, ROWSUM_MMA=ROWSUM_MMA)
+                                          LAZY_RESCALE=LAZY_RESCALE)
         for j in range(right_start, n_full):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
@@ -721,7 +680,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
                                           drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
                                           LAZY_RESCALE=LAZY_RESCALE, alibi_q=alibi_q, alibi_k=alibi_k,
-                                          ALIBI_MMA=ALIBI_MMA, ones=ones, ROWSUM_MMA=ROWSUM_MMA)
+                                          ALIBI_MMA=ALIBI_MMA)
     else:
         for j in range(full_start, n_full):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
@@ -732,7 +691,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
                                           drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
-                                          LAZY_RESCALE=LAZY_RESCALE, ones=ones, ROWSUM_MMA=ROWSUM_MMA)
+                                          LAZY_RESCALE=LAZY_RESCALE)
     for j in range(gl.maximum(n_full, 1), n_blocks):
         key0 = 0
         if BLOCK_SPARSE:
@@ -747,20 +706,13 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                       aux0=aux0, aux1=aux1, aux2=aux2, aux3=aux3, MASK_MOD=MASK_MOD,
                                       BLOCK_SPARSE=BLOCK_SPARSE, CONSUMERS=CONSUMERS, EVEN_N=EVEN_N,
                                       drop_seed=drop_seed, drop_rows=drop_rows, drop_thr=drop_thr,
-                                      HAS_DROPOUT=HAS_DROPOUT, LAZY_RESCALE=LAZY_RESCALE, ones=ones,
-                                      ROWSUM_MMA=ROWSUM_MMA)
+                                      HAS_DROPOUT=HAS_DROPOUT, LAZY_RESCALE=LAZY_RESCALE)
 
     # The last block's PV.
     last = (n_blocks - 1) % STAGES
     mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
-    if ROWSUM_MMA:
-        l_tok = warpgroup_mma(p, ones.index(WG).permute((1, 0)), l_i, is_async=True)
-        o_tok = warpgroup_mma(p, v_bufs.index(last), o_acc, is_async=True)
-        o_acc, l_acc, p = warpgroup_mma_wait(0, deps=(o_tok, l_tok, p))
-        l_i = gl.max(l_acc, axis=1)  # [WG_M]: the 8 columns hold the same sum
-    else:
-        o_tok = warpgroup_mma(p, v_bufs.index(last), o_acc, is_async=True)
-        o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
+    o_tok = warpgroup_mma(p, v_bufs.index(last), o_acc, is_async=True)
+    o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
     mbarrier.arrive(v_empty.index(last))
 
     o_row: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -830,7 +782,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
                      LPT_HEADS: gl.constexpr = 0, HAS_DROPOUT: gl.constexpr = False,
                      O_VIA_SMEM: gl.constexpr = False, LAZY_RESCALE: gl.constexpr = False,
-                     ALIBI_MMA: gl.constexpr = False, ROWSUM_MMA: gl.constexpr = False):
+                     ALIBI_MMA: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -866,16 +818,13 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     O_VIA_SMEM (two consumers): each warpgroup's output rows leave through its Q tile in 16-byte row pieces
     (_consumer_partition); gluon_launch_args sets it where configs.GLUON_FWD_SMEM_EPILOGUE says.
     ALIBI_MMA (HAS_ALIBI without SOFTCAP or HAS_BIAS, BLOCK_N 128): the one-sided key blocks' ALiBi columns by one
-    more wgmma (_kv_step), from CONSUMERS x (4 KB + 2 x 2 KB) of shared memory.
-    ROWSUM_MMA (no dropout or bias; gluon_launch leaves block masks out too, untested there): the softmax's row sums
-    by one more wgmma per key block, P @ ones (m64 n8), from CONSUMERS x 2 KB of shared memory (_kv_step)."""
+    more wgmma (_kv_step), from CONSUMERS x (4 KB + 2 x 2 KB) of shared memory."""
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not HAS_BIAS and not BLOCK_SPARSE),
                      "CONSUMERS: 2, or 3 without a bias or a block mask")
     gl.static_assert(CONSUMERS == 2 or not HAS_DROPOUT, "HAS_DROPOUT: two consumers")
     gl.static_assert(CONSUMERS == 2 or not O_VIA_SMEM, "O_VIA_SMEM: two consumers")
     gl.static_assert(not ALIBI_MMA or (HAS_ALIBI and not (SOFTCAP or HAS_BIAS)),
                      "ALIBI_MMA: ALiBi without softcap or a bias")
-    gl.static_assert(not ROWSUM_MMA or not (HAS_DROPOUT or HAS_BIAS), "ROWSUM_MMA: no dropout or bias")
     # The draws follow key_lo + j * BLOCK_N, not a block mask's listed tiles.
     gl.static_assert(not (HAS_DROPOUT and BLOCK_SPARSE), "HAS_DROPOUT: no block mask")
     gl.static_assert(LPT_HEADS == 0 or (IS_CAUSAL and not (IS_LOCAL or VARLEN or BLOCK_SPARSE)),
@@ -1021,10 +970,6 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                             gl.NVMMASharedLayout.get_default_for([WG_M, 16], gl.bfloat16))
         alibi_k = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, BLOCK_N, 16],
                                             gl.NVMMASharedLayout.get_default_for([BLOCK_N, 16], gl.bfloat16))
-    ones = q_smem  # a stand-in without ROWSUM_MMA
-    if ROWSUM_MMA:
-        ones = gl.allocate_shared_memory(dtype, [CONSUMERS, 8, BLOCK_N],
-                                         gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], dtype))
 
     alibi_ptr = Alibi
     if HAS_ALIBI:
@@ -1045,7 +990,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale,
                                    HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
                                    MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS, False, 0, 0, 0, 0, 1.0, False, False,
-                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA, ones, ROWSUM_MMA)),
+                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
@@ -1053,7 +998,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS, False, 0, 0, 0, 0, 1.0,
-                                   False, False, LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA, ones, ROWSUM_MMA)),
+                                   False, False, LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
@@ -1061,7 +1006,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS, False, 0, 0, 0, 0, 1.0,
-                                   False, False, LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA, ones, ROWSUM_MMA)),
+                                   False, False, LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                                v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
                                q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
@@ -1078,7 +1023,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
                                    MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N, drop_seed, drop_base,
                                    drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT, O_VIA_SMEM,
-                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA, ones, ROWSUM_MMA)),
+                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
@@ -1087,7 +1032,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N, drop_seed, drop_base,
                                    drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT, O_VIA_SMEM,
-                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA, ones, ROWSUM_MMA)),
+                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                                v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
                                q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
