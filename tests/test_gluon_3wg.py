@@ -85,6 +85,12 @@ def test_launch_args():
                                                             0.125, True, config, cu_seqlens_q=cu, cu_seqlens_k=cu,
                                                             max_seqlen_q=577, max_seqlen_k=577)
     assert grid == (4, 4 * 4) and constexprs["VARLEN"] and constexprs["CONSUMERS"] == 3
+    # P by pairs (session 33), but not with varlen and a window, whose full-block loops it made spill.
+    assert constexprs["P_CVT_ASM"]
+    _, _, constexprs, _ = gluon_launch.gluon_launch_args(qv, qv, qv, torch.empty_like(qv), torch.empty(4, sum(lens)),
+                                                         0.125, False, config, window_size=(256, 0), cu_seqlens_q=cu,
+                                                         cu_seqlens_k=cu, max_seqlen_q=577, max_seqlen_k=577)
+    assert not constexprs["P_CVT_ASM"]
 
 
 @needs_gluon

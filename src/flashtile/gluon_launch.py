@@ -164,19 +164,26 @@ VARIANTS = {
     # stages of 2 x 16 KB = 120 KB. Softcap, sinks, windows, varlen and ALiBi (its columns by the wgmma: in
     # registers ptxas spilled at 160) run in it; a bias (a [192, 128] box ring would not fit), dropout and ALiBi with
     # softcap run the default config (takes_config).
-    # Registers: the two worker consumers get 160 (the default partition 168); P by pairs (p_cvt_asm) made ptxas
-    # spill in their full-block loop (12 LDL + 10 STL per block), so P is rounded per element (+28 instructions).
-    # Lazy rescale since session 30 (below).
+    # Registers: the two worker consumers get 160 (the default partition 168). Lazy rescale since session 30 (below).
     # ALiBi's columns by the wgmma since session 32 (alibi_mma, below): ALiBi runs three consumers too.
-    "d64-3wg": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128, tree_max=True,
-                                lazy_rescale=True, alibi_mma=True)},
+    # P by pairs (p_cvt_asm) since session 33: when these kernels were built it made ptxas spill in their full-block
+    # loop (12 LDL + 10 STL per block), so P was rounded per element (+32 instructions per warp and block); with
+    # today's kernels the loops compile without spills (but varlen with a window: gluon_launch_args). Session 33, call
+    # 6 (h200-2026-12-02-s33), ms per element -> by pairs, two passes in swapped order, persistent-3wg-tma-q2-lr plain
+    # 1K / 2K / 4K / 8K / 16K 0.340-0.344 / 0.603-0.604 / 1.161-1.171 / 2.198-2.214 / 4.341-4.387 -> 0.327-0.328 /
+    # 0.576-0.579 / 1.118-1.127 / 2.125-2.138 / 4.219-4.224 (cuDNN 0.324 / 0.613-0.615 / 1.179-1.189 / 2.375-2.378 /
+    # 4.89-5.03); d64-3wg at 8K (interleaved) plain 2.155 -> 2.136, causal 1.286 -> 1.198, softcap 3.058 -> 3.023,
+    # ALiBi 2.406 -> 2.288, causal ALiBi 1.401 -> 1.319, sink 2.244 -> 2.181, a 4096-key window with softcap 1.775 ->
+    # 1.530.
+    "d64-3wg": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
+                                lazy_rescale=True, alibi_mma=True, **_TREE_CVT)},
     # The same three consumers in the persistent grid (session 26): 192-row tiles, O by TMA stores (3 x 8 KB more
     # shared memory). Plain D64 rows of 1025-16384 keys take its "-q2-lr" twin (configs.GLUON_FWD_PERSISTENT); causal
     # measured slower.
     "persistent-3wg-tma": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
-                                           tree_max=True, persistent=True, tma_store=True)},
+                                           persistent=True, tma_store=True, **_TREE_CVT)},
     "persistent-3wg-tma-lpt8": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
-                                                tree_max=True, persistent=True, tma_store=True, lpt_heads=8)},
+                                                persistent=True, tma_store=True, lpt_heads=8, **_TREE_CVT)},
 }
 # Q double-buffered in the persistent grid (session 27; configs.GLUON_FWD_PERSISTENT serves some of these): the
 # loader issues tile t+1's Q as soon as it reaches that tile, not after tile t's last Q K^T. D128: 224 KB of shared
@@ -518,7 +525,10 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.stages, IS_CAUSAL=is_causal,
                       PINGPONG=config.pingpong, CONSUMER_REGS=config.consumer_regs, LOADER_REGS=config.loader_regs,
                       IS_LOCAL=is_local, SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
-                      HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged, P_CVT_ASM=config.p_cvt_asm,
+                      HAS_SINK=sink is not None, VARLEN=varlen, RAGGED=ragged,
+                      # Three consumers with varlen and a window: P by pairs spilled in the full-block loops (5 LDL +
+                      # 5 STL per block, session 33's offline count), P per element did not.
+                      P_CVT_ASM=config.p_cvt_asm and not (config.consumers == 3 and varlen and is_local),
                       TREE_MAX=config.tree_max,
                       HAS_BIAS=attn_bias is not None, CONSUMERS=config.consumers)
     alibi_mma = alibi_by_mma(config, alibi_slopes, softcap, attn_bias)

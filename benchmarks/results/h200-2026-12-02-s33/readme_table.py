@@ -1,5 +1,6 @@
 """README table of two sweeps of the same code (results.csv each): run 1's TFLOP/s, and both runs' ratios to cuDNN.
-    python3 readme_table.py call2/sweep1/results.csv call2/sweep2/results.csv"""
+A third file's rows (a later sweep of some head dims) replace run 1's, their run-2 ratio shown as "·".
+    python3 readme_table.py call2/sweep1/results.csv call2/sweep2/results.csv [call7/sweep-d64/results.csv]"""
 import csv
 import sys
 
@@ -15,6 +16,7 @@ def ratio(v):
 
 
 runs = [load(p) for p in sys.argv[1:3]]
+later = load(sys.argv[3]) if len(sys.argv) > 3 else {}
 name = {512: "512", 1024: "1K", 2048: "2K", 4096: "4K", 8192: "8K", 16384: "16K"}
 print("| head dim | causal | seqlen | flashtile | cuDNN | FA2 | flashtile / cuDNN | run 2: flashtile / cuDNN "
       "| flashtile / FA2 |")
@@ -22,10 +24,17 @@ print("|---|---|---|---|---|---|---|---|---|")
 for d in (64, 128, 256):
     for c in (False, True):
         for s in (512, 1024, 2048, 4096, 8192, 16384):
+            replaced = ("flashtile", "fwd", d, c, s) in later
+            first = later if replaced else runs[0]
+
             def get(run, provider):
                 return [run[(provider, m, d, c, s)] for m in ("fwd", "bwd")]
-            f, cu, fa = (get(runs[0], p) for p in ("flashtile", "sdpa-cudnn", "sdpa-flash"))
-            f2, cu2 = (get(runs[1], p) for p in ("flashtile", "sdpa-cudnn"))
+            f, cu, fa = (get(first, p) for p in ("flashtile", "sdpa-cudnn", "sdpa-flash"))
+            if replaced:
+                second = "·"
+            else:
+                f2, cu2 = (get(runs[1], p) for p in ("flashtile", "sdpa-cudnn"))
+                second = f"{ratio(f2[0] / cu2[0])} / {ratio(f2[1] / cu2[1])}"
             print(f"| {d} | {'yes' if c else 'no'} | {name[s]} | {f[0]:.0f} / {f[1]:.0f} | {cu[0]:.0f} / {cu[1]:.0f} | "
-                  f"{fa[0]:.0f} / {fa[1]:.0f} | {ratio(f[0] / cu[0])} / {ratio(f[1] / cu[1])} | "
-                  f"{ratio(f2[0] / cu2[0])} / {ratio(f2[1] / cu2[1])} | {ratio(f[0] / fa[0])} / {ratio(f[1] / fa[1])} |")
+                  f"{fa[0]:.0f} / {fa[1]:.0f} | {ratio(f[0] / cu[0])} / {ratio(f[1] / cu[1])} | {second} | "
+                  f"{ratio(f[0] / fa[0])} / {ratio(f[1] / fa[1])} |")
