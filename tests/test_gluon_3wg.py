@@ -64,7 +64,8 @@ def test_takes_config_gives_a_bias_the_default():
 @needs_gluon
 def test_launch_args():
     """Grid over 192-row tiles (dense and varlen's max_seqlen_q), CONSUMERS=3 and maxnreg 128; the default config
-    CONSUMERS=2 (the kernel's default value: it compiles as before)."""
+    CONSUMERS=2 (the kernel's default value: it compiles as before). P by pairs (P_CVT_ASM) but with varlen and a
+    window."""
     config = gluon_launch.VARIANTS[VARIANT][64]
     for seqlen_q, causal in ((1000, False), (192, True), (193, True), (1, False)):
         q = torch.empty(2, seqlen_q, 4, 64, dtype=torch.bfloat16)
@@ -75,6 +76,10 @@ def test_launch_args():
         assert constexprs["CONSUMERS"] == 3 and constexprs["IS_CAUSAL"] == causal and constexprs["RAGGED"]
         assert options == dict(num_warps=4, maxnreg=128)
         assert args[0].block_shape == [1, 1, 64, 64]  # Q in three [64, D] boxes
+        assert constexprs["P_CVT_ASM"]
+        _, _, constexprs, _ = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.125, causal, config,
+                                                             window_size=(256, 0))
+        assert constexprs["P_CVT_ASM"] and constexprs["IS_LOCAL"]  # a dense window keeps it
         grid, _, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.125, causal,
                                                                       gluon_launch.VARIANTS["default"][64])
         assert grid == (math.ceil(seqlen_q / 128), 2 * 4) and constexprs["CONSUMERS"] == 2
@@ -182,7 +187,7 @@ PERSISTENT = ("persistent-3wg-tma", "persistent-3wg-tma-lpt8", "persistent-3wg-t
 def test_persistent_launch_args():
     """The persistent variants of three consumers: tiles of 192 rows, CONSUMERS=3, O by TMA where no [64, D] box
     reaches into the next sequence and else from the registers (never O_VIA_SMEM, whose turn order is for two);
-    causal in groups of 8 heads (lpt8)."""
+    causal in groups of 8 heads (lpt8); P by pairs (session 33)."""
     for name in PERSISTENT:
         config = gluon_launch.VARIANTS[name][64]
         for batch, seqlen_q, o_tma in ((2, 1024, True), (1, 1000, True), (2, 1000, False), (2, 193, False)):
@@ -195,6 +200,7 @@ def test_persistent_launch_args():
             assert (n_m, n_bh, n_tiles) == (math.ceil(seqlen_q / 192), batch * 4, math.ceil(seqlen_q / 192) * batch * 4)
             assert grid == (min(n_tiles, 132), ) and options == dict(num_warps=4, maxnreg=128)
             assert constexprs["CONSUMERS"] == 3 and constexprs["O_TMA"] == o_tma and "O_VIA_SMEM" not in constexprs
+            assert constexprs["P_CVT_ASM"]
             assert constexprs.get("LPT_HEADS", 0) == config.lpt_heads and "SCHEDULE" not in constexprs
             # Three consumers never take O_VIA_SMEM, so a deferred epilogue always reaches the kernel.
             assert constexprs.get("DEFER_EPILOGUE", False) == config.defer_epilogue

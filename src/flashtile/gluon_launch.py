@@ -167,14 +167,14 @@ VARIANTS = {
     # Registers: the two worker consumers get 160 (the default partition 168). Lazy rescale since session 30 (below).
     # ALiBi's columns by the wgmma since session 32 (alibi_mma, below): ALiBi runs three consumers too.
     # P by pairs (p_cvt_asm) since session 33: when these kernels were built it made ptxas spill in their full-block
-    # loop (12 LDL + 10 STL per block), so P was rounded per element (+32 instructions per warp and block); with
-    # today's kernels the loops compile without spills (but varlen with a window: gluon_launch_args). Session 33, call
-    # 6 (h200-2026-12-02-s33), ms per element -> by pairs, two passes in swapped order, persistent-3wg-tma-q2-lr plain
-    # 1K / 2K / 4K / 8K / 16K 0.340-0.344 / 0.603-0.604 / 1.161-1.171 / 2.198-2.214 / 4.341-4.387 -> 0.327-0.328 /
-    # 0.576-0.579 / 1.118-1.127 / 2.125-2.138 / 4.219-4.224 (cuDNN 0.324 / 0.613-0.615 / 1.179-1.189 / 2.375-2.378 /
-    # 4.89-5.03); d64-3wg at 8K (interleaved) plain 2.155 -> 2.136, causal 1.286 -> 1.198, softcap 3.058 -> 3.023,
-    # ALiBi 2.406 -> 2.288, causal ALiBi 1.401 -> 1.319, sink 2.244 -> 2.181, a 4096-key window with softcap 1.775 ->
-    # 1.530.
+    # loop (12 LDL + 10 STL per block), so P was rounded per element (+32 instructions per warp and block in today's
+    # loops); with today's kernels the loops compile without spills (but varlen with a window: gluon_launch_args).
+    # Session 33, call 6 (h200-2026-12-02-s33), ms per element -> by pairs, two passes in swapped order,
+    # persistent-3wg-tma-q2-lr plain 1K / 2K / 4K / 8K / 16K 0.340-0.344 / 0.603-0.604 / 1.161-1.171 / 2.198-2.214 /
+    # 4.341-4.387 -> 0.327-0.328 / 0.576-0.579 / 1.118-1.127 / 2.125-2.138 / 4.219-4.224 (cuDNN 0.324 / 0.613-0.615 /
+    # 1.179-1.189 / 2.375-2.378 / 4.89-5.03); d64-3wg at 8K (interleaved) plain 2.155 -> 2.136, causal 1.286 -> 1.198,
+    # softcap 3.058 -> 3.023, ALiBi 2.406 -> 2.288, causal ALiBi 1.401 -> 1.319, sink 2.244 -> 2.181, a 4096-key
+    # window with softcap 1.775 -> 1.530.
     "d64-3wg": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
                                 lazy_rescale=True, alibi_mma=True, **_TREE_CVT)},
     # The same three consumers in the persistent grid (session 26): 192-row tiles, O by TMA stores (3 x 8 KB more
