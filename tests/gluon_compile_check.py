@@ -142,6 +142,9 @@ FEATURES = {
     "sink": dict(sink=True),
     "window": dict(window_size=(256, 0)),
     "combo": dict(window_size=(256, 64), softcap=30.0, alibi_slopes=True, sink=True),
+    # Softcap with a window / dropout and no ALiBi, sink or bias: FIXED_MAX's launches (gluon_launch.fixed_max_ok).
+    "softcap-window": dict(window_size=(256, 64), softcap=30.0),
+    "softcap-dropout": dict(softcap=30.0, dropout_p=0.1, rng=True),
     "alibi-window-sink": dict(window_size=(256, 64), alibi_slopes=True, sink=True),  # ALiBi without softcap / bias
     "alibi-dropout": dict(alibi_slopes=True, dropout_p=0.1, rng=True),
     # A bf16 (1, Hq, Sq, Sk) bias (rows padded to a 16-byte multiple where Sk is not), alone and with the rest.

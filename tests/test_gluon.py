@@ -346,6 +346,100 @@ def _check_variant_forward(q, k, v, causal, variant, feats, dropout_p=0.0, softm
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
+# Softcap's fixed row max (GluonConfig.fixed_max, kernels/gluon_fwd.FIXED_MAX_HEADROOM, session 34): random scores;
+# scores saturated at +-softcap (q and k scaled up) with rows whose every score sits at -softcap (the spread the
+# headroom is sized for) beside rows at +softcap, at softcap 50 (Gemma 2's) and at the limit (51.9); windows, dropout,
+# GQA, varlen with rows that see no key. Past the limit (60) and in fp16 the kernel keeps the running max.
+FIXED_MAX_CASES = [
+    ("softcap30", False, dict(softcap=30.0)),
+    ("softcap30-causal", True, dict(softcap=30.0)),
+    ("softcap5-window", False, dict(softcap=5.0, window_size=(200, 100))),
+    ("softcap30-dropout", False, dict(softcap=30.0, dropout_p=0.2)),
+    ("softcap50-saturated", False, dict(softcap=50.0, saturate=True)),
+    ("softcap51.9-saturated-causal", True, dict(softcap=51.9, saturate=True)),
+    ("softcap60-saturated", False, dict(softcap=60.0, saturate=True, fixed=False)),
+    ("softcap30-fp16", True, dict(softcap=30.0, dtype=torch.float16, fixed=False)),
+    ("softcap30-varlen-causal", True, dict(softcap=30.0, varlen=True)),
+]
+
+
+def _saturated(q, k):
+    """q / k whose scores saturate softcap's tanh: q x 8 and k x 8 (|q.k| / sqrt(D) mostly > 60: each row's scores
+    at both ends, +-softcap), key dim 0 set to 8, and the first 100 query rows (1000, 0, ...) / the next 100
+    (-1000, 0, ...): every score of those rows is +700 / -700 or more before the cap, so all sit at +softcap (P =
+    2^64 each under the fixed max) or all at -softcap (the smallest P the headroom allows)."""
+    q, k = q * 8, k * 8
+    k[..., 0] = 8
+    q[:, :200] = 0
+    q[:, :100, :, 0] = 1000
+    q[:, 100:200, :, 0] = -1000
+    return q, k
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("case", FIXED_MAX_CASES, ids=[c[0] for c in FIXED_MAX_CASES])
+@pytest.mark.parametrize("variant,head_dim", [("default-fm", 64), ("default-fm", 128), ("default-fm", 256),
+                                              ("d64-3wg-fm", 64)], ids=["d64", "d128", "d256", "d64-3wg"])
+def test_fixed_max_softcap_matches_reference(variant, head_dim, case, monkeypatch):
+    monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
+    _, causal, spec = case
+    batch, heads_q, heads_kv = 2, 4, 2
+    dtype = spec.get("dtype", torch.bfloat16)
+    fixed = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "FIXED_MAX")
+    if spec.get("varlen"):
+        # Sequences of (300 queries, 100 keys): causal rows 0-199 see no key; (700, 700); (1000, 1200).
+        lens_q, lens_k = [300, 700, 1000], [100, 700, 1200]
+        q, k, v = _packed(lens_q, lens_k, heads_q, heads_kv, head_dim, dtype, "cuda")
+        cu_q, cu_k = _cu(lens_q, "cuda"), _cu(lens_k, "cuda")
+        lens = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1000, max_seqlen_k=1200)
+        assert gluon_launch.gluon_supported(q, k, v, causal=causal, softcap=spec["softcap"], **lens)
+        out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=variant, softcap=spec["softcap"], **lens)
+        assert_varlen_matches_each_sequence(out, lse, q, k, v, lens_q, lens_k, cu_q, cu_k, causal,
+                                            softcap=spec["softcap"])
+    else:
+        q, k, v = make_qkv(batch, 1000, 1000, heads_q, heads_kv, head_dim, dtype, "cuda", requires_grad=False)
+        if spec.get("saturate"):
+            q, k = _saturated(q, k)
+        feats = dict(softcap=spec["softcap"], window_size=spec.get("window_size", (-1, -1)))
+        _check_variant_forward(q, k, v, causal, variant, feats, spec.get("dropout_p", 0.0))
+    assert fixed == [spec.get("fixed", True)]
+
+
+@pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
+def test_fixed_max_launch_args():
+    """FIXED_MAX where the config asks for it (the "-fm" variants) on bf16 softcap calls up to FIXED_MAX_LIMIT
+    (softcap 51.9, not 52) with a window, dropout or varlen, never with ALiBi, a sink or a bias (each can move a row's
+    max past the cap), in fp16, without softcap, or from a config without fixed_max; nothing else of the launch
+    changes."""
+    q = torch.empty(2, 1000, 4, 128, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 1000)
+    fm, base = gluon_launch.VARIANTS["default-fm"][128], gluon_launch.VARIANTS["default"][128]
+
+    def launch(config=fm, q=q, **kw):
+        return gluon_launch.gluon_launch_args(q, q, q, torch.empty_like(q), lse, 0.125, kw.pop("causal", False),
+                                              config, **kw)
+
+    rng = torch.zeros(1, dtype=torch.int64)
+    for kw in (dict(softcap=30.0), dict(softcap=51.9, causal=True), dict(softcap=5.0, window_size=(100, 0)),
+               dict(softcap=30.0, dropout_p=0.1, rng=rng)):
+        grid, args, constexprs, options = launch(**kw)
+        assert constexprs.pop("FIXED_MAX"), kw
+        grid_b, args_b, constexprs_b, options_b = launch(base, **kw)
+        assert (grid, constexprs, options) == (grid_b, constexprs_b, options_b), kw
+    for kw in (dict(), dict(softcap=52.0), dict(softcap=30.0, alibi_slopes=torch.ones(4)),
+               dict(softcap=30.0, sink=torch.zeros(4)),
+               dict(softcap=30.0, attn_bias=torch.zeros(1, 4, 1000, 1000, dtype=torch.bfloat16))):
+        assert "FIXED_MAX" not in launch(**kw)[2], kw
+    q16 = q.half()
+    assert "FIXED_MAX" not in launch(q=q16, softcap=30.0)[2]
+    assert "FIXED_MAX" not in launch(base, softcap=30.0)[2]
+    packed, cu = q.view(2000, 4, 128), torch.tensor([0, 1000, 2000], dtype=torch.int32)
+    assert launch(q=packed, softcap=30.0, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1000,
+                  max_seqlen_k=1000)[2]["FIXED_MAX"]
+    assert gluon_launch.VARIANTS["d64-3wg-fm"][64].fixed_max and gluon_launch.VARIANTS["d64-3wg-fm"][64].consumers == 3
+
+
 # ALiBi's one-sided key blocks by one more wgmma (GluonConfig.alibi_mma, session 31; d64-3wg's three consumers since
 # session 32): rows on both sides of their diagonal (q == k, q < k, q > k, bottom-right aligned), slopes (H,)
 # and (B, H), large slopes (x 16: the bf16 split of slope / scale must carry its low bits), a scale that is not a power

@@ -26,11 +26,12 @@ try:
     from triton.experimental.gluon import language as _gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
 
-    from .kernels.gluon_fwd import WG_M, _attn_fwd_hopper
+    from .kernels.gluon_fwd import FIXED_MAX_LIMIT, WG_M, _attn_fwd_hopper
     from .kernels.gluon_fwd_persistent import _attn_fwd_hopper_persistent
     GLUON_IMPORT_ERROR = None
 except Exception as exc:  # noqa: BLE001  (any failure means: no Gluon path on this triton)
     _attn_fwd_hopper = _attn_fwd_hopper_persistent = None
+    FIXED_MAX_LIMIT = 0.0
     GLUON_IMPORT_ERROR = exc
 
 LOG2E = 1.4426950408889634
@@ -99,6 +100,8 @@ class GluonConfig:
     alibi_mma: bool = False  # one-tile kernel, ALiBi without softcap or a bias at BLOCK_N 128: the one-sided key
     # blocks' ALiBi columns by one more wgmma (k = 16) instead of an FADD per score (gluon_fwd._alibi_mma_operands);
     # with three consumers it lets them take ALiBi (takes_config)
+    fixed_max: bool = False  # softcap alone on bf16 (fixed_max_ok): one fixed row max instead of a running one, no
+    # rescale of O (kernels/gluon_fwd.FIXED_MAX_HEADROOM)
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.schedule):
@@ -247,6 +250,10 @@ VARIANTS.update({f"{name}-lr": {d: replace(c, lazy_rescale=True) for d, c in VAR
                  for name in ("persistent", "persistent-sched4", "persistent-tma-q2", "persistent-tma-q2-de",
                               "persistent-tma-q2-de-lpt8", "persistent-tma-q2-de-sched4", "persistent-tma-sched4",
                               "persistent-3wg-tma-q2", "default")})
+# One fixed row max for softcap alone on bf16 (GluonConfig.fixed_max, session 34): "-fm" twins of the configs that
+# serve softcap (the one-tile default, and d64-3wg for D64's long rows).
+VARIANTS.update({f"{name}-fm": {d: replace(c, fixed_max=True) for d, c in VARIANTS[name].items()}
+                 for name in ("default", "d64-3wg")})
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -549,6 +556,8 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
         constexprs.update(LAZY_RESCALE=True)
     if alibi_mma:
         constexprs.update(ALIBI_MMA=True)
+    if config.fixed_max and fixed_max_ok(q.dtype, softcap, alibi_slopes, sink, attn_bias, mods):
+        constexprs.update(FIXED_MAX=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)  # only then: other launches keep their kernels
     if mods is not None:
@@ -635,6 +644,14 @@ def alibi_by_mma(config, alibi_slopes, softcap=0.0, attn_bias=None):
     softcap (tanh comes between) or a bias (no shared memory left for the operands at D128), 128-key blocks."""
     return (config.alibi_mma and alibi_slopes is not None and not softcap and attn_bias is None
             and config.block_n == 128)
+
+
+def fixed_max_ok(dtype, softcap, alibi_slopes=None, sink=None, attn_bias=None, mods=None):
+    """Softcap bounds every score: the kernel's FIXED_MAX serves bf16 calls with softcap * log2(e) <= FIXED_MAX_LIMIT
+    (softcap <= 51.9, Gemma 2's 50 among them) and no ALiBi, sink, bias or block mask (each can move a row's max
+    past the cap's bound). fp16's P has no room for the spread (kernels/gluon_fwd.FIXED_MAX_HEADROOM)."""
+    return (dtype == torch.bfloat16 and 0 < softcap * LOG2E <= FIXED_MAX_LIMIT and alibi_slopes is None
+            and sink is None and attn_bias is None and mods is None)
 
 
 def takes_config(variant, head_dim, attn_bias=None, alibi_slopes=None, dropout_p=0.0, softcap=0.0):

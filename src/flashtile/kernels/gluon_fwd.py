@@ -301,6 +301,23 @@ def _row_max(s, TREE_MAX: gl.constexpr):
 RESCALE_LOG2 = gl.constexpr(8.0)
 
 
+# FIXED_MAX (softcap without ALiBi, a bias or a sink, bf16): tanh bounds every score to [-c, c] (c = softcap_log2,
+# log2 units), so no running max is needed: every row subtracts the same m = max(0, c - FIXED_MAX_HEADROOM) and keeps
+# P = 2^(score - m) in [2^(-c - m), 2^(c - m)], m never moving (no row max, no rescale of O). The host takes it for
+# c <= FIXED_MAX_LIMIT (softcap <= 51.9): then P <= 2^64 (l and O stay finite in fp32 up to 2^64 / keys in |v|, far
+# past any bf16 activation) and a row's largest P is >= 2^-86, 40 binary orders above fp32's (and bf16's) smallest
+# normal, so the terms ex2.approx.ftz flushes weigh < 2^-40 of the row's sum; bf16 P keeps 8 bits at any of those
+# magnitudes. fp16 P (largest 65504) has no such room: fp16 calls keep the running max.
+FIXED_MAX_HEADROOM = gl.constexpr(64.0)
+FIXED_MAX_LIMIT = 75.0  # softcap * log2(e) at most (the host's rule: gluon_launch.fixed_max_ok)
+
+
+@gluon.jit
+def _fixed_max(softcap_log2):
+    """The m every row subtracts under FIXED_MAX (a scalar: one uniform operand of the exp2's FFMA)."""
+    return gl.maximum(softcap_log2 - FIXED_MAX_HEADROOM, 0.0)
+
+
 @gluon.jit
 def _lazy_max(m_i, m_blk):
     """m_new[r] = m_blk[r] where it exceeds m_i[r] (finite) by more than RESCALE_LOG2, else m_i[r]."""
@@ -360,7 +377,8 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
              MASK_MOD: gl.constexpr = None, BLOCK_SPARSE: gl.constexpr = False,
              CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
              drop_seed=0, drop_rows=0, drop_thr=0, HAS_DROPOUT: gl.constexpr = False,
-             LAZY_RESCALE: gl.constexpr = False, alibi_q=None, alibi_k=None, ALIBI_MMA: gl.constexpr = False):
+             LAZY_RESCALE: gl.constexpr = False, alibi_q=None, alibi_k=None, ALIBI_MMA: gl.constexpr = False,
+             FIXED_MAX: gl.constexpr = False):
     """Key block j >= 1 (keys key_lo + j * BLOCK_N + [0, BLOCK_N)): issue S_j = Q K_j^T and O += P_{j-1} V_{j-1},
     softmax S_j while the PV runs, then rescale O to the new row max. Returns the updated (o_acc, m_i, l_i,
     p = P_j). causal_offset is Sk - Sq whenever a mask or ALiBi needs it. P_CVT_ASM: see _to_p. TREE_MAX: see
@@ -378,7 +396,9 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     gl.maximum would.
     ALIBI_MMA (with ALIBI_SIDE, no softcap or bias): the column term ALIBI_SIDE * alibi_cols comes from one more
     wgmma (k = 16) into S, alibi_q [WG_M, 16] times alibi_k^T ([BLOCK_N, 16], _alibi_mma_operands), so the softmax
-    takes plain's one FFMA per score instead of an FFMA and an FADD."""
+    takes plain's one FFMA per score instead of an FFMA and an FADD.
+    FIXED_MAX (SOFTCAP alone, bf16): P = 2^(cap * tanh - _fixed_max), m_i unchanged and O not rescaled (no row max
+    at all: see FIXED_MAX_HEADROOM)."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     stage = j % STAGES
     prev = (j - 1) % STAGES
@@ -427,6 +447,13 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
             m_sub = m_new
         alpha = gl.exp2(m_i - m_sub)  # [WG_M]
         p_f32 = gl.exp2(s - (m_sub - shift)[:, None])  # [WG_M, BLOCK_N]
+    elif FIXED_MAX:
+        s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
+                            alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
+                            MASKED, CAP_SCALED=False)  # [WG_M, BLOCK_N], tanh(score / softcap) or -inf
+        m_new = m_i
+        alpha = 1.0
+        p_f32 = gl.exp2(s * softcap_log2 - _fixed_max(softcap_log2))  # [WG_M, BLOCK_N], one FFMA per score
     elif SOFTCAP and not HAS_ALIBI and not HAS_BIAS:
         s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
@@ -477,7 +504,10 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         m_new = _new_max(m_i, _row_max(s, TREE_MAX) * qk_scale, LAZY_RESCALE)  # [WG_M], log2 units
         alpha = gl.exp2(m_i - m_new)  # [WG_M]
         p_f32 = gl.exp2(s * qk_scale - m_new[:, None])  # [WG_M, BLOCK_N]
-    l_i = l_i * alpha + gl.sum(p_f32, axis=1)
+    if FIXED_MAX:
+        l_i = l_i + gl.sum(p_f32, axis=1)
+    else:
+        l_i = l_i * alpha + gl.sum(p_f32, axis=1)
     if HAS_DROPOUT:
         p_f32 = dropout_apply(p_f32, words, drop_thr)  # [WG_M, BLOCK_N]: l_i counts the dropped entries, O does not
     p_next = gl.convert_layout(_to_p(p_f32, p, P_CVT_ASM), p.type.layout, assert_trivial=True)
@@ -486,7 +516,9 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
     mbarrier.arrive(v_empty.index(prev))
     if HAS_BIAS:
         _bias_release(b_empty, j, STAGES)
-    return _rescale(o_acc, alpha, LAZY_RESCALE), m_new, l_i, p_next
+    if not FIXED_MAX:
+        o_acc = _rescale(o_acc, alpha, LAZY_RESCALE)
+    return o_acc, m_new, l_i, p_next
 
 
 @gluon.jit
@@ -505,7 +537,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                         drop_seed=0, drop_base=0, drop_row_groups=0, drop_thr=0, dropout_scale=1.0,
                         HAS_DROPOUT: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
                         LAZY_RESCALE: gl.constexpr = False, alibi_q=None, alibi_k=None,
-                        ALIBI_MMA: gl.constexpr = False):
+                        ALIBI_MMA: gl.constexpr = False, FIXED_MAX: gl.constexpr = False):
     """Query rows start_m + WG * 64 + [0, 64) of the tile: the online softmax over n_blocks key blocks starting
     at key key_lo, of which [n_lead, n_full) need no mask (n_lead only under IS_LOCAL; else 0). Writes those rows
     of out (stride_om per row) and lse. alibi_ptr / sink_ptr point at this (batch, head)'s slope / sink logit.
@@ -521,7 +553,8 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     no other Q into it) as 16-byte row pieces (gluon_epilogue._store_rows_via), else from the accumulator's layout
     in 4-byte pieces. LAZY_RESCALE: see _kv_step. ALIBI_MMA: the one-sided blocks' ALiBi columns by a wgmma (_kv_step),
     from this warpgroup's operands in alibi_q ([2 * CONSUMERS, WG_M, 16]) and alibi_k ([CONSUMERS, BLOCK_N, 16]),
-    written here."""
+    written here. FIXED_MAX: m_i is _fixed_max in every row from the first block on (_kv_step); a row that saw no
+    key has l = 0 instead of m = -inf."""
     dtype: gl.constexpr = q_smem.dtype
     SCORES: gl.constexpr = SOFTCAP or HAS_ALIBI or IS_LOCAL  # scores pass through _feature_scores
     # One warpgroup, 64 rows: S is [64, BLOCK_N] and O [64, HEAD_DIM] in wgmma accumulator layouts; P feeds
@@ -565,7 +598,15 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     mbarrier.arrive(k_empty.index(0))
     if HAS_BIAS:
         _bias_release(b_empty, 0, STAGES)
-    if SCORES:
+    if FIXED_MAX:
+        s = _feature_scores(s, key_lo, row0, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
+                            window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, True,
+                            CAP_SCALED=False)  # [WG_M, BLOCK_N], tanh(score / softcap) or -inf
+        m_fixed = _fixed_max(softcap_log2)
+        p_f32 = gl.exp2(s * softcap_log2 - m_fixed)  # [WG_M, BLOCK_N]
+        l_i = gl.sum(p_f32, axis=1)  # [WG_M]
+        m_i = gl.zeros_like(l_i) + m_fixed
+    elif SCORES:
         s = _feature_scores(s, key_lo, row0, seqlen_k, causal_offset, qk_scale, softcap_log2, alibi_log2,
                             window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI, True,
                             bias=bias, HAS_BIAS=HAS_BIAS)
@@ -630,7 +671,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
                                           drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
-                                          LAZY_RESCALE=LAZY_RESCALE)
+                                          LAZY_RESCALE=LAZY_RESCALE, FIXED_MAX=FIXED_MAX)
         full_start = gl.maximum(n_lead, 1)
     else:
         full_start = 1
@@ -659,7 +700,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
                                           drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
                                           LAZY_RESCALE=LAZY_RESCALE, alibi_q=alibi_q, alibi_k=alibi_k,
-                                          ALIBI_MMA=ALIBI_MMA)
+                                          ALIBI_MMA=ALIBI_MMA, FIXED_MAX=FIXED_MAX)
         for j in range(left_end, right_start):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
@@ -669,7 +710,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
                                           drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
-                                          LAZY_RESCALE=LAZY_RESCALE)
+                                          LAZY_RESCALE=LAZY_RESCALE, FIXED_MAX=FIXED_MAX)
         for j in range(right_start, n_full):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                                           v_empty, turn_bars, row0, seqlen_k, causal_offset, qk_scale, key_lo,
@@ -680,7 +721,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
                                           drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
                                           LAZY_RESCALE=LAZY_RESCALE, alibi_q=alibi_q, alibi_k=alibi_k,
-                                          ALIBI_MMA=ALIBI_MMA)
+                                          ALIBI_MMA=ALIBI_MMA, FIXED_MAX=FIXED_MAX)
     else:
         for j in range(full_start, n_full):
             o_acc, m_i, l_i, p = _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_ready,
@@ -691,7 +732,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                           b_bufs=b_bufs, b_ready=b_ready, b_empty=b_empty, sm_scale=sm_scale,
                                           HAS_BIAS=HAS_BIAS, CONSUMERS=CONSUMERS, drop_seed=drop_seed,
                                           drop_rows=drop_rows, drop_thr=drop_thr, HAS_DROPOUT=HAS_DROPOUT,
-                                          LAZY_RESCALE=LAZY_RESCALE)
+                                          LAZY_RESCALE=LAZY_RESCALE, FIXED_MAX=FIXED_MAX)
     for j in range(gl.maximum(n_full, 1), n_blocks):
         key0 = 0
         if BLOCK_SPARSE:
@@ -706,7 +747,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
                                       aux0=aux0, aux1=aux1, aux2=aux2, aux3=aux3, MASK_MOD=MASK_MOD,
                                       BLOCK_SPARSE=BLOCK_SPARSE, CONSUMERS=CONSUMERS, EVEN_N=EVEN_N,
                                       drop_seed=drop_seed, drop_rows=drop_rows, drop_thr=drop_thr,
-                                      HAS_DROPOUT=HAS_DROPOUT, LAZY_RESCALE=LAZY_RESCALE)
+                                      HAS_DROPOUT=HAS_DROPOUT, LAZY_RESCALE=LAZY_RESCALE, FIXED_MAX=FIXED_MAX)
 
     # The last block's PV.
     last = (n_blocks - 1) % STAGES
@@ -727,7 +768,10 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     if VARLEN or HAS_BIAS or BLOCK_SPARSE:
         # The host cannot see per-sequence lengths (or a bias's -inf, or a mask_mod): a row without keys kept
         # m = -inf (its O and l are NaN / 0, row-local); write what the portable kernel writes.
-        seen = m_o > float("-inf")  # [WG_M]
+        if FIXED_MAX:
+            seen = l_o > 0.0  # [WG_M]: a seen key adds >= 2^-86 (FIXED_MAX_HEADROOM)
+        else:
+            seen = m_o > float("-inf")  # [WG_M]
         out = gl.where(seen[:, None], out, 0.0)
     if O_VIA_SMEM:
         _store_rows_via(q_view, out.to(dtype), out_ptr, stride_om, row0, seqlen_q)
@@ -782,7 +826,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
                      LPT_HEADS: gl.constexpr = 0, HAS_DROPOUT: gl.constexpr = False,
                      O_VIA_SMEM: gl.constexpr = False, LAZY_RESCALE: gl.constexpr = False,
-                     ALIBI_MMA: gl.constexpr = False):
+                     ALIBI_MMA: gl.constexpr = False, FIXED_MAX: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -818,7 +862,12 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     O_VIA_SMEM (two consumers): each warpgroup's output rows leave through its Q tile in 16-byte row pieces
     (_consumer_partition); gluon_launch_args sets it where configs.GLUON_FWD_SMEM_EPILOGUE says.
     ALIBI_MMA (HAS_ALIBI without SOFTCAP or HAS_BIAS, BLOCK_N 128): the one-sided key blocks' ALiBi columns by one
-    more wgmma (_kv_step), from CONSUMERS x (4 KB + 2 x 2 KB) of shared memory."""
+    more wgmma (_kv_step), from CONSUMERS x (4 KB + 2 x 2 KB) of shared memory.
+    FIXED_MAX (SOFTCAP without HAS_ALIBI, HAS_BIAS, HAS_SINK or BLOCK_SPARSE; bf16, softcap * log2(e) <=
+    FIXED_MAX_LIMIT: gluon_launch.fixed_max_ok): rows subtract one fixed max instead of a running one
+    (FIXED_MAX_HEADROOM)."""
+    gl.static_assert(not FIXED_MAX or (SOFTCAP and not (HAS_ALIBI or HAS_BIAS or HAS_SINK or BLOCK_SPARSE)),
+                     "FIXED_MAX: softcap without ALiBi, a bias, a sink or a block mask")
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not HAS_BIAS and not BLOCK_SPARSE),
                      "CONSUMERS: 2, or 3 without a bias or a block mask")
     gl.static_assert(CONSUMERS == 2 or not HAS_DROPOUT, "HAS_DROPOUT: two consumers")
@@ -990,7 +1039,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty, sm_scale,
                                    HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
                                    MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS, False, 0, 0, 0, 0, 1.0, False, False,
-                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
+                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA, FIXED_MAX)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
@@ -998,7 +1047,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS, False, 0, 0, 0, 0, 1.0,
-                                   False, False, LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
+                                   False, False, LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA, FIXED_MAX)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
@@ -1006,7 +1055,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_ALIBI, HAS_SINK, VARLEN, P_CVT_ASM, TREE_MAX, b_bufs, b_ready, b_empty,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, CONSUMERS, False, 0, 0, 0, 0, 1.0,
-                                   False, False, LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
+                                   False, False, LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA, FIXED_MAX)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                                v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
                                q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
@@ -1023,7 +1072,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1, Aux2, Aux3,
                                    MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N, drop_seed, drop_base,
                                    drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT, O_VIA_SMEM,
-                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
+                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA, FIXED_MAX)),
             (_consumer_partition, (q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready, v_empty, turn_bars,
                                    out_ptr, lse_ptr, stride_om, seqlen_q, seqlen_k, causal_offset, start_m, n_full,
                                    n_blocks, qk_scale, key_lo, n_lead, alibi_ptr, sink_ptr, softcap_log2, window_left,
@@ -1032,7 +1081,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                                    sm_scale, HAS_BIAS, FullKvIdx, KvIdx, list_off, sparse_b, sparse_h, Aux0, Aux1,
                                    Aux2, Aux3, MASK_MOD, BLOCK_SPARSE, SPARSE_N, 2, EVEN_N, drop_seed, drop_base,
                                    drop_row_groups, dropout_threshold, dropout_scale, HAS_DROPOUT, O_VIA_SMEM,
-                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA)),
+                                   LAZY_RESCALE, alibi_q, alibi_k, ALIBI_MMA, FIXED_MAX)),
             (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready,
                                v_empty, q_row, off_h * HEAD_DIM, kv_row, off_hk * HEAD_DIM, n_blocks,
                                q_start + seqlen_q, k_start + seqlen_k, BLOCK_N, STAGES, RAGGED, b_desc, b_bufs,
