@@ -379,8 +379,8 @@ def _saturated(q, k):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("case", FIXED_MAX_CASES, ids=[c[0] for c in FIXED_MAX_CASES])
-@pytest.mark.parametrize("variant,head_dim", [("default-fm", 64), ("default-fm", 128), ("default-fm", 256),
-                                              ("d64-3wg-fm", 64)], ids=["d64", "d128", "d256", "d64-3wg"])
+@pytest.mark.parametrize("variant,head_dim", [("default", 64), ("default", 128), ("default", 256), ("d64-3wg", 64)],
+                         ids=["d64", "d128", "d256", "d64-3wg"])
 def test_fixed_max_softcap_matches_reference(variant, head_dim, case, monkeypatch):
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     _, causal, spec = case
@@ -408,13 +408,13 @@ def test_fixed_max_softcap_matches_reference(variant, head_dim, case, monkeypatc
 
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
 def test_fixed_max_launch_args():
-    """FIXED_MAX where the config asks for it (the "-fm" variants) on bf16 softcap calls up to FIXED_MAX_LIMIT
-    (softcap 51.9, not 52) with a window, dropout or varlen, never with ALiBi, a sink or a bias (each can move a row's
-    max past the cap), in fp16, without softcap, or from a config without fixed_max; nothing else of the launch
-    changes."""
+    """FIXED_MAX where the config asks for it (the served configs, not their "-rmax" twins) on bf16 softcap calls up
+    to FIXED_MAX_LIMIT (softcap 51.9, not 52) with a window, dropout or varlen, never with ALiBi, a sink or a bias
+    (each can move a row's max past the cap), in fp16, without softcap, or from a config without fixed_max; nothing
+    else of the launch changes."""
     q = torch.empty(2, 1000, 4, 128, dtype=torch.bfloat16)
     lse = torch.empty(2, 4, 1000)
-    fm, base = gluon_launch.VARIANTS["default-fm"][128], gluon_launch.VARIANTS["default"][128]
+    fm, base = gluon_launch.VARIANTS["default"][128], gluon_launch.VARIANTS["default-rmax"][128]
 
     def launch(config=fm, q=q, **kw):
         return gluon_launch.gluon_launch_args(q, q, q, torch.empty_like(q), lse, 0.125, kw.pop("causal", False),
@@ -437,7 +437,7 @@ def test_fixed_max_launch_args():
     packed, cu = q.view(2000, 4, 128), torch.tensor([0, 1000, 2000], dtype=torch.int32)
     assert launch(q=packed, softcap=30.0, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1000,
                   max_seqlen_k=1000)[2]["FIXED_MAX"]
-    assert gluon_launch.VARIANTS["d64-3wg-fm"][64].fixed_max and gluon_launch.VARIANTS["d64-3wg-fm"][64].consumers == 3
+    assert gluon_launch.VARIANTS["d64-3wg"][64].fixed_max and gluon_launch.VARIANTS["d64-3wg"][64].consumers == 3
 
 
 # ALiBi's one-sided key blocks by one more wgmma (GluonConfig.alibi_mma, session 31; d64-3wg's three consumers since

@@ -137,9 +137,9 @@ VARIANTS = {
     # 1.772, causal 1.012 / 1.006 / 1.012 -> 0.953 / 0.960 / 0.964; D64 2.720 / 2.775 / 2.736 -> 2.686 / 2.688 / 2.671,
     # causal 1.420 / 1.432 / 1.423 -> 1.420 / 1.429 / 1.429; the variant timed second ran the D128 ALiBi row faster in
     # every pass: like against like ~5 %, causal ~5 % in every pass).
-    "default": {64: GluonConfig(128, 3, alibi_mma=True, **_TREE_CVT),
-                128: GluonConfig(128, 2, lpt_heads=8, alibi_mma=True, **_TREE_CVT),
-                256: GluonConfig(64, 2, lpt_heads=8, lazy_rescale=True)},
+    "default": {64: GluonConfig(128, 3, alibi_mma=True, fixed_max=True, **_TREE_CVT),
+                128: GluonConfig(128, 2, lpt_heads=8, alibi_mma=True, fixed_max=True, **_TREE_CVT),
+                256: GluonConfig(64, 2, lpt_heads=8, lazy_rescale=True, fixed_max=True)},
     "plain-softmax": {64: GluonConfig(128, 3), 128: GluonConfig(128, 2)},  # the session-5 default
     "no-pingpong": {64: GluonConfig(128, 3, pingpong=False), 128: GluonConfig(128, 2, pingpong=False),
                     256: GluonConfig(64, 2, pingpong=False)},
@@ -179,7 +179,7 @@ VARIANTS = {
     # softcap 3.058 -> 3.023, ALiBi 2.406 -> 2.288, causal ALiBi 1.401 -> 1.319, sink 2.244 -> 2.181, a 4096-key
     # window with softcap 1.775 -> 1.530.
     "d64-3wg": {64: GluonConfig(128, 3, consumers=3, consumer_regs=160, loader_regs=24, maxnreg=128,
-                                lazy_rescale=True, alibi_mma=True, **_TREE_CVT)},
+                                lazy_rescale=True, alibi_mma=True, fixed_max=True, **_TREE_CVT)},
     # The same three consumers in the persistent grid (session 26): 192-row tiles, O by TMA stores (3 x 8 KB more
     # shared memory). Plain D64 rows of 1025-16384 keys take its "-q2-lr" twin (configs.GLUON_FWD_PERSISTENT); causal
     # measured slower.
@@ -250,9 +250,12 @@ VARIANTS.update({f"{name}-lr": {d: replace(c, lazy_rescale=True) for d, c in VAR
                  for name in ("persistent", "persistent-sched4", "persistent-tma-q2", "persistent-tma-q2-de",
                               "persistent-tma-q2-de-lpt8", "persistent-tma-q2-de-sched4", "persistent-tma-sched4",
                               "persistent-3wg-tma-q2", "default")})
-# One fixed row max for softcap alone on bf16 (GluonConfig.fixed_max, session 34): "-fm" twins of the configs that
-# serve softcap (the one-tile default, and d64-3wg for D64's long rows).
-VARIANTS.update({f"{name}-fm": {d: replace(c, fixed_max=True) for d, c in VARIANTS[name].items()}
+# One fixed row max for softcap alone on bf16 (GluonConfig.fixed_max, session 34) in the configs that serve softcap
+# (the one-tile default, and d64-3wg for D64's long rows); their "-rmax" twins keep the running max. Session 34,
+# call 1 (h200-2026-12-02-s34), 8K tokens (B2, hidden 2048), interleaved rounds, ms running -> fixed: D128 softcap 30
+# 2.179 -> 2.004, causal 1.155 -> 1.113, a 4096-key window with softcap 0.909 -> 0.856; D64 (d64-3wg) 3.032 -> 2.902,
+# causal 1.713 -> 1.600, window 1.534 -> 1.305; D256 1.656 -> 1.514, causal 0.904 -> 0.853, window 0.726 -> 0.675.
+VARIANTS.update({f"{name}-rmax": {d: replace(c, fixed_max=False) for d, c in VARIANTS[name].items()}
                  for name in ("default", "d64-3wg")})
 HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16)
