@@ -258,6 +258,7 @@ def test_features_match_reference(feature, shape, head_dim):
 # consumers take no bias, dropout or ALiBi with softcap (those calls run the two-consumer default, not lazy at D64).
 LAZY_ONE_TILE = [
     ("softcap", False, dict(softcap=30.0)),
+    ("softcap60", False, dict(softcap=60.0)),  # past FIXED_MAX_LIMIT: the running max, lazily rescaled
     ("alibi-bh-causal", True, dict(alibi="bh")),
     ("sink", False, dict(sink=True)),
     ("window-100-50", False, dict(window_size=(100, 50))),
@@ -359,15 +360,17 @@ FIXED_MAX_CASES = [
     ("softcap51.9-saturated-causal", True, dict(softcap=51.9, saturate=True)),
     ("softcap60-saturated", False, dict(softcap=60.0, saturate=True, fixed=False)),
     ("softcap30-fp16", True, dict(softcap=30.0, dtype=torch.float16, fixed=False)),
+    ("softcap5-window-fp16", False, dict(softcap=5.0, window_size=(200, 100), dtype=torch.float16, fixed=False)),
     ("softcap30-varlen-causal", True, dict(softcap=30.0, varlen=True)),
 ]
 
 
 def _saturated(q, k):
-    """q / k whose scores saturate softcap's tanh: q x 8 and k x 8 (|q.k| / sqrt(D) mostly > 60: each row's scores
-    at both ends, +-softcap), key dim 0 set to 8, and the first 100 query rows (1000, 0, ...) / the next 100
-    (-1000, 0, ...): every score of those rows is +700 / -700 or more before the cap, so all sit at +softcap (P =
-    2^64 each under the fixed max) or all at -softcap (the smallest P the headroom allows)."""
+    """q / k whose scores reach softcap's saturated ends: q x 8 and k x 8 (scores ~ N(0, 64^2) / sqrt(D) x sqrt(D):
+    about a third beyond +-60, so most rows hold both ends), key dim 0 set to 8, and the first 100 query rows
+    (1000, 0, ...) / the next 100 (-1000, 0, ...): every score of those rows is +-8000 / sqrt(D) (+-500 at D256) before
+    the cap, so all sit at +softcap (P = 2^64 each under the fixed max) or all at -softcap (the smallest P the headroom
+    allows)."""
     q, k = q * 8, k * 8
     k[..., 0] = 8
     q[:, :200] = 0
@@ -409,7 +412,7 @@ def test_fixed_max_softcap_matches_reference(variant, head_dim, case, monkeypatc
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
 def test_fixed_max_launch_args():
     """FIXED_MAX where the config asks for it (the served configs, not their "-rmax" twins) on bf16 softcap calls up
-    to FIXED_MAX_LIMIT (softcap 51.9, not 52) with a window, dropout or varlen, never with ALiBi, a sink or a bias
+    to FIXED_MAX_LIMIT (softcap 51.98, not 52) with a window, dropout or varlen, never with ALiBi, a sink or a bias
     (each can move a row's max past the cap), in fp16, without softcap, or from a config without fixed_max; nothing
     else of the launch changes."""
     q = torch.empty(2, 1000, 4, 128, dtype=torch.bfloat16)

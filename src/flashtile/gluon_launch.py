@@ -651,7 +651,7 @@ def alibi_by_mma(config, alibi_slopes, softcap=0.0, attn_bias=None):
 
 def fixed_max_ok(dtype, softcap, alibi_slopes=None, sink=None, attn_bias=None, mods=None):
     """Softcap bounds every score: the kernel's FIXED_MAX serves bf16 calls with softcap * log2(e) <= FIXED_MAX_LIMIT
-    (softcap <= 51.9, Gemma 2's 50 among them) and no ALiBi, sink, bias or block mask (each can move a row's max
+    (softcap <= 51.98, Gemma 2's 50 among them) and no ALiBi, sink, bias or block mask (each can move a row's max
     past the cap's bound). fp16's P has no room for the spread (kernels/gluon_fwd.FIXED_MAX_HEADROOM)."""
     return (dtype == torch.bfloat16 and 0 < softcap * LOG2E <= FIXED_MAX_LIMIT and alibi_slopes is None
             and sink is None and attn_bias is None and mods is None)

@@ -304,10 +304,10 @@ RESCALE_LOG2 = gl.constexpr(8.0)
 # FIXED_MAX (softcap without ALiBi, a bias or a sink, bf16): tanh bounds every score to [-c, c] (c = softcap_log2,
 # log2 units), so no running max is needed: every row subtracts the same m = max(0, c - FIXED_MAX_HEADROOM) and keeps
 # P = 2^(score - m) in [2^(-c - m), 2^(c - m)], m never moving (no row max, no rescale of O). The host takes it for
-# c <= FIXED_MAX_LIMIT (softcap <= 51.9): then P <= 2^64 (l and O stay finite in fp32 up to 2^64 / keys in |v|, far
-# past any bf16 activation) and a row's largest P is >= 2^-86, 40 binary orders above fp32's (and bf16's) smallest
-# normal, so the terms ex2.approx.ftz flushes weigh < 2^-40 of the row's sum; bf16 P keeps 8 bits at any of those
-# magnitudes. fp16 P (largest 65504) has no such room: fp16 calls keep the running max.
+# c <= FIXED_MAX_LIMIT (softcap <= 51.98): then P <= 2^64 (l and O stay finite in fp32 up to 2^64 / keys in |v|, far
+# past any bf16 activation) and every visible key's P is >= 2^(-c - m) >= 2^-86, 40 binary orders above fp32's (and
+# bf16's) smallest normal: ex2.approx.ftz flushes none of them, and bf16 P keeps 8 bits at any of those magnitudes.
+# fp16 P (largest 65504) has no such room: fp16 calls keep the running max.
 FIXED_MAX_HEADROOM = gl.constexpr(64.0)
 FIXED_MAX_LIMIT = 75.0  # softcap * log2(e) at most (the host's rule: gluon_launch.fixed_max_ok)
 
@@ -452,7 +452,6 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                             MASKED, CAP_SCALED=False)  # [WG_M, BLOCK_N], tanh(score / softcap) or -inf
         m_new = m_i
-        alpha = 1.0
         p_f32 = gl.exp2(s * softcap_log2 - _fixed_max(softcap_log2))  # [WG_M, BLOCK_N], one FFMA per score
     elif SOFTCAP and not HAS_ALIBI and not HAS_BIAS:
         s = _feature_scores(s, key_lo + j * BLOCK_N, row0, seqlen_k, causal_offset, qk_scale, softcap_log2,
@@ -868,6 +867,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     (FIXED_MAX_HEADROOM)."""
     gl.static_assert(not FIXED_MAX or (SOFTCAP and not (HAS_ALIBI or HAS_BIAS or HAS_SINK or BLOCK_SPARSE)),
                      "FIXED_MAX: softcap without ALiBi, a bias, a sink or a block mask")
+    gl.static_assert(not FIXED_MAX or q_desc.dtype == gl.bfloat16, "FIXED_MAX: bf16 (fp16 P tops out at 65504)")
     gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not HAS_BIAS and not BLOCK_SPARSE),
                      "CONSUMERS: 2, or 3 without a bias or a block mask")
     gl.static_assert(CONSUMERS == 2 or not HAS_DROPOUT, "HAS_DROPOUT: two consumers")
