@@ -316,16 +316,17 @@ def _spec_feats(spec, batch, heads_q, seqlen_q, seqlen_k):
     return feats
 
 
-def _check_variant_varlen(q, k, v, causal, variant, **feats):
-    """The batch of 2 x 1000 tokens packed as sequences of 300, 700 and 1000 through gluon_forward(variant) with feats
-    (ones that hold for every sequence), each sequence against the float64 reference run alone."""
-    cu = torch.tensor([0, 300, 1000, 2000], dtype=torch.int32, device="cuda")
+def _check_variant_varlen(q, k, v, causal, variant, lens_k=(300, 700, 1000), **feats):
+    """The batch of 2 x 1000 tokens packed as sequences of 300, 700 and 1000 queries (and lens_k keys, 2000 in all)
+    through gluon_forward(variant) with feats (ones that hold for every sequence), each sequence against the float64
+    reference run alone."""
+    lens_q = [300, 700, 1000]
+    cu_q, cu_k = _cu(lens_q, "cuda"), _cu(list(lens_k), "cuda")
     qv, kv, vv = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v))
-    lens = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1000, max_seqlen_k=1000)
+    lens = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1000, max_seqlen_k=max(lens_k))
     assert gluon_launch.gluon_supported(qv, kv, vv, causal=causal, **feats, **lens)
     out, lse = gluon_launch.gluon_forward(qv, kv, vv, causal=causal, variant=variant, **feats, **lens)
-    assert_varlen_matches_each_sequence(out, lse, qv, kv, vv, [300, 700, 1000], [300, 700, 1000], cu, cu, causal,
-                                        **feats)
+    assert_varlen_matches_each_sequence(out, lse, qv, kv, vv, lens_q, list(lens_k), cu_q, cu_k, causal, **feats)
 
 
 def _check_variant_forward(q, k, v, causal, variant, feats, dropout_p=0.0, softmax_scale=None):
@@ -390,18 +391,11 @@ def test_fixed_max_softcap_matches_reference(variant, head_dim, case, monkeypatc
     batch, heads_q, heads_kv = 2, 4, 2
     dtype = spec.get("dtype", torch.bfloat16)
     fixed = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "FIXED_MAX")
+    q, k, v = make_qkv(batch, 1000, 1000, heads_q, heads_kv, head_dim, dtype, "cuda", requires_grad=False)
     if spec.get("varlen"):
-        # Sequences of (300 queries, 100 keys): causal rows 0-199 see no key; (700, 700); (1000, 1200).
-        lens_q, lens_k = [300, 700, 1000], [100, 700, 1200]
-        q, k, v = _packed(lens_q, lens_k, heads_q, heads_kv, head_dim, dtype, "cuda")
-        cu_q, cu_k = _cu(lens_q, "cuda"), _cu(lens_k, "cuda")
-        lens = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1000, max_seqlen_k=1200)
-        assert gluon_launch.gluon_supported(q, k, v, causal=causal, softcap=spec["softcap"], **lens)
-        out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=variant, softcap=spec["softcap"], **lens)
-        assert_varlen_matches_each_sequence(out, lse, q, k, v, lens_q, lens_k, cu_q, cu_k, causal,
-                                            softcap=spec["softcap"])
+        # Sequences of (300 queries, 100 keys), (700, 700), (1000, 1200): causal rows 0-199 of the first see no key.
+        _check_variant_varlen(q, k, v, causal, variant, lens_k=(100, 700, 1200), softcap=spec["softcap"])
     else:
-        q, k, v = make_qkv(batch, 1000, 1000, heads_q, heads_kv, head_dim, dtype, "cuda", requires_grad=False)
         if spec.get("saturate"):
             q, k = _saturated(q, k)
         feats = dict(softcap=spec["softcap"], window_size=spec.get("window_size", (-1, -1)))
