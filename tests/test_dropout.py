@@ -158,10 +158,10 @@ def test_backends_draw_the_same_mask(monkeypatch):
 @pytest.mark.parametrize("p", [0.5, 0.3])
 def test_philox_counters(backend, p):
     """The mask layout: element (b, h, i, j) takes output (j % 8) // 2 of Philox counter
-    ((b * H + h) * Sq + i) * ceil(Sk / 8) + j // 8 (an Sk that is not a multiple of 8 included), its low 16 bits
-    for even j and its high 16 bits for odd j, and is kept when they are >= dropout_threshold(p); the kernels'
-    tl.randint4x (on the GPU too) is flashtile.philox bit for bit. p = 0.3 (threshold 19661) reads every bit of
-    the 16."""
+    ((b * H + h) * Sq + i) * ceil(Sk / 8) + j // 8 (an Sk that is not a multiple of 8 included), the low 15 bits
+    of its low 16-bit half for even j and of its high half for odd j, and is kept when they are >=
+    dropout_threshold(p); the kernels' tl.randint4x (on the GPU too) is flashtile.philox bit for bit. p = 0.3
+    (threshold 9830) reads every bit of the 15, and the output word's bits 15 and 31 must not count."""
     _, device = backend
     shape = (2, 300, 500, 3, 3, 64) if device == "cuda" else (2, 9, 13, 3, 3, 16)
     q, k, v = make_qkv(*shape, torch.float32, device, requires_grad=False)
@@ -175,9 +175,9 @@ def test_philox_counters(backend, p):
     groups = (bh * Sq + i) * ((Sk + 7) // 8) + j // 8
     outputs = torch.stack(philox.randint4x(seed, groups), -1)  # [B, H, Sq, Sk, 4]
     word = torch.gather(outputs, -1, ((j % 8) // 2).expand(B, H, Sq, Sk)[..., None])[..., 0]
-    bits = torch.where(j % 2 == 0, word & 0xFFFF, word >> 16)
-    assert philox.dropout_threshold(p) == round(p * 65536)
-    keep = bits >= round(p * 65536)
+    bits = torch.where(j % 2 == 0, word & 0x7FFF, (word >> 16) & 0x7FFF)
+    assert philox.dropout_threshold(p) == round(p * 32768)
+    keep = bits >= round(p * 32768)
     assert torch.equal(keep, ~torch.signbit(probs.cpu()))
     assert torch.equal(bits, philox.dropout_bits(seed, bh, i, j, Sq, Sk))
     assert torch.equal(keep, philox.dropout_keep_mask(seed, bh, i, j, Sq, Sk, p))
@@ -212,40 +212,42 @@ def test_philox_is_tritons_randint4x():
     assert not torch.equal(out.cpu(), torch.stack(philox.randint4x(seed, offsets)))
 
 
-@pytest.mark.parametrize("p", [1e-12, 0.5 / 65536, 1 / 65536, 1e-4, 0.1, 0.17, 0.3, 0.5, 0.9, 1 - 1e-4, 1 - 1e-12])
+@pytest.mark.parametrize("p", [1e-12, 0.5 / 32768, 1 / 32768, 1e-4, 0.1, 0.17, 0.3, 0.5, 0.9, 0.96875, 0.97, 1 - 1e-4,
+                               1 - 1e-12])
 def test_dropout_threshold_rule(p):
-    """The 16-bit rule keeps a draw r in [0, 65536) when r >= dropout_threshold(p): with probability
-    (65536 - t) / 65536, within 1/65536 of 1 - p; any p > 0 drops and any p < 1 keeps with some probability."""
+    """The 15-bit rule keeps a draw r in [0, 32768) when r >= dropout_threshold(p): with probability
+    (32768 - t) / 32768, within 1/32768 of 1 - p; any p > 0 drops and any p < 1 keeps with some probability."""
     t = philox.dropout_threshold(p)
-    assert isinstance(t, int) and 1 <= t <= 65535
-    keep_prob = (65536 - t) / 65536
-    assert (torch.arange(65536) >= t).sum().item() == 65536 - t  # the rule over every 16-bit draw
-    assert abs(keep_prob - (1 - p)) <= 1 / 65536
-    if 0.5 / 65536 < p < 1 - 0.5 / 65536:  # unclamped: round to nearest
-        assert abs(keep_prob - (1 - p)) <= 0.5 / 65536
+    assert isinstance(t, int) and 1 <= t <= 32767
+    keep_prob = (32768 - t) / 32768
+    assert (torch.arange(32768) >= t).sum().item() == 32768 - t  # the rule over every 15-bit draw
+    assert abs(keep_prob - (1 - p)) <= 1 / 32768
+    if 0.5 / 32768 < p < 1 - 0.5 / 32768:  # unclamped: round to nearest
+        assert abs(keep_prob - (1 - p)) <= 0.5 / 32768
     assert philox.dropout_threshold(0.0) == 0
 
 
 def test_tiny_dropout_p_still_drops():
-    """p = 1e-7 rounds to threshold 1, not 0: a draw of exactly 0 is dropped, so about one element in 65536 is
-    (2**20 draws: 16 expected, within 6 standard deviations), and the draws are uniform over the 16 bits."""
+    """p = 1e-7 rounds to threshold 1, not 0: a draw of exactly 0 is dropped, so about one element in 32768 is
+    (2**20 draws: 32 expected, within 6 standard deviations), and the draws are uniform over the 15 bits."""
     seed = 123456789
     bh, rows, cols = torch.arange(4).reshape(4, 1, 1), torch.arange(256).reshape(256, 1), torch.arange(1024)
     bits = philox.dropout_bits_block(seed, bh, rows, 0, 1024, 256, 1024)
     assert torch.equal(bits[..., 3:700:97], philox.dropout_bits(seed, bh, rows, cols[3:700:97], 256, 1024))
     dropped = (bits < philox.dropout_threshold(1e-7)).sum().item()
-    expected = bits.numel() / 65536
+    expected = bits.numel() / 32768
     assert 0 < dropped and abs(dropped - expected) <= 6 * math.sqrt(expected), dropped
     assert dropped == (bits == 0).sum().item()
-    # Each of the 16 bits is set in half of the draws (within 6 standard deviations).
-    for bit in range(16):
+    # Each of the 15 bits is set in half of the draws (within 6 standard deviations), and none above them.
+    for bit in range(15):
         ones = ((bits >> bit) & 1).double().mean().item()
         assert abs(ones - 0.5) <= 6 * math.sqrt(0.25 / bits.numel()), (bit, ones)
+    assert bits.max().item() < 32768
 
 
 def test_tiny_dropout_p_drops_in_the_kernels(backend):
     """The kernels (and the CPU path) get the threshold, not a rounded-away p: with p = 1e-7, 2 * 2 * 512 * 512
-    scores lose about 16 (threshold 1: the draws equal to 0), exactly those of flashtile.philox."""
+    scores lose about 32 (threshold 1: the 15-bit draws equal to 0), exactly those of flashtile.philox."""
     name, device = backend
     if name == "triton" and device == "cpu":
         pytest.skip("a million scores take the interpreter ~20 s; test_philox_counters checks its threshold")
@@ -255,7 +257,7 @@ def test_tiny_dropout_p_drops_in_the_kernels(backend):
     torch.manual_seed(12)
     seed = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device=device).item()
     dropped = torch.signbit(probs.cpu())
-    assert 0 < dropped.sum().item() <= 16 + 6 * 4
+    assert 0 < dropped.sum().item() <= 32 + 6 * 6
     keep = philox.dropout_keep_mask(seed, torch.arange(4).reshape(2, 2, 1, 1), torch.arange(512)[:, None],
                                     torch.arange(512), 512, 512, 1e-7)
     assert torch.equal(~dropped, keep)

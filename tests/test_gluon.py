@@ -564,21 +564,26 @@ def test_dropout_matches_reference(feature, shape, head_dim):
     out_portable, _ = launch._portable_forward(q, k, v, q.shape[-1] ** -0.5, window_left, window_right,
                                                feats["softcap"], feats["alibi_slopes"], feats["sink"], dropout_p=p,
                                                rng=rng)
-    torch.testing.assert_close(out, out_portable, atol=2e-2, rtol=0)
+    # Within a bf16 rounding of each other: 1 / (1 - p) lifts some outputs to 4, where one bf16 step is 2^-5
+    # (session 35: one such element, the two kernels one step apart).
+    torch.testing.assert_close(out, out_portable, atol=2e-2, rtol=2 ** -7)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
-def test_dropout_mask_is_exact(head_dim):
+@pytest.mark.parametrize("p, dtype", [(0.3, torch.bfloat16), (0.96875, torch.bfloat16), (0.6, torch.float16)],
+                         ids=["p0.3", "p0.96875", "p0.6-fp16"])
+def test_dropout_mask_is_exact(head_dim, p, dtype):
     """q = 0 makes every probability 1 / Sk, and v[j] = the one-hot row e_(j % D) makes out[i, c] * Sk * (1 - p) the
     number of kept keys j = c (mod D) of row i: it must equal the count from philox's mask exactly, so a single
-    misplaced draw fails (a comparison within bf16 tolerance would not see it)."""
-    batch, seqlen_q, seqlen_k, heads_q, heads_kv, p, seed = 2, 300, 1000, 4, 2, 0.3, 77
-    q = torch.zeros(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda").to(torch.bfloat16)
+    misplaced draw fails (a comparison within bf16 tolerance would not see it). p = 0.96875 is the largest the
+    kernel's fp16 compare serves (threshold 0x7C00): every key it keeps has a draw of inf's or a NaN's pattern."""
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, seed = 2, 300, 1000, 4, 2, 77
+    q = torch.zeros(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device="cuda")
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda").to(dtype)
     one_hot = torch.nn.functional.one_hot(torch.arange(seqlen_k, device="cuda") % head_dim, head_dim).float()
-    v = one_hot.to(torch.bfloat16)[None, :, None].expand(batch, -1, heads_kv, -1).contiguous()
+    v = one_hot.to(dtype)[None, :, None].expand(batch, -1, heads_kv, -1).contiguous()
     out, _ = gluon_launch.gluon_forward(q, k, v, dropout_p=p, rng=torch.tensor([seed], device="cuda"))
     counts = _dropout_keep(seed, batch, heads_q, seqlen_q, seqlen_k, p).float() @ one_hot  # (B, Hq, Sq, D)
     got = (out.float() * (seqlen_k * (1 - p))).round().permute(0, 2, 1, 3)
@@ -627,6 +632,25 @@ def test_flash_attn_func_dropout_takes_gluon(monkeypatch, causal):
     torch.testing.assert_close(out, out_portable, atol=2e-2, rtol=0)
     for g, gp in zip(grads, grads_portable):
         torch.testing.assert_close(g, gp, atol=5e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+def test_dropout_above_the_half_compare_takes_portable(monkeypatch):
+    """dropout_p = 0.98 (threshold 32113, above the Gluon forward's fp16 compare, 0x7C00) runs the portable forward;
+    its output is the reference's with philox's mask of that threshold."""
+    calls = record_calls(monkeypatch, gluon_launch, "gluon_forward")
+    q, k, v = make_qkv(2, 1024, 1024, 8, 2, 128, torch.bfloat16, "cuda", requires_grad=False)
+    torch.manual_seed(5)
+    out = flashtile.flash_attn_func(q, k, v, dropout_p=0.98)
+    assert not calls
+    torch.manual_seed(5)
+    seed = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device="cuda").item()  # the draw flashtile makes
+    keep = _dropout_keep(seed, 2, 8, 1024, 1024, 0.98)
+    assert abs(keep.float().mean().item() - 0.02) < 0.002
+    ref64 = flashtile.attention_ref(q, k, v, dropout_p=0.98, dropout_mask=keep)
+    ref = flashtile.attention_ref(q, k, v, dropout_p=0.98, dropout_mask=keep, upcast=False)
+    assert_close_rule("out", out, ref64, ref, torch.bfloat16)
 
 
 def test_a_failing_gluon_launch_falls_back_once(monkeypatch):
@@ -691,7 +715,8 @@ def as_if_hopper(monkeypatch):
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
 def test_dropout_support_rule(as_if_hopper):
     """Dropout with its int64 seed on q's device, at every head dim, alone or with the score features; not without a
-    seed, not p >= 1, not with a bias (the draws' shared memory does not fit beside the bias ring)."""
+    seed, not p >= 1, not with a bias (the draws' shared memory does not fit beside the bias ring), not above
+    p = 0.96875 (threshold 0x7C00: the fp16 compare of gluon_dropout.dropout_to_p holds up to there)."""
     seed = torch.zeros(1, dtype=torch.int64)
     for head_dim in (64, 128, 256):
         q, k, v = make_qkv(2, 300, 500, 4, 2, head_dim, torch.bfloat16, "cpu", requires_grad=False)
@@ -701,6 +726,8 @@ def test_dropout_support_rule(as_if_hopper):
         assert not gluon_launch.gluon_supported(q, k, v, dropout_p=0.1)
         assert not gluon_launch.gluon_supported(q, k, v, dropout_p=0.1, rng=seed.int())
         assert not gluon_launch.gluon_supported(q, k, v, dropout_p=1.0, rng=seed)
+        assert gluon_launch.gluon_supported(q, k, v, dropout_p=0.96875, rng=seed)
+        assert not gluon_launch.gluon_supported(q, k, v, dropout_p=0.969, rng=seed)  # threshold 0x7C01
         bias = torch.zeros(1, 4, 300, 504, dtype=torch.bfloat16)[..., :500]
         assert gluon_launch.gluon_supported(q, k, v, attn_bias=bias)
         assert not gluon_launch.gluon_supported(q, k, v, attn_bias=bias, dropout_p=0.1, rng=seed)

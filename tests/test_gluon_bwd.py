@@ -106,7 +106,7 @@ def test_dkdv_launch_args_dropout():
     launch_args = [gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.125, True, config, **kw)
                    for kw in ({}, dict(dropout_p=0.25, rng=seed))]
     (grid, args, constexprs, options), (grid_d, args_d, constexprs_d, options_d) = launch_args
-    assert args_d[-3] is seed and args_d[-2:] == (1 / 0.75, philox.dropout_threshold(0.25)) == (1 / 0.75, 16384)
+    assert args_d[-3] is seed and args_d[-2:] == (1 / 0.75, philox.dropout_threshold(0.25)) == (1 / 0.75, 8192)
     assert constexprs_d.pop("HAS_DROPOUT") and constexprs_d == constexprs and (grid_d, options_d) == (grid, options)
     assert all(a is b or a == b for a, b in zip(args_d[10:-3], args[10:-3]))
 

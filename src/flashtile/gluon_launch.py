@@ -26,12 +26,14 @@ try:
     from triton.experimental.gluon import language as _gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
 
+    from .kernels.gluon_dropout import HALF_COMPARE_MAX_THRESHOLD
     from .kernels.gluon_fwd import FIXED_MAX_LIMIT, WG_M, _attn_fwd_hopper
     from .kernels.gluon_fwd_persistent import _attn_fwd_hopper_persistent
     GLUON_IMPORT_ERROR = None
 except Exception as exc:  # noqa: BLE001  (any failure means: no Gluon path on this triton)
     _attn_fwd_hopper = _attn_fwd_hopper_persistent = None
     FIXED_MAX_LIMIT = 0.0
+    HALF_COMPARE_MAX_THRESHOLD = 0
     GLUON_IMPORT_ERROR = exc
 
 LOG2E = 1.4426950408889634
@@ -375,14 +377,16 @@ def gluon_supported(q, k, v, causal=False, dropout_p=0.0, window_size=(-1, -1), 
     every query row seeing at least one key (causal: seqlen_q <= seqlen_k; a window's right side:
     seqlen_q - seqlen_k <= right; varlen rows without keys are handled in the kernel), ALiBi slopes fp32 (Hq,)
     or (B, Hq), sink (Hq,), attn_bias fp16 / bf16 (B or 1, Hq or 1, Sq, Sk) in a layout bias_ok accepts (varlen:
-    (B or 1, Hq or 1, max_seqlen_q, max_seqlen_k)); dropout 0 <= dropout_p < 1 with rng, the int64 (1,) Philox
-    seed on q's device, without a bias; no paged keys (block_table) or mods."""
+    (B or 1, Hq or 1, max_seqlen_q, max_seqlen_k)); dropout 0 <= dropout_p <= 0.96875 with rng, the int64 (1,)
+    Philox seed on q's device, without a bias; no paged keys (block_table) or mods."""
     if _attn_fwd_hopper is None or _disabled is not None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
     if other_features and any(v_ is not None and (isinstance(v_, torch.Tensor) or v_)
                               for v_ in other_features.values()):
         return False
     if softcap < 0 or not dropout_ok(dropout_p, rng, q):
+        return False
+    if philox.dropout_threshold(dropout_p) > HALF_COMPARE_MAX_THRESHOLD:  # dropout_p > 0.96875 (gluon_dropout)
         return False
     if dropout_p and attn_bias is not None:
         # The draws' per-warp exchange takes ~3.8 KB of shared memory, which the bias ring has used up (D128 / D256:
@@ -546,6 +550,7 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
         assert attn_bias is None and (alibi_slopes is None or alibi_mma) and mods is None and not dropout_p, \
             "a bias, ALiBi (but by ALIBI_MMA), dropout or a block mask runs two consumers (takes_config, sparse_ok)"
     if dropout_p:
+        assert philox.dropout_threshold(dropout_p) <= HALF_COMPARE_MAX_THRESHOLD, "p > 0.96875 (gluon_supported)"
         constexprs.update(HAS_DROPOUT=True)
     # O through each warpgroup's Q tile: dense launches of two consumers at the head dims
     # configs.GLUON_FWD_SMEM_EPILOGUE lists (plain and causal since session 19, with score features, windows, sinks,

@@ -42,25 +42,30 @@ def randint(seed, offsets):
     return randint4x(seed, offsets)[0]
 
 
+DRAW_BITS = 15  # a key's draw: the low 15 bits of its 16-bit half of a Philox output (why 15: dropout_threshold)
+DRAWS = 1 << DRAW_BITS
+
+
 def dropout_threshold(p):
-    """The integer threshold t of dropout probability p: a 16-bit draw r is kept when r >= t, so the keep
-    probability is (65536 - t) / 65536. t = round(p * 65536), so t / 65536 is within 1/131072 of p, clamped to
-    [1, 65535] (then within 1/65536) so that any p > 0 drops and any p < 1 keeps, each with probability at least
-    1/65536; 0 for p == 0 (nothing dropped)."""
+    """The integer threshold t of dropout probability p: a 15-bit draw r is kept when r >= t, so the keep
+    probability is (32768 - t) / 32768. t = round(p * 32768), so t / 32768 is within 1/65536 of p, clamped to
+    [1, 32767] (then within 1/32768) so that any p > 0 drops and any p < 1 keeps, each with probability at least
+    1/32768; 0 for p == 0 (nothing dropped). 15 bits, not 16: the Hopper forward compares a draw as an fp16 bit
+    pattern (kernels/gluon_dropout.dropout_to_p), whose order is the integers' only without the sign bit."""
     if p == 0:
         return 0
-    return min(max(round(p * 65536), 1), 65535)
+    return min(max(round(p * DRAWS), 1), DRAWS - 1)
 
 
 def dropout_bits(seed, bh, rows, cols, max_q, max_k):
-    """The 16-bit draw (int64 in [0, 65536)) that decides dropout at element (bh, i, j) of a (B * Hq, max_q, max_k)
+    """The 15-bit draw (int64 in [0, 32768)) that decides dropout at element (bh, i, j) of a (B * Hq, max_q, max_k)
     layout (bh, rows, cols: int64 tensors that broadcast), as kernels/common._dropout_keep draws it: one Philox
     call per eight consecutive keys, counter (bh * max_q + i) * ceil(max_k / 8) + j // 8; key j takes output
-    (j % 8) // 2 of the four, its low 16 bits for even j and its high 16 bits for odd j."""
+    (j % 8) // 2 of the four, the low 15 bits of its low 16-bit half for even j and of its high half for odd j."""
     groups = (bh * max_q + rows) * ((max_k + 7) // 8) + cols // 8
     outputs = torch.stack(randint4x(seed, groups), -1)  # [..., 4]
     word = torch.gather(outputs, -1, torch.broadcast_to((cols % 8) // 2, groups.shape).unsqueeze(-1)).squeeze(-1)
-    return (word >> (16 * (cols % 2))) & 0xFFFF
+    return (word >> (16 * (cols % 2))) & (DRAWS - 1)
 
 
 def dropout_bits_block(seed, bh, rows, col_start, col_end, max_q, max_k):
@@ -69,7 +74,7 @@ def dropout_bits_block(seed, bh, rows, col_start, col_end, max_q, max_k):
     first, last = col_start // 8, (col_end + 7) // 8
     groups = (bh * max_q + rows) * ((max_k + 7) // 8) + torch.arange(first, last)  # [..., G]
     outputs = torch.stack(randint4x(seed, groups), -1)  # [..., G, 4]
-    bits = torch.stack([outputs & 0xFFFF, outputs >> 16], -1).flatten(-3)  # [..., 8 G]: key 8 g + 2 o + half
+    bits = torch.stack([outputs, outputs >> 16], -1).flatten(-3) & (DRAWS - 1)  # [..., 8 G]: key 8 g + 2 o + half
     return bits[..., col_start - 8 * first:col_end - 8 * first]
 
 

@@ -100,16 +100,16 @@ def _dropout_keep(seed, rng_base, q_idx, start_n, max_k, threshold, BLOCK_N: tl.
                   KEYS_ON_ROWS: tl.constexpr):
     """Dropout's keep mask of a tile of queries q_idx and keys start_n + [0, BLOCK_N): [M, BLOCK_N] for q_idx
     [M, 1], or [BLOCK_N, M] for q_idx [1, M] with KEYS_ON_ROWS (the dK/dV kernel's transposed tiles). start_n is
-    a multiple of 8. True where the element's 16-bit draw is >= threshold (philox.dropout_threshold(dropout_p)):
-    with probability (65536 - threshold) / 65536, within 1/65536 of 1 - dropout_p.
+    a multiple of 8. True where the element's 15-bit draw is >= threshold (philox.dropout_threshold(dropout_p)):
+    with probability (32768 - threshold) / 32768, within 1/32768 of 1 - dropout_p.
 
     One Philox call (tl.randint4x of PHILOX_ROUNDS rounds, keyed by seed) per eight consecutive keys: element
     (b, h, i, j) of a (B, Hq, max_q, max_k) layout uses counter rng_base + i * ceil(max_k / 8) + j // 8, with
     rng_base = (b * Hq + h) * max_q * ceil(max_k / 8), positions within the sequence, and takes output
-    (j % 8) // 2 of its four, the low 16 bits for even j, the high 16 bits for odd j. The draw depends only on the
-    element, not on the tiling, so the dK/dV and dQ kernels regenerate the forward's mask exactly, and
-    flashtile.philox.dropout_bits reproduces it on the CPU. (tl.rand4x per four keys with a float compare took
-    twice the Philox calls and an int-to-float conversion per key.)
+    (j % 8) // 2 of its four, the low 15 bits of its low 16-bit half for even j, of its high half for odd j. The
+    draw depends only on the element, not on the tiling, so the dK/dV and dQ kernels regenerate the forward's
+    mask exactly, and flashtile.philox.dropout_bits reproduces it on the CPU. (tl.rand4x per four keys with a
+    float compare took twice the Philox calls and an int-to-float conversion per key.)
     """
     groups = start_n // 8 + tl.arange(0, BLOCK_N // 8)
     row_groups = (max_k + 7) // 8
@@ -130,11 +130,12 @@ def _dropout_keep(seed, rng_base, q_idx, start_n, max_k, threshold, BLOCK_N: tl.
                 tl.join(r2.to(tl.uint32, bitcast=True), r3.to(tl.uint32, bitcast=True)))
     if KEYS_ON_ROWS:  # one return statement: the compiler visits the code after a static if's return
         w = tl.reshape(tl.permute(t, (0, 3, 2, 1)), (BLOCK_N // 2, q_idx.shape[1]))  # [BLOCK_N / 2, M]
-        keep = tl.join((w & 0xFFFF) >= thr, w >= (thr << 16))  # [BLOCK_N / 2, M, 2]: low, high half
+        keep = tl.join((w & 0x7FFF) >= thr, (w & 0x7FFF0000) >= (thr << 16))  # [BLOCK_N / 2, M, 2]: low, high
         keep = tl.reshape(tl.permute(keep, (0, 2, 1)), (BLOCK_N, q_idx.shape[1]))
     else:
         w = tl.reshape(tl.permute(t, (0, 1, 3, 2)), (q_idx.shape[0], BLOCK_N // 2))  # [M, BLOCK_N / 2]
-        keep = tl.reshape(tl.join((w & 0xFFFF) >= thr, w >= (thr << 16)), (q_idx.shape[0], BLOCK_N))
+        keep = tl.join((w & 0x7FFF) >= thr, (w & 0x7FFF0000) >= (thr << 16))
+        keep = tl.reshape(keep, (q_idx.shape[0], BLOCK_N))
     return keep
 
 

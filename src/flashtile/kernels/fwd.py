@@ -116,7 +116,7 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
     carries no value (attention sinks); the online softmax simply starts from it.
 
     HAS_DROPOUT: Rng holds the int64 Philox seed; probabilities are dropped with probability dropout_p (where
-    the element's 16-bit draw is below dropout_threshold = philox.dropout_threshold(dropout_p), see
+    the element's 15-bit draw is below dropout_threshold = philox.dropout_threshold(dropout_p), see
     common._dropout_keep) and the kept ones scaled by 1 / (1 - dropout_p). Lse stays the undropped one.
 
     Programmable attention (flashtile.flex): SCORE_MOD / MASK_MOD read Aux0..Aux3 (see _scores). BLOCK_SPARSE:

@@ -1,13 +1,13 @@
 """Dropout's keep mask in the Hopper Gluon kernels: the draws of kernels/common._dropout_keep (the portable kernels'
 and flashtile.philox's), made for a 64-row wgmma accumulator tile.
 
-Element (b, h, i, j) takes the 16-bit half j % 2 of output (j % 8) // 2 of the Philox call at counter
-rng_base + i * ceil(max_k / 8) + j // 8. A thread of the wgmma accumulator holds, of every group of eight keys, one
-pair of consecutive keys (2 (lane % 4) and the next): one 32-bit output of the group's call. So the four lanes of a
-quad share their calls. Each lane makes a quarter of them (quad_layout: a group's call lands on lane g % 4 of the
-quad), and one exchange inside the warp (to quad_layout's words; the compiler routes it through a per-warp
-shared-memory scratch, st.shared + ldmatrix, no CTA barrier: ~3.8 KB) hands every lane its word of each call: eight
-Philox calls per thread and 128-key block instead of thirty-two.
+Element (b, h, i, j) takes the low 15 bits of 16-bit half j % 2 of output (j % 8) // 2 of the Philox call at
+counter rng_base + i * ceil(max_k / 8) + j // 8. A thread of the wgmma accumulator holds, of every group of eight
+keys, one pair of consecutive keys (2 (lane % 4) and the next): one 32-bit output of the group's call. So the four
+lanes of a quad share their calls. Each lane makes a quarter of them (quad_layout: a group's call lands on lane
+g % 4 of the quad), and one exchange inside the warp (to quad_layout's words; the compiler routes it through a
+per-warp shared-memory scratch, st.shared + ldmatrix, no CTA barrier: ~3.8 KB) hands every lane its word of each
+call: eight Philox calls per thread and 128-key block instead of thirty-two.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -17,6 +17,11 @@ from .common import PHILOX_ROUNDS
 # The Gluon forward recomputes the Philox round keys per key block (dropout_words' FRESH_KEYS) from this head dim on
 # (measured at D128; D256 compiled with fewer spills, not timed); below it, the hoisted keys measured faster.
 FRESH_KEYS_FWD_MIN_HEAD_DIM = gl.constexpr(128)
+# The forward's keep test (dropout_to_p) reads a 15-bit draw as an fp16 bit pattern: up to 0x7BFF the patterns
+# order as the integers do, 0x7C00 (inf) lies above them and the NaN patterns compare unordered, counted as kept.
+# So one half-precision compare equals the integer one for every threshold up to 0x7C00 (dropout_p <= 0.96875);
+# gluon_launch sends larger ones to the portable forward.
+HALF_COMPARE_MAX_THRESHOLD = 0x7C00
 
 
 @gluon.constexpr_function
@@ -117,20 +122,27 @@ def dropout_words(seed, row_ctr, key0, BLOCK_N: gl.constexpr, WARPS: gl.constexp
 
 
 @gluon.jit
-def dropout_apply(p, words, threshold):
-    """p ([ROWS, BLOCK_N] fp32) with 0 where the key's 16-bit draw (dropout_words) is below threshold (the integer
-    threshold of philox.dropout_threshold): the kept probabilities, unscaled. Both keys of a word are compared in its
-    high half against threshold << 16 (the even key's draw shifted up), and each compare feeds its select inside
-    one inline-PTX block per pair: compared in Gluon, the compiler kept the 64 booleans per thread as bit fields in
-    registers (predicates are few) and tested them again before the selects."""
+def dropout_to_p(p, words, threshold, dtype: gl.constexpr):
+    """P for the PV wgmma: p ([ROWS, BLOCK_N] fp32) rounded to dtype (fp16 / bf16), 0 where the key's 15-bit draw
+    (dropout_words) is below threshold (philox.dropout_threshold, at most HALF_COMPARE_MAX_THRESHOLD). Per pair of
+    keys three instructions: the rounding (F2FP), one compare of both draws of their word as fp16 (HSET2 with |x|:
+    the absolute value drops the 16th bit, and its 0xFFFF / 0 halves are the mask) and an AND of the two. The
+    integer compares and selects on fp32 took five per pair besides the rounding (D128 SASS per warp and key
+    block: 943 -> 880 instructions; session 35: the D128 forward with dropout 5 % faster)."""
     # pack=2 hands the asm a thread's consecutive register pair of p: keys 2c and 2c + 1 of the wgmma accumulator,
-    # in that order (test_dropout_mask_is_exact checks the draws key by key on the GPU).
+    # in that order (test_dropout_mask_is_exact checks the draws key by key on the GPU); word c has key 2c's draw
+    # in its low half, as cvt.rn.{b}f16x2.f32 d, a, b puts b (the pair's first) in d's low half.
     words = gl.convert_layout(gl.join(words, words).reshape([p.shape[0], p.shape[1]]), p.type.layout)
-    thr = gl.zeros_like(words) + (threshold.to(gl.uint32) << 16)
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred k0, k1; .reg .b32 lo; shl.b32 lo, $4, 16; setp.ge.u32 k0, lo, $6; setp.ge.u32 k1, $5, $7; "
-        "selp.f32 $0, $2, 0f00000000, k0; selp.f32 $1, $3, 0f00000000, k1; }",
-        "=f,=f,f,f,r,r,r,r", [p, words, thr], dtype=gl.float32, is_pure=True, pack=2)
+    thr = gl.zeros_like(words) + threshold.to(gl.uint32) * 0x10001
+    if dtype == gl.float16:
+        out = gl.inline_asm_elementwise(
+            "{ .reg .b32 q, a, m; cvt.rn.f16x2.f32 q, $2, $1; abs.f16x2 a, $3; set.geu.u32.f16x2 m, a, $5; "
+            "and.b32 $0, q, m; }", "=r,f,f,r,r,r,r", [p, words, thr], dtype=gl.float16, is_pure=True, pack=2)
+    else:
+        out = gl.inline_asm_elementwise(
+            "{ .reg .b32 q, a, m; cvt.rn.bf16x2.f32 q, $2, $1; abs.f16x2 a, $3; set.geu.u32.f16x2 m, a, $5; "
+            "and.b32 $0, q, m; }", "=r,f,f,r,r,r,r", [p, words, thr], dtype=gl.bfloat16, is_pure=True, pack=2)
+    return out
 
 
 @gluon.jit
@@ -195,15 +207,16 @@ def dropout_keep_t(seed, head_base, row_groups, key0, m, threshold, KEYS: gl.con
     8) and queries m + [0, QUERIES) on columns, in `layout` (the backward's S^T accumulator). head_base: the head's
     first counter (kernels/common._dropout_base), row_groups = ceil(max_k / 8). A group's eight keys lie on eight
     rows, which the accumulator spreads over lanes: each call is made once (a [KEYS / 8, QUERIES] blocked tile) and
-    its 16-bit draws move into place through shared memory (~7.8 KB of the kernel's), compared there."""
+    its 15-bit draws move into place through shared memory (~7.8 KB of the kernel's), compared there."""
     G: gl.constexpr = KEYS // 8
     calls: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
     groups = key0 // 8 + gl.arange(0, G, layout=gl.SliceLayout(1, calls))  # [G]
     queries = m + gl.arange(0, QUERIES, layout=gl.SliceLayout(0, calls))  # [QUERIES]
     r0, r1, r2, r3 = _philox4x32(seed, head_base + queries.to(gl.int64)[None, :] * row_groups + groups[:, None],
                                  True)
-    # Output a of group g holds key 8g + 2a in its low half and key 8g + 2a + 1 in its high half. The 16-bit draws
+    # Output a of group g holds key 8g + 2a in its low half and key 8g + 2a + 1 in its high half. The 15-bit draws
     # move into the accumulator's places (one shared-memory round trip), compared there.
+    r0, r1, r2, r3 = r0 & 0x7FFF7FFF, r1 & 0x7FFF7FFF, r2 & 0x7FFF7FFF, r3 & 0x7FFF7FFF
     d01 = gl.join(gl.join(r0 & 0xFFFF, r0 >> 16), gl.join(r1 & 0xFFFF, r1 >> 16))
     d23 = gl.join(gl.join(r2 & 0xFFFF, r2 >> 16), gl.join(r3 & 0xFFFF, r3 >> 16))
     draws = gl.join(d01, d23).to(gl.uint16)  # [G, QUERIES, half, a % 2, a // 2]

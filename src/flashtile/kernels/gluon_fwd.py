@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from .common import LOG2E, _tanh, _to_f32_16bit
-from .gluon_dropout import (FRESH_KEYS_FWD_MIN_HEAD_DIM, dropout_apply, dropout_rng, dropout_row_counters,
+from .gluon_dropout import (FRESH_KEYS_FWD_MIN_HEAD_DIM, dropout_rng, dropout_row_counters, dropout_to_p,
                             dropout_words)
 from .gluon_epilogue import _store_rows_via
 from .gluon_grid import _heavy_first
@@ -507,9 +507,11 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         l_i = l_i + gl.sum(p_f32, axis=1)
     else:
         l_i = l_i * alpha + gl.sum(p_f32, axis=1)
-    if HAS_DROPOUT:
-        p_f32 = dropout_apply(p_f32, words, drop_thr)  # [WG_M, BLOCK_N]: l_i counts the dropped entries, O does not
-    p_next = gl.convert_layout(_to_p(p_f32, p, P_CVT_ASM), p.type.layout, assert_trivial=True)
+    if HAS_DROPOUT:  # l_i counted the dropped entries, O does not
+        p_next = dropout_to_p(p_f32, words, drop_thr, p.dtype)  # [WG_M, BLOCK_N]
+    else:
+        p_next = _to_p(p_f32, p, P_CVT_ASM)
+    p_next = gl.convert_layout(p_next, p.type.layout, assert_trivial=True)
     # P_{j-1} (registers) is read by the PV wgmma until it retires: keep it alive through the wait.
     o_acc, p = warpgroup_mma_wait(0, deps=(o_tok, p))
     mbarrier.arrive(v_empty.index(prev))
@@ -546,7 +548,7 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
     first one masked anyway, as every block 0), the rest evaluating MASK_MOD(off_b, off_h, q_idx, kv_idx,
     aux0..aux3); rows that see no key get 0 and lse -inf.
     HAS_DROPOUT: probabilities dropped as kernels/common._dropout_keep drops them (Philox key drop_seed, counters
-    from drop_base, drop_row_groups = ceil(max_k / 8) per row, 16-bit threshold drop_thr), the kept ones scaled by
+    from drop_base, drop_row_groups = ceil(max_k / 8) per row, 15-bit threshold drop_thr), the kept ones scaled by
     dropout_scale = 1 / (1 - dropout_p); lse stays the undropped one.
     O_VIA_SMEM: the rows leave through the warpgroup's Q tile (free after its last QK^T; the one-tile kernel loads
     no other Q into it) as 16-byte row pieces (gluon_epilogue._store_rows_via), else from the accumulator's layout
@@ -654,8 +656,10 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
         if HAS_SINK:
             l_i = l_i + gl.exp2(sink_log2 - m_i)
     if HAS_DROPOUT:
-        p_f32 = dropout_apply(p_f32, words, drop_thr)  # [WG_M, BLOCK_N]
-    p = gl.convert_layout(p_f32.to(dtype), p_layout, assert_trivial=True)  # [WG_M, BLOCK_N]
+        p = dropout_to_p(p_f32, words, drop_thr, dtype)
+    else:
+        p = p_f32.to(dtype)
+    p = gl.convert_layout(p, p_layout, assert_trivial=True)  # [WG_M, BLOCK_N]
     o_acc = gl.zeros([WG_M, HEAD_DIM], gl.float32, o_layout)
 
     # Masked blocks before the window's full ones (IS_LOCAL), fully visible blocks, then the masked ones (the
@@ -855,7 +859,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     EVEN_N (BLOCK_SPARSE with Sk % SPARSE_N == 0): no listed key tile reaches past Sk (_mask_mod_scores).
     LPT_HEADS (> 0: dense causal launches, GluonConfig.lpt_heads): programs start by groups of that many heads, every
     head's longest rows first (gluon_grid._heavy_first); 0: head by head, each head's longest rows first.
-    HAS_DROPOUT (two consumers): Rng holds the int64 Philox seed; probabilities dropped where their 16-bit draw is
+    HAS_DROPOUT (two consumers): Rng holds the int64 Philox seed; probabilities dropped where their 15-bit draw is
     below dropout_threshold (kernels/common._dropout_keep's draws, made by gluon_dropout), the kept ones scaled by
     dropout_scale = 1 / (1 - dropout_p); Lse stays the undropped one (what kernels/bwd.py expects).
     O_VIA_SMEM (two consumers): each warpgroup's output rows leave through its Q tile in 16-byte row pieces
