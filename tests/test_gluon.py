@@ -572,13 +572,14 @@ def test_dropout_matches_reference(feature, shape, head_dim):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
-@pytest.mark.parametrize("p, dtype", [(0.3, torch.bfloat16), (0.96875, torch.bfloat16), (0.6, torch.float16)],
-                         ids=["p0.3", "p0.96875", "p0.6-fp16"])
+@pytest.mark.parametrize("p, dtype", [(0.3, torch.bfloat16), (0.96875, torch.bfloat16), (0.6, torch.float16),
+                                      (0.01, torch.bfloat16)], ids=["p0.3", "p0.96875", "p0.6-fp16", "p0.01"])
 def test_dropout_mask_is_exact(head_dim, p, dtype):
     """q = 0 makes every probability 1 / Sk, and v[j] = the one-hot row e_(j % D) makes out[i, c] * Sk * (1 - p) the
     number of kept keys j = c (mod D) of row i: it must equal the count from philox's mask exactly, so a single
     misplaced draw fails (a comparison within bf16 tolerance would not see it). p = 0.96875 is the largest the
-    kernel's fp16 compare serves (threshold 0x7C00): every key it keeps has a draw of inf's or a NaN's pattern."""
+    kernel's fp16 compare serves (threshold 0x7C00): every key it keeps has a draw of inf's or a NaN's pattern;
+    p = 0.01 (threshold 328) compares against a subnormal fp16 pattern."""
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, seed = 2, 300, 1000, 4, 2, 77
     q = torch.zeros(batch, seqlen_q, heads_q, head_dim, dtype=dtype, device="cuda")
     k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda").to(dtype)
@@ -727,7 +728,7 @@ def test_dropout_support_rule(as_if_hopper):
         assert not gluon_launch.gluon_supported(q, k, v, dropout_p=0.1, rng=seed.int())
         assert not gluon_launch.gluon_supported(q, k, v, dropout_p=1.0, rng=seed)
         assert gluon_launch.gluon_supported(q, k, v, dropout_p=0.96875, rng=seed)
-        assert not gluon_launch.gluon_supported(q, k, v, dropout_p=0.969, rng=seed)  # threshold 0x7C01
+        assert not gluon_launch.gluon_supported(q, k, v, dropout_p=0.969, rng=seed)  # threshold 0x7C08
         bias = torch.zeros(1, 4, 300, 504, dtype=torch.bfloat16)[..., :500]
         assert gluon_launch.gluon_supported(q, k, v, attn_bias=bias)
         assert not gluon_launch.gluon_supported(q, k, v, attn_bias=bias, dropout_p=0.1, rng=seed)

@@ -97,7 +97,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     Returns out (batch, seqlen_q, nheads, headdim) in q's dtype; with return_attn_probs=True returns
     (out, softmax_lse (batch, nheads, seqlen_q) float32, S_dmask). Differentiable in q, k, v (and lse).
     dropout_p in [0, 1): each attention probability is dropped with probability dropout_p (rounded to a
-    multiple of 1/65536 in [1/65536, 65535/65536]: the draws are 16 bits) and the kept ones scaled by
+    multiple of 1/32768 in [1/32768, 32767/32768]: the draws are 15 bits) and the kept ones scaled by
     1 / (1 - dropout_p): out = (softmax(s) * keep / (1 - dropout_p)) v. The mask comes from
     a counter-based RNG (Philox) seeded by one draw from torch's generator of q's device, so
     torch.manual_seed reproduces a run; the backward regenerates it instead of storing it. softmax_lse is
