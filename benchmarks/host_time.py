@@ -1,6 +1,6 @@
 """Host time vs GPU time of one attention call, to tell launch-bound shapes from kernel-bound ones.
 
-    PYTHONPATH=src python3 benchmarks/host_time.py [--profile OUT.txt]
+    PYTHONPATH=src python3 benchmarks/host_time.py [--profile OUT.txt | --parts OUT.txt | --decode OUT.txt]
 
 Per case (provider x grad x shape) it prints:
   host_us  Python time per call, calls issued back to back without a sync (the GPU queue absorbs them);
@@ -12,6 +12,9 @@ Per case (provider x grad x shape) it prints:
 measures the machine's state, not the call (the no-grad / grad inversion at D128 S512 in session 11's log).
 Run in a fresh process without torch.profiler (a CPU-activity profile slows every later call in the process).
 --profile writes cProfile's top functions of 200 flashtile calls with grad (B32 S512 H16 D128).
+--decode OUT.txt: host and GPU time of eager decode steps (flash_attn_with_kvcache, 1 query token, 32 / 4 heads, D128,
+int cache_seqlens, contiguous and 16-token pages, without and with a one-token append) against SDPA on the same
+cache, B 8 / 64, 4K / 16K cached tokens; writes a cProfile of 300 B8 4K steps (no append) to OUT.txt.
 --parts prints the host time of each stage of the forward's call path at B32 S512 H16 D128 (the Gluon persistent
 launch and the portable one), from flash_attn_func down to the bare kernel launch with prebuilt arguments (through
 triton's kernel[grid] and through fast_launch.launch), and writes a cProfile (by own time) of 300 forward calls to
@@ -130,12 +133,50 @@ def parts(profile_path):
     _write_profile(lambda: flashtile.flash_attn_func(q, k, v), 300, profile_path, ("tottime", "cumulative"), 45)
 
 
+def decode(profile_path):
+    """Eager decode steps (no CUDA graph): host / GPU time per call, flashtile and SDPA (B8 host-bound: session 35)."""
+    print(f"{'provider':10} {'B':>3} {'cache':>6} {'page':>4} {'append':6} {'host_us':>8} {'gpu_us':>8}")
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    for batch in (8, 64):
+        for cache in (4096, 16384):
+            q = torch.randn(batch, 1, 32, 128, **bf)
+            k_cache, v_cache = (torch.randn(batch, cache + 16, 4, 128, **bf) for _ in range(2))
+            k_new, v_new = (torch.randn(batch, 1, 4, 128, **bf) for _ in range(2))
+            # 16-token pages: the same tokens in a shuffled pool addressed by a block table
+            pages = (cache + 16) // 16
+            order = torch.randperm(batch * pages, device="cuda")
+            table = order.reshape(batch, pages).to(torch.int32)
+            k_pool, v_pool = (torch.empty(batch * pages, 16, 4, 128, **bf) for _ in range(2))
+            k_pool[order] = k_cache.reshape(batch * pages, 16, 4, 128)
+            v_pool[order] = v_cache.reshape(batch * pages, 16, 4, 128)
+            for page, kc, vc, bt in ((0, k_cache, v_cache, None), (16, k_pool, v_pool, table)):
+                for append in (False, True):
+                    new = (k_new, v_new) if append else (None, None)
+                    call = lambda: flashtile.flash_attn_with_kvcache(  # noqa: E731
+                        q, kc, vc, *new, cache_seqlens=cache, block_table=bt, causal=True)
+                    host, gpu = _host_and_gpu(call)
+                    print(f"{'flashtile':10} {batch:3} {cache:6} {page:4} {str(append):6} {host:8.1f} {gpu:8.1f}",
+                          flush=True)
+            qt = q.transpose(1, 2)
+            kt, vt = (t[:, :cache].transpose(1, 2).contiguous() for t in (k_cache, v_cache))
+            host, gpu = _host_and_gpu(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True))
+            print(f"{'sdpa':10} {batch:3} {cache:6} {0:4} {'False':6} {host:8.1f} {gpu:8.1f}", flush=True)
+    q = torch.randn(8, 1, 32, 128, **bf)
+    k_cache, v_cache = (torch.randn(8, 4096, 4, 128, **bf) for _ in range(2))
+    _write_profile(lambda: flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=4095, causal=True),
+                   300, profile_path, ("tottime", "cumulative"), 30)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", help="write a cProfile of 200 flashtile calls with grad here")
     ap.add_argument("--parts", help="time the forward's stages; write a cProfile of 300 forward calls here")
     ap.add_argument("--passes", type=int, default=1, help="run the sweep this many times")
+    ap.add_argument("--decode", help="time eager decode steps instead; write a cProfile of 300 B8 steps here")
     args = ap.parse_args()
+    if args.decode:
+        decode(args.decode)
+        return
     if args.parts:
         parts(args.parts)
         return
