@@ -218,7 +218,7 @@ def test_unreplayable_signature_is_declined_once(gluon_on_cpu, monkeypatch):
 
 
 def test_plans_are_bounded(gluon_on_cpu, monkeypatch):
-    monkeypatch.setattr(plans, "_MAX_PLANS", 3)
+    monkeypatch.setattr(plans, "MAX_PLANS", 3)
     q, k, v = _qkv()
     for i in range(5):
         _forward(q, k, v, scale=0.1 + i)
@@ -351,7 +351,7 @@ def test_recording_is_one_thread_at_a_time(gluon_on_cpu, monkeypatch):
     recording state, another thread's end of recording cut a backward plan short, whose replays returned gradients no
     kernel wrote)."""
     seen = []
-    monkeypatch.setattr(plans, "_build", lambda inputs, allocs, launches, result, descriptor_type: seen.append(allocs))
+    monkeypatch.setattr(plans, "_build", lambda inputs, allocs, *rest: seen.append(allocs))
     started, release = threading.Event(), threading.Event()
     q = _qkv()[0]
 
@@ -398,3 +398,120 @@ def test_environment_switches_are_read_at_each_call(monkeypatch):
     assert read() == "1" == os.environ.get("FLASHTILE_TEST_SWITCH")
     monkeypatch.setattr(os, "environ", {"FLASHTILE_TEST_SWITCH": "0"})
     assert read() == "0"
+
+
+@pytest.fixture
+def decode_on_cpu(gluon_on_cpu, monkeypatch):
+    """gluon_on_cpu with the split-KV decode kernel and its combine stubbed too."""
+    for name in ("_attn_fwd_splitkv", "_attn_combine"):
+        _stub(monkeypatch, launch, name, gluon_on_cpu)
+    launch._kvcache_tiles.clear()
+    yield gluon_on_cpu
+    launch._kvcache_tiles.clear()
+
+
+def _decode(q, k_cache, v_cache, length, seqused_k=None, block_table=None, max_seqlen_k=None, **features):
+    """A decode step as flash_attn_with_kvcache makes it with an int cache length (no append)."""
+    args = dict(softmax_scale=0.125, window_left=-1, window_right=0, softcap=0.0, alibi_slopes=None)
+    args.update(features)
+    return launch._flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, args["softmax_scale"],
+                                              args["window_left"], args["window_right"], args["softcap"],
+                                              args["alibi_slopes"], max_seqlen_k or length, 0,
+                                              args.get("key_start"), length)
+
+
+def _cache(batch=2, capacity=4096, heads_kv=2, heads_q=8):
+    q = torch.randn(batch, 1, heads_q, 128, dtype=torch.bfloat16)
+    return q, torch.randn(batch, capacity, heads_kv, 128, dtype=torch.bfloat16), \
+        torch.randn(batch, capacity, heads_kv, 128, dtype=torch.bfloat16)
+
+
+def test_decode_step_replays_with_its_cache_length(decode_on_cpu):
+    """The second decode step of a signature replays the first's launches (split-KV kernel and combine) with its own
+    cache length in the split kernel's seqused_add, and only there; the third, under another split count (a much
+    longer cache), records a plan of its own."""
+    calls = decode_on_cpu
+    q, k_cache, v_cache = _cache()
+    replayed, recorded = plans.counts
+    out1, lse1 = _decode(q, k_cache, v_cache, 3000)
+    n = len(calls)
+    assert n == 2 and plans.counts == [replayed, recorded + 1]  # split kernel + combine
+    q2 = torch.randn_like(q)
+    out2, lse2 = _decode(q2, k_cache, v_cache, 3001)
+    assert len(calls) == 4 and plans.counts == [replayed + 1, recorded + 1]
+    pos = launch._SEQUSED_ADD_ARG
+    first, second = _normal(calls[0], (q, k_cache, v_cache, out1, lse1)), _normal(calls[2], (q2, k_cache, v_cache,
+                                                                                               out2, lse2))
+    assert first[pos] == 3000 and second[pos] == 3001
+    assert first[:pos] + first[pos + 1:] == second[:pos] + second[pos + 1:len(first)]
+    assert _normal(calls[1], (out1, lse1)) == _normal(calls[3][:len(calls[1])], (out2, lse2))
+    _decode(q2, k_cache, v_cache, 40)  # one key block: one split, no combine
+    assert plans.counts == [replayed + 1, recorded + 2] and len(calls) == 5
+    _decode(q, k_cache, v_cache, 41)
+    assert plans.counts == [replayed + 2, recorded + 2] and calls[5][pos] == 41
+
+
+def test_decode_plans_take_length_tensors_and_pages(decode_on_cpu):
+    """A per-row length tensor and a block table are a plan's inputs: a replay passes the new ones."""
+    calls = decode_on_cpu
+    q, k_cache, v_cache = _cache()
+    pages = k_cache.reshape(-1, 256, 2, 128)[:20], v_cache.reshape(-1, 256, 2, 128)[:20]
+    replayed, recorded = plans.counts
+    for step in range(2):
+        lengths = torch.tensor([1000 + step, 2000], dtype=torch.int32)
+        table = torch.arange(20, dtype=torch.int32).reshape(2, 10).flip(0)
+        out, lse = _decode(q, *pages, 1, seqused_k=lengths, block_table=table, max_seqlen_k=2001)
+        assert any(a is lengths for a in calls[-2]) and any(a is table for a in calls[-2])
+    assert plans.counts == [replayed + 1, recorded + 1]
+
+
+def test_decode_steps_that_are_not_planned(decode_on_cpu):
+    """ALiBi, a left padding (key_start) and query chunks too long for the split-KV kernel take the launchers at
+    every call; so does a cache length past int32."""
+    q, k_cache, v_cache = _cache()
+    counts = list(plans.counts)
+    for _ in range(2):
+        _decode(q, k_cache, v_cache, 1000, alibi_slopes=torch.rand(8))
+        _decode(q, k_cache, v_cache, 1000, key_start=torch.zeros(2, dtype=torch.int32))
+    assert plans.counts == counts
+    assert launch._planned_kvcache(q, k_cache, v_cache, None, None, 0.125, -1, 0, 0.0, 2**31, 0, 2**31) is None
+    long_q = torch.randn(2, 64, 8, 128, dtype=torch.bfloat16)  # 4 * 64 packed rows > configs.DECODE_MAX_ROWS
+    assert launch._planned_kvcache(long_q, k_cache, v_cache, None, None, 0.125, -1, 0, 0.0, 1000, 0, 1000) is None
+
+
+def test_a_slot_no_launch_takes_keeps_no_plan(gluon_on_cpu):
+    """plans.record with a slot whose kernel the call does not launch (or launches with another value there) keeps
+    no plan: a replay would repeat the recorded value."""
+    calls = gluon_on_cpu
+    q, k, v = _qkv()
+    for slots, scalars in ((((launch._attn_fwd_splitkv, 3),), (7,)), (((gluon_launch._attn_fwd_hopper, 0),), (7,))):
+        plans.clear()
+        plans.record(("slot-test",), (q, k, v), lambda: _forward(q, k, v), None, slots, scalars)
+        assert plans.get(("slot-test",)) is plans.DECLINED and calls
+
+
+@pytest.mark.gpu
+def test_gpu_replayed_decode_steps_match_the_launchers():
+    """On an H200: decode steps over a growing cache (contiguous and paged, int lengths and a length tensor) replayed
+    from their plans give bitwise the launchers' outputs, and they did replay."""
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)) or not fast_launch.enabled():
+        pytest.skip("needs an sm90 GPU and the fast launch path (triton 3.6, FLASHTILE_FAST_LAUNCH unset)")
+    torch.manual_seed(0)
+    q = torch.randn(4, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache = (torch.randn(4, 8192, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    pages = k_cache.view(-1, 16, 4, 128), v_cache.view(-1, 16, 4, 128)
+    table = torch.randperm(4 * 512, device="cuda", dtype=torch.int32).reshape(4, 512)
+    plans.clear()
+    replayed = plans.counts[0]
+    for length in (100, 101, 2047, 2048, 2049, 8000):
+        for caches, kwargs in (((k_cache, v_cache), {}), (pages, dict(block_table=table))):
+            got = _decode(q, *caches, length, **kwargs)
+            want = launch._kvcache_launches(q, *caches, None, kwargs.get("block_table"), 0.125, -1, 0, 0.0, None,
+                                            length, 0, None, length)
+            for a, b in zip(got, want):
+                assert torch.equal(a, b), (length, kwargs.keys())
+        lengths = torch.full((4,), length, device="cuda", dtype=torch.int32)
+        got = _decode(q, k_cache, v_cache, 0, seqused_k=lengths, max_seqlen_k=length)
+        want = launch._kvcache_launches(q, k_cache, v_cache, lengths, None, 0.125, -1, 0, 0.0, None, length, 0, None, 0)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), length
+    assert plans.counts[0] > replayed + 6

@@ -416,10 +416,15 @@ def splitkv_plan(geo, max_seqlen_k, num_splits, arch, dtype, device, interpreter
     rows = geo.seqlen_q * (geo.heads_q // geo.heads_kv)
     precision = _dot_precision(dtype, arch)
     cfg = configs.decode_config(arch, _head_dim_padded(geo.head_dim), rows, dtype, interpreter, precision)
-    if num_splits > 0:
-        return cfg, min(num_splits, configs.MAX_SPLITS), precision
     programs = geo.batch * geo.heads_kv * _cdiv(rows, cfg.BLOCK_M)
-    return cfg, configs.num_splits_heuristic(programs, _cdiv(max_seqlen_k, cfg.BLOCK_N), _num_sms(device)), precision
+    return cfg, split_count(num_splits, programs, max_seqlen_k, cfg.BLOCK_N, device), precision
+
+
+def split_count(num_splits, programs, max_seqlen_k, block_n, device):
+    """splitkv_plan's number of splits: num_splits (at most configs.MAX_SPLITS), or the heuristic's when 0."""
+    if num_splits > 0:
+        return min(num_splits, configs.MAX_SPLITS)
+    return configs.num_splits_heuristic(programs, _cdiv(max_seqlen_k, block_n), _num_sms(device))
 
 
 def splitkv_launches(geo, q, k, v, out, lse, sa, cfg, num_splits, precision):
@@ -748,19 +753,21 @@ def _plannable(q):
     return q.dtype in gluon_launch._DTYPES and q.shape[-1] in gluon_launch.HEAD_DIMS
 
 
-def _replay(plan, inputs, gluon_module):
-    """plans.replay of plan on inputs, buffers on the first input's device. A failing launch drops the plans; in a
-    plan of gluon_module's kernels it disables them as _try_gluon would (None: the caller takes the portable path),
-    in a plan of the portable kernels alone it raises (the normal path would launch the same kernels)."""
+def _replay(plan, inputs, gluon_module, scalars=()):
+    """plans.replay of plan on inputs (and the per-call scalars), buffers on the first input's device. A failing
+    launch drops the plans; in a plan of gluon_module's kernels it disables them as _try_gluon would (None: the
+    caller takes the portable path), in a plan of the portable kernels alone it raises (the normal path would launch
+    the same kernels)."""
     poison = poison_outputs()
     try:
         return plans.replay(plan, inputs, lambda shape, dtype: _empty(shape, inputs[0], dtype, poison),
-                            _gluon_modules()[0].tma_descriptor)
+                            _gluon_modules()[0].tma_descriptor, scalars)
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:  # noqa: BLE001  (as _try_gluon: the portable kernels still serve)
         plans.clear()
-        portable = (_attn_fwd, _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_dq_convert)
+        portable = (_attn_fwd, _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_dq_convert,
+                    _attn_fwd_splitkv, _attn_combine)
         if all(launch.kernel in portable for launch in plan.launches):
             raise
         gluon_module.disable(exc)
@@ -785,17 +792,18 @@ def _planned_forward(q, k, v, softmax_scale, window_left, window_right):
                              or _portable_forward(q, k, v, softmax_scale, window_left, window_right, 0.0, None, None)))
 
 
-def _planned(key, inputs, gluon_module, run):
+def _planned(key, inputs, gluon_module, run, slots=(), scalars=()):
     """run() (the launchers' call on inputs, whose signature is key) replayed from key's plan, or None at once where
-    key was declined, else run as it is and recorded (plans.record)."""
+    key was declined, else run as it is and recorded (plans.record). slots / scalars: plans.record's and
+    plans.replay's per-call scalars."""
     plan = plans.get(key)
     if plan is plans.DECLINED:
         return None
     if plan is not None:
-        result = _replay(plan, inputs, gluon_module)
+        result = _replay(plan, inputs, gluon_module, scalars)
         if result is not None:
             return result
-    return plans.record(key, inputs, run, getattr(_gluon_modules()[0], "_GluonDescriptor", None))
+    return plans.record(key, inputs, run, getattr(_gluon_modules()[0], "_GluonDescriptor", None), slots, scalars)
 
 
 def _gluon_sparse_forward(q, k, v, softmax_scale, window_left, window_right, mods):
@@ -888,11 +896,22 @@ def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, sof
     max_seqlen_k: the largest key count (sizes the split heuristic); num_splits: 0 = heuristic, else
     the number of key-range splits (see uses_splitkv for when the split-KV kernel runs).
     key_start: None or int32 (B,): row b's keys are the cache tokens key_start[b] <= t < its key count.
+    A decode step without ALiBi or key_start (fp16 / bf16, the Gluon head dims) on CUDA replays its launch plan
+    (_planned_kvcache) after the first step of its signature.
     """
-    geo = Geometry.of(q, k_cache)
-    capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
-    geo = replace(geo, batch=q.shape[0], seqlen_k=capacity, seqused_k=seqused_k, seqused_add=seqused_add,
-                  block_table=block_table, key_start=key_start)
+    if q.is_cuda and alibi_slopes is None and key_start is None and _plannable(q):
+        result = _planned_kvcache(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left,
+                                  window_right, softcap, max_seqlen_k, num_splits, seqused_add)
+        if result is not None:
+            return result
+    return _kvcache_launches(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right,
+                             softcap, alibi_slopes, max_seqlen_k, num_splits, key_start, seqused_add)
+
+
+def _kvcache_launches(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right, softcap,
+                      alibi_slopes, max_seqlen_k, num_splits, key_start, seqused_add):
+    """_flash_attn_forward_kvcache's launchers, as they run without a plan."""
+    geo = _kvcache_geometry(q, k_cache, seqused_k, block_table, key_start, seqused_add)
     out = _empty(q.shape, q)
     lse = _empty(geo.lse_shape(q), q, torch.float32)
     sa = ScoreArgs.make(geo, softmax_scale, window_left, window_right, softcap, alibi_slopes, lse,
@@ -906,6 +925,56 @@ def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, sof
     for launch in launches:
         launch.run()
     return out, lse
+
+
+def _kvcache_geometry(q, k_cache, seqused_k, block_table, key_start, seqused_add):
+    geo = Geometry.of(q, k_cache)
+    capacity = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    return replace(geo, batch=q.shape[0], seqlen_k=capacity, seqused_k=seqused_k, seqused_add=seqused_add,
+                   block_table=block_table, key_start=key_start)
+
+
+# Signatures of KV-cache calls (_planned_kvcache's key without the split count) -> (programs, BLOCK_N) of their
+# split-KV plan, or False where the split-KV kernel does not serve them (longer query chunks: not planned).
+_kvcache_tiles = {}
+# The split-KV kernel's cache-length argument: a plan's per-call scalar (unspecialized: one compiled kernel for all).
+_SEQUSED_ADD_ARG = _attn_fwd_splitkv.arg_names.index("seqused_add")
+
+
+def _planned_kvcache(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right, softcap,
+                     max_seqlen_k, num_splits, seqused_add):
+    """(out, lse) of a decode step from its plan (plans.py), or None (the caller runs the launchers). The key: the
+    tensors' shapes, strides, dtypes and devices (the length tensor's and the block table's too), which of them
+    alias, the scale, window and softcap, num_splits and the split count it comes to for max_seqlen_k; not the
+    cache length seqused_add, which each replay passes to the split-KV kernel (plans' scalar slot). Only the
+    split-KV kernel's calls (and its combine) are planned."""
+    if not 0 <= seqused_add < 2**31:  # an i32 argument, as recorded
+        return None
+    inputs = (q, k_cache, v_cache) + tuple(t for t in (seqused_k, block_table) if t is not None)
+    signature = ("kvcache", q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(),
+                 k_cache.dtype, k_cache.get_device(), v_cache.shape, v_cache.stride(), v_cache.dtype,
+                 None if seqused_k is None else _signature(seqused_k),
+                 None if block_table is None else _signature(block_table), plans.aliasing(inputs),
+                 softmax_scale, window_left, window_right, softcap, num_splits)
+    tiles = _kvcache_tiles.get(signature)
+    if tiles is None:
+        geo = _kvcache_geometry(q, k_cache, seqused_k, block_table, None, seqused_add)
+        tiles = False
+        if uses_splitkv(geo, num_splits):
+            cfg = splitkv_plan(geo, max_seqlen_k, num_splits, _arch(q.device), q.dtype, q.device, False)[0]
+            tiles = (geo.batch * geo.heads_kv * _cdiv(geo.seqlen_q * (geo.heads_q // geo.heads_kv), cfg.BLOCK_M),
+                     cfg.BLOCK_N)
+        if len(_kvcache_tiles) >= plans.MAX_PLANS:  # bounded as the plans are
+            _kvcache_tiles.clear()
+        _kvcache_tiles[signature] = tiles
+    if tiles is False:
+        return None
+    key = (*signature, split_count(num_splits, tiles[0], max_seqlen_k, tiles[1], q.device))
+    return _planned(key, inputs, None,
+                    lambda: _kvcache_launches(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left,
+                                              window_right, softcap, None, max_seqlen_k, num_splits, None,
+                                              seqused_add),
+                    slots=((_attn_fwd_splitkv, _SEQUSED_ADD_ARG),), scalars=(seqused_add, ))
 
 
 def _flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -23,7 +23,7 @@ import torch
 
 from . import fast_launch
 
-_MAX_PLANS = 256  # call signatures kept (first in, first out): a model has a handful
+MAX_PLANS = 256  # call signatures kept (first in, first out): a model has a handful
 _plans = {}  # key -> Plan
 counts = [0, 0]  # [replayed calls, recorded plans] (tests and benchmarks read them)
 _allocs = None  # a list while recording: launch._empty appends each buffer it returns (on the recording thread)
@@ -35,9 +35,9 @@ _recording = threading.Lock()  # held by the one thread that records (others' ca
 class _Launch:
     """One recorded launch: kernel, grid, the arguments as a template (None at the tensors' and descriptors' places):
     the n_args positional ones, then the entry's tail (what fast_launch's entry is called with), tensors: (position,
-    tensor index), descs: (position, tensor index, shape, strides, block shape, layout), kwargs (constexprs and
-    options) and fast_launch's entry."""
-    __slots__ = ("kernel", "grid", "template", "n_args", "tensors", "descs", "kwargs", "entry")
+    tensor index), descs: (position, tensor index, shape, strides, block shape, layout), scalars: (position, index
+    into replay's scalars), kwargs (constexprs and options) and fast_launch's entry."""
+    __slots__ = ("kernel", "grid", "template", "n_args", "tensors", "descs", "scalars", "kwargs", "entry")
 
 
 class Plan:
@@ -84,20 +84,24 @@ def constant(t):
     return t
 
 
-def record(key, inputs, run, descriptor_type):
+def record(key, inputs, run, descriptor_type, slots=(), scalars=()):
     """run() (the launcher of one call on inputs, returning a tuple of tensors or None), kept as a plan under key
     when every launch it made can be replayed. descriptor_type: Gluon's TensorDescriptor class. One thread records
     at a time, and only its own buffers and launches: a call on another thread meanwhile (nn.DataParallel's
-    backward threads) runs unrecorded, so no plan can hold another call's launches or miss some of its own."""
+    backward threads) runs unrecorded, so no plan can hold another call's launches or miss some of its own.
+    slots ((kernel, argument position), ...): int arguments that change from call to call under one key (an
+    unspecialized kernel argument, e.g. a cache length); scalars: their values in this call, slot by slot. Every
+    launch of a slot's kernel must pass exactly that value there, else no plan is kept; replay() takes the new
+    values."""
     if not fast_launch.enabled() or not _recording.acquire(blocking=False):
         return run()
     try:
-        return _record(key, inputs, run, descriptor_type)
+        return _record(key, inputs, run, descriptor_type, slots, scalars)
     finally:
         _recording.release()
 
 
-def _record(key, inputs, run, descriptor_type):
+def _record(key, inputs, run, descriptor_type, slots=(), scalars=()):
     global _allocs, _keep_this
     allocs, launches = [], []
     _allocs, fast_launch.recorder, _keep_this = allocs, launches, True
@@ -111,7 +115,7 @@ def _record(key, inputs, run, descriptor_type):
     if (not _keep_this or not all(t.data_ptr() & 15 == 0 for t in inputs)
             or not all(launch[4] is not None for launch in launches)):
         return result
-    plan = None if result is None else _build(inputs, allocs, launches, result, descriptor_type)
+    plan = None if result is None else _build(inputs, allocs, launches, result, descriptor_type, slots, scalars)
     if plan is not None:
         _keep(key, plan)
         counts[1] += 1
@@ -123,13 +127,14 @@ def _record(key, inputs, run, descriptor_type):
 
 
 def _keep(key, value):
-    if len(_plans) >= _MAX_PLANS:
+    if len(_plans) >= MAX_PLANS:
         _plans.pop(next(iter(_plans), None), None)  # clear() on another thread (a failed replay) may come between
     _plans[key] = value
 
 
-def _build(inputs, allocs, launches, result, descriptor_type):
-    """The Plan of one recorded call, or None where an argument is not one a replay can rebuild."""
+def _build(inputs, allocs, launches, result, descriptor_type, slots=(), scalars=()):
+    """The Plan of one recorded call, or None where an argument is not one a replay can rebuild (or a slot's
+    argument is not its scalar)."""
     index = {}
     for i, t in enumerate((*inputs, *allocs)):
         index.setdefault(id(t), i)  # an input passed twice (q is k) is its first place (the key holds the aliasing)
@@ -148,6 +153,10 @@ def _build(inputs, allocs, launches, result, descriptor_type):
         launch = _Launch()
         launch.kernel, launch.grid, launch.kwargs, launch.entry = kernel, grid, kwargs, entry
         template, launch.tensors, launch.descs = list(args), [], []
+        launch.scalars = tuple((pos, i) for i, (slot_kernel, pos) in enumerate(slots) if slot_kernel is kernel)
+        if not all(pos < len(args) and type(args[pos]) is int and args[pos] == scalars[i]
+                   for pos, i in launch.scalars):
+            return None
         for pos, a in enumerate(args):
             t = type(a)
             if t is torch.Tensor:
@@ -169,14 +178,17 @@ def _build(inputs, allocs, launches, result, descriptor_type):
         launch.template, launch.n_args = (*template, *entry.tail), len(template)
         launch.tensors, launch.descs = tuple(launch.tensors), tuple(launch.descs)
         plan.launches.append(launch)
+    if {i for launch in plan.launches for _, i in launch.scalars} != set(range(len(slots))):
+        return None  # a slot no launch took: a replay would repeat this call's value
     plan.launches = tuple(plan.launches)
     plan.entries = tuple(launch.entry for launch in plan.launches)
     return plan
 
 
-def replay(plan, inputs, alloc, make_descriptor):
+def replay(plan, inputs, alloc, make_descriptor, scalars=()):
     """The outputs of plan's call on inputs, or None (nothing launched) where an input is not 16-byte aligned.
-    alloc(shape, dtype): a new buffer; make_descriptor(tensor, shape, strides, block_shape, layout)."""
+    alloc(shape, dtype): a new buffer; make_descriptor(tensor, shape, strides, block_shape, layout); scalars: this
+    call's values of the slots record() was given."""
     for t in inputs:
         if t.data_ptr() & 15:
             return None
@@ -193,6 +205,8 @@ def replay(plan, inputs, alloc, make_descriptor):
             args[pos] = tensors[i]
         for pos, i, shape, strides, block_shape, layout in launch.descs:
             args[pos] = make_descriptor(tensors[i], shape, strides, block_shape, layout)
+        for pos, i in launch.scalars:
+            args[pos] = scalars[i]
         if stream is not None:
             launch.entry(launch.grid, stream, args)
         else:
