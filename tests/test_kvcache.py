@@ -180,6 +180,52 @@ def test_bad_block_table():
                                           block_table=torch.zeros(2, 2, dtype=torch.int32))
 
 
+def test_block_table_bounds_read_once_per_version(monkeypatch):
+    """A block table's bounds are read to the host (one sync) once per table while it is unchanged (the layers of a
+    decode step share one); an in-place change through torch, or a cache with fewer pages, is checked again."""
+    from flashtile import checks
+
+    q, _, _, _, _ = cache_inputs("cpu")
+    pages = torch.zeros(6, 16, 2, 32)
+    table = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
+    reads = []
+
+    class CountingCache(type(checks._TABLE_MAX)):  # every store is one read-back that passed
+        def __setitem__(self, tensor, value):
+            reads.append(value[1])
+            super().__setitem__(tensor, value)
+
+    monkeypatch.setattr(checks, "_TABLE_MAX", CountingCache())
+    for _ in range(3):
+        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=5, block_table=table)
+    assert reads == [5]
+    table[2, 1] = 6  # through torch: the version moves
+    with pytest.raises(ValueError, match=r"must index the cache's 6 pages, got values in \[0, 6\]"):
+        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=5, block_table=table)
+    table[2, 1] = 1
+    flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=5, block_table=table)
+    assert reads == [5, 4]
+    with pytest.raises(ValueError, match=r"must index the cache's 4 pages, got values in \[0, 4\]"):
+        flashtile.flash_attn_with_kvcache(q, pages[:4], pages[:4], cache_seqlens=5, block_table=table)
+
+
+def test_inference_mode_tensors_are_checked_every_call():
+    """Tensors made under torch.inference_mode have no version counter: their contents are read back on every
+    call (the read-back caches key on the version; session 36 found varlen raising on such cu_seqlens)."""
+    q, _, _, _, _ = cache_inputs("cpu")
+    pages = torch.randn(6, 16, 2, 32)
+    with torch.inference_mode():
+        table = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
+        lens = torch.tensor([5, 20, 31], dtype=torch.int32)
+        want = flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=lens, block_table=table)
+        table[2, 1] = 6  # an untracked in-place write: still seen
+        with pytest.raises(ValueError, match=r"must index the cache's 6 pages, got values in \[0, 6\]"):
+            flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=lens, block_table=table)
+        table[2, 1] = 5
+        got = flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=lens, block_table=table)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("seqlen_q,num_splits", [(1, 0), (1, 1), (3, 2)], ids=["decode-auto", "decode-s1", "chunk-s2"])
 def test_cache_batch_idx_and_leftpad(backend, seqlen_q, num_splits):
     """Batch row b uses cache row idx[b] and its keys from cache token leftpad[b] on; appends land in row idx[b]

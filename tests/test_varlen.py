@@ -163,6 +163,21 @@ def test_cu_seqlens_read_back_once_per_version(monkeypatch):
         flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 4)
 
 
+def test_varlen_under_inference_mode(monkeypatch):
+    """Offsets made under torch.inference_mode (no version counter) are read back on every call, so an untracked
+    in-place change is still checked; the result equals the call outside inference mode."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v, cu_q, cu_k = _args()
+    want = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 4)
+    with torch.inference_mode():
+        cu_q_inf, cu_k_inf = cu_q.clone(), cu_k.clone()
+        got = flashtile.flash_attn_varlen_func(q, k, v, cu_q_inf, cu_k_inf, 5, 4)
+        cu_k_inf[-1] -= 1
+        with pytest.raises(ValueError, match=r"cu_seqlens_k must end at the number of tokens \(8\), got 7"):
+            flashtile.flash_attn_varlen_func(q, k, v, cu_q_inf, cu_k_inf, 5, 4)
+    assert torch.equal(got, want)
+
+
 def test_varlen_under_torch_compile(monkeypatch):
     """The varlen path traces with fullgraph=True too (offset checks are skipped while tracing)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
