@@ -402,6 +402,8 @@ def format_table(records):
         footer.append("timed as CUDA graph replays (--cuda-graphs): no host work per call; flashtile's block "
                       "table range check is skipped under capture")
     elif any(r["provider"] == "flashtile" and r["page_size"] for r in records):
-        footer.append("flashtile paged: each call checks the block table's bounds (one device sync), timed")
+        footer.append("flashtile paged: the block table's bounds are read once (one device sync, in the warm-up: the "
+                      "table does not change between calls; a changed table is read again, one sync per decode step "
+                      "when its layers share the table)")
     return ("== decode (1 query token, causal; GB/s = K+V bytes read / time) ==\n" + _render(header, rows)
             + "".join("\n  " + line for line in footer + notes))
