@@ -207,6 +207,13 @@ def test_block_table_bounds_read_once_per_version(monkeypatch):
     assert reads == [5, 4]
     with pytest.raises(ValueError, match=r"must index the cache's 4 pages, got values in \[0, 4\]"):
         flashtile.flash_attn_with_kvcache(q, pages[:4], pages[:4], cache_seqlens=5, block_table=table)
+    # The same memory seen with another shape (a view swapped in through .data: no version change) is read again.
+    wide = torch.tensor([[0, 1, 6], [2, 3, 6], [4, 1, 6]], dtype=torch.int32)
+    table = wide[:, :2]
+    flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=5, block_table=table)
+    table.data = wide
+    with pytest.raises(ValueError, match=r"must index the cache's 6 pages, got values in \[0, 6\]"):
+        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=5, block_table=table)
 
 
 def test_inference_mode_tensors_are_checked_every_call():

@@ -119,6 +119,7 @@ def test_launches_per_decode_step(monkeypatch, paged, num_splits):
     if table is not None:
         with table_check:
             checks.block_table(table, q.shape[0], k_cache.shape[0], k_cache.device)
+        assert table_check.work  # the check reads the table (so its absence below means it was not read again)
     length_check = _DeviceWork(monkeypatch)  # a length tensor is read back too (the append's capacity check)
     with length_check:
         tensor.tolist()

@@ -136,11 +136,11 @@ _TABLE_MAX = WeakIdKeyDictionary()
 
 
 def _read_back_key(t):
-    """(version, storage pointer) of t: what a cached read-back of t is valid for. Writes through torch move the
-    version counter; writes that bypass it (a custom kernel writing into the tensor) are not seen: build a new
-    tensor for new values. None for an inference tensor (made under torch.inference_mode: no version counter), whose
-    values are read back on every call."""
-    return None if t.is_inference() else (t._version, t.data_ptr())
+    """(version, data pointer, shape, strides) of t: what a cached read-back of t is valid for. Writes through torch
+    ops move the version counter; writes that bypass it are not seen (through `t.data`, numpy / DLPack views, a
+    custom kernel, a CUDA graph's replay): build a new tensor for new values. None for an inference tensor (made
+    under torch.inference_mode: no version counter), whose values are read back on every call."""
+    return None if t.is_inference() else (t._version, t.data_ptr(), t.shape, t.stride())
 
 
 def _offsets(cu):
@@ -172,7 +172,7 @@ def block_table(table, batch, num_pages, device):
         raise ValueError(f"block_table must have {batch} rows (the batch), got {table.shape[0]}")
     if table.device != device:
         raise ValueError(f"block_table is on {table.device} but the cache is on {device}")
-    if not table.numel() or capturing(table):
+    if not table.numel() or capturing(table) or torch.compiler.is_compiling():
         return
     # The bounds take one device sync; a table that passed and has not changed since (_read_back_key) is not read
     # again, so the layers of a decode step that share one table pay one sync per step (session 36: an eager B8

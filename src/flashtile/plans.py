@@ -1,4 +1,5 @@
-"""Launch plans: a plain forward or backward (Gluon or portable kernels) replayed per call signature (host time).
+"""Launch plans: a plain forward or backward (Gluon or portable kernels), or a split-KV decode step, replayed per
+call signature (host time).
 
 The first call of a signature runs the launchers as always (from launch._planned_forward / _planned_backward) while
 record() watches: the buffers they allocate (launch._empty) and the launches they make (fast_launch.launch). When
@@ -14,7 +15,10 @@ every input's shape, strides, dtype and device, the scalars (scale, window), the
 Gluon kernel and whether that kernel is still on (a failed build turns it off for the process); replay() checks the
 addresses' 16-byte alignment (TMA and triton's specialization read it) and gives up (None: the caller takes the normal
 path) where any tensor is misaligned. Plans exist only while fast_launch is on (FLASHTILE_FAST_LAUNCH=0 turns both
-off) and only for calls without optional features (launch.py decides).
+off) and only for the calls launch.py plans: forward / backward without optional features, and flash_attn_with_kvcache's
+split-KV steps (windows, softcap, block tables and length tensors included; not ALiBi or cache_leftpad). A decode
+step's cache length changes every call: it is a per-call slot (record / replay's `slots` and `scalars`), the one
+scalar a replay substitutes.
 """
 import threading
 import weakref

@@ -404,6 +404,6 @@ def format_table(records):
     elif any(r["provider"] == "flashtile" and r["page_size"] for r in records):
         footer.append("flashtile paged: the block table's bounds are read once (one device sync, in the warm-up: the "
                       "table does not change between calls; a changed table is read again, one sync per decode step "
-                      "when its layers share the table)")
+                      "when its layers share the table; an inference-mode table on every call)")
     return ("== decode (1 query token, causal; GB/s = K+V bytes read / time) ==\n" + _render(header, rows)
             + "".join("\n  " + line for line in footer + notes))
