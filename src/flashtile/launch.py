@@ -416,8 +416,12 @@ def splitkv_plan(geo, max_seqlen_k, num_splits, arch, dtype, device, interpreter
     rows = geo.seqlen_q * (geo.heads_q // geo.heads_kv)
     precision = _dot_precision(dtype, arch)
     cfg = configs.decode_config(arch, _head_dim_padded(geo.head_dim), rows, dtype, interpreter, precision)
-    programs = geo.batch * geo.heads_kv * _cdiv(rows, cfg.BLOCK_M)
-    return cfg, split_count(num_splits, programs, max_seqlen_k, cfg.BLOCK_N, device), precision
+    return cfg, split_count(num_splits, splitkv_programs(geo, cfg), max_seqlen_k, cfg.BLOCK_N, device), precision
+
+
+def splitkv_programs(geo, cfg):
+    """Programs of one split of the split-KV kernel: a tile of cfg.BLOCK_M packed query rows per (batch, KV head)."""
+    return geo.batch * geo.heads_kv * _cdiv(geo.seqlen_q * (geo.heads_q // geo.heads_kv), cfg.BLOCK_M)
 
 
 def split_count(num_splits, programs, max_seqlen_k, block_n, device):
@@ -962,8 +966,7 @@ def _planned_kvcache(q, k_cache, v_cache, seqused_k, block_table, softmax_scale,
         tiles = False
         if uses_splitkv(geo, num_splits):
             cfg = splitkv_plan(geo, max_seqlen_k, num_splits, _arch(q.device), q.dtype, q.device, False)[0]
-            tiles = (geo.batch * geo.heads_kv * _cdiv(geo.seqlen_q * (geo.heads_q // geo.heads_kv), cfg.BLOCK_M),
-                     cfg.BLOCK_N)
+            tiles = (splitkv_programs(geo, cfg), cfg.BLOCK_N)
         if len(_kvcache_tiles) >= plans.MAX_PLANS:  # bounded as the plans are
             _kvcache_tiles.clear()
         _kvcache_tiles[signature] = tiles
