@@ -402,8 +402,8 @@ def test_environment_switches_are_read_at_each_call(monkeypatch):
 
 @pytest.fixture
 def decode_on_cpu(gluon_on_cpu, monkeypatch):
-    """gluon_on_cpu with the split-KV decode kernel and its combine stubbed too."""
-    for name in ("_attn_fwd_splitkv", "_attn_combine"):
+    """gluon_on_cpu with the split-KV decode kernel, its combine and the KV-cache append stubbed too."""
+    for name in ("_attn_fwd_splitkv", "_attn_combine", "_rotary_append"):
         _stub(monkeypatch, launch, name, gluon_on_cpu)
     launch._kvcache_tiles.clear()
     yield gluon_on_cpu
@@ -490,6 +490,54 @@ def test_a_slot_no_launch_takes_keeps_no_plan(gluon_on_cpu):
         assert plans.get(("slot-test",)) is plans.DECLINED and calls
 
 
+def _append(q, k_cache, v_cache, k, v, cos, sin, length, seqlens=None, block_table=None):
+    """The append (with rotary when cos is given) as flash_attn_with_kvcache makes it for a decode step."""
+    return launch._kvcache_append(q, k_cache, v_cache, k, v, cos, sin, seqlens, block_table, True, False, length)
+
+
+def test_append_replays_with_its_cache_length(decode_on_cpu):
+    """The second append of a signature replays the first's launch with its own cache length in the kernel's
+    cache_add and a fresh rotated q; an append without rotary (no q out) is planned too and returns an empty tensor;
+    a cache length past int32 takes the launcher."""
+    calls = decode_on_cpu
+    q, k_cache, v_cache = _cache()
+    k, v = (torch.randn(2, 1, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = (torch.randn(8192, 32) for _ in range(2))
+    replayed, recorded = plans.counts
+    q_rot1 = _append(q, k_cache, v_cache, k, v, cos, sin, 3000)
+    assert len(calls) == 1 and plans.counts == [replayed, recorded + 1]
+    q2 = torch.randn_like(q)
+    q_rot2 = _append(q2, k_cache, v_cache, k, v, cos, sin, 3001)
+    assert len(calls) == 2 and plans.counts == [replayed + 1, recorded + 1]
+    assert q_rot2 is not q_rot1 and q_rot2.shape == q.shape
+    pos = launch._CACHE_ADD_ARG
+    first = _normal(calls[0], (q, q_rot1, k, v, k_cache, v_cache, cos, sin))
+    second = _normal(calls[1], (q2, q_rot2, k, v, k_cache, v_cache, cos, sin))
+    assert first[pos] == 3000 and second[pos] == 3001
+    assert first[:pos] + first[pos + 1:] == second[:pos] + second[pos + 1:len(first)]
+    for length in (10, 11):
+        out = _append(q, k_cache, v_cache, k, v, None, None, length)
+        assert out.numel() == 0 and calls[-1][pos] == length
+    assert plans.counts == [replayed + 2, recorded + 2]
+    _append(q, k_cache, v_cache, k, v, None, None, 2**31)
+    assert plans.counts == [replayed + 2, recorded + 2] and len(calls) == 5
+
+
+def test_append_plans_take_length_tensors_and_pages(decode_on_cpu):
+    """A per-row length tensor and a block table are the append plan's inputs: a replay passes the new ones."""
+    calls = decode_on_cpu
+    q, k_cache, v_cache = _cache()
+    pages = k_cache.reshape(-1, 256, 2, 128)[:20], v_cache.reshape(-1, 256, 2, 128)[:20]
+    k, v = (torch.randn(2, 1, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    replayed, recorded = plans.counts
+    for step in range(2):
+        lengths = torch.tensor([1000 + step, 2000], dtype=torch.int32)
+        table = torch.arange(20, dtype=torch.int32).reshape(2, 10).flip(0)
+        _append(q, *pages, k, v, None, None, 0, seqlens=lengths, block_table=table)
+        assert any(a is lengths for a in calls[-1]) and any(a is table for a in calls[-1])
+    assert plans.counts == [replayed + 1, recorded + 1]
+
+
 @pytest.mark.gpu
 def test_gpu_replayed_decode_steps_match_the_launchers():
     """On an H200: decode steps over a growing cache (contiguous and paged, int lengths and a length tensor) replayed
@@ -515,3 +563,32 @@ def test_gpu_replayed_decode_steps_match_the_launchers():
         want = launch._kvcache_launches(q, k_cache, v_cache, lengths, None, 0.125, -1, 0, 0.0, None, length, 0, None, 0)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), length
     assert plans.counts[0] > replayed + 6
+
+
+@pytest.mark.gpu
+def test_gpu_replayed_appends_match_the_launcher():
+    """On an H200: appends with rotary over a growing cache (contiguous and paged, int lengths and a length tensor)
+    replayed from their plans write the cache and the rotated q bitwise as the launcher does, and they did replay."""
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)) or not fast_launch.enabled():
+        pytest.skip("needs an sm90 GPU and the fast launch path (triton 3.6, FLASHTILE_FAST_LAUNCH unset)")
+    torch.manual_seed(0)
+    q = torch.randn(4, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(4, 1, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = (torch.randn(8192, 64, device="cuda") for _ in range(2))
+    table = torch.randperm(4 * 512, device="cuda", dtype=torch.int32).reshape(4, 512)
+    plans.clear()
+    replayed = plans.counts[0]
+    for length in (100, 101, 2047, 2048, 8000):
+        for paged, seqlens in ((False, None), (True, None), (False, torch.full((4,), length, device="cuda",
+                                                                               dtype=torch.int32))):
+            add = 0 if seqlens is not None else length
+            results = []
+            for run in (lambda *a: launch._kvcache_append(*a, True, False, add),
+                        lambda *a: launch._append_launches(*a, True, False, add)[0]):
+                caches = [torch.zeros(4, 8192, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+                if paged:
+                    caches = [c.view(-1, 16, 4, 128) for c in caches]
+                q_rot = run(q, *caches, k, v, cos, sin, seqlens, table if paged else None)
+                results.append((q_rot, *caches))
+            assert all(torch.equal(a, b) for a, b in zip(*results)), (length, paged, seqlens is not None)
+    assert plans.counts[0] > replayed + 8

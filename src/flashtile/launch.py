@@ -507,13 +507,41 @@ def rotary_append_launches(q, q_out, k_cache, v_cache, k, v, rotary_cos, rotary_
 def _kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved,
                     q_local, cache_add=0):
     """Writes k (rotated) and v into the cache in place; returns q rotated (q's shape and dtype) when rotary_cos
-    is given, else an empty tensor. Arguments: see rotary_append_launches."""
+    is given, else an empty tensor. Arguments: see rotary_append_launches. A CUDA call is replayed from its plan
+    after the first of its signature (_planned_append), as the decode step that follows it."""
+    tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table)
+    result = None
+    if q.is_cuda and _plannable(q) and 0 <= cache_add < 2**31:  # cache_add: an i32 argument, as recorded
+        result = _planned_append(tensors, interleaved, q_local, cache_add)
+    if result is None:
+        result = _append_launches(*tensors, interleaved, q_local, cache_add)
+    return result[0] if rotary_cos is not None else q.new_empty(0)
+
+
+def _append_launches(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved,
+                     q_local, cache_add):
+    """_kvcache_append's launch as it runs without a plan: (rotated q,) with rotary_cos, else ()."""
     rotary = rotary_cos is not None
-    q_out = _empty(q.shape, q) if rotary else q.new_empty(0)
-    for launch in rotary_append_launches(q, q_out if rotary else q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                         cache_seqlens, block_table, interleaved, q_local, cache_add):
+    q_out = _empty(q.shape, q) if rotary else q  # without rotary q stands in, neither read nor written
+    for launch in rotary_append_launches(q, q_out, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                         block_table, interleaved, q_local, cache_add):
         launch.run()
-    return q_out
+    return (q_out,) if rotary else ()
+
+
+# The append kernel's cache-length argument: a plan's per-call scalar (unspecialized, as the split-KV kernel's).
+_CACHE_ADD_ARG = _rotary_append.arg_names.index("cache_add")
+
+
+def _planned_append(tensors, interleaved, q_local, cache_add):
+    """_append_launches' result from its plan (plans.py), or None (the caller runs the launch). The key: each of
+    tensors' shape, strides, dtype and device (None for an absent one), which of them alias, interleaved and
+    q_local; not the cache length cache_add, which each replay passes to the kernel (plans' scalar slot)."""
+    inputs = tuple(t for t in tensors if t is not None)
+    key = ("append", *(None if t is None else _signature(t) for t in tensors), plans.aliasing(inputs), interleaved,
+           q_local)
+    return _planned(key, inputs, None, lambda: _append_launches(*tensors, interleaved, q_local, cache_add),
+                    slots=((_rotary_append, _CACHE_ADD_ARG),), scalars=(cache_add, ))
 
 
 def _dkdv_descriptors(geo, q, dout, block_m, head_dim_pad):
@@ -771,7 +799,7 @@ def _replay(plan, inputs, gluon_module, scalars=()):
     except Exception as exc:  # noqa: BLE001  (as _try_gluon: the portable kernels still serve)
         plans.clear()
         portable = (_attn_fwd, _attn_bwd_preprocess, _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_dq_convert,
-                    _attn_fwd_splitkv, _attn_combine)
+                    _attn_fwd_splitkv, _attn_combine, _rotary_append)
         if all(launch.kernel in portable for launch in plan.launches):
             raise
         gluon_module.disable(exc)
