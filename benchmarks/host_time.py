@@ -14,7 +14,8 @@ Run in a fresh process without torch.profiler (a CPU-activity profile slows ever
 --profile writes cProfile's top functions of 200 flashtile calls with grad (B32 S512 H16 D128).
 --decode OUT.txt: host and GPU time of eager decode steps (flash_attn_with_kvcache, 1 query token, 32 / 4 heads, D128,
 int cache_seqlens, contiguous and 16-token pages, without and with a one-token append) against SDPA on the same
-cache, B 8 / 64, 4K / 16K cached tokens; writes a cProfile of 300 B8 4K steps (no append) to OUT.txt.
+cache, B 8 / 64, 4K / 16K cached tokens; writes cProfiles of 300 B8 4K steps to OUT.txt (contiguous, with an append,
+16-token pages).
 --parts prints the host time of each stage of the forward's call path at B32 S512 H16 D128 (the Gluon persistent
 launch and the portable one), from flash_attn_func down to the bare kernel launch with prebuilt arguments (through
 triton's kernel[grid] and through fast_launch.launch), and writes a cProfile (by own time) of 300 forward calls to
@@ -66,8 +67,9 @@ def _host_and_gpu(fn, calls=100):
     return host, start.elapsed_time(end) / 50 * 1e3
 
 
-def _write_profile(fn, calls, path, orders, rows):
-    """cProfile of calls x fn(), its top rows functions by each of orders, written to path."""
+def _write_profile(fn, calls, path, orders, rows, mode="w", title=None):
+    """cProfile of calls x fn(), its top rows functions by each of orders, written (or appended: mode "a") to path
+    under an optional title line."""
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
@@ -77,7 +79,8 @@ def _write_profile(fn, calls, path, orders, rows):
     text = io.StringIO()
     for order in orders:
         pstats.Stats(prof, stream=text).sort_stats(order).print_stats(rows)
-    with open(path, "w") as f:
+    with open(path, mode) as f:
+        f.write(f"=== {title}\n" if title else "")
         f.write(text.getvalue())
 
 
@@ -163,8 +166,19 @@ def decode(profile_path):
             print(f"{'sdpa':10} {batch:3} {cache:6} {0:4} {'False':6} {host:8.1f} {gpu:8.1f}", flush=True)
     q = torch.randn(8, 1, 32, 128, **bf)
     k_cache, v_cache = (torch.randn(8, 4096, 4, 128, **bf) for _ in range(2))
-    _write_profile(lambda: flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=4095, causal=True),
-                   300, profile_path, ("tottime", "cumulative"), 30)
+    k_new, v_new = (torch.randn(8, 1, 4, 128, **bf) for _ in range(2))
+    table = torch.randperm(8 * 256, device="cuda").reshape(8, 256).to(torch.int32)
+    k_pool, v_pool = (torch.randn(8 * 256, 16, 4, 128, **bf) for _ in range(2))
+    steps = [("contiguous", lambda: flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=4095,
+                                                                      causal=True)),
+             ("contiguous + append", lambda: flashtile.flash_attn_with_kvcache(
+                 q, k_cache, v_cache, k_new, v_new, cache_seqlens=4095, causal=True)),
+             ("16-token pages", lambda: flashtile.flash_attn_with_kvcache(
+                 q, k_pool, v_pool, cache_seqlens=4095, block_table=table, causal=True))]
+    for i, (title, step) in enumerate(steps):
+        step()
+        _write_profile(step, 300, profile_path, ("tottime", "cumulative"), 30, "w" if i == 0 else "a",
+                       f"300 B8 4K steps, {title}")
 
 
 def main():
@@ -172,7 +186,7 @@ def main():
     ap.add_argument("--profile", help="write a cProfile of 200 flashtile calls with grad here")
     ap.add_argument("--parts", help="time the forward's stages; write a cProfile of 300 forward calls here")
     ap.add_argument("--passes", type=int, default=1, help="run the sweep this many times")
-    ap.add_argument("--decode", help="time eager decode steps instead; write a cProfile of 300 B8 steps here")
+    ap.add_argument("--decode", help="time eager decode steps instead; write cProfiles of 300 B8 steps here")
     args = ap.parse_args()
     if args.decode:
         decode(args.decode)
