@@ -14,8 +14,8 @@ Run in a fresh process without torch.profiler (a CPU-activity profile slows ever
 --profile writes cProfile's top functions of 200 flashtile calls with grad (B32 S512 H16 D128).
 --decode OUT.txt: host and GPU time of eager decode steps (flash_attn_with_kvcache, 1 query token, 32 / 4 heads, D128,
 int cache_seqlens, contiguous and 16-token pages, without and with a one-token append) against SDPA on the same
-cache, B 8 / 64, 4K / 16K cached tokens; writes cProfiles of 300 B8 4K steps to OUT.txt (contiguous, with an append,
-16-token pages).
+cache, B 8 / 64, 4K / 16K cached tokens, then B8 4K with ALiBi and cache_leftpad; writes cProfiles of 300 B8 4K
+steps to OUT.txt (contiguous, with an append, 16-token pages).
 --parts prints the host time of each stage of the forward's call path at B32 S512 H16 D128 (the Gluon persistent
 launch and the portable one), from flash_attn_func down to the bare kernel launch with prebuilt arguments (through
 triton's kernel[grid] and through fast_launch.launch), and writes a cProfile (by own time) of 300 forward calls to
@@ -166,6 +166,10 @@ def decode(profile_path):
             print(f"{'sdpa':10} {batch:3} {cache:6} {0:4} {'False':6} {host:8.1f} {gpu:8.1f}", flush=True)
     q = torch.randn(8, 1, 32, 128, **bf)
     k_cache, v_cache = (torch.randn(8, 4096, 4, 128, **bf) for _ in range(2))
+    slopes, pads = torch.rand(8, 32, device="cuda"), torch.randint(0, 64, (8,), device="cuda", dtype=torch.int32)
+    host, gpu = _host_and_gpu(lambda: flashtile.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=4095, causal=True, alibi_slopes=slopes, cache_leftpad=pads))
+    print(f"B8 4K contiguous with ALiBi (8, 32) and cache_leftpad: host_us {host:.1f} gpu_us {gpu:.1f}", flush=True)
     k_new, v_new = (torch.randn(8, 1, 4, 128, **bf) for _ in range(2))
     table = torch.randperm(8 * 256, device="cuda").reshape(8, 256).to(torch.int32)
     k_pool, v_pool = (torch.randn(8 * 256, 16, 4, 128, **bf) for _ in range(2))

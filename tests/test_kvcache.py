@@ -216,6 +216,41 @@ def test_block_table_bounds_read_once_per_version(monkeypatch):
         flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=5, block_table=table)
 
 
+def test_leftpad_and_batch_index_read_once_per_version(monkeypatch):
+    """cache_leftpad and cache_batch_idx are read back (one device sync) once per tensor and version: the layers and
+    steps that share them pay one sync, and an in-place change through torch is checked again."""
+    from flashtile import checks
+
+    q, k_cache, v_cache, _, _ = cache_inputs("cpu")
+    pads = torch.tensor([0, 3, 9], dtype=torch.int32)
+    idx = torch.tensor([2, 0, 1], dtype=torch.int32)
+    reads = []
+
+    class CountingCache(type(checks._VALUES)):  # every store is one read-back
+        def __setitem__(self, tensor, value):
+            reads.append(tensor)
+            super().__setitem__(tensor, value)
+
+    monkeypatch.setattr(checks, "_VALUES", CountingCache())
+    for step in range(3):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=10 + step, cache_leftpad=pads,
+                                          cache_batch_idx=idx)
+    assert len(reads) == 2 and reads[0] is idx and reads[1] is pads
+    pads[1] = 20  # through torch: read and checked again
+    with pytest.raises(ValueError, match=r"cache_leftpad must lie in \[0, cache_seqlens\[b\]\] in every row"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=12, cache_leftpad=pads,
+                                          cache_batch_idx=idx)
+    idx[0] = 3
+    with pytest.raises(ValueError, match=r"cache_batch_idx entries must index the cache's 3 rows"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=30, cache_leftpad=pads,
+                                          cache_batch_idx=idx)
+    # one read per new version; values are kept even where they fail, as every call checks the kept values
+    assert len(reads) == 4 and reads[2] is pads and reads[3] is idx
+    with pytest.raises(ValueError, match=r"cache_batch_idx entries must index the cache's 3 rows"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=30, cache_batch_idx=idx)
+    assert len(reads) == 4
+
+
 def test_inference_mode_tensors_are_checked_every_call():
     """Tensors made under torch.inference_mode have no version counter: their contents are read back on every
     call (the read-back caches key on the version; session 36 found varlen raising on such cu_seqlens)."""

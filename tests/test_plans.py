@@ -465,18 +465,37 @@ def test_decode_plans_take_length_tensors_and_pages(decode_on_cpu):
     assert plans.counts == [replayed + 1, recorded + 1]
 
 
-def test_decode_steps_that_are_not_planned(decode_on_cpu):
-    """ALiBi, a left padding (key_start) and query chunks too long for the split-KV kernel take the launchers at
-    every call; so does a cache length past int32."""
+def test_decode_plans_take_alibi_and_left_padding(decode_on_cpu):
+    """ALiBi slopes and a left padding (key_start) are a plan's inputs: a replay passes the new tensors, and a
+    step without them (or with slopes of another shape) has a plan of its own."""
+    calls = decode_on_cpu
     q, k_cache, v_cache = _cache()
+    replayed, recorded = plans.counts
+    for step in range(2):
+        slopes, pads = torch.rand(8), torch.tensor([step, 7], dtype=torch.int32)
+        _decode(q, k_cache, v_cache, 1000 + step, alibi_slopes=slopes, key_start=pads)
+        assert any(a is slopes for a in calls[-2]) and any(a is pads for a in calls[-2])
+        assert calls[-2][launch._SEQUSED_ADD_ARG] == 1000 + step
+    assert plans.counts == [replayed + 1, recorded + 1]
+    _decode(q, k_cache, v_cache, 1000, alibi_slopes=torch.rand(8))
+    _decode(q, k_cache, v_cache, 1000, alibi_slopes=torch.rand(2, 8))
+    _decode(q, k_cache, v_cache, 1000)
+    assert plans.counts == [replayed + 1, recorded + 4]
+
+
+def test_decode_steps_that_are_not_planned(decode_on_cpu):
+    """Query chunks too long for the split-KV kernel take the launchers at every call; so does a cache length past
+    int32."""
+    q, k_cache, v_cache = _cache()
+    assert launch._planned_kvcache(q, k_cache, v_cache, None, None, 0.125, -1, 0, 0.0, None, 2**31, 0, None,
+                                   2**31) is None
+    long_q = torch.randn(2, 64, 8, 128, dtype=torch.bfloat16)  # 4 * 64 packed rows > configs.DECODE_MAX_ROWS
     counts = list(plans.counts)
     for _ in range(2):
-        _decode(q, k_cache, v_cache, 1000, alibi_slopes=torch.rand(8))
-        _decode(q, k_cache, v_cache, 1000, key_start=torch.zeros(2, dtype=torch.int32))
+        _decode(long_q, k_cache, v_cache, 1000, alibi_slopes=torch.rand(8))
     assert plans.counts == counts
-    assert launch._planned_kvcache(q, k_cache, v_cache, None, None, 0.125, -1, 0, 0.0, 2**31, 0, 2**31) is None
-    long_q = torch.randn(2, 64, 8, 128, dtype=torch.bfloat16)  # 4 * 64 packed rows > configs.DECODE_MAX_ROWS
-    assert launch._planned_kvcache(long_q, k_cache, v_cache, None, None, 0.125, -1, 0, 0.0, 1000, 0, 1000) is None
+    assert launch._planned_kvcache(long_q, k_cache, v_cache, None, None, 0.125, -1, 0, 0.0, None, 1000, 0, None,
+                                   1000) is None
 
 
 def test_a_slot_no_launch_takes_keeps_no_plan(gluon_on_cpu):
@@ -540,8 +559,8 @@ def test_append_plans_take_length_tensors_and_pages(decode_on_cpu):
 
 @pytest.mark.gpu
 def test_gpu_replayed_decode_steps_match_the_launchers():
-    """On an H200: decode steps over a growing cache (contiguous and paged, int lengths and a length tensor) replayed
-    from their plans give bitwise the launchers' outputs, and they did replay."""
+    """On an H200: decode steps over a growing cache (contiguous and paged, int lengths and a length tensor, ALiBi
+    with a left padding) replayed from their plans give bitwise the launchers' outputs, and they did replay."""
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)) or not fast_launch.enabled():
         pytest.skip("needs an sm90 GPU and the fast launch path (triton 3.6, FLASHTILE_FAST_LAUNCH unset)")
     torch.manual_seed(0)
@@ -562,7 +581,14 @@ def test_gpu_replayed_decode_steps_match_the_launchers():
         got = _decode(q, k_cache, v_cache, 0, seqused_k=lengths, max_seqlen_k=length)
         want = launch._kvcache_launches(q, k_cache, v_cache, lengths, None, 0.125, -1, 0, 0.0, None, length, 0, None, 0)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), length
-    assert plans.counts[0] > replayed + 6
+        for caches, table_ in (((k_cache, v_cache), None), (pages, table)):  # ALiBi and a left padding
+            slopes = torch.rand(4, 32, device="cuda")
+            pads = torch.tensor([0, 1, length // 2, length - 1], device="cuda", dtype=torch.int32)
+            got = _decode(q, *caches, length, block_table=table_, alibi_slopes=slopes, key_start=pads)
+            want = launch._kvcache_launches(q, *caches, None, table_, 0.125, -1, 0, 0.0, slopes, length, 0, pads,
+                                            length)
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), (length, table_ is None)
+    assert plans.counts[0] > replayed + 12
 
 
 @pytest.mark.gpu

@@ -149,12 +149,12 @@ def test_cu_seqlens_read_back_once_per_version(monkeypatch):
     q, k, v, cu_q, cu_k = _args()
     reads = []
 
-    class CountingCache(type(checks._OFFSETS)):  # every store is one read-back
+    class CountingCache(type(checks._VALUES)):  # every store is one read-back
         def __setitem__(self, tensor, value):
             reads.append(tensor)
             super().__setitem__(tensor, value)
 
-    monkeypatch.setattr(checks, "_OFFSETS", CountingCache())
+    monkeypatch.setattr(checks, "_VALUES", CountingCache())
     for _ in range(3):
         flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 4)
     assert len(reads) == 2 and reads[0] is cu_q and reads[1] is cu_k

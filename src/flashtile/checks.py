@@ -88,7 +88,7 @@ def check_qkv(q, k, v, varlen=False, same_batch=True):
 def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k, key_capacity=None):
     """cu_seqlens: int32 (batch + 1,) offsets from 0 to the token count, non-decreasing; max_seqlen: ints that
     bound every sequence (they size the grid). The value checks read the offsets (one device sync per
-    cu_seqlens tensor, see _offsets); they are skipped while torch.compile traces, where reading values
+    cu_seqlens tensor, see read_back); they are skipped while torch.compile traces, where reading values
     would break the graph, and during CUDA graph capture.
     key_capacity (paged keys): no key token count to end at; each key sequence must fit in it instead."""
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
@@ -112,7 +112,7 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, 
                                       ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
         if capturing(cu):
             continue
-        offsets = _offsets(cu)
+        offsets = read_back(cu)
         if offsets[0] != 0:
             raise ValueError(f"{name} must start at 0, got {offsets[0]}")
         lengths = [b - a for a, b in zip(offsets, offsets[1:])]
@@ -129,9 +129,9 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, 
             raise ValueError(f"{max_name}={max_len} is smaller than the longest sequence in {name} ({max(lengths)})")
 
 
-# Values read back from device tensors, kept while the tensor is unchanged (see _read_back_key): cu_seqlens tensor ->
-# (key, values); block table -> (key, its largest entry).
-_OFFSETS = WeakIdKeyDictionary()
+# Values read back from device tensors, kept while the tensor is unchanged (see _read_back_key): a tensor read as
+# values (cu_seqlens, cache_leftpad, cache_batch_idx) -> (key, values); block table -> (key, its largest entry).
+_VALUES = WeakIdKeyDictionary()
 _TABLE_MAX = WeakIdKeyDictionary()
 
 
@@ -143,17 +143,17 @@ def _read_back_key(t):
     return None if t.is_inference() else (t._version, t.data_ptr(), t.shape, t.stride())
 
 
-def _offsets(cu):
-    """cu's values as a list. Read back (one device sync) the first time a tensor is seen and after it
-    changes through torch; then from _OFFSETS, so the layers of a model that share one cu_seqlens pay one sync per
-    batch, not one per call (the sync measured ~0.3 ms per call on the H200 machine's host)."""
-    key = _read_back_key(cu)
-    hit = _OFFSETS.get(cu) if key is not None else None
+def read_back(t):
+    """t's values as a list. Read back (one device sync) the first time a tensor is seen and after it changes
+    through torch; then from _VALUES, so the layers of a model that share one cu_seqlens (or one cache_leftpad)
+    pay one sync per batch, not one per call (the sync measured ~0.3 ms per call on the H200 machine's host)."""
+    key = _read_back_key(t)
+    hit = _VALUES.get(t) if key is not None else None
     if hit is not None and hit[0] == key:
         return hit[1]
-    values = cu.tolist()
+    values = t.tolist()
     if key is not None:
-        _OFFSETS[cu] = (key, values)
+        _VALUES[t] = (key, values)
     return values
 
 

@@ -24,13 +24,15 @@ def _cache_seqlens(cache_seqlens, batch, device):
 
 
 def _row_tensor(name, t, batch, device):
-    """An int32 (batch,) tensor on the cache's device, returned as a list of ints (one sync)."""
+    """An int32 (batch,) tensor on the cache's device, returned as a list of ints: one sync the first time the tensor
+    is seen and after it changes through torch (checks.read_back: the layers of a step and the steps of a batch that
+    share one cache_leftpad read it once); None while capturing."""
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != (batch,):
         raise TypeError(f"{name} must be an int32 tensor of shape ({batch},), got "
                         f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but k_cache is on {device}")
-    return None if checks.capturing(t) else t.tolist()
+    return None if checks.capturing(t) else checks.read_back(t)
 
 
 def _num_splits(num_splits):

@@ -928,12 +928,13 @@ def _flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, sof
     max_seqlen_k: the largest key count (sizes the split heuristic); num_splits: 0 = heuristic, else
     the number of key-range splits (see uses_splitkv for when the split-KV kernel runs).
     key_start: None or int32 (B,): row b's keys are the cache tokens key_start[b] <= t < its key count.
-    A decode step without ALiBi or key_start (fp16 / bf16, the Gluon head dims) on CUDA replays its launch plan
-    (_planned_kvcache) after the first step of its signature.
+    A decode step (fp16 / bf16, the Gluon head dims) on CUDA replays its launch plan (_planned_kvcache) after the
+    first step of its signature.
     """
-    if q.is_cuda and alibi_slopes is None and key_start is None and _plannable(q):
+    if q.is_cuda and _plannable(q):
         result = _planned_kvcache(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left,
-                                  window_right, softcap, max_seqlen_k, num_splits, seqused_add)
+                                  window_right, softcap, alibi_slopes, max_seqlen_k, num_splits, key_start,
+                                  seqused_add)
         if result is not None:
             return result
     return _kvcache_launches(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right,
@@ -974,23 +975,23 @@ _SEQUSED_ADD_ARG = _attn_fwd_splitkv.arg_names.index("seqused_add")
 
 
 def _planned_kvcache(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right, softcap,
-                     max_seqlen_k, num_splits, seqused_add):
+                     alibi_slopes, max_seqlen_k, num_splits, key_start, seqused_add):
     """(out, lse) of a decode step from its plan (plans.py), or None (the caller runs the launchers). The key: the
-    tensors' shapes, strides, dtypes and devices (the length tensor's and the block table's too), which of them
-    alias, the scale, window and softcap, num_splits and the split count it comes to for max_seqlen_k; not the
-    cache length seqused_add, which each replay passes to the split-KV kernel (plans' scalar slot). Only the
-    split-KV kernel's calls (and its combine) are planned."""
+    tensors' shapes, strides, dtypes and devices (the optional ones too: length tensor, block table, ALiBi slopes,
+    key_start), which of them alias, the scale, window and softcap, num_splits and the split count it comes to for
+    max_seqlen_k; not the cache length seqused_add, which each replay passes to the split-KV kernel (plans' scalar
+    slot). Only the split-KV kernel's calls (and its combine) are planned."""
     if not 0 <= seqused_add < 2**31:  # an i32 argument, as recorded
         return None
-    inputs = (q, k_cache, v_cache) + tuple(t for t in (seqused_k, block_table) if t is not None)
+    optional = (seqused_k, block_table, alibi_slopes, key_start)
+    inputs = (q, k_cache, v_cache) + tuple(t for t in optional if t is not None)
     signature = ("kvcache", q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(),
                  k_cache.dtype, k_cache.get_device(), v_cache.shape, v_cache.stride(), v_cache.dtype,
-                 None if seqused_k is None else _signature(seqused_k),
-                 None if block_table is None else _signature(block_table), plans.aliasing(inputs),
+                 *(None if t is None else _signature(t) for t in optional), plans.aliasing(inputs),
                  softmax_scale, window_left, window_right, softcap, num_splits)
     tiles = _kvcache_tiles.get(signature)
     if tiles is None:
-        geo = _kvcache_geometry(q, k_cache, seqused_k, block_table, None, seqused_add)
+        geo = _kvcache_geometry(q, k_cache, seqused_k, block_table, key_start, seqused_add)
         tiles = False
         if uses_splitkv(geo, num_splits):
             cfg = splitkv_plan(geo, max_seqlen_k, num_splits, _arch(q.device), q.dtype, q.device, False)[0]
@@ -1003,8 +1004,8 @@ def _planned_kvcache(q, k_cache, v_cache, seqused_k, block_table, softmax_scale,
     key = (*signature, split_count(num_splits, tiles[0], max_seqlen_k, tiles[1], q.device))
     return _planned(key, inputs, None,
                     lambda: _kvcache_launches(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left,
-                                              window_right, softcap, None, max_seqlen_k, num_splits, None,
-                                              seqused_add),
+                                              window_right, softcap, alibi_slopes, max_seqlen_k, num_splits,
+                                              key_start, seqused_add),
                     slots=((_attn_fwd_splitkv, _SEQUSED_ADD_ARG),), scalars=(seqused_add, ))
 
 

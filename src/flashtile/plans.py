@@ -16,7 +16,7 @@ Gluon kernel and whether that kernel is still on (a failed build turns it off fo
 addresses' 16-byte alignment (TMA and triton's specialization read it) and gives up (None: the caller takes the normal
 path) where any tensor is misaligned. Plans exist only while fast_launch is on (FLASHTILE_FAST_LAUNCH=0 turns both
 off) and only for the calls launch.py plans: forward / backward without optional features, and flash_attn_with_kvcache's
-split-KV steps (windows, softcap, block tables and length tensors included; not ALiBi or cache_leftpad). A decode
+split-KV steps (windows, softcap, ALiBi, block tables, length tensors and cache_leftpad included). A decode
 step's cache length changes every call: it is a per-call slot (record / replay's `slots` and `scalars`), the one
 scalar a replay substitutes.
 """
