@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashtile
-from utils import assert_close_rule
+from utils import assert_close_rule, count_read_backs
 
 
 def cache_inputs(device, batch=3, capacity=80, heads_q=4, heads_kv=2, head_dim=32, seqlen_q=5, new=5, seed=0):
@@ -183,19 +183,10 @@ def test_bad_block_table():
 def test_block_table_bounds_read_once_per_version(monkeypatch):
     """A block table's bounds are read to the host (one sync) once per table while it is unchanged (the layers of a
     decode step share one); an in-place change through torch, or a cache with fewer pages, is checked again."""
-    from flashtile import checks
-
     q, _, _, _, _ = cache_inputs("cpu")
     pages = torch.zeros(6, 16, 2, 32)
     table = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
-    reads = []
-
-    class CountingCache(type(checks._TABLE_MAX)):  # every store is one read-back that passed
-        def __setitem__(self, tensor, value):
-            reads.append(value[1])
-            super().__setitem__(tensor, value)
-
-    monkeypatch.setattr(checks, "_TABLE_MAX", CountingCache())
+    reads = count_read_backs(monkeypatch, "_TABLE_MAX", lambda tensor, value: value[1])  # the tables that passed
     for _ in range(3):
         flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=5, block_table=table)
     assert reads == [5]
@@ -219,19 +210,10 @@ def test_block_table_bounds_read_once_per_version(monkeypatch):
 def test_leftpad_and_batch_index_read_once_per_version(monkeypatch):
     """cache_leftpad and cache_batch_idx are read back (one device sync) once per tensor and version: the layers and
     steps that share them pay one sync, and an in-place change through torch is checked again."""
-    from flashtile import checks
-
     q, k_cache, v_cache, _, _ = cache_inputs("cpu")
     pads = torch.tensor([0, 3, 9], dtype=torch.int32)
     idx = torch.tensor([2, 0, 1], dtype=torch.int32)
-    reads = []
-
-    class CountingCache(type(checks._VALUES)):  # every store is one read-back
-        def __setitem__(self, tensor, value):
-            reads.append(tensor)
-            super().__setitem__(tensor, value)
-
-    monkeypatch.setattr(checks, "_VALUES", CountingCache())
+    reads = count_read_backs(monkeypatch, "_VALUES")
     for step in range(3):
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=10 + step, cache_leftpad=pads,
                                           cache_batch_idx=idx)

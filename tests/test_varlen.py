@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashtile
-from utils import assert_close_rule
+from utils import assert_close_rule, count_read_backs
 
 SEQLENS_Q = [1, 17, 0, 64, 100, 33]
 SEQLENS_K = [5, 1, 9, 64, 30, 0]
@@ -143,18 +143,9 @@ def test_varlen_bad_input(mutate, exc, match):
 def test_cu_seqlens_read_back_once_per_version(monkeypatch):
     """The offsets are read to the host once per cu_seqlens tensor (the layers of a model share one); an
     in-place change through torch is seen (and checked) on the next call."""
-    from flashtile import checks
-
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     q, k, v, cu_q, cu_k = _args()
-    reads = []
-
-    class CountingCache(type(checks._VALUES)):  # every store is one read-back
-        def __setitem__(self, tensor, value):
-            reads.append(tensor)
-            super().__setitem__(tensor, value)
-
-    monkeypatch.setattr(checks, "_VALUES", CountingCache())
+    reads = count_read_backs(monkeypatch, "_VALUES")
     for _ in range(3):
         flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 4)
     assert len(reads) == 2 and reads[0] is cu_q and reads[1] is cu_k

@@ -113,3 +113,19 @@ def train_step(causal):
     out = flashtile.flash_attn_func(q, k, v, causal=causal)
     out.backward(torch.ones_like(out))
     return out, q.grad, k.grad, v.grad
+
+
+def count_read_backs(monkeypatch, cache_name, item=lambda tensor, value: tensor):
+    """A list that gets item(tensor, value) for every store into flashtile.checks' read-back cache cache_name
+    ("_VALUES" or "_TABLE_MAX"): one per device read-back that was kept."""
+    from flashtile import checks
+
+    stores = []
+
+    class CountingCache(type(getattr(checks, cache_name))):
+        def __setitem__(self, tensor, value):
+            stores.append(item(tensor, value))
+            super().__setitem__(tensor, value)
+
+    monkeypatch.setattr(checks, cache_name, CountingCache())
+    return stores
