@@ -193,7 +193,7 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_variant(256, True, 4096, plain=True) == "persistent-sched4-lr"
     assert configs.gluon_fwd_variant(256, True, 16384, plain=True) == "persistent-sched4-lr"
     assert configs.gluon_fwd_variant(256, True, 16385, plain=True) == "default"
-    assert configs.gluon_fwd_variant(64, True, 512, plain=True) == "persistent-tma-q2-de-lpt8"
+    assert configs.gluon_fwd_variant(64, True, 512, plain=True) == "persistent-tma-q2-de-sched4"
     # Calls with features or varlen run the one-tile kernel: the default's config, not a persistent variant's
     # (whose tile order would reach the one-tile kernel unmeasured).
     assert all(configs.gluon_fwd_variant(d, c, 1024) == "default" for d, c in configs.GLUON_FWD_PERSISTENT)
@@ -208,7 +208,7 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_variant(64, False, 16385, plain=True) == "d64-3wg"
     assert configs.gluon_fwd_variant(64, False, 2048) == "default"
     assert configs.gluon_fwd_variant(64, False, 2049) == "d64-3wg"
-    assert configs.gluon_fwd_variant(64, True, 4096, plain=True) == "persistent-tma-q2-de-lpt8"
+    assert configs.gluon_fwd_variant(64, True, 4096, plain=True) == "persistent-tma-q2-de-sched4"
     assert configs.gluon_fwd_variant(64, True, 4097, plain=True) == "default"
     assert configs.gluon_fwd_variant(64, True, 8192) == "d64-3wg"
     assert configs.gluon_fwd_variant(128, False, 16384, plain=True) == "default"

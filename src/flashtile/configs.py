@@ -170,10 +170,15 @@ GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 512}
 # plain 1K / 4K / 16K +0.5 / -1.5 / -1.6 %, causal -2 to +2 %) and keep the rescale in every step. One pass (call 4)
 # at D256 2K / 8K and D64 4K / 16K. D256 at 1K (-2.7 / +1.7 %) and 512 keys (not measured) and D64 at 1025-2047 keys
 # (not measured) take the twins so that one kernel serves each range.
+# Session 37 (h200-2026-12-02-s37 call 4, TFLOP/s, two passes in swapped order, cuDNN in brackets): the D64 causal
+# tile orders of persistent-tma-q2-de, not measured with Q double-buffering before (session 14 chose lpt8 on the
+# single-Q kernel), 1K / 2K / 4K: lpt8 335 / 327-376 / 401-414 (cuDNN 320-331 / 380-384 / 414-415); lpt4 337-340 /
+# 384-390 / 363-410; lpt16 321-334 / 389-391 / 411-417; sched8 336-339 / 392-394 / 416-424; sched4 340 / 387-390 /
+# 423-425; lpt8-lr 323-324 / 329-370 / 384-406. D64 causal takes sched4 (above cuDNN at 1K-4K in both passes).
 GLUON_FWD_PERSISTENT = {(128, False): (("persistent-tma-q2", 0, 4096), ),
                         (128, True): (("persistent-tma-q2-de-sched4", 0, 4096), ("persistent-tma-sched4", 4097, 16384)),
                         (64, False): (("persistent-tma-q2-de", 0, 1024), ("persistent-3wg-tma-q2-lr", 1025, 16384)),
-                        (64, True): (("persistent-tma-q2-de-lpt8", 0, 4096), ),
+                        (64, True): (("persistent-tma-q2-de-sched4", 0, 4096), ),
                         (256, False): (("persistent-lr", 0, 16384), ),
                         (256, True): (("persistent-sched4-lr", 0, 16384), )}
 # (head dim, causal) -> (variant, least seqlen_k): the entry that serves longer rows instead of "default". D64: three

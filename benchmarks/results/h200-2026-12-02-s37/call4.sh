@@ -4,11 +4,11 @@
 # lazy-rescale twin; cuDNN beside. Two passes in swapped order.
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
-bench() {  # label, variants
+bench() {  # label, variants, time limit
   echo "== $1 $(date +%T)"
-  timeout 200 python3 benchmarks/gluon_check.py --phase bench --bench-causal 1 --bench-dims 64 --variants $2 \
+  timeout $3 python3 benchmarks/gluon_check.py --phase bench --bench-causal 1 --bench-dims 64 --variants $2 \
     --seqlens 1024,2048,4096 2>&1 | grep -E "TIME|ERROR" | tee -a $OUT/bench.log
 }
 V=persistent-tma-q2-de-lpt8,persistent-tma-q2-de-lpt4,persistent-tma-q2-de-lpt16,persistent-tma-q2-de-sched4,persistent-tma-q2-de-sched8,persistent-tma-q2-de-lpt8-lr
-bench p1 $V
-bench p2 $(echo $V | tr , '\n' | tac | paste -sd,)
+bench p1 $V 150
+bench p2 $(echo $V | tr , '\n' | tac | paste -sd,) 90
