@@ -333,7 +333,10 @@ def test_d64_causal_short_rows_take_gluon_only_plain(gluon_on_cpu):
     assert launch._gluon_forward(q, k, v, 0.125, -1, 0, 30.0, None, None) is None
     assert not gluon_on_cpu
     _forward(q, k, v, right=0)
-    assert len(gluon_on_cpu) == 1 and gluon_on_cpu[0][-1].dtype != torch.int32  # no list: lpt8 is the stride
+    # the variant serving 1K keys decides the order: "-sched" walks the host's tile list (an int32 tensor, the last
+    # argument), "-lpt" the grid's stride (no list)
+    variant = next(name for name, least, most in configs.GLUON_FWD_PERSISTENT[(64, True)] if least <= 1024 <= most)
+    assert len(gluon_on_cpu) == 1 and (gluon_on_cpu[0][-1].dtype == torch.int32) == ("sched" in variant)
 
 
 def test_a_launcher_can_ask_for_no_plan(gluon_on_cpu):
