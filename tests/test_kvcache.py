@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashtile
-from utils import assert_close_rule, count_read_backs
+from utils import assert_close_rule, count_read_backs, strided
 
 
 def cache_inputs(device, batch=3, capacity=80, heads_q=4, heads_kv=2, head_dim=32, seqlen_q=5, new=5, seed=0):
@@ -247,7 +247,44 @@ def test_inference_mode_tensors_are_checked_every_call():
             flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=lens, block_table=table)
         table[2, 1] = 5
         got = flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=lens, block_table=table)
+        _, k_cache, v_cache, _, _ = cache_inputs("cpu")
+        pads, idx = torch.tensor([0, 3, 9], dtype=torch.int32), torch.tensor([2, 0, 1], dtype=torch.int32)
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=20, cache_leftpad=pads,
+                                          cache_batch_idx=idx)
+        pads[1] = 21
+        with pytest.raises(ValueError, match=r"cache_leftpad must lie in \[0, cache_seqlens\[b\]\] in every row"):
+            flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=20, cache_leftpad=pads,
+                                              cache_batch_idx=idx)
+        idx[0] = 3
+        with pytest.raises(ValueError, match=r"cache_batch_idx entries must index the cache's 3 rows"):
+            flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=20, cache_batch_idx=idx)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_strided_row_tensors_give_the_contiguous_result(backend, paged):
+    """cache_seqlens, cache_leftpad, cache_batch_idx and a block table given as views with a strided last dim (sliced
+    out of wider tensors): the kernels index them as ptr + b, so they must read what the contiguous copies give."""
+    _, device = backend
+    q, k_dense, v_dense, k_new, v_new = cache_inputs(device, capacity=64, seqlen_q=1, new=2)
+    lens = torch.tensor([3, 30, 50], dtype=torch.int32, device=device)
+    pads = torch.tensor([0, 7, 40], dtype=torch.int32, device=device)
+    if paged:
+        k_cache, v_cache, table = shuffled_pages(k_dense, v_dense, 16)
+        index = dict(block_table=table)
+        index_view = dict(block_table=strided(table))
+    else:
+        k_cache, v_cache = k_dense, v_dense
+        idx = torch.tensor([2, 0, 1], dtype=torch.int32, device=device)
+        index, index_view = dict(cache_batch_idx=idx), dict(cache_batch_idx=strided(idx))
+    runs = []
+    for rows in ((lens, pads, index), (strided(lens), strided(pads), index_view)):
+        caches = k_cache.clone(), v_cache.clone()
+        out = flashtile.flash_attn_with_kvcache(q, *caches, k_new, v_new, cache_seqlens=rows[0], cache_leftpad=rows[1],
+                                                causal=True, **rows[2])
+        runs.append((out, *caches))
+    for want, got in zip(*runs):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("seqlen_q,num_splits", [(1, 0), (1, 1), (3, 2)], ids=["decode-auto", "decode-s1", "chunk-s2"])
@@ -319,3 +356,19 @@ def test_decode_step_under_torch_compile(monkeypatch):
     got = torch.compile(step, fullgraph=True)(compiled_k, compiled_v)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
     assert torch.equal(compiled_k, eager_k) and torch.equal(compiled_v, eager_v)
+
+
+def test_row_tensors_under_torch_compile(monkeypatch):
+    """Tensor cache_seqlens, cache_leftpad and cache_batch_idx trace with fullgraph=True: their values are not read
+    back while torch.compile traces (as the block table's and cu_seqlens'), and the compiled step gives eager's."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the cpu.py path: the test is about tracing, not kernels
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 1, 4, 16, generator=gen)
+    cache = torch.randn(3, 32, 2, 16, generator=gen)
+    lens, pads, idx = (torch.tensor(x, dtype=torch.int32) for x in ([10, 20], [0, 3], [2, 0]))
+
+    def step():
+        return flashtile.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lens, cache_leftpad=pads,
+                                                 cache_batch_idx=idx, causal=True)
+
+    torch.testing.assert_close(torch.compile(step, fullgraph=True)(), step(), atol=1e-6, rtol=1e-6)

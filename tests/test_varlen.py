@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashtile
-from utils import assert_close_rule, count_read_backs
+from utils import assert_close_rule, count_read_backs, strided
 
 SEQLENS_Q = [1, 17, 0, 64, 100, 33]
 SEQLENS_K = [5, 1, 9, 64, 30, 0]
@@ -68,6 +68,25 @@ def test_varlen_matches_dense_batch(backend):
     dense = flashtile.flash_attn_func(q.reshape(3, 40, 2, 16), k.reshape(3, 50, 1, 16), v.reshape(3, 50, 1, 16),
                                       causal=True)
     torch.testing.assert_close(out.reshape(3, 40, 2, 16), dense, rtol=0, atol=0)
+
+
+def test_strided_cu_seqlens_give_the_contiguous_result(backend):
+    """cu_seqlens (and a paged call's block table) given as views with a strided last dim: the kernels index them as
+    ptr + b, so forward and backward must equal the contiguous call's bit for bit."""
+    _, device = backend
+    runs = []
+    for view in (lambda t: t, strided):
+        q, k, v = packed(SEQLENS_Q, SEQLENS_K, 2, 1, 16, torch.float32, device, seed=2)
+        cu_q, cu_k = view(cu(SEQLENS_Q, device)), view(cu(SEQLENS_K, device))
+        out = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(SEQLENS_Q), max(SEQLENS_K), causal=True)
+        out.backward(torch.ones_like(out))
+        k_pages, table = paginate(k.detach(), SEQLENS_K, 16)
+        v_pages, _ = paginate(v.detach(), SEQLENS_K, 16)
+        paged = flashtile.flash_attn_varlen_func(q.detach(), k_pages, v_pages, cu_q, cu_k, max(SEQLENS_Q),
+                                                 max(SEQLENS_K), causal=True, block_table=view(table))
+        runs.append((out, q.grad, k.grad, v.grad, paged))
+    for want, got in zip(*runs):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_varlen_packed_variants(backend):

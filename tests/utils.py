@@ -129,3 +129,10 @@ def count_read_backs(monkeypatch, cache_name, item=lambda tensor, value: tensor)
 
     monkeypatch.setattr(checks, cache_name, CountingCache())
     return stores
+
+
+def strided(t):
+    """t's values in a view whose last dim has stride 2 (an index tensor sliced out of a wider one)."""
+    view = torch.stack([t, torch.full_like(t, -7)], -1)[..., 0]
+    assert view.stride(-1) == 2 and torch.equal(view, t)
+    return view

@@ -138,7 +138,8 @@ _TABLE_MAX = WeakIdKeyDictionary()
 def _read_back_key(t):
     """(version, data pointer, shape, strides) of t: what a cached read-back of t is valid for. Writes through torch
     ops move the version counter; writes that bypass it are not seen (through `t.data`, numpy / DLPack views, a
-    custom kernel, a CUDA graph's replay): build a new tensor for new values. None for an inference tensor (made
+    custom kernel, a CUDA graph's replay, an in-place torch.distributed collective): build a new tensor for new
+    values. None for an inference tensor (made
     under torch.inference_mode: no version counter), whose values are read back on every call."""
     return None if t.is_inference() else (t._version, t.data_ptr(), t.shape, t.stride())
 
@@ -155,6 +156,13 @@ def read_back(t):
     if key is not None:
         _VALUES[t] = (key, values)
     return values
+
+
+def unit_stride(t):
+    """t, or a contiguous copy where its last dim is strided: the kernels index per-row tensors (cache_seqlens,
+    cache_leftpad, cu_seqlens, block-table rows) as ptr + i. A copy is one small kernel (also under a CUDA graph's
+    capture, where it reads the view at each replay); a row-strided slice of a wider block table stays as it is."""
+    return t if t.numel() <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
 def capturing(t):

@@ -19,6 +19,7 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     heads = q.shape[-2]
     if varlen is not None:
         checks.check_cu_seqlens(*varlen, q, k)
+        varlen = (checks.unit_stride(varlen[0]), checks.unit_stride(varlen[1]), *varlen[2:])
         batch = varlen[0].numel() - 1
         attn_bias = checks.attn_bias(attn_bias, q, (batch, heads, varlen[2], varlen[3]), varlen=True)
     else:
@@ -61,6 +62,8 @@ def _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     checks.block_table(block_table, None, k.shape[0], k.device)
     checks.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k,
                             key_capacity=block_table.shape[1] * k.shape[1])
+    cu_seqlens_q, cu_seqlens_k = checks.unit_stride(cu_seqlens_q), checks.unit_stride(cu_seqlens_k)
+    block_table = checks.unit_stride(block_table)
     batch = cu_seqlens_q.numel() - 1
     if block_table.shape[0] != batch:
         raise ValueError(f"block_table must have {batch} rows (one per sequence of cu_seqlens), got "

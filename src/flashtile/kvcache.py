@@ -9,7 +9,7 @@ from . import checks, ops
 def _cache_seqlens(cache_seqlens, batch, device):
     """(the tensor or None, the int added to it, the lengths as a list) from an int or a tensor. An int stays a
     kernel scalar: no tensor to fill (a kernel and a CUDA-graph node per decode step) and no sync. Only a tensor
-    is read back (one device sync; none while capturing: the list is then None)."""
+    is read back (one device sync; none while capturing or tracing: the list is then None)."""
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
         n = int(cache_seqlens)
         return None, n, [n] * batch
@@ -20,19 +20,21 @@ def _cache_seqlens(cache_seqlens, batch, device):
         raise ValueError(f"cache_seqlens must have shape ({batch},), got {tuple(cache_seqlens.shape)}")
     if cache_seqlens.device != device:
         raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but k_cache is on {device}")
-    return cache_seqlens, 0, None if checks.capturing(cache_seqlens) else cache_seqlens.tolist()
+    unread = checks.capturing(cache_seqlens) or torch.compiler.is_compiling()
+    return checks.unit_stride(cache_seqlens), 0, None if unread else cache_seqlens.tolist()
 
 
 def _row_tensor(name, t, batch, device):
     """An int32 (batch,) tensor on the cache's device, returned as a list of ints: one sync the first time the tensor
     is seen and after it changes through torch (checks.read_back: the layers of a step and the steps of a batch that
-    share one cache_leftpad read it once); None while capturing."""
+    share one cache_leftpad read it once; an inference-mode tensor on every call); None while a CUDA graph is
+    captured or torch.compile traces (no values to read there)."""
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != (batch,):
         raise TypeError(f"{name} must be an int32 tensor of shape ({batch},), got "
                         f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but k_cache is on {device}")
-    return None if checks.capturing(t) else checks.read_back(t)
+    return None if checks.capturing(t) or torch.compiler.is_compiling() else checks.read_back(t)
 
 
 def _num_splits(num_splits):
@@ -88,7 +90,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_seqlens[b]); earlier tokens are ignored. Rotary positions stay cache positions, and causal, window
     and ALiBi distances do not depend on the padding (they are measured from the last key).
     CUDA graphs: the call can be captured (an int cache_seqlens needs no host sync and no device tensor: it is a
-    kernel argument, so a step is the kernels alone). While capturing, the
+    kernel argument, so a step is the kernels alone). While capturing (and while torch.compile traces), the
     contents of tensor arguments (cache_seqlens, block_table, cache_batch_idx, cache_leftpad) cannot be read
     back, so their range checks are skipped and the cache capacity stands in for the longest row.
     """
@@ -104,6 +106,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              f"{indices}")
     if block_table is not None:
         checks.block_table(block_table, batch, k_cache.shape[0], k_cache.device)
+        block_table = checks.unit_stride(block_table)
         capacity = block_table.shape[1] * k_cache.shape[1]
     if cache_seqlens is None:
         cache_seqlens = capacity
@@ -115,7 +118,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if k.shape[2:] != k_cache.shape[2:]:
             raise ValueError(f"k has (heads, headdim) {tuple(k.shape[2:])} but k_cache has {tuple(k_cache.shape[2:])}")
     new_tokens = k.shape[1] if k is not None else 0  # the attention's key count adds them in the kernel
-    if used_list is None:  # CUDA graph capture with tensor cache_seqlens: unchecked, the capacity bounds the keys
+    if used_list is None:  # capture / tracing with tensor cache_seqlens: unchecked, the capacity bounds the keys
         used_list, lengths = [0], [capacity]
     else:
         lengths = [n + new_tokens for n in used_list]
@@ -127,6 +130,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if pads is not None and any(not 0 <= pad <= n for pad, n in zip(pads, used_list)):
             raise ValueError(f"cache_leftpad must lie in [0, cache_seqlens[b]] in every row, got {pads} with "
                              f"cache_seqlens {used_list}")
+        cache_leftpad = checks.unit_stride(cache_leftpad)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     scale = checks.softmax_scale_or_default(softmax_scale, q.shape[-1])
