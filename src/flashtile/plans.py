@@ -1,7 +1,8 @@
-"""Launch plans: a plain forward or backward (Gluon or portable kernels), or a split-KV decode step, replayed per
-call signature (host time).
+"""Launch plans: a plain forward or backward (Gluon or portable kernels), a split-KV decode step or a KV-cache append
+(rotary included), replayed per call signature (host time).
 
-The first call of a signature runs the launchers as always (from launch._planned_forward / _planned_backward) while
+The first call of a signature runs the launchers as always (from launch._planned_forward / _planned_backward /
+_planned_kvcache / _planned_append) while
 record() watches: the buffers they allocate (launch._empty) and the launches they make (fast_launch.launch). When
 every launch went through fast_launch's cache and every argument is an input, one of those buffers, a TMA descriptor
 of one of them, or a plain scalar, the call becomes a Plan: the arguments as a template with the tensors' and
@@ -16,9 +17,9 @@ Gluon kernel and whether that kernel is still on (a failed build turns it off fo
 addresses' 16-byte alignment (TMA and triton's specialization read it) and gives up (None: the caller takes the normal
 path) where any tensor is misaligned. Plans exist only while fast_launch is on (FLASHTILE_FAST_LAUNCH=0 turns both
 off) and only for the calls launch.py plans: forward / backward without optional features, and flash_attn_with_kvcache's
-split-KV steps (windows, softcap, ALiBi, block tables, length tensors and cache_leftpad included). A decode
-step's cache length changes every call: it is a per-call slot (record / replay's `slots` and `scalars`), the one
-scalar a replay substitutes.
+split-KV steps (windows, softcap, ALiBi, block tables, length tensors and cache_leftpad included) and appends. A
+decode step's cache length (an append's write position) changes every call: it is a per-call slot (record /
+replay's `slots` and `scalars`), the one scalar a replay substitutes.
 """
 import threading
 import weakref
