@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashtile import flash_attn_func, gluon_bwd_launch, launch
+from flashtile import bwd_launch, flash_attn_func, gluon_bwd_launch, launch
 from flashtile.bench.timing import bench_ms, kernel_us
 
 CALLS = 10  # profiled calls per shape
@@ -66,25 +66,25 @@ def memory_kernels(head_dim):
     dq = torch.empty_like(out)
     elems = out.numel()
     device = torch.device("cuda")
-    default_pre = launch.PRE_BLOCK
+    default_pre = bwd_launch.PRE_BLOCK
     print(f"D{head_dim}: preprocess (reads 2 x {elems * 2 / 1e6:.0f} MB, writes {elems * 4 / 1e6:.0f} MB), "
           f"dQ conversion (reads {elems * 4 / 1e6:.0f} MB, writes {elems * 2 / 1e6:.0f} MB)")
     try:
         for block in (32, 64, 128):
             for warps in (2, 4, 8):
-                launch.PRE_BLOCK = block
-                pre = dataclasses.replace(launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2,
-                                                                   dq_accum=dq_accum), num_warps=warps)
+                bwd_launch.PRE_BLOCK = block
+                pre = dataclasses.replace(bwd_launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2,
+                                                                       dq_accum=dq_accum), num_warps=warps)
                 pre.run()
                 us = bench_ms(pre.run, device, 25, 100) * 1e3
                 default = "  (default)" if (block, warps) == (default_pre, 4) else ""
                 print(f"  preprocess BLOCK_M {block:3d} warps {warps}: {us:7.1f} us, "
                       f"{elems * 8 / us / 1e6:5.2f} TB/s{default}")
     finally:
-        launch.PRE_BLOCK = default_pre
+        bwd_launch.PRE_BLOCK = default_pre
     for block in (32, 64, 128):
         for warps in (2, 4, 8):
-            conv = dataclasses.replace(launch.dq_convert_launch(dq_accum, dq, 0.5, block), num_warps=warps)
+            conv = dataclasses.replace(bwd_launch.dq_convert_launch(dq_accum, dq, 0.5, block), num_warps=warps)
             conv.run()
             us = bench_ms(conv.run, device, 25, 100) * 1e3
             print(f"  dq convert BLOCK_M {block:3d} warps {warps}: {us:7.1f} us, "
@@ -92,8 +92,8 @@ def memory_kernels(head_dim):
     # The tiled dQ buffer (gluon_bwd_launch.dq_tile) the defaults use: 64-row pieces, 4 warps.
     tile = gluon_bwd_launch.dq_tile(gluon_bwd_launch.VARIANTS["default"][head_dim], head_dim, False)
     if tile is not None:
-        pre = launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, dq_accum=dq_accum, dq_tile=tile)
-        conv = launch.dq_convert_launch(dq_accum, dq, 0.5, tile=tile)
+        pre = bwd_launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, dq_accum=dq_accum, dq_tile=tile)
+        conv = bwd_launch.dq_convert_launch(dq_accum, dq, 0.5, tile=tile)
         for name, kernel, nbytes in (("preprocess", pre, elems * 8), ("dq convert", conv, elems * 6)):
             kernel.run()
             us = bench_ms(kernel.run, device, 25, 100) * 1e3

@@ -25,7 +25,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from compile_check import _signature  # noqa: E402  (the launch-faithful signature with divisibility hints)
 
-from flashtile import launch  # noqa: E402
+from flashtile import kvcache_launch, launch  # noqa: E402
 from flashtile.bench.decode import GQA, HEAD_DIM, HEADS_Q  # noqa: E402
 
 
@@ -46,8 +46,9 @@ def decode_launch(batch, cache_len, page_size, leftpad=False):
                               key_start=torch.empty(batch, device="meta", dtype=torch.int32) if leftpad else None)
     lse = torch.empty(batch, HEADS_Q, 1, device="meta")
     sa = launch.ScoreArgs.make(geo, HEAD_DIM ** -0.5, -1, 0, 0.0, None, lse)
-    cfg, splits, precision = launch.splitkv_plan(geo, cache_len, 0, (9, 0), torch.bfloat16, torch.device("cpu"), False)
-    return launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision)[0], splits
+    cfg, splits, precision = kvcache_launch.splitkv_plan(geo, cache_len, 0, (9, 0), torch.bfloat16, torch.device("cpu"),
+                                                         False)
+    return kvcache_launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision)[0], splits
 
 
 def ptxas(ptx):

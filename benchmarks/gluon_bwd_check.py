@@ -41,7 +41,7 @@ os.environ["FLASHTILE_GLUON_BWD"] = "0"  # the portable backward, except where a
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from flashtile import gluon_bwd_launch, launch  # noqa: E402
+from flashtile import bwd_launch, gluon_bwd_launch, launch  # noqa: E402
 from flashtile.reference import attention_ref  # noqa: E402
 from gpu_check import (ABS_FLOOR, alibi_slopes, bench_shapes, guarded, max_err,  # noqa: E402  (this folder)
                        run_children, say, shape_label, time_providers)
@@ -81,7 +81,7 @@ def forward(q, k, v, scale, causal):
 
 
 def portable_backward(dout, q, k, v, out, lse, scale, causal):
-    return launch._flash_attn_backward(dout, q, k, v, out, lse, None, scale, -1, 0 if causal else -1, 0.0, None)[:3]
+    return bwd_launch._flash_attn_backward(dout, q, k, v, out, lse, None, scale, -1, 0 if causal else -1, 0.0, None)[:3]
 
 
 def references(q, k, v, dout, scale, causal, **features):
@@ -150,9 +150,9 @@ def feature_forward(q, k, v, scale, causal, feats):
 
 
 def feature_portable_backward(dout, q, k, v, out, lse, scale, causal, feats):
-    return launch._flash_attn_backward(dout, q, k, v, out, lse, None, scale,
-                                       *launcher_window(causal, feats["window_size"]), feats["softcap"],
-                                       feats.get("alibi_slopes"), attn_bias=feats.get("attn_bias"))[:3]
+    return bwd_launch._flash_attn_backward(dout, q, k, v, out, lse, None, scale,
+                                           *launcher_window(causal, feats["window_size"]), feats["softcap"],
+                                           feats.get("alibi_slopes"), attn_bias=feats.get("attn_bias"))[:3]
 
 
 # (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype, causal, spec)

@@ -32,7 +32,7 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     raise SystemExit("run with TRITON_INTERPRET unset (env -u TRITON_INTERPRET ...)")
 
 import flashtile
-from flashtile import configs, gluon_bwd_launch, gluon_launch, launch, ops
+from flashtile import bwd_launch, configs, gluon_bwd_launch, gluon_launch, launch, ops
 
 
 class _Recorder:
@@ -57,8 +57,9 @@ def _patch():
     gluon_launch._sm_count = lambda device_index: 132
     torch.cuda.current_device = lambda: 0  # CPU tensors have no device index
     launch._arch = lambda device: (9, 0)
-    for name in ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq", "_attn_bwd_dq_convert"):
-        setattr(launch, name, _Recorder())
+    launch._attn_fwd = _Recorder()
+    for name in ("_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq", "_attn_bwd_dq_convert"):
+        setattr(bwd_launch, name, _Recorder())
 
 
 class _CachedAlloc:
@@ -159,9 +160,9 @@ def stages(calls, reps):
             q, q, q, scale, -1, -1, 0.0, None, None)),
     ]
     bwd_rows = [
-        ("launch._flash_attn_backward, portable S512", lambda: launch._flash_attn_backward(
+        ("bwd_launch._flash_attn_backward, portable S512", lambda: bwd_launch._flash_attn_backward(
             out, q, q, q, out, lse, None, scale, -1, -1, 0.0, None)),
-        ("launch._gluon_backward S1024", lambda: launch._gluon_backward(
+        ("bwd_launch._gluon_backward S1024", lambda: bwd_launch._gluon_backward(
             dout1, q1, q1, q1, out1, lse1, None, scale, False)),
         ("  configs.gluon_bwd_wanted + tested_triton", lambda: gluon_launch.tested_triton()
          and configs.gluon_bwd_wanted(d, False, 1024, None)),
@@ -169,11 +170,12 @@ def stages(calls, reps):
             q1, q1, q1, out1, dout1, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None)),
         ("  gluon_bwd_launch.gluon_backward", lambda: gluon_bwd_launch.gluon_backward(
             dout1, q1, q1, q1, out1, lse1, scale, False)),
-        ("    preprocess_launch(...).run()", lambda: launch.preprocess_launch(
+        ("    preprocess_launch(...).run()", lambda: bwd_launch.preprocess_launch(
             geo1, out1, dout1, lse1, None, delta1, lse2, dq_accum=dq_accum, dq_tile=tile).run()),
         ("    dkdv_launch_args", lambda: gluon_bwd_launch.dkdv_launch_args(
             q1, q1, q1, dout1, lse2, delta1, dk1, dv1, dq_accum, scale, False, bwd_cfg)),
-        ("    dq_convert_launch(...).run()", lambda: launch.dq_convert_launch(dq_accum, dq1, scale, tile=tile).run()),
+        ("    dq_convert_launch(...).run()",
+         lambda: bwd_launch.dq_convert_launch(dq_accum, dq1, scale, tile=tile).run()),
         ("    alloc: launch._empty x5 (CPU)", lambda: [launch._empty(s, q1, t) for s, t in (
             ((b, h, pad), torch.float32), ((b, h, pad), torch.float32), (q1.shape, None), (q1.shape, None),
             (q1.shape, None))]),
@@ -235,8 +237,9 @@ def e2e(calls, reps):
                          f"{__import__('triton').__version__} {gluon_launch.GLUON_IMPORT_ERROR or ''}")
     driver.set_active(StubDriver())
     for kernel in (gluon_launch._attn_fwd_hopper, gluon_launch._attn_fwd_hopper_persistent,
-                   gluon_bwd_launch._attn_bwd_dkdv_hopper, launch._attn_bwd_preprocess, launch._attn_bwd_dq_convert,
-                   launch._attn_fwd, launch._attn_bwd_dkdv, launch._attn_bwd_dq):
+                   gluon_bwd_launch._attn_bwd_dkdv_hopper, bwd_launch._attn_bwd_preprocess,
+                   bwd_launch._attn_bwd_dq_convert, launch._attn_fwd, bwd_launch._attn_bwd_dkdv,
+                   bwd_launch._attn_bwd_dq):
         _stub_kernel(kernel)
     gluon_launch._supported_device = gluon_bwd_launch._supported_device = lambda *tensors: True
     gluon_launch._sm_count = lambda device_index: 132

@@ -34,7 +34,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from compile_check import _signature  # noqa: E402  (the launch-faithful signature with divisibility hints)
 
-from flashtile import configs, launch  # noqa: E402
+from flashtile import bwd_launch, configs, launch  # noqa: E402
 
 CANDIDATES = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel
     "dkdv": [(64, 128, 8, 2), (64, 128, 8, 1), (32, 128, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 8, 2),
@@ -109,8 +109,8 @@ def measure(kernel, head_dim, causal, tiles, dropout_p=0.0, sass=False, variant=
     if kernel == "fwd":
         kl = launch.forward_launches(geo, q, q, q, q, lse, None, sa, (9, 0), interpreter=False)[0]
     else:
-        launches = launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, (9, 0),
-                                            interpreter=False)
+        launches = bwd_launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, (9, 0),
+                                                interpreter=False)
         kl = launches[-1] if kernel == "dq" else launches[1]  # the dV launch where split: dkdv_split
         if kernel == "dk":
             kl = launches[2]

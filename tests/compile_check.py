@@ -19,7 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from flashtile import fit, launch
+from flashtile import bwd_launch, fit, kvcache_launch, launch
 
 # Per-block shared memory limits (bytes) of the targets checked: H100/H200 and A100.
 TARGETS = {(9, 0): 232448, (8, 0): 166912, (8, 6): 101376, (7, 5): 65536}
@@ -188,9 +188,9 @@ def _append_launches(features, q, k_cache):
     if table is not None:
         k_cache = k_cache.reshape(4, 16, *k_cache.shape[2:])
     new = k_cache[:1, :1]
-    return launch.rotary_append_launches(q, q, k_cache, k_cache, new, new, cos, cos, seqlens, table,
-                                         features.get("interleaved", False), q_local=True,
-                                         cache_add=50 if seqlens is None else 0)
+    return kvcache_launch.rotary_append_launches(q, q, k_cache, k_cache, new, new, cos, cos, seqlens, table,
+                                                 features.get("interleaved", False), q_local=True,
+                                                 cache_add=50 if seqlens is None else 0)
 
 
 def check_case(arch, case):
@@ -286,16 +286,17 @@ def _case_launches(arch, case):
         launches = _append_launches(features, q[:, :1], k)
     elif features.get("decode"):
         lse = torch.zeros(1, heads_q, q.shape[1])
-        cfg, splits, precision = launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"), interpreter=False)
+        cfg, splits, precision = kvcache_launch.splitkv_plan(geo, 4096, 0, arch, dtype, torch.device("cpu"),
+                                                             interpreter=False)
         assert splits > 1, "the compile check needs the combine kernel"
-        launches = launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision)
+        launches = kvcache_launch.splitkv_launches(geo, q, k, k, q, lse, sa, cfg, splits, precision)
     else:
         launches = launch.forward_launches(geo, q, k, k, q, lse, sink, sa, arch, interpreter=False, mods=mods)
     if not any(features.get(name) for name in ("kvcache", "decode", "paged", "append")):  # paged KV is inference only
         rows = torch.zeros(geo.row_buffer_shape(q))  # the backward's Delta / Lse2 layout
-        launches += launch.backward_launches(geo, q, q, k, k, q, lse, rows, rows, q, k, k, dbias, 0.1, sa, arch,
-                                             interpreter=False, mods=mods,
-                                             dlse=lse if features.get("dlse") else None)
+        launches += bwd_launch.backward_launches(geo, q, q, k, k, q, lse, rows, rows, q, k, k, dbias, 0.1, sa, arch,
+                                                 interpreter=False, mods=mods,
+                                                 dlse=lse if features.get("dlse") else None)
     if features.get("dropout"):  # return_attn_probs
         launches += launch.probs_launches(geo, q, k, lse, torch.zeros(1, heads_q, seqlen, seqlen, dtype=dtype), sa,
                                           arch, interpreter=False)

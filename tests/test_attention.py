@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashtile
-from flashtile import configs, launch
+from flashtile import bwd_launch, configs
 from conftest import DEVICE
 from utils import assert_close_rule, make_qkv, references
 
@@ -265,8 +265,8 @@ D256_VARIANT_CASES = [(2, 45, 70, 4, 2, 256, True), (2, 33, 40, 2, 2, 256, False
 def test_d256_bwd_variants(monkeypatch, variant, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal):
     monkeypatch.setattr(configs, "D256_BWD", variant)
     built = []
-    make = launch._dkdv_descriptors
-    monkeypatch.setattr(launch, "_dkdv_descriptors", lambda *a: built.append(make(*a)) or built[-1])
+    make = bwd_launch._dkdv_descriptors
+    monkeypatch.setattr(bwd_launch, "_dkdv_descriptors", lambda *a: built.append(make(*a)) or built[-1])
     run_and_check(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, torch.float16, DEVICE)
     chosen = configs.D256_BWD_VARIANTS[variant][0]
     if chosen.dkdv_variant == "desc":

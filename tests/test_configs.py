@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashtile import configs, gluon_launch, launch
+from flashtile import bwd_launch, configs, gluon_launch, kvcache_launch, launch
 
 SM90 = (9, 0)
 
@@ -105,12 +105,12 @@ def test_fp32_launchers_take_the_tiles_of_their_precision(monkeypatch, matmul):
         """(BLOCK_M, BLOCK_N, DOT_PRECISION) of the forward, the dQ kernel, the probabilities kernel (D128) and the
         split-KV kernel (D256)."""
         fwd = launch.forward_launches(geo, q, q, q, q, lse, None, sa, arch, interpreter=False)[0]
-        dq = launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, arch,
-                                      interpreter=False)[-1]
+        dq = bwd_launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, arch,
+                                          interpreter=False)[-1]
         probs = launch.probs_launches(geo, q, q, lse, torch.zeros(1, 2, 256, 256), sa, arch, interpreter=False)[0]
-        cfg, splits, precision = launch.splitkv_plan(geo1, 4096, 0, arch, torch.float32, torch.device("cpu"),
-                                                     interpreter=False)
-        split = launch.splitkv_launches(geo1, q1, k1, k1, q1, lse1, sa1, cfg, splits, precision)[0]
+        cfg, splits, precision = kvcache_launch.splitkv_plan(geo1, 4096, 0, arch, torch.float32, torch.device("cpu"),
+                                                             interpreter=False)
+        split = kvcache_launch.splitkv_launches(geo1, q1, k1, k1, q1, lse1, sa1, cfg, splits, precision)[0]
         return [(kl.constexprs["BLOCK_M"], kl.constexprs["BLOCK_N"], kl.constexprs["DOT_PRECISION"])
                 for kl in (fwd, dq, probs, split)]
 
@@ -235,7 +235,7 @@ def test_d256_dv_dk_split_launches_dv_then_dk(monkeypatch):
 
     def dkdv_launches(causal):
         sa = launch.ScoreArgs.make(geo, 0.1, -1, 0 if causal else -1, 0.0, None, lse)
-        launches = launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, SM90, False)
+        launches = bwd_launch.backward_launches(geo, q, q, q, q, q, lse, lse, lse, q, q, q, None, 0.1, sa, SM90, False)
         assert launches[-1].kernel.__name__ == "_attn_bwd_dq"
         return [(kl.constexprs["PART"], kl.constexprs["BLOCK_M"], kl.constexprs["BLOCK_N"], kl.num_stages)
                 for kl in launches[1:-1]]

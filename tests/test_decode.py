@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashtile
-from flashtile import configs, launch
+from flashtile import configs, kvcache_launch, launch
 from utils import assert_close_rule
 
 HEADS = [(4, 4), (8, 2), (4, 1)]
@@ -192,8 +192,8 @@ def test_long_chunk_uses_the_forward_kernel_unless_split():
     both with a left-padded cache (keys from token 5 on)."""
     q, k_cache, v_cache = make_cache("cpu", 1, 40, 8, 2, 48)
     geo = launch.Geometry(1, 40, 48, 8, 2, 32, seqused_k=torch.tensor([48], dtype=torch.int32))
-    assert 40 * 4 > configs.DECODE_MAX_ROWS and not launch.uses_splitkv(geo, 0)
-    assert launch.uses_splitkv(geo, 2)
+    assert 40 * 4 > configs.DECODE_MAX_ROWS and not kvcache_launch.uses_splitkv(geo, 0)
+    assert kvcache_launch.uses_splitkv(geo, 2)
     for num_splits in (0, 2):
         out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, causal=True, num_splits=num_splits,
                                                      cache_leftpad=torch.tensor([5], dtype=torch.int32),

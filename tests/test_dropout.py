@@ -355,7 +355,7 @@ def test_dropout_through_the_block_sparse_loops():
     """The kernels carry dropout through the block-sparse loops too (flashtile.attention takes no dropout, so only
     the launcher reaches them): a causal block mask with dropout equals the built-in causal with the same seed,
     forward and backward, since the keep mask depends only on the element."""
-    from flashtile import launch
+    from flashtile import bwd_launch, launch
     from flashtile.flex.api import _Spec
 
     q, k, v = make_qkv(1, 96, 96, 2, 1, 32, torch.float32, DEVICE, requires_grad=False)
@@ -372,9 +372,9 @@ def test_dropout_through_the_block_sparse_loops():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_lse, want_lse, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(want, launch._flash_attn_forward(q, k, v, scale, -1, 0, 0.0, None, None)[0])
-    want_grads = launch._flash_attn_backward(dout, q, k, v, want, want_lse, None, scale, -1, 0, 0.0, None,
-                                             dropout_p=0.3, rng=rng)[:3]
-    got_grads = launch._flash_attn_backward(dout, q, k, v, got, got_lse, None, scale, -1, -1, 0.0, None,
-                                            dropout_p=0.3, rng=rng, mods=mods)[:3]
+    want_grads = bwd_launch._flash_attn_backward(dout, q, k, v, want, want_lse, None, scale, -1, 0, 0.0, None,
+                                                 dropout_p=0.3, rng=rng)[:3]
+    got_grads = bwd_launch._flash_attn_backward(dout, q, k, v, got, got_lse, None, scale, -1, -1, 0.0, None,
+                                                dropout_p=0.3, rng=rng, mods=mods)[:3]
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)

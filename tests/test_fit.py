@@ -11,7 +11,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 import flashtile
-from flashtile import configs, fast_launch, fit, launch
+from flashtile import bwd_launch, configs, fast_launch, fit, kvcache_launch, launch
 from test_attention import references
 from utils import assert_close_rule, make_qkv
 
@@ -182,13 +182,13 @@ def test_shrunk_tiles_change_no_grid_or_argument(monkeypatch):
     def build():
         fwd = launch.forward_launches(geo, q, k, k, q, lse, None, sa, arch, interpreter=False)
         probs = launch.probs_launches(geo, q, k, lse, torch.zeros(2, 4, 300, 500), sa, arch, interpreter=False)
-        bwd = launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, None, 0.1, sa, arch,
-                                       interpreter=False)
+        bwd = bwd_launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, None, 0.1, sa, arch,
+                                           interpreter=False)
         q1, lse1 = torch.zeros(2, 1, 8, 128), torch.zeros(2, 8, 1)
         geo1 = dataclasses.replace(launch.Geometry.of(q1, k), seqused_k=torch.tensor([50, 9], dtype=torch.int32))
         sa1 = launch.ScoreArgs.make(geo1, 0.1, -1, -1, 0.0, None, lse1)
-        cfg, splits, precision = launch.splitkv_plan(geo1, 500, 3, arch, q.dtype, q.device, interpreter=False)
-        split = launch.splitkv_launches(geo1, q1, k, k, q1, lse1, sa1, cfg, splits, precision)
+        cfg, splits, precision = kvcache_launch.splitkv_plan(geo1, 500, 3, arch, q.dtype, q.device, interpreter=False)
+        split = kvcache_launch.splitkv_launches(geo1, q1, k, k, q1, lse1, sa1, cfg, splits, precision)
         return fwd + probs + bwd + split
 
     before = _assert_halving_changes_only_tiles(monkeypatch, build)
@@ -213,15 +213,16 @@ def test_shrunk_tiles_change_nothing_else_varlen_and_paged(monkeypatch, page_siz
     def build():
         launches = launch.forward_launches(geo, q, k, k, q, lse, None, sa, arch, interpreter=False)
         if not page_size:
-            launches += launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, None, 0.1, sa, arch,
-                                                 interpreter=False)
+            launches += bwd_launch.backward_launches(geo, q, q, k, k, q, lse, lse, lse, q, k, k, None, 0.1, sa, arch,
+                                                     interpreter=False)
         else:
             q1, lse1 = torch.zeros(2, 1, 8, 64), torch.zeros(2, 8, 1)
             geo1 = dataclasses.replace(launch.Geometry.of(q1, k), batch=2, seqlen_k=512, block_table=geo.block_table,
                                        seqused_k=torch.tensor([300, 9], dtype=torch.int32))
             sa1 = launch.ScoreArgs.make(geo1, 0.1, -1, -1, 0.0, None, lse1)
-            cfg, splits, precision = launch.splitkv_plan(geo1, 300, 2, arch, q.dtype, q.device, interpreter=False)
-            launches += launch.splitkv_launches(geo1, q1, k, k, q1, lse1, sa1, cfg, splits, precision)
+            cfg, splits, precision = kvcache_launch.splitkv_plan(geo1, 300, 2, arch, q.dtype, q.device,
+                                                                 interpreter=False)
+            launches += kvcache_launch.splitkv_launches(geo1, q1, k, k, q1, lse1, sa1, cfg, splits, precision)
         return launches
 
     before = _assert_halving_changes_only_tiles(monkeypatch, build)
@@ -237,7 +238,7 @@ def test_attention_on_the_fallback_tiles_matches_the_reference(monkeypatch, caus
     refused = []
 
     def small_gpu(kernel, grid, args, kwargs):
-        main = kernel in (launch._attn_fwd, launch._attn_bwd_dkdv, launch._attn_bwd_dq)
+        main = kernel in (launch._attn_fwd, bwd_launch._attn_bwd_dkdv, bwd_launch._attn_bwd_dq)
         if main and (kwargs["BLOCK_M"] > 16 or kwargs["BLOCK_N"] > 16):
             refused.append(kernel)
             raise OutOfResources(1 << 20, 1 << 16, "shared memory")
@@ -251,7 +252,7 @@ def test_attention_on_the_fallback_tiles_matches_the_reference(monkeypatch, caus
     out = flashtile.flash_attn_func(q, k, v, causal=causal)
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
-    assert {launch._attn_fwd, launch._attn_bwd_dkdv, launch._attn_bwd_dq} <= set(refused)
+    assert {launch._attn_fwd, bwd_launch._attn_bwd_dkdv, bwd_launch._attn_bwd_dq} <= set(refused)
     ref64, ref_lowp = references(q, k, v, dout, causal, None)
     for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), ref64, ref_lowp):
         assert_close_rule(name, got, r64, rlow, dtype)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import flashtile
-from flashtile import configs, gluon_bwd_launch, launch, philox
+from flashtile import bwd_launch, configs, gluon_bwd_launch, launch, philox
 from flashtile.launch import ModArgs
 from conftest import DEVICE
 from utils import assert_close_rule, make_qkv, record_calls, record_constexpr, references
@@ -351,7 +351,7 @@ def test_dq_conversion_scale_with_dropout(monkeypatch, head_dim, dropout_p):
 
     monkeypatch.setattr(gluon_bwd_launch, "dkdv_launch_args", lambda *args, **kwargs: (None, None, {}, {}))
     monkeypatch.setattr(gluon_bwd_launch.fast_launch, "launch", lambda *args, **kwargs: None)
-    monkeypatch.setattr(gluon_bwd_launch.launch, "dq_convert_launch", capture)
+    monkeypatch.setattr(gluon_bwd_launch.bwd_launch, "dq_convert_launch", capture)
     gen = torch.Generator().manual_seed(0)
     q, out, dout = (torch.randn(1, 40, 2, head_dim, generator=gen).to(DEVICE) for _ in range(3))
     lse = torch.randn(1, 2, 40, generator=gen).to(DEVICE)
@@ -389,12 +389,12 @@ def test_rows_in_acc_algebra():
 
 @pytest.mark.parametrize("tile_m, tile_n", [(64, 64), (64, 32), (128, 32), (128, 64), (64, 128)])
 def test_dq_tiled_offsets(tile_m, tile_n):
-    """launch.dq_tiled_offsets (the tiled dQ buffer's map, kernels/bwd._dq_tiled_rows' twin) is a permutation in
+    """bwd_launch.dq_tiled_offsets (the tiled dQ buffer's map, kernels/bwd._dq_tiled_rows' twin) is a permutation in
     which every [tile_m, tile_n] tile of a head is tile_m * tile_n contiguous floats at the offset the dK/dV kernel's
     reduce-add targets, laid out as the kernel's reshape / permute of the wgmma accumulator puts it in shared memory
     (kernels/gluon_bwd._bwd_step)."""
     batch, rows, heads, head_dim = 2, 2 * tile_m, 3, 2 * tile_n
-    offs = launch.dq_tiled_offsets(batch, rows, heads, head_dim, tile_m, tile_n)
+    offs = bwd_launch.dq_tiled_offsets(batch, rows, heads, head_dim, tile_m, tile_n)
     assert torch.equal(offs.flatten().sort().values, torch.arange(offs.numel()))
     # The tile's elements in the kernel's order: [tile_m, tile_n] -> [rep, w, h, i, j, t, e] -> (rep, j, w, i, t, h, e).
     index = torch.arange(tile_m * tile_n).view(tile_m, tile_n)
@@ -407,7 +407,7 @@ def test_dq_tiled_offsets(tile_m, tile_n):
 
 
 def test_dq_tiled_preprocess_and_conversion():
-    """With a tiled dQ buffer (launch.dq_tiled_offsets) the preprocess zeroes the places of the 64-row blocks that
+    """With a tiled dQ buffer (bwd_launch.dq_tiled_offsets) the preprocess zeroes the places of the 64-row blocks that
     hold real query rows (the rest of the last one only ever receives adds of zeros) and leaves the others alone, and
     the conversion reads each element from its place; on the GPU, or the interpreter on CPU."""
     torch.manual_seed(0)
@@ -425,15 +425,15 @@ def test_dq_tiled_preprocess_and_conversion():
         geo = launch.Geometry.of(out, out)
         acc = torch.full((2, rows_pad, heads, head_dim), float("nan"), device=dev)
         rows = torch.full(geo.row_buffer_shape(out), float("nan"), device=dev)
-        launch.preprocess_launch(geo, out, dout, lse, None, rows, rows.clone(), dq_accum=acc, dq_tile=tile).run()
-        offs = launch.dq_tiled_offsets(2, rows_pad, heads, head_dim, *tile).to(dev)
+        bwd_launch.preprocess_launch(geo, out, dout, lse, None, rows, rows.clone(), dq_accum=acc, dq_tile=tile).run()
+        offs = bwd_launch.dq_tiled_offsets(2, rows_pad, heads, head_dim, *tile).to(dev)
         flat = acc.flatten()
         assert torch.equal(flat[offs[:, :128]], torch.zeros(2, 128, heads, head_dim, device=dev))
         assert flat[offs[:, 128:]].isnan().all()
         want = torch.randn(2, rows_pad, heads, head_dim, device=dev)
         flat[offs] = want
         dq = torch.empty(2, seqlen, heads, head_dim, device=dev, dtype=torch.float16)
-        launch.dq_convert_launch(acc, dq, 0.5, tile=tile).run()
+        bwd_launch.dq_convert_launch(acc, dq, 0.5, tile=tile).run()
         torch.testing.assert_close(dq, (want[:, :seqlen] * 0.5).half(), rtol=0, atol=0)
 
 
@@ -447,7 +447,7 @@ def _sink_grad_from_rows(out, dout, lse, sink):
 @pytest.mark.parametrize("seqlen", [130, 200])
 def test_preprocess_sink_parts_with_folded_rows(seqlen):
     """With ROWS_IN_ACC's fold (the D64 128-row variants, which plain / causal calls with a sink run) the preprocess
-    covers rows_pad = seqlen rounded up to 128 rows: at 130 keys one 64-row program more than launch.sink_parts has
+    covers rows_pad = seqlen rounded up to 128 rows: at 130 keys one 64-row program more than bwd_launch.sink_parts has
     columns for. Each program's sink piece lands in its own (batch, head) row of parts, so the sink gradient is
     -sum exp(sink - lse) * delta over the real rows (before the fix, pieces were written at the grid's stride: into
     the next head's row and past the buffer). On the GPU, or the interpreter on CPU."""
@@ -461,14 +461,14 @@ def test_preprocess_sink_parts_with_folded_rows(seqlen):
     geo = launch.Geometry.of(out, out)
     delta = torch.full((batch, heads, rows_pad), float("nan"), device=dev)
     lse2 = torch.full((batch, heads, rows_pad), float("nan"), device=dev)
-    shape = launch.sink_parts(geo, out).shape  # (B * H, ceil(seqlen / 64))
+    shape = bwd_launch.sink_parts(geo, out).shape  # (B * H, ceil(seqlen / 64))
     assert shape == (batch * heads, -(-seqlen // 64))
     buf = torch.full((shape[0] * shape[1] + 64, ), 7.0, device=dev)  # parts, then a tail that must stay 7.0
     buf[:shape[0] * shape[1]] = 0.0
     view = buf[:shape[0] * shape[1]].view(shape)
-    launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, sink, view, fold=(rows_pad, 0.125)).run()
+    bwd_launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, sink, view, fold=(rows_pad, 0.125)).run()
     assert torch.all(buf[shape[0] * shape[1]:] == 7.0)
-    torch.testing.assert_close(launch.sink_grad(view, heads).double(), _sink_grad_from_rows(out, dout, lse, sink),
+    torch.testing.assert_close(bwd_launch.sink_grad(view, heads).double(), _sink_grad_from_rows(out, dout, lse, sink),
                                rtol=1e-5, atol=1e-5)
 
 
@@ -499,7 +499,7 @@ def test_preprocess_zeroes_dq_accum(varlen):
         pad = acc[:, 70:]
     delta = torch.full(geo.row_buffer_shape(out), float("nan"), device=dev)
     lse2 = torch.full(geo.row_buffer_shape(out), float("nan"), device=dev)
-    launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, dq_accum=acc).run()
+    bwd_launch.preprocess_launch(geo, out, dout, lse, None, delta, lse2, dq_accum=acc).run()
     assert torch.equal(real, torch.zeros_like(real)) and pad.isnan().all()
     rowsum = (out * dout).sum(-1)  # (..., tokens, heads)
     if varlen:
@@ -571,7 +571,7 @@ def test_supports_varlen():
 def test_backward_asks_gluon_for_features_not_for_the_rest():
     """_flash_attn_backward's gate: windows, softcap, ALiBi, varlen, dropout and a bias without gradient reach
     _gluon_backward (which may refuse); a bias gradient, mods and deterministic never do."""
-    ok = launch._gluon_bwd_candidate  # the bias itself is not an argument: gluon_bwd_supported decides on it
+    ok = bwd_launch._gluon_bwd_candidate  # the bias itself is not an argument: gluon_bwd_supported decides on it
     assert ok(False, 0.0, None, False)
     assert not ok(True, 0.0, None, False)  # bias_grad: dS is written by the portable dQ kernel
     assert ok(False, 0.1, None, False)  # gluon_bwd_supported takes D64 / D128 (DROPOUT_HEAD_DIMS)
@@ -580,22 +580,22 @@ def test_backward_asks_gluon_for_features_not_for_the_rest():
 
 
 def test_gluon_backward_forwards_features(monkeypatch):
-    """launch._gluon_backward hands window_size / softcap / alibi_slopes (and a bias, when given) to the support check
-    and the launcher, and a window whose right side is 0 takes the causal key threshold."""
+    """bwd_launch._gluon_backward hands window_size / softcap / alibi_slopes (and a bias, when given) to the support
+    check and the launcher, and a window whose right side is 0 takes the causal key threshold."""
     q = torch.randn(1, 2048, 2, 128)
     slopes = torch.rand(2)
     seen = []
     monkeypatch.setattr(gluon_bwd_launch, "gluon_bwd_supported", lambda *a, **kw: seen.append(("s", kw)) or True)
     monkeypatch.setattr(gluon_bwd_launch, "gluon_backward", lambda *a, **kw: seen.append(("g", a[7], kw)) or "grads")
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
-    got = launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(256, 0), softcap=30.0,
-                                 alibi_slopes=slopes)
+    got = bwd_launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(256, 0), softcap=30.0,
+                                     alibi_slopes=slopes)
     assert got == "grads"
     features = dict(window_size=(256, 0), softcap=30.0, alibi_slopes=slopes)
     assert seen == [("s", dict(causal=True, **features)), ("g", True, dict(features, sink=None, sink_parts=None))]
     bias = torch.zeros(1, 2, 2048, 2048)  # a bias (no gradient) goes to both as well
     seen.clear()
-    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False, attn_bias=bias) == "grads"
+    assert bwd_launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False, attn_bias=bias) == "grads"
     assert seen[0][1]["attn_bias"] is bias and seen[1][2]["attn_bias"] is bias
     from flashtile import gluon_launch
 
@@ -604,9 +604,9 @@ def test_gluon_backward_forwards_features(monkeypatch):
     monkeypatch.setattr(gluon_launch, "tested_triton", lambda: True)
     monkeypatch.setattr(configs, "gluon_bwd_wanted",
                         lambda d, causal, sk, span: wanted.append((causal, span)) or False)
-    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(256, 0)) is None
-    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(-1, 0)) is None
-    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False, softcap=30.0) is None
+    assert bwd_launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(256, 0)) is None
+    assert bwd_launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True, window_size=(-1, 0)) is None
+    assert bwd_launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False, softcap=30.0) is None
     assert wanted == [(True, 257), (True, None), (False, None)]
 
 
@@ -627,12 +627,12 @@ def test_plain_calls_take_the_measured_variant(monkeypatch):
              (dict(causal=False, attn_bias=torch.zeros(1, 2, 1024, 1024)), "default")]
     for kw, _ in calls:
         causal = kw.pop("causal")
-        assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, causal, **kw) == "grads"
+        assert bwd_launch._gluon_backward(q, q, q, q, q, None, None, 0.1, causal, **kw) == "grads"
     packed = q[0]
-    launch._gluon_backward(packed, packed, packed, packed, packed, None, None, 0.1, False, cu_seqlens_q=cu,
-                           cu_seqlens_k=cu, max_seqlen_q=1024, max_seqlen_k=1024)
+    bwd_launch._gluon_backward(packed, packed, packed, packed, packed, None, None, 0.1, False, cu_seqlens_q=cu,
+                               cu_seqlens_k=cu, max_seqlen_q=1024, max_seqlen_k=1024)
     q128 = torch.randn(1, 1024, 2, 128)
-    launch._gluon_backward(q128, q128, q128, q128, q128, None, None, 0.1, False)
+    bwd_launch._gluon_backward(q128, q128, q128, q128, q128, None, None, 0.1, False)
     assert seen == [variant for _, variant in calls] + ["default", "default"]
     assert all(v in gluon_bwd_launch.VARIANTS and 64 in gluon_bwd_launch.VARIANTS[v]
                for v in configs.GLUON_BWD_PLAIN.values())
@@ -706,12 +706,12 @@ def test_policy_follows_the_measurement(monkeypatch):
     seen = []
     monkeypatch.setattr(gluon_bwd_launch, "gluon_bwd_supported", lambda *a, **kw: seen.append(1) or False)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
-    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False) is None and not seen
+    assert bwd_launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False) is None and not seen
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
-    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False) is None and seen == [1]
+    assert bwd_launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False) is None and seen == [1]
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "0")
     monkeypatch.setattr(configs, "GLUON_BWD_MIN_KEYS", {(128, False): 0})
-    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False) is None and seen == [1]
+    assert bwd_launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False) is None and seen == [1]
 
 
 def test_wanted_needs_a_tested_triton(monkeypatch):
@@ -723,9 +723,9 @@ def test_wanted_needs_a_tested_triton(monkeypatch):
     monkeypatch.setattr(gluon_bwd_launch, "gluon_bwd_supported", lambda *a, **kw: seen.append(1) or False)
     monkeypatch.delenv("FLASHTILE_GLUON_BWD", raising=False)
     monkeypatch.setattr(gluon_launch, "tested_triton", lambda: False)
-    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True) is None and not seen
+    assert bwd_launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True) is None and not seen
     monkeypatch.setattr(gluon_launch, "tested_triton", lambda: True)
-    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True) is None and seen == [1]
+    assert bwd_launch._gluon_backward(q, q, q, q, q, None, None, 0.1, True) is None and seen == [1]
 
 
 @pytest.mark.usefixtures("pretend_hopper")
@@ -742,9 +742,9 @@ def test_a_failing_gluon_backward_falls_back_once(monkeypatch):
     monkeypatch.setattr(gluon_bwd_launch, "gluon_backward", broken)
     monkeypatch.setenv("FLASHTILE_GLUON_BWD", "1")
     with pytest.warns(RuntimeWarning, match="Gluon backward failed"):
-        assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False) is None
+        assert bwd_launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False) is None
     assert calls == [1] and gluon_bwd_launch._disabled is not None
-    assert launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False) is None
+    assert bwd_launch._gluon_backward(q, q, q, q, q, None, None, 0.1, False) is None
     assert calls == [1]  # disabled: not tried again
 
 
@@ -753,10 +753,10 @@ def test_backward_dispatch_only_for_cuda(monkeypatch):
     """_flash_attn_backward asks the Gluon path only for CUDA tensors (CPU here: never); which dense calls it asks
     for is test_backward_asks_gluon_for_features_not_for_the_rest's."""
     seen = []
-    monkeypatch.setattr(launch, "_gluon_backward", lambda *a, **kw: seen.append(a[-1]) or None)
+    monkeypatch.setattr(bwd_launch, "_gluon_backward", lambda *a, **kw: seen.append(a[-1]) or None)
     q, k, v = make_qkv(1, 16, 16, 2, 2, 64, torch.float32, "cpu", requires_grad=False)
     out, lse = launch._flash_attn_forward(q, k, v, 0.125, -1, -1, 0.0, None, None)
-    launch._flash_attn_backward(torch.ones_like(out), q, k, v, out, lse, None, 0.125, -1, -1, 0.0, None)
+    bwd_launch._flash_attn_backward(torch.ones_like(out), q, k, v, out, lse, None, 0.125, -1, -1, 0.0, None)
     assert seen == []  # CPU tensors
 
 
@@ -764,13 +764,13 @@ def test_deterministic_reaches_the_backward(monkeypatch):
     """flash_attn_func(deterministic=True) hands the flag to the backward launcher (which then never takes the Gluon
     backward, whose dQ adds with atomics); the default hands False."""
     seen = []
-    real = launch._flash_attn_backward
+    real = bwd_launch._flash_attn_backward
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("deterministic"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(launch, "_flash_attn_backward", spy)
+    monkeypatch.setattr(bwd_launch, "_flash_attn_backward", spy)
     # The launcher runs for CUDA tensors, and for CPU ones under the interpreter (the CPU tier).
     q, k, v = make_qkv(1, 16, 16, 2, 2, 64, torch.float32, "cuda" if torch.cuda.is_available() else "cpu")
     for flag in (True, False):
@@ -1022,7 +1022,7 @@ def test_bias_matches_reference(monkeypatch, shape, feature, head_dim):
 @pytest.mark.parametrize("head_dim,seqlen", [(128, 1024), (64, 1030), (64, 520)])
 def test_sink_gradient_through_gluon(monkeypatch, head_dim, seqlen, causal):
     """By default (from 512 keys) the Gluon backward serves a call with sinks; the sink gradient comes from its
-    preprocess (launch.sink_grad). dq, dk, dv against the float64 reference by the tolerance rule; dsink against the
+    preprocess (bwd_launch.sink_grad). dq, dk, dv against the float64 reference by the tolerance rule; dsink against the
     float64 sum built from the call's own output and lse, -sum exp(sink - lse) * rowsum(out * dout), which is what
     the preprocess adds up (tight: a piece at the wrong place shows). D64 runs the 128-row variants, whose fold
     widens the preprocess's grid by one program at Sq % 128 in [1, 64] (1030, 520 keys: session 25's stride bug).
@@ -1151,8 +1151,8 @@ def test_varlen_dropout_matches_portable(head_dim, causal):
     grads = gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, scale, causal, cu_seqlens_q=cu_q,
                                             cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
                                             dropout_p=p, rng=rng)
-    portable = launch._portable_backward(dout, q, k, v, out, lse, None, scale, -1, right, 0.0, None, *varlen,
-                                         dropout_p=p, rng=rng)[:3]
+    portable = bwd_launch._portable_backward(dout, q, k, v, out, lse, None, scale, -1, right, 0.0, None, *varlen,
+                                             dropout_p=p, rng=rng)[:3]
     for name, got, want in zip(("dq", "dk", "dv"), grads, portable):
         torch.testing.assert_close(got, want, atol=5e-2, rtol=1e-2, msg=name)
 

@@ -1,5 +1,5 @@
 """Block-sparse flashtile.attention's backward through the Hopper Gluon backward (gluon_bwd_launch.sparse_ok /
-gluon_backward(mods=...), launch._gluon_sparse_backward): GPU tier on sm90 only; on CPU the support check, the
+gluon_backward(mods=...), bwd_launch._gluon_sparse_backward): GPU tier on sm90 only; on CPU the support check, the
 launch arguments, the dispatch's switches and refusals (the kernel replaced by a recorder). The reference
 comparison over every mask and shape is test_gluon_sparse.py's, which checks that both directions took Gluon."""
 import warnings
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flashtile
-from flashtile import gluon_bwd_launch, gluon_launch, launch
+from flashtile import bwd_launch, gluon_bwd_launch, gluon_launch, launch
 from flashtile.launch import ModArgs
 from test_gluon_sparse import ON_HOPPER, hide_all
 from test_programmable import check, late_rows, softcap_grad, softcap_mod
@@ -109,7 +109,7 @@ def test_gluon_backward_launches_the_sparse_kernel(monkeypatch):
 
 @pytest.fixture
 def sparse_dispatch(monkeypatch):
-    """launch._gluon_sparse_backward with a tested triton, sparse_ok granted and gluon_backward recorded."""
+    """bwd_launch._gluon_sparse_backward with a tested triton, sparse_ok granted and gluon_backward recorded."""
     seen = []
     monkeypatch.setattr(gluon_launch, "tested_triton", lambda: True)
     monkeypatch.setattr(gluon_bwd_launch, "sparse_ok", lambda *a, **kw: True)
@@ -128,7 +128,7 @@ def test_sparse_backward_switches(sparse_dispatch, monkeypatch):
     mods = _mods()
 
     def run():
-        return launch._gluon_sparse_backward(q, q, q, q, q, None, None, 0.25, -1, -1, mods)
+        return bwd_launch._gluon_sparse_backward(q, q, q, q, q, None, None, 0.25, -1, -1, mods)
 
     assert run() == ("dq", "dk", "dv") and sparse_dispatch.pop() == (0.25, False, mods)
     monkeypatch.setenv("FLASHTILE_GLUON_SPARSE", "0")
@@ -159,10 +159,10 @@ def test_failing_sparse_backward_falls_back_for_that_mask(monkeypatch):
     q = torch.empty(1, 512, 2, 64, dtype=torch.bfloat16)
     mods = _mods()
     with pytest.warns(RuntimeWarning, match="block-sparse backward failed"):
-        assert launch._gluon_sparse_backward(q, q, q, q, q, None, None, 0.1, -1, -1, mods) is None
+        assert bwd_launch._gluon_sparse_backward(q, q, q, q, q, None, None, 0.1, -1, -1, mods) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert launch._gluon_sparse_backward(q, q, q, q, q, None, None, 0.1, -1, -1, mods) is None
+        assert bwd_launch._gluon_sparse_backward(q, q, q, q, q, None, None, 0.1, -1, -1, mods) is None
     assert calls == [1] and gluon_bwd_launch._disabled is None
 
 

@@ -10,7 +10,7 @@ import torch
 from triton.compiler import CompiledKernel
 from triton.runtime.jit import JITFunction
 
-from flashtile import configs, fast_launch, gluon_bwd_launch, gluon_launch, launch, plans
+from flashtile import bwd_launch, configs, fast_launch, gluon_bwd_launch, gluon_launch, kvcache_launch, launch, plans
 from utils import train_step
 
 
@@ -46,9 +46,9 @@ def gluon_on_cpu(monkeypatch):
         pytest.skip("no Gluon Hopper API in this triton")
     calls = []
     for module, name in ((gluon_launch, "_attn_fwd_hopper"), (gluon_launch, "_attn_fwd_hopper_persistent"),
-                         (gluon_bwd_launch, "_attn_bwd_dkdv_hopper"), (launch, "_attn_bwd_preprocess"),
-                         (launch, "_attn_bwd_dq_convert"), (launch, "_attn_fwd"), (launch, "_attn_bwd_dkdv"),
-                         (launch, "_attn_bwd_dq")):
+                         (gluon_bwd_launch, "_attn_bwd_dkdv_hopper"), (bwd_launch, "_attn_bwd_preprocess"),
+                         (bwd_launch, "_attn_bwd_dq_convert"), (launch, "_attn_fwd"), (bwd_launch, "_attn_bwd_dkdv"),
+                         (bwd_launch, "_attn_bwd_dq")):
         _stub(monkeypatch, module, name, calls)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.delenv("FLASHTILE_GLUON", raising=False)
@@ -122,7 +122,7 @@ def test_backward_replays_the_recorded_launches(gluon_on_cpu, shape):
         q, k, v = _qkv(shape)
         out, dout = torch.randn_like(q), torch.randn_like(q)
         lse = torch.randn(*shape[:1], shape[2], shape[1])
-        grads = launch._flash_attn_backward(dout, q, k, v, out, lse, None, 0.125, -1, -1, 0.0, None)
+        grads = bwd_launch._flash_attn_backward(dout, q, k, v, out, lse, None, 0.125, -1, -1, 0.0, None)
         args.append((dout, q, k, v, out, lse, *grads[:3]))
     assert len(calls) == 6 and plans.counts == [replayed + 1, recorded + 1]
     for first, second in zip(calls[:3], calls[3:]):
@@ -207,7 +207,7 @@ def test_unreplayable_signature_is_declined_once(gluon_on_cpu, monkeypatch):
     out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 2, 256)
     recorded = plans.counts[1]
     for n in (1, 2):
-        launch._flash_attn_backward(dout, q, k, v, out, lse, None, 0.0625, -1, -1, 0.0, None)
+        bwd_launch._flash_attn_backward(dout, q, k, v, out, lse, None, 0.0625, -1, -1, 0.0, None)
         assert list(plans._plans.values()) == [plans.DECLINED] and plans.counts[1] == recorded
         assert len(calls) == 4 * n  # preprocess, dV, dK, dQ
     plans.clear()
@@ -407,20 +407,20 @@ def test_environment_switches_are_read_at_each_call(monkeypatch):
 def decode_on_cpu(gluon_on_cpu, monkeypatch):
     """gluon_on_cpu with the split-KV decode kernel, its combine and the KV-cache append stubbed too."""
     for name in ("_attn_fwd_splitkv", "_attn_combine", "_rotary_append"):
-        _stub(monkeypatch, launch, name, gluon_on_cpu)
-    launch._kvcache_tiles.clear()
+        _stub(monkeypatch, kvcache_launch, name, gluon_on_cpu)
+    kvcache_launch._kvcache_tiles.clear()
     yield gluon_on_cpu
-    launch._kvcache_tiles.clear()
+    kvcache_launch._kvcache_tiles.clear()
 
 
 def _decode(q, k_cache, v_cache, length, seqused_k=None, block_table=None, max_seqlen_k=None, **features):
     """A decode step as flash_attn_with_kvcache makes it with an int cache length (no append)."""
     args = dict(softmax_scale=0.125, window_left=-1, window_right=0, softcap=0.0, alibi_slopes=None)
     args.update(features)
-    return launch._flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, args["softmax_scale"],
-                                              args["window_left"], args["window_right"], args["softcap"],
-                                              args["alibi_slopes"], max_seqlen_k or length, 0,
-                                              args.get("key_start"), length)
+    return kvcache_launch._flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table,
+                                                      args["softmax_scale"], args["window_left"], args["window_right"],
+                                                      args["softcap"], args["alibi_slopes"], max_seqlen_k or length, 0,
+                                                      args.get("key_start"), length)
 
 
 def _cache(batch=2, capacity=4096, heads_kv=2, heads_q=8):
@@ -442,7 +442,7 @@ def test_decode_step_replays_with_its_cache_length(decode_on_cpu):
     q2 = torch.randn_like(q)
     out2, lse2 = _decode(q2, k_cache, v_cache, 3001)
     assert len(calls) == 4 and plans.counts == [replayed + 1, recorded + 1]
-    pos = launch._SEQUSED_ADD_ARG
+    pos = kvcache_launch._SEQUSED_ADD_ARG
     first, second = _normal(calls[0], (q, k_cache, v_cache, out1, lse1)), _normal(calls[2], (q2, k_cache, v_cache,
                                                                                                out2, lse2))
     assert first[pos] == 3000 and second[pos] == 3001
@@ -478,7 +478,7 @@ def test_decode_plans_take_alibi_and_left_padding(decode_on_cpu):
         slopes, pads = torch.rand(8), torch.tensor([step, 7], dtype=torch.int32)
         _decode(q, k_cache, v_cache, 1000 + step, alibi_slopes=slopes, key_start=pads)
         assert any(a is slopes for a in calls[-2]) and any(a is pads for a in calls[-2])
-        assert calls[-2][launch._SEQUSED_ADD_ARG] == 1000 + step
+        assert calls[-2][kvcache_launch._SEQUSED_ADD_ARG] == 1000 + step
     assert plans.counts == [replayed + 1, recorded + 1]
     _decode(q, k_cache, v_cache, 1000, alibi_slopes=torch.rand(8))
     _decode(q, k_cache, v_cache, 1000, alibi_slopes=torch.rand(2, 8))
@@ -490,15 +490,15 @@ def test_decode_steps_that_are_not_planned(decode_on_cpu):
     """Query chunks too long for the split-KV kernel take the launchers at every call; so does a cache length past
     int32."""
     q, k_cache, v_cache = _cache()
-    assert launch._planned_kvcache(q, k_cache, v_cache, None, None, 0.125, -1, 0, 0.0, None, 2**31, 0, None,
-                                   2**31) is None
+    assert kvcache_launch._planned_kvcache(q, k_cache, v_cache, None, None, 0.125, -1, 0, 0.0, None, 2**31, 0, None,
+                                           2**31) is None
     long_q = torch.randn(2, 64, 8, 128, dtype=torch.bfloat16)  # 4 * 64 packed rows > configs.DECODE_MAX_ROWS
     counts = list(plans.counts)
     for _ in range(2):
         _decode(long_q, k_cache, v_cache, 1000, alibi_slopes=torch.rand(8))
     assert plans.counts == counts
-    assert launch._planned_kvcache(long_q, k_cache, v_cache, None, None, 0.125, -1, 0, 0.0, None, 1000, 0, None,
-                                   1000) is None
+    assert kvcache_launch._planned_kvcache(long_q, k_cache, v_cache, None, None, 0.125, -1, 0, 0.0, None, 1000, 0, None,
+                                           1000) is None
 
 
 def test_a_slot_no_launch_takes_keeps_no_plan(gluon_on_cpu):
@@ -506,7 +506,8 @@ def test_a_slot_no_launch_takes_keeps_no_plan(gluon_on_cpu):
     no plan: a replay would repeat the recorded value."""
     calls = gluon_on_cpu
     q, k, v = _qkv()
-    for slots, scalars in ((((launch._attn_fwd_splitkv, 3),), (7,)), (((gluon_launch._attn_fwd_hopper, 0),), (7,))):
+    for slots, scalars in ((((kvcache_launch._attn_fwd_splitkv, 3),), (7,)),
+                           (((gluon_launch._attn_fwd_hopper, 0),), (7,))):
         plans.clear()
         plans.record(("slot-test",), (q, k, v), lambda: _forward(q, k, v), None, slots, scalars)
         assert plans.get(("slot-test",)) is plans.DECLINED and calls
@@ -514,7 +515,8 @@ def test_a_slot_no_launch_takes_keeps_no_plan(gluon_on_cpu):
 
 def _append(q, k_cache, v_cache, k, v, cos, sin, length, seqlens=None, block_table=None):
     """The append (with rotary when cos is given) as flash_attn_with_kvcache makes it for a decode step."""
-    return launch._kvcache_append(q, k_cache, v_cache, k, v, cos, sin, seqlens, block_table, True, False, length)
+    return kvcache_launch._kvcache_append(q, k_cache, v_cache, k, v, cos, sin, seqlens, block_table, True, False,
+                                          length)
 
 
 def test_append_replays_with_its_cache_length(decode_on_cpu):
@@ -532,7 +534,7 @@ def test_append_replays_with_its_cache_length(decode_on_cpu):
     q_rot2 = _append(q2, k_cache, v_cache, k, v, cos, sin, 3001)
     assert len(calls) == 2 and plans.counts == [replayed + 1, recorded + 1]
     assert q_rot2 is not q_rot1 and q_rot2.shape == q.shape
-    pos = launch._CACHE_ADD_ARG
+    pos = kvcache_launch._CACHE_ADD_ARG
     first = _normal(calls[0], (q, q_rot1, k, v, k_cache, v_cache, cos, sin))
     second = _normal(calls[1], (q2, q_rot2, k, v, k_cache, v_cache, cos, sin))
     assert first[pos] == 3000 and second[pos] == 3001
@@ -576,20 +578,21 @@ def test_gpu_replayed_decode_steps_match_the_launchers():
     for length in (100, 101, 2047, 2048, 2049, 8000):
         for caches, kwargs in (((k_cache, v_cache), {}), (pages, dict(block_table=table))):
             got = _decode(q, *caches, length, **kwargs)
-            want = launch._kvcache_launches(q, *caches, None, kwargs.get("block_table"), 0.125, -1, 0, 0.0, None,
-                                            length, 0, None, length)
+            want = kvcache_launch._kvcache_launches(q, *caches, None, kwargs.get("block_table"), 0.125, -1, 0, 0.0,
+                                                    None, length, 0, None, length)
             for a, b in zip(got, want):
                 assert torch.equal(a, b), (length, kwargs.keys())
         lengths = torch.full((4,), length, device="cuda", dtype=torch.int32)
         got = _decode(q, k_cache, v_cache, 0, seqused_k=lengths, max_seqlen_k=length)
-        want = launch._kvcache_launches(q, k_cache, v_cache, lengths, None, 0.125, -1, 0, 0.0, None, length, 0, None, 0)
+        want = kvcache_launch._kvcache_launches(q, k_cache, v_cache, lengths, None, 0.125, -1, 0, 0.0, None, length, 0,
+                                                None, 0)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), length
         for caches, table_ in (((k_cache, v_cache), None), (pages, table)):  # ALiBi and a left padding
             slopes = torch.rand(4, 32, device="cuda")
             pads = torch.tensor([0, 1, length // 2, length - 1], device="cuda", dtype=torch.int32)
             got = _decode(q, *caches, length, block_table=table_, alibi_slopes=slopes, key_start=pads)
-            want = launch._kvcache_launches(q, *caches, None, table_, 0.125, -1, 0, 0.0, slopes, length, 0, pads,
-                                            length)
+            want = kvcache_launch._kvcache_launches(q, *caches, None, table_, 0.125, -1, 0, 0.0, slopes, length, 0,
+                                                    pads, length)
             assert all(torch.equal(a, b) for a, b in zip(got, want)), (length, table_ is None)
     assert plans.counts[0] > replayed + 12
 
@@ -612,8 +615,8 @@ def test_gpu_replayed_appends_match_the_launcher():
                                                                                dtype=torch.int32))):
             add = 0 if seqlens is not None else length
             results = []
-            for run in (lambda *a: launch._kvcache_append(*a, True, False, add),
-                        lambda *a: launch._append_launches(*a, True, False, add)[0]):
+            for run in (lambda *a: kvcache_launch._kvcache_append(*a, True, False, add),
+                        lambda *a: kvcache_launch._append_launches(*a, True, False, add)[0]):
                 caches = [torch.zeros(4, 8192, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
                 if paged:
                     caches = [c.view(-1, 16, 4, 128) for c in caches]

@@ -23,7 +23,7 @@ class BwdConfig:
     """The backward's two main kernels are tuned apart: dK/dV (keys resident) and dQ (queries resident).
 
     dkdv_variant: how the dK/dV kernel reads q and dO tiles. "default": pointer tensors (cp.async);
-    "desc": tensor descriptors (TMA), where the launcher can build them (launch._dkdv_descriptors), else default.
+    "desc": tensor descriptors (TMA), where the launcher can build them (bwd_launch._dkdv_descriptors), else default.
     dkdv_split: "" one dK/dV kernel; "dv-dk": a dV launch (tiles dkdv) then a dK launch (tiles dk, or dkdv),
     each program holding one [BLOCK_N, D] fp32 accumulator instead of two (kernels/bwd.py PART): 5 matmuls per
     (key tile, query tile) instead of 4, for room to take 128-key tiles at D256.
@@ -214,7 +214,7 @@ GLUON_FWD_MIN_WINDOW = 1024
 
 # The Hopper Gluon backward (kernels/gluon_bwd.py) serves the dense backward from these key counts on: (head dim,
 # causal) -> least seqlen_k; FLASHTILE_GLUON_BWD=1 takes it wherever it is supported. Windows, softcap and ALiBi
-# take the same thresholds (launch._gluon_backward: causal = a window whose right side is 0). Session 8
+# take the same thresholds (bwd_launch._gluon_backward: causal = a window whose right side is 0). Session 8
 # (gluon-bwd-dq-reduce-h200-2026-11-30-s8, 16K tokens), time portable / Gluon with dQ by TMA reduce-add at 1K / 2K /
 # 4K / 16K keys: D64 1.06 / 1.17 / 1.19 / 1.22, causal 1.01 / 1.12 / 1.13 / 1.24; D128 1.35 / 1.38 / 1.36 / 1.47,
 # causal 1.23 / 1.34 / 1.33 / 1.40; D256 1.25 / 1.30 / 1.33 / 1.41, causal 1.52 / 1.55 / 1.58 / 1.52 (with dQ by

@@ -383,7 +383,7 @@ def apply_rotary(x, cos, sin, positions, interleaved):
 
 def kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved,
                    q_local, cache_add=0):
-    """What the rotary-append kernel does (see launch.rotary_append_launches), in PyTorch ops: returns q rotated
+    """What the rotary-append kernel does (see kvcache_launch.rotary_append_launches), in PyTorch ops: returns q rotated
     (a new tensor) or an empty tensor without rotary, and writes k (rotated) and v into the cache in place."""
     used = cache_add + (cache_seqlens.long()[:, None] if cache_seqlens is not None  # [B, 1]
                         else torch.zeros(q.shape[0], 1, dtype=torch.long, device=q.device))

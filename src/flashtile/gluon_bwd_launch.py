@@ -1,10 +1,11 @@
 """Host side of the Hopper Gluon backward (kernels/gluon_bwd.py): support check, descriptors, launches.
 
-launch._flash_attn_backward uses it for the dense and varlen backward (plain, causal, sliding window, softcap, ALiBi, an
-additive bias without gradient whose layout TMA can read: bias_tma_ok, bias_shared_ok) when
+bwd_launch._flash_attn_backward uses it for the dense and varlen backward (plain, causal, sliding window, softcap,
+ALiBi, an additive bias without gradient whose layout TMA can read: bias_tma_ok, bias_shared_ok) when
 configs.gluon_bwd_wanted() and gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is
 supported, =0 never. flashtile.attention's block-sparse calls (sparse_ok: a block mask, a mask_mod or none, D64 /
-D128 / D256) take it through launch._gluon_sparse_backward, switched by FLASHTILE_GLUON_SPARSE as the sparse forward.
+D128 / D256) take it through bwd_launch._gluon_sparse_backward, switched by FLASHTILE_GLUON_SPARSE as the sparse
+forward.
 Importing this module never fails: without Gluon's Hopper API, or under the interpreter, gluon_bwd_supported() is
 False.
 """
@@ -16,7 +17,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import configs, fast_launch, launch, philox  # launch: the shared preprocess and the NaN-poisoning allocator
+# launch: the NaN-poisoning allocator and Geometry; bwd_launch: the preprocess and dQ conversion shared with the
+# portable backward
+from . import bwd_launch, configs, fast_launch, launch, philox
 from .gluon_launch import (LOG2E, _supported_device, _varlen_ok, alibi_ok, block_list_args, dropout_ok,
                            grid_order_variants, mask_mode, record_sparse_failure, tma_descriptor, torch_layout)
 
@@ -125,7 +128,7 @@ VARIANTS = {
 VARIANTS.update(grid_order_variants(VARIANTS["default"]))
 # dQ's fp32 buffer tiled (dq_tiled, the default at D64 / D128 since session 25, D256 since 26): the buffer holds each
 # warpgroup's [BLOCK_M, DQ_N] dQ tile as BLOCK_M * DQ_N contiguous floats in the wgmma accumulator's register order
-# (launch.dq_tiled_offsets), so the staging stores are v4 and free of bank conflicts (row-major in 128-byte swizzled
+# (bwd_launch.dq_tiled_offsets), so the staging stores are v4 and free of bank conflicts (row-major in 128-byte swizzled
 # rows, a warp's v2 stores hit every bank twice: session 22's source counters, 8.7 % of the shared-memory wavefronts),
 # one reduce-add adds the tile, and the preprocess's zeroing and the dQ conversion's reads are contiguous. D128 tile
 # loops 552 / 523 / 549 / 518 -> 517 / 480 / 513 / 445 SASS instructions (offline, sm90,
@@ -178,7 +181,7 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     only: 4-D, broadcastable to (B, Hq, Sq, Sk), no gradient) on q's device where bias_tma_ok and bias_shared_ok
     accept it (D64; D128 with an fp16 / bf16 bias); dropout 0 <= dropout_p < 1 at D64 / D128, dense or varlen,
     without a bias, with rng, the forward's int64 (1,) Philox seed on q's device; no paged keys or mods. A bias
-    with a gradient (bias_grad=True) is refused here and in launch._gluon_bwd_candidate."""
+    with a gradient (bias_grad=True) is refused here and in bwd_launch._gluon_bwd_candidate."""
     if (_attn_bwd_dkdv_hopper is None or _disabled is not None
             or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
         return False
@@ -380,7 +383,7 @@ def _dq_descriptor(dq_accum, block_m, max_seqlen_q_pad=None, tile=None):
     Varlen (max_seqlen_q_pad given): dq_accum (total_q + block_m, Hq, D) as (rows, max_seqlen_q_pad, Hq * D) with
     both row dimensions of stride one row, so the kernel's [q_start, m, col] adds at row q_start + m (the
     block_m spare rows take the last sequence's tile tail).
-    tile (dq_tile; dense): the buffer in that order (launch.dq_tiled_offsets) as a 2-D (numel / 32, 32) TMA tensor
+    tile (dq_tile; dense): the buffer in that order (bwd_launch.dq_tiled_offsets) as a 2-D (numel / 32, 32) TMA tensor
     with boxes of one tile: rows * columns / 32 rows of 128 bytes, 128-byte swizzled. The kernel's one reduce-add
     per tile (a whole box in one message, as above) starts at the tile's offset / 32."""
     if tile is not None:
@@ -535,7 +538,7 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     lse (lse's shape) or None. Requires gluon_bwd_supported(q, k, v, out, dout, causal, window_size=...,
     softcap=..., alibi_slopes=...). Softcap's tanh is tanh.approx.f32, as in the Gluon forward and the portable
     one for fp16/bf16 inputs, so P is recomputed as the forward's lse saw it. sink (Hq,) fp32, sink_parts: the
-    preprocess writes the sink gradient's pieces there (launch.sink_parts / sink_grad). Launches: the portable
+    preprocess writes the sink gradient's pieces there (bwd_launch.sink_parts / sink_grad). Launches: the portable
     preprocess (delta, lse2), the Gluon dK/dV kernel (dQ added into an fp32 buffer by TMA reduce-adds, or by
     atomics in variant "atomics"), and the conversion of that buffer to dq. Varlen (cu_seqlens_q / cu_seqlens_k
     int32 (B + 1,), max_seqlen_q / max_seqlen_k): packed (total, H, D) tensors and lse (Hq, total_q), as
@@ -582,7 +585,7 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     # rows past seqlen_q unmasked (ROWS_ZERO_FILL: the preprocess writes lse2 -inf and delta 0 there).
     fold = (seqlen_q_pad, float(softmax_scale)) if config.rows_in_acc else None
     tile = dq_tile(config, head_dim, cu_seqlens_q is not None)
-    launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum, fold, tile).run()
+    bwd_launch.preprocess_launch(geo, out, dout, lse, dlse, delta, lse2, sink, sink_parts, dq_accum, fold, tile).run()
     dk, dv = launch._empty(k.shape, k, poison=poison), launch._empty(v.shape, v, poison=poison)
     grid, args, constexprs, options = dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum,
                                                        float(softmax_scale), causal, config, window_size,
@@ -594,7 +597,7 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     if dropout_scaled_once(head_dim, dropout_p):
         dq_scale /= 1.0 - dropout_p  # the kernel's dQ lacks dropout's 1 / (1 - p) there (gluon_bwd._bwd_step)
     if cu_seqlens_q is not None:  # the conversion's (B, Sq_pad, Hq, D) view: one batch of every packed row
-        launch.dq_convert_launch(dq_accum[None], dq[None], dq_scale).run()
+        bwd_launch.dq_convert_launch(dq_accum[None], dq[None], dq_scale).run()
     else:
-        launch.dq_convert_launch(dq_accum, dq, dq_scale, tile=tile).run()
+        bwd_launch.dq_convert_launch(dq_accum, dq, dq_scale, tile=tile).run()
     return dq, dk, dv

@@ -8,6 +8,7 @@ The library calls the ops through `call`: the op itself while torch.compile trac
 implementation directly in eager mode. The custom-op dispatch measured ~0.3 ms of host time per call on
 the H200 machine (torch 2.11), longer than a decode step or a 512-token forward on the GPU.
 """
+import types
 from typing import Optional, Tuple
 
 import torch
@@ -17,22 +18,23 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 from . import cpu
 
 
-_launch_module = None
+_launchers = None
 
 
 def _launch():
-    """flashtile.launch, imported on first use (it imports triton: only when a kernel may run); then from a
-    global, since an import statement costs ~1 us of host time on every call."""
-    global _launch_module
-    if _launch_module is None:
-        from . import launch
+    """The launcher modules (forward: launch, backward: bwd_launch, kvcache: kvcache_launch), imported on first use
+    (they import triton: only when a kernel may run); then from a global, since an import statement costs ~1 us of
+    host time on every call."""
+    global _launchers
+    if _launchers is None:
+        from . import bwd_launch, kvcache_launch, launch
 
-        _launch_module = launch
-    return _launch_module
+        _launchers = types.SimpleNamespace(forward=launch, backward=bwd_launch, kvcache=kvcache_launch)
+    return _launchers
 
 
 def _runs_triton(t):
-    return not t.is_cpu or _launch().interpreter_active()
+    return not t.is_cpu or _launch().forward.interpreter_active()
 
 
 _IMPLS = {}  # custom op -> its Python implementation
@@ -82,7 +84,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int,
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
-        return _launch()._flash_attn_forward(q, k, v, *args, *varlen, attn_bias, dropout_p, rng)
+        return _launch().forward._flash_attn_forward(q, k, v, *args, *varlen, attn_bias, dropout_p, rng)
     if cu_seqlens_q is not None:
         return cpu.varlen_forward(q, k, v, *args, *varlen, attn_bias, dropout_p, rng)
     return cpu.forward(q, k, v, *args, attn_bias, cpu.Dropout.of(dropout_p, rng, q, k))
@@ -114,8 +116,9 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
-        return _launch()._flash_attn_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad,
-                                              dropout_p, rng, deterministic=deterministic, sink=sink)
+        return _launch().backward._flash_attn_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias,
+                                                       bias_grad, dropout_p, rng, deterministic=deterministic,
+                                                       sink=sink)
     if cu_seqlens_q is not None:
         grads = cpu.varlen_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias, bias_grad, dropout_p,
                                     rng)
@@ -153,7 +156,7 @@ def attn_probs(q: Tensor, k: Tensor, lse: Tensor, softmax_scale: float, window_l
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if _runs_triton(q):
-        return _launch()._flash_attn_probs(q, k, lse, *args, *varlen, attn_bias, dropout_p, rng)
+        return _launch().forward._flash_attn_probs(q, k, lse, *args, *varlen, attn_bias, dropout_p, rng)
     return cpu.attn_probs(q, k, lse, *args, *varlen, attn_bias, dropout_p, rng)
 
 
@@ -175,8 +178,8 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqused_k: Optional
     0 = heuristic (the CPU path ignores both)."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     if _runs_triton(q):
-        return _launch()._flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, *args,
-                                                     max_seqlen_k, num_splits, key_start, seqused_add)
+        return _launch().kvcache._flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, *args,
+                                                             max_seqlen_k, num_splits, key_start, seqused_add)
     return cpu.kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, *args, key_start, seqused_add)
 
 
@@ -198,7 +201,7 @@ def kvcache_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tens
     args = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved, q_local,
             cache_add)
     if _runs_triton(q):
-        return _launch()._kvcache_append(*args)
+        return _launch().kvcache._kvcache_append(*args)
     return cpu.kvcache_append(*args)
 
 
@@ -218,8 +221,8 @@ def fwd_varlen_paged(q: Tensor, k_pages: Tensor, v_pages: Tensor, cu_seqlens_q: 
     block_table[b] (int32 (B, max_pages)) lists. out like q, lse (Hq, total_q). No autograd."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
     if _runs_triton(q):
-        return _launch()._flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k,
-                                                          max_seqlen_q, max_seqlen_k, block_table, *args)
+        return _launch().kvcache._flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k,
+                                                                  max_seqlen_q, max_seqlen_k, block_table, *args)
     return cpu.varlen_paged_forward(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     block_table, *args)
 

@@ -67,7 +67,7 @@ class _Attention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         scale, window_right, spec = ctx.args
         if q.device.type != "cpu" or interpreter_active():
-            from ..launch import _flash_attn_backward
+            from ..bwd_launch import _flash_attn_backward
 
             dq, dk, dv, *_ = _flash_attn_backward(dout, q, k, v, out, lse, None, scale, -1, window_right, 0.0, None,
                                                   mods=spec.mod_args())

@@ -20,7 +20,7 @@ def _dq_tiled_rows(start_m, col0, stride_m, HEAD_DIM: tl.constexpr, TILE_M: tl.c
     is TILE_M * TILE_N contiguous floats, in the row-major buffer's order of tiles, and within a tile in the wgmma
     accumulator's register order: row r = 64 rep + 16 w + 8 h + i, column c = 8 j + 2 t + e at
     ((((rep * TILE_N / 8 + j) * 4 + w) * 8 + i) * 4 + t) * 4 + 2 h + e (kernels/gluon_bwd._bwd_step;
-    launch.dq_tiled_offsets is the same map in PyTorch)."""
+    bwd_launch.dq_tiled_offsets is the same map in PyTorch)."""
     r = start_m % TILE_M
     base = (start_m - r) * stride_m + TILE_M * col0 + (r // 64) * (64 * TILE_N)
     tiles = tl.arange(0, HEAD_DIM // TILE_N) * (TILE_M * TILE_N)
@@ -64,8 +64,8 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
     off_b = (pid_bh // heads_q).to(tl.int64)
     off_h = (pid_bh % heads_q).to(tl.int64)
     start_m = tl.program_id(0) * BLOCK_M
-    # SinkPart's row blocks per (batch, head): launch.sink_parts' width. ROWS_IN_ACC's grid covers rows_pad rows, more
-    # blocks than that when seqlen_q % 128 is in [1, 64]; those programs' rows are all past seqlen_q (part 0).
+    # SinkPart's row blocks per (batch, head): bwd_launch.sink_parts' width. ROWS_IN_ACC's grid covers rows_pad rows,
+    # more blocks than that when seqlen_q % 128 is in [1, 64]; those programs' rows are all past seqlen_q (part 0).
     sink_blocks = tl.cdiv(seqlen_q, BLOCK_M)
     q_start, seqlen_q = _seq_range(CuSeqlensQ, off_b, seqlen_q, IS_VARLEN)
     if IS_VARLEN:

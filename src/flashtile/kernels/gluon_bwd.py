@@ -468,7 +468,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         else:
             dq_smem = dq_bufs.index(WG * DQ_TMA_REDUCE + it % DQ_TMA_REDUCE)
         if _dq_tiled(dq_desc):
-            # The tile in the accumulator's register order (launch.dq_tiled_offsets): each thread's four
+            # The tile in the accumulator's register order (bwd_launch.dq_tiled_offsets): each thread's four
             # values of an 8-column group (rows r, r + 8) are one 16-byte piece, 32 lanes fill 512 bytes, so the
             # stores are v4 and conflict-free (row-major, a warp's v2 stores hit each bank twice), and the tile
             # is one reduce-add of BLOCK_M * DQ_N / 32 rows of the flat buffer.
@@ -998,7 +998,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     DQ_TMA_REDUCE (1 or 2 shared buffers per warpgroup at D64 / D128; 1 at D256: the ring slot): dQ tiles by TMA
     reduce-add through dq_desc, DQAccum as (B, seqlen_q_pad, Hq * D) with boxes [1, BLOCK_M, 32] (one 128-byte
     swizzle block; triton 3.6 issues one message per reduce), or, when dq_desc is 2-D (gluon_bwd_launch.dq_tile:
-    dense launches), DQAccum in tiles (launch.dq_tiled_offsets) as (numel / 32, 32) with one tile per box; else
+    dense launches), DQAccum in tiles (bwd_launch.dq_tiled_offsets) as (numel / 32, 32) with one tile per box; else
     None.
     VARLEN: packed q / k / v / dO (total, H, D) at int32 CuSeqlensQ / CuSeqlensK (B + 1,), seen as one batch
     (descriptors (1, total, H * D)); seqlen_q / seqlen_k the maxima (the grid); lse2 / delta in the varlen row layout
