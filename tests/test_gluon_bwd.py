@@ -332,10 +332,10 @@ def test_bm128_variants_fill_padded_rows(monkeypatch, variant):
 
 @pytest.mark.parametrize("head_dim, dropout_p", [(64, 0.2), (128, 0.2), (64, 0.0)])
 def test_dq_conversion_scale_with_dropout(monkeypatch, head_dim, dropout_p):
-    """At head dims up to gluon_bwd.DROPOUT_ONCE_MAX_HEAD_DIM the dK/dV kernel leaves dropout's 1 / (1 - p) out of
+    """At head dims up to gluon_bwd_step.DROPOUT_ONCE_MAX_HEAD_DIM the dK/dV kernel leaves dropout's 1 / (1 - p) out of
     dQ, and the dQ conversion must multiply it back in; elsewhere the conversion takes the softmax scale alone (the
     kernel's and the launcher's rules agree: dropout_scaled_once reads the kernel's constant)."""
-    from flashtile.kernels.gluon_bwd import DROPOUT_ONCE_MAX_HEAD_DIM
+    from flashtile.kernels.gluon_bwd_step import DROPOUT_ONCE_MAX_HEAD_DIM
     once = dropout_p > 0 and head_dim <= DROPOUT_ONCE_MAX_HEAD_DIM.value
     assert gluon_bwd_launch.dropout_scaled_once(head_dim, dropout_p) == once
     assert DROPOUT_ONCE_MAX_HEAD_DIM.value == 64  # measured (gluon_bwd's comment): D64 only
@@ -392,7 +392,7 @@ def test_dq_tiled_offsets(tile_m, tile_n):
     """bwd_launch.dq_tiled_offsets (the tiled dQ buffer's map, kernels/bwd._dq_tiled_rows' twin) is a permutation in
     which every [tile_m, tile_n] tile of a head is tile_m * tile_n contiguous floats at the offset the dK/dV kernel's
     reduce-add targets, laid out as the kernel's reshape / permute of the wgmma accumulator puts it in shared memory
-    (kernels/gluon_bwd._bwd_step)."""
+    (kernels/gluon_bwd_step._bwd_step)."""
     batch, rows, heads, head_dim = 2, 2 * tile_m, 3, 2 * tile_n
     offs = bwd_launch.dq_tiled_offsets(batch, rows, heads, head_dim, tile_m, tile_n)
     assert torch.equal(offs.flatten().sort().values, torch.arange(offs.numel()))

@@ -25,7 +25,8 @@ from .gluon_launch import (LOG2E, _supported_device, _varlen_ok, alibi_ok, block
 
 try:
     from triton.experimental.gluon import language as _gl
-    from .kernels.gluon_bwd import DROPOUT_ONCE_MAX_HEAD_DIM, WG_N, _attn_bwd_dkdv_hopper
+    from .kernels.gluon_bwd import _attn_bwd_dkdv_hopper
+    from .kernels.gluon_bwd_step import DROPOUT_ONCE_MAX_HEAD_DIM, WG_N
     BLOCK_N = 2 * WG_N.value  # keys per program at D64 / D128; D256 (SPLIT_D) takes WG_N (block_n)
     _WG_N = WG_N.value
     _DROPOUT_ONCE_MAX_HEAD_DIM = DROPOUT_ONCE_MAX_HEAD_DIM.value
@@ -63,7 +64,7 @@ class GluonBwdConfig:
     dq_chunks: int = 1  # D256 only: dQ's half of the head dim in this many wgmma + atomic pieces
     dq_tma_reduce: int = 0  # dQ tiles through this many shared buffers per warpgroup and TMA reduce-adds; 0: atomics
     # Dense launches with dq_tma_reduce: dQ's fp32 buffer in tiles of one reduce-add each, stored in the
-    # accumulator's register order (dq_tile; kernels/gluon_bwd._bwd_step).
+    # accumulator's register order (dq_tile; kernels/gluon_bwd_step._bwd_step).
     dq_tiled: bool = False
     # Plain / causal dense calls only (gluon_backward refuses the rest: refused_features): the S^T / dP^T wgmmas
     # start from -lse2 / qk_scale and -delta (kernel ROWS_IN_ACC), rows the preprocess writes folded, with -inf / 0
@@ -524,8 +525,8 @@ def refused_features(causal, window_size, softcap, alibi_slopes, attn_bias, cu_s
 
 def dropout_scaled_once(head_dim, dropout_p):
     """Whether the dK/dV kernel applies dropout's 1 / (1 - p) once per program rather than per score
-    (kernels/gluon_bwd.DROPOUT_ONCE_MAX_HEAD_DIM, the rule the kernel applies to its HEAD_DIM): its dQ then lacks the
-    factor, which gluon_backward's dQ conversion supplies."""
+    (kernels/gluon_bwd_step.DROPOUT_ONCE_MAX_HEAD_DIM, the rule the kernel applies to its HEAD_DIM): its dQ then lacks
+    the factor, which gluon_backward's dQ conversion supplies."""
     return dropout_p > 0 and head_dim <= _DROPOUT_ONCE_MAX_HEAD_DIM
 
 
@@ -595,7 +596,7 @@ def gluon_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, dl
     dq = launch._empty(q.shape, q, poison=poison)
     dq_scale = float(softmax_scale)
     if dropout_scaled_once(head_dim, dropout_p):
-        dq_scale /= 1.0 - dropout_p  # the kernel's dQ lacks dropout's 1 / (1 - p) there (gluon_bwd._bwd_step)
+        dq_scale /= 1.0 - dropout_p  # the kernel's dQ lacks dropout's 1 / (1 - p) there (gluon_bwd_step._bwd_step)
     if cu_seqlens_q is not None:  # the conversion's (B, Sq_pad, Hq, D) view: one batch of every packed row
         bwd_launch.dq_convert_launch(dq_accum[None], dq[None], dq_scale).run()
     else:

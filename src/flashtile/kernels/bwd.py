@@ -19,7 +19,7 @@ def _dq_tiled_rows(start_m, col0, stride_m, HEAD_DIM: tl.constexpr, TILE_M: tl.c
     one's size (stride_m = Hq * D); each [TILE_M, TILE_N] tile (one warpgroup's dQ reduce-add, TILE_N dividing D)
     is TILE_M * TILE_N contiguous floats, in the row-major buffer's order of tiles, and within a tile in the wgmma
     accumulator's register order: row r = 64 rep + 16 w + 8 h + i, column c = 8 j + 2 t + e at
-    ((((rep * TILE_N / 8 + j) * 4 + w) * 8 + i) * 4 + t) * 4 + 2 h + e (kernels/gluon_bwd._bwd_step;
+    ((((rep * TILE_N / 8 + j) * 4 + w) * 8 + i) * 4 + t) * 4 + 2 h + e (kernels/gluon_bwd_step._bwd_step;
     bwd_launch.dq_tiled_offsets is the same map in PyTorch)."""
     r = start_m % TILE_M
     base = (start_m - r) * stride_m + TILE_M * col0 + (r // 64) * (64 * TILE_N)
