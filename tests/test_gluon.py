@@ -116,10 +116,10 @@ def test_persistent_matches_reference(shape, head_dim, causal, variant, monkeypa
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
-# The "-lr" variants (GluonConfig.lazy_rescale, kernels/gluon_fwd._lazy_max). Random scores never move a row's max by
-# 2^8 after key block 0, so every rescale is skipped; keys scaled up along the sequence move most rows' max in most
-# blocks (about 30-85 % of them per block); spike keys move some rows' max once, mid-row (under the causal mask some
-# warps of a step rescale while others skip: a flag read by the wrong warp would show).
+# The "-lr" variants (GluonConfig.lazy_rescale, kernels/gluon_fwd_common._lazy_max). Random scores never move a row's
+# max by 2^8 after key block 0, so every rescale is skipped; keys scaled up along the sequence move most rows' max in
+# most blocks (about 30-85 % of them per block); spike keys move some rows' max once, mid-row (under the causal mask
+# some warps of a step rescale while others skip: a flag read by the wrong warp would show).
 LAZY_VARIANTS = ["persistent-tma-q2-lr", "persistent-tma-q2-de-lr", "persistent-tma-q2-de-lpt8-lr",
                  "persistent-tma-q2-de-sched4-lr", "persistent-tma-sched4-lr", "persistent-3wg-tma-q2-lr",
                  "persistent-lr", "persistent-sched4-lr"]
@@ -348,10 +348,10 @@ def _check_variant_forward(q, k, v, causal, variant, feats, dropout_p=0.0, softm
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 
 
-# Softcap's fixed row max (GluonConfig.fixed_max, kernels/gluon_fwd.FIXED_MAX_HEADROOM, session 34): random scores;
-# scores saturated at +-softcap (q and k scaled up) with rows whose every score sits at -softcap (the spread the
-# headroom is sized for) beside rows at +softcap, at softcap 50 (Gemma 2's) and at the limit (51.9); windows, dropout,
-# GQA, varlen with rows that see no key. Past the limit (60) and in fp16 the kernel keeps the running max.
+# Softcap's fixed row max (GluonConfig.fixed_max, kernels/gluon_fwd_common.FIXED_MAX_HEADROOM, session 34): random
+# scores; scores saturated at +-softcap (q and k scaled up) with rows whose every score sits at -softcap (the spread
+# the headroom is sized for) beside rows at +softcap, at softcap 50 (Gemma 2's) and at the limit (51.9); windows,
+# dropout, GQA, varlen with rows that see no key. Past the limit (60) and in fp16 the kernel keeps the running max.
 FIXED_MAX_CASES = [
     ("softcap30", False, dict(softcap=30.0)),
     ("softcap30-causal", True, dict(softcap=30.0)),
@@ -852,8 +852,8 @@ def test_varlen_launch_args():
 
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
 def test_ragged_descriptor_addresses_one_sequence():
-    """What the TMA unit computes for a ragged box (kernels/gluon_fwd._tma_load's coordinates): the element offset
-    sum(coord * stride) modulo 2**64 lands on row end - n + r of the packed tensor, and rows r >= n are out of
+    """What the TMA unit computes for a ragged box (kernels/gluon_fwd_common._tma_load's coordinates): the element
+    offset sum(coord * stride) modulo 2**64 lands on row end - n + r of the packed tensor, and rows r >= n are out of
     bounds (zero-filled), whatever lies after the sequence."""
     t = torch.empty(1000, 3, 4, 64, dtype=torch.bfloat16)[:, 1]  # a packed-qkv view: row stride 3 * 4 * 64
     rows, row_stride = t.shape[0], t.stride(0)

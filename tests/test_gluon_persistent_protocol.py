@@ -68,7 +68,7 @@ def run(tile_blocks, stages, pingpong=True, seed=0, o_parity=lambda wg: wg ^ 1, 
                 c += 1
 
     def consumer(wg):  # _consumer_partition_p
-        def turn_wait(cc):  # gluon_fwd._turn_wait: warpgroup 0 first
+        def turn_wait(cc):  # gluon_fwd_common._turn_wait: warpgroup 0 first
             return (lambda: turn[wg].done((cc & 1) ^ (wg == 0))) if pingpong else (lambda: True)
 
         def turn_pass():

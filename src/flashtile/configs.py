@@ -98,8 +98,8 @@ GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 512, (64, False): 512, (64, 
 # grid's causal order (the portable kernel there: 0.70-0.85x cuDNN; the one-tile kernel that features and varlen run
 # stays slower than the portable one below 4K). At 512 keys the README bench measured it at 207 TFLOP/s against the
 # portable kernel's 172-218 in earlier runs: not shown faster, so the portable kernel kept 512 until session 27, whose
-# block-relative masks (kernels/gluon_fwd._mask_scores) made persistent-tma-lpt8 231 against the portable 216 (cuDNN
-# 259; fwd-block-mask-h200-2026-12-01-s27 call 1, both in one process): from 512 keys now.
+# block-relative masks (kernels/gluon_fwd_common._mask_scores) made persistent-tma-lpt8 231 against the portable 216
+# (cuDNN 259; fwd-block-mask-h200-2026-12-01-s27 call 1, both in one process): from 512 keys now.
 GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 512}
 # (head dim, causal) -> ranges (variant, least seqlen_k, most seqlen_k): the gluon_launch.VARIANTS entry that serves
 # plain / causal dense calls from least to most keys; GLUON_FWD_LONG or "default" outside and everywhere else. The

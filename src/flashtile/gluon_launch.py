@@ -27,7 +27,8 @@ try:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
 
     from .kernels.gluon_dropout import HALF_COMPARE_MAX_THRESHOLD
-    from .kernels.gluon_fwd import FIXED_MAX_LIMIT, WG_M, _attn_fwd_hopper
+    from .kernels.gluon_fwd import _attn_fwd_hopper
+    from .kernels.gluon_fwd_common import FIXED_MAX_LIMIT, WG_M
     from .kernels.gluon_fwd_persistent import _attn_fwd_hopper_persistent
     GLUON_IMPORT_ERROR = None
 except Exception as exc:  # noqa: BLE001  (any failure means: no Gluon path on this triton)
@@ -38,7 +39,7 @@ except Exception as exc:  # noqa: BLE001  (any failure means: no Gluon path on t
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 128  # two consumer warpgroups of WG_M = 64 rows (GluonConfig.block_m: the config's own)
-WG_ROWS = 64  # kernels/gluon_fwd.WG_M, for when Gluon is not importable
+WG_ROWS = 64  # kernels/gluon_fwd_common.WG_M, for when Gluon is not importable
 # Gluon is experimental and its API moves between triton releases: by default the kernel is used only with the
 # releases it was checked on (the H200 machine's); FLASHTILE_GLUON=1 tries it on any.
 TESTED_TRITON = ("3.6.",)
@@ -97,13 +98,13 @@ class GluonConfig:
     q_buffers: int = 1  # persistent: Q tiles in shared memory, 2: the next tile's Q loads while this tile runs
     defer_epilogue: bool = False  # persistent: a tile's epilogue behind the next tile's first Q K^T (O by TMA or
     # from the registers; launches that store O through one shared tile keep it in place)
-    lazy_rescale: bool = False  # O rescaled only when a row's max grows by more than 2^8 (kernels/gluon_fwd._lazy_max;
-    # the persistent kernel and, since session 30, the one-tile kernel: its features, varlen, block masks and rows)
+    lazy_rescale: bool = False  # O rescaled only when a row's max grows by more than 2^8 (the persistent kernel and,
+    # since session 30, the one-tile kernel: its features, varlen, block masks and rows; gluon_fwd_common._lazy_max)
     alibi_mma: bool = False  # one-tile kernel, ALiBi without softcap or a bias at BLOCK_N 128: the one-sided key
-    # blocks' ALiBi columns by one more wgmma (k = 16) instead of an FADD per score (gluon_fwd._alibi_mma_operands);
-    # with three consumers it lets them take ALiBi (takes_config)
+    # blocks' ALiBi columns by one more wgmma (k = 16) instead of an FADD per score
+    # (gluon_fwd_common._alibi_mma_operands); with three consumers it lets them take ALiBi (takes_config)
     fixed_max: bool = False  # softcap alone on bf16 (fixed_max_ok): one fixed row max instead of a running one, no
-    # rescale of O (kernels/gluon_fwd.FIXED_MAX_HEADROOM)
+    # rescale of O (kernels/gluon_fwd_common.FIXED_MAX_HEADROOM)
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.schedule):
@@ -481,7 +482,7 @@ def ragged_descriptor(t, rows, row_stride, width, block_rows, block_cols, gl_dty
     boxes [1, 1, block_rows, block_cols]. The box at (2**30, end, 2**30 - n + r, c) holds rows r... of the n rows
     that end at row `end` (the address wraps modulo 2**64 back to row end - n + r), and the hardware zero-fills
     (loads) or drops (stores) every row at or past `end`: per-sequence bounds from one host descriptor, no
-    per-sequence state and nothing recompiled per length (kernels/gluon_fwd._tma_load)."""
+    per-sequence state and nothing recompiled per length (kernels/gluon_fwd_common._tma_load)."""
     assert rows <= RAGGED_ROWS
     max_int = 0x7FFF0000
     return tma_descriptor(t, [max_int, max_int, RAGGED_ROWS, width], [2**34 - row_stride, row_stride, row_stride, 1],
@@ -657,7 +658,7 @@ def alibi_by_mma(config, alibi_slopes, softcap=0.0, attn_bias=None):
 def fixed_max_ok(dtype, softcap, alibi_slopes=None, sink=None, attn_bias=None, mods=None):
     """Softcap bounds every score: the kernel's FIXED_MAX serves bf16 calls with softcap * log2(e) <= FIXED_MAX_LIMIT
     (softcap <= 51.98, Gemma 2's 50 among them) and no ALiBi, sink, bias or block mask (each can move a row's max
-    past the cap's bound). fp16's P has no room for the spread (kernels/gluon_fwd.FIXED_MAX_HEADROOM)."""
+    past the cap's bound). fp16's P has no room for the spread (kernels/gluon_fwd_common.FIXED_MAX_HEADROOM)."""
     return (dtype == torch.bfloat16 and 0 < softcap * LOG2E <= FIXED_MAX_LIMIT and alibi_slopes is None
             and sink is None and attn_bias is None and mods is None)
 

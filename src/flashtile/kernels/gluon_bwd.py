@@ -36,7 +36,7 @@ the next batch's rows), so padded query rows have Q = dO = 0 and lse2 = +inf (P 
 K = V = 0 (masked to P = 0 as well; their dK / dV rows are not stored). Causal aligned bottom-right.
 Score features, each a constexpr (off, the plain / causal kernel compiles as it did without them; their runtime
 arguments are None then, so the launch signature is unchanged too), in the order of kernels/common._scores and
-kernels/gluon_fwd._feature_scores, so P is the one the forward's lse belongs to: SOFTCAP (softcap * tanh(score /
+kernels/gluon_fwd_common._feature_scores, so P is the one the forward's lse belongs to: SOFTCAP (softcap * tanh(score /
 softcap) with tanh.approx.f32, the Gluon forward's; dS gets the chain rule's 1 - t^2), HAS_ALIBI (-slope *
 |i + Sk - Sq - j|, no gradient to the slopes), IS_LOCAL (a window, bottom-right aligned, causal + left window
 included): each key block visits only the query tiles of common._query_range (masked, full, masked segments),

@@ -186,7 +186,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     [BLOCK_M * DQ_N / 32, 32], dq_b the batch's first query tile) one reduce-add at the tile's row of the flat
     buffer (dq_desc, dq_bufs, dq_b, dq_c are constexpr 0 otherwise).
     causal_offset is Sk - Sq under IS_CAUSAL, IS_LOCAL or HAS_ALIBI (else 0); the feature scalars are the
-    forward's (gluon_fwd._feature_scores), None when their feature is off. HAS_BIAS: bias_bufs is the
+    forward's (gluon_fwd_common._feature_scores), None when their feature is off. HAS_BIAS: bias_bufs is the
     loader's [STAGES, 1, 1, BLOCK_M, 2 * WG_N] ring of bias tiles (this warpgroup reads its WG_N key columns),
     else 0. BLOCK_SPARSE and MASKED (a block mask's partial query block): MASK_MOD(off_b, off_h, q_idx, kv_idx,
     aux0..aux3) on the transposed tile (kv_idx [WG_N, 1] on rows, q_idx [1, BLOCK_M] on columns; clamped to the

@@ -34,8 +34,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .gluon_epilogue import _store_rows_via
-from .gluon_fwd import (LN2, RAGGED_BILLION, WG_M, _mask_scores, _new_max, _rescale, _row_max, _tma_load,
-                        _to_p, _turn_pass, _turn_wait)
+from .gluon_fwd_common import (LN2, RAGGED_BILLION, WG_M, _mask_scores, _new_max, _rescale, _row_max, _tma_load,
+                               _to_p, _turn_pass, _turn_wait)
 from .gluon_grid import _heavy_first_linear
 
 
@@ -176,8 +176,8 @@ def _kv_step_p(c, j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empt
                STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, MASKED: gl.constexpr, PINGPONG: gl.constexpr,
                P_CVT_ASM: gl.constexpr, TREE_MAX: gl.constexpr, CONSUMERS: gl.constexpr,
                LAZY_RESCALE: gl.constexpr = False):
-    """gluon_fwd._kv_step without score features, with the ring / turn position c (the CTA's running key-block
-    count) apart from the tile's key block j >= 1 (the masks' columns). LAZY_RESCALE: gluon_fwd._lazy_max."""
+    """gluon_fwd_consumer._kv_step without score features, with the ring / turn position c (the CTA's running key-block
+    count) apart from the tile's key block j >= 1 (the masks' columns). LAZY_RESCALE: gluon_fwd_common._lazy_max."""
     s_layout: gl.constexpr = m_i.type.layout.parent
     stage = c % STAGES
     prev = (c - 1) % STAGES
@@ -256,7 +256,7 @@ def _consumer_partition_p(q_smem, k_bufs, v_bufs, q_bar, q_empty, k_ready, k_emp
                           SCHEDULE: gl.constexpr = False, O_VIA_SMEM: gl.constexpr = False,
                           CONSUMERS: gl.constexpr = 2, Q_BUFFERS: gl.constexpr = 1,
                           DEFER_EPILOGUE: gl.constexpr = False, LAZY_RESCALE: gl.constexpr = False):
-    """Rows WG * 64 + [0, 64) of each of the CTA's tiles (gluon_fwd._consumer_partition's online softmax).
+    """Rows WG * 64 + [0, 64) of each of the CTA's tiles (gluon_fwd_consumer._consumer_partition's online softmax).
     O_TMA: O goes out through o_smem[WG] by a TMA store (o_desc: (B * Sq, Hq * D), boxes [64, D]) that runs on
     while the next tile's GEMMs do; the next epilogue waits for it before it writes the buffer again.
     O_VIA_SMEM: O goes out through o_smem[0], one tile the two warpgroups take in turns (their epilogues alternate,
@@ -383,7 +383,7 @@ def _attn_fwd_hopper_persistent(q_desc, k_desc, v_desc, o_desc, Out, Lse,
     SCHEDULE (the host's cost model lists 128-row tiles) nor O_VIA_SMEM (its turn order is written for two).
     Q_BUFFERS: 1, or 2 (tile t's Q in buffer t % 2: CONSUMERS x 64 x D x 2 B more shared memory, 224 KB in all at
     D128 with O_TMA). DEFER_EPILOGUE: each tile's epilogue behind the next tile's first Q K^T (not with O_VIA_SMEM).
-    LAZY_RESCALE: O rescaled only when a row's max moved by more than 2^8 (gluon_fwd._lazy_max)."""
+    LAZY_RESCALE: O rescaled only when a row's max moved by more than 2^8 (gluon_fwd_common._lazy_max)."""
     gl.static_assert(LPT_HEADS == 0 or IS_CAUSAL, "LPT_HEADS: causal launches")
     gl.static_assert(not SCHEDULE or IS_CAUSAL, "SCHEDULE: causal launches")
     gl.static_assert(not (O_TMA and O_VIA_SMEM), "O_TMA or O_VIA_SMEM")
