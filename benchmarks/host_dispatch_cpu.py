@@ -9,8 +9,9 @@ fast_launch and triton 3.6's own JITFunction / CompiledKernel / CudaLauncher obj
 GPU) does nothing, and the launchers' CUDA checks routed to CPU tensors. So each number is all the host's Python of a
 call, triton's included, short of the C launch (and of the tensor-map encoding that triton's wrap_handle_tensordesc
 does around it for descriptors), with CPU torch.empty for the allocations (B1 H1 D128 bf16: S512 forward, S1024
-backward, the Gluon backward's threshold; and D64 causal S512, which runs the portable kernels).
-FLASHTILE_FAST_LAUNCH=0 / 1 as on the GPU.
+backward, the Gluon backward's threshold; and D64 causal S512, which runs the portable kernels), and of
+flash_attn_with_kvcache decode steps as host_time.py --decode makes them (B8 4K: plain, with an append, 16-token
+pages, ALiBi + cache_leftpad). FLASHTILE_FAST_LAUNCH=0 / 1 as on the GPU.
 
 The kernels are replaced by recorders (kernel[grid](...) does nothing), the device is declared a Hopper with
 132 SMs, and CPU tensors stand in for CUDA ones, as tests/test_gluon.py does; so each number is the Python of
@@ -32,7 +33,7 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     raise SystemExit("run with TRITON_INTERPRET unset (env -u TRITON_INTERPRET ...)")
 
 import flashtile
-from flashtile import bwd_launch, configs, gluon_bwd_launch, gluon_launch, launch, ops
+from flashtile import bwd_launch, configs, gluon_bwd_launch, gluon_launch, kvcache_launch, launch, ops
 
 
 class _Recorder:
@@ -272,11 +273,36 @@ def e2e(calls, reps):
     results = [(name, *_time(fn, calls, reps)) for name, fn in rows]
     results.insert(3, ("  backward alone (difference of the two above)", results[2][1] - results[1][1],
                        results[2][2] - results[1][2]))
+    results += [(name, *_time(fn, calls, reps)) for name, fn in _decode_rows()]
     results.append((f"  fast_launch [fast, recorded] launches: {fast_launch.counts}", 0.0, 0.0))
     plans = getattr(flashtile, "plans", None)  # imported by launch.py where it exists (older trees: A / B runs)
     if plans is not None:
         results.append((f"  plans [replayed, recorded]: {plans.counts}", 0.0, 0.0))
     return results
+
+
+def _decode_rows():
+    """flash_attn_with_kvcache decode steps as host_time.py --decode makes them (B8, one query, 32 / 4 heads, D128 bf16,
+    4K cached tokens, an int cache_seqlens): contiguous, with a one-token append, 16-token pages, ALiBi + left
+    padding. The split-KV, combine and append kernels are stubbed as the others (e2e's setup)."""
+    for kernel in (kvcache_launch._attn_fwd_splitkv, kvcache_launch._attn_combine, kvcache_launch._rotary_append):
+        _stub_kernel(kernel)
+    torch.cuda.is_current_stream_capturing = lambda: False
+    dt, batch, length = torch.bfloat16, 8, 4096
+    q = torch.randn(batch, 1, 32, 128, dtype=dt)
+    k_cache, v_cache = (torch.zeros(batch, length + 1, 4, 128, dtype=dt) for _ in range(2))
+    k_new, v_new = (torch.randn(batch, 1, 4, 128, dtype=dt) for _ in range(2))
+    pages = torch.zeros(batch * length // 16, 16, 4, 128, dtype=dt)
+    table = torch.arange(batch * length // 16, dtype=torch.int32).view(batch, -1)
+    slopes = torch.rand(batch, 32)
+    pads = torch.zeros(batch, dtype=torch.int32)
+    step = flashtile.flash_attn_with_kvcache
+    return [("e2e decode step B8 4K", lambda: step(q, k_cache, v_cache, cache_seqlens=length)),
+            ("e2e decode step B8 4K + append", lambda: step(q, k_cache, v_cache, k_new, v_new, cache_seqlens=length)),
+            ("e2e decode step B8 4K, 16-token pages", lambda: step(q, pages, pages, cache_seqlens=length,
+                                                                  block_table=table)),
+            ("e2e decode step B8 4K, ALiBi + cache_leftpad", lambda: step(q, k_cache, v_cache, cache_seqlens=length,
+                                                                         alibi_slopes=slopes, cache_leftpad=pads))]
 
 
 def main():
