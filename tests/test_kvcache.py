@@ -372,3 +372,40 @@ def test_row_tensors_under_torch_compile(monkeypatch):
                                                  cache_batch_idx=idx, causal=True)
 
     torch.testing.assert_close(torch.compile(step, fullgraph=True)(), step(), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("append", [False, True], ids=["attend", "append"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_plain_step_takes_the_short_path(backend, monkeypatch, append, causal):
+    """The common decode step (contiguous cache, int cache_seqlens, an optional append, no other feature) skips the
+    argument normalization (kvcache._plain_step; host time) and gives the full path's output, lse and cache writes
+    bit for bit (window_size as a list sends the same call down the full path)."""
+    _, device = backend
+    q, k_cache, v_cache, k_new, v_new = cache_inputs(device, seqlen_q=1, new=2)
+    new = (k_new, v_new) if append else ()
+    full_path = []
+    monkeypatch.setattr(flashtile.kvcache.checks, "window",
+                        lambda *a, real=flashtile.kvcache.checks.window: full_path.append(1) or real(*a))
+    runs = []
+    for window in ((-1, -1), [-1, -1]):
+        caches = k_cache.clone(), v_cache.clone()
+        out, lse = flashtile.flash_attn_with_kvcache(q, *caches, *new, cache_seqlens=40, causal=causal,
+                                                     window_size=window, return_softmax_lse=True)
+        runs.append((out, lse, *caches))
+    assert full_path == [1]  # the list only
+    for want, got in zip(runs[1], runs[0]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_plain_step_refusals_take_the_full_path():
+    """Calls the short path does not take (a length past the cache, mismatched new keys) raise the full path's
+    errors, with the cache untouched."""
+    q, k_cache, v_cache, k_new, v_new = cache_inputs("cpu", seqlen_q=1, new=2)
+    before = k_cache.clone()
+    with pytest.raises(ValueError, match=r"cache_seqlens \+ new tokens must lie in \[0, 80\]"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=79)
+    with pytest.raises(ValueError, match="k has"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new[..., :16], v_new[..., :16], cache_seqlens=10)
+    with pytest.raises(ValueError, match="k and v must be given together"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, None, cache_seqlens=10)
+    assert torch.equal(k_cache, before)
