@@ -6,7 +6,8 @@ generated code of each case the same? For moves and renames of kernel code, whic
 PTX is compared line by line without `.loc` / `.file` directives, comments and the debug sections (they name source
 files and lines, which a move changes); ptxas reports without their compile time. Compile the two trees with
 separate TRITON_CACHE_DIRs: triton's cache key does not hold a function's file, so a moved but unchanged function
-would otherwise be served from the first tree's cache. Exits 1 if a case differs or is missing from AFTER_DIR.
+would otherwise be served from the first tree's cache. Exits 1 if a case differs, is in one folder only, or if no case
+was compared (an empty or mistyped folder).
 """
 import os
 import re
@@ -40,12 +41,15 @@ def main(before, after):
             same += 1
         else:
             differ.append(name)
+    extra = sorted(name for name in os.listdir(after) if name.endswith((".ptx", ".ptxas.txt"))
+                   and not os.path.exists(os.path.join(before, name)))
     for name in differ:
         print("differs:", name)
-    for name in missing:
-        print("missing:", name)
-    print(f"{before} -> {after}: {same} the same, {len(differ)} different, {len(missing)} missing")
-    return 1 if differ or missing else 0
+    for name in missing + extra:
+        print("in one folder only:", name)
+    print(f"{before} -> {after}: {same} the same, {len(differ)} different, {len(missing) + len(extra)} in one folder "
+          f"only")
+    return 1 if differ or missing or extra or not same else 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""A torch model of kernels/gluon_fwd.py's ALiBi key loop (kept in step with the kernel by hand; the kernel itself
-needs an sm90 GPU): per 64-row warpgroup, the unmasked key blocks wholly left of every row's diagonal, those a
-diagonal crosses and those wholly right of it (_consumer_partition's bounds), the one-sided blocks' bias as a
-column vector with the row term added to the running max only (_feature_scores / _alibi_row_shift's ALIBI_SIDE),
-in float32 as the kernel computes it. Out and lse must match the float64 reference, and the split must cover
-every key block exactly once; a wrong side (a mutation) must fail."""
+"""A torch model of the Gluon forward's ALiBi key loop (kernels/gluon_fwd_consumer.py, gluon_fwd_common.py; kept in
+step with the kernel by hand; the kernel itself needs an sm90 GPU): per 64-row warpgroup, the unmasked key blocks
+wholly left of every row's diagonal, those a diagonal crosses and those wholly right of it (_consumer_partition's
+bounds), the one-sided blocks' bias as a column vector with the row term added to the running max only
+(_feature_scores / _alibi_row_shift's ALIBI_SIDE), in float32 as the kernel computes it. Out and lse must match the
+float64 reference, and the split must cover every key block exactly once; a wrong side (a mutation) must fail."""
 import math
 
 import pytest

@@ -391,6 +391,21 @@ def test_failed_portable_replay_raises_and_keeps_gluon(gluon_on_cpu, monkeypatch
     assert gluon_launch._disabled is None and not plans._plans
 
 
+def test_failed_gluon_replay_disables_gluon(gluon_on_cpu, monkeypatch):
+    """A replayed plan with a Gluon kernel (launch._replay tells it by kernel.is_gluon()) that fails turns the Gluon
+    forward off for the process, as a failed Gluon launch does, and the call still returns (the portable path)."""
+    q, k, v = _qkv((2, 1024, 4, 128))  # D128 at 1K keys: the Gluon forward
+    _forward(q, k, v)
+    assert any(kl.kernel.is_gluon() for plan in plans._plans.values() for kl in plan.launches)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("launch failed")
+    monkeypatch.setattr(fast_launch, "replay_stream", broken)
+    with pytest.warns(RuntimeWarning):
+        out = _forward(q, k, v)
+    assert gluon_launch._disabled is not None and out is not None
+
+
 def test_environment_switches_are_read_at_each_call(monkeypatch):
     """launch._env_reader reads os.environ's store at each call: a variable set or removed later, and an os.environ
     replaced by another mapping (mock.patch("os.environ", {...})), are seen as os.environ.get sees them."""

@@ -504,7 +504,8 @@ def _replay(plan, inputs, gluon_module, scalars=()):
         raise
     except Exception as exc:  # noqa: BLE001  (as _try_gluon: the portable kernels still serve)
         plans.clear()
-        if gluon_module is None or not any(launch.kernel.is_gluon() for launch in plan.launches):
+        # is_gluon: triton's JITFunction method (3.6 and later; plans exist only on the tested triton)
+        if gluon_module is None or not any(getattr(launch.kernel, "is_gluon", bool)() for launch in plan.launches):
             raise
         gluon_module.disable(exc)
         return None

@@ -1,25 +1,25 @@
 """Launch plans: a plain forward or backward (Gluon or portable kernels), a split-KV decode step or a KV-cache append
 (rotary included), replayed per call signature (host time).
 
-The first call of a signature runs the launchers as always (from launch._planned_forward / _planned_backward /
-_planned_kvcache / _planned_append) while
-record() watches: the buffers they allocate (launch._empty) and the launches they make (fast_launch.launch). When
-every launch went through fast_launch's cache and every argument is an input, one of those buffers, a TMA descriptor
-of one of them, or a plain scalar, the call becomes a Plan: the arguments as a template with the tensors' and
-descriptors' places marked. A later call with the same key only allocates the buffers, rebuilds the descriptors on the
-new tensors (they hold the pointers), and launches each kernel on the stream fast_launch.replay_stream gives: no
-support checks, config choice, grid or argument building, and no fast_launch key.
+The first call of a signature runs the launchers as always (from launch._planned_forward,
+bwd_launch._planned_backward, kvcache_launch._planned_kvcache / _planned_append) while record() watches: the buffers
+they allocate (launch._empty) and the launches they make (fast_launch.launch). When every launch went through
+fast_launch's cache and every argument is an input, one of those buffers, a TMA descriptor of one of them, or a plain
+scalar, the call becomes a Plan: the arguments as a template with the tensors' and descriptors' places marked. A
+later call with the same key only allocates the buffers, rebuilds the descriptors on the new tensors (they hold the
+pointers), and launches each kernel on the stream fast_launch.replay_stream gives: no support checks, config choice,
+grid or argument building, and no fast_launch key.
 
-The key (launch.py builds it) holds everything the launchers read of the calls it plans (fp16 / bf16 on CUDA;
-TRITON_INTERPRET is left out, as a switch not expected to change within a process) besides the tensors' addresses:
-every input's shape, strides, dtype and device, the scalars (scale, window), the environment switch that chose the
-Gluon kernel and whether that kernel is still on (a failed build turns it off for the process); replay() checks the
-addresses' 16-byte alignment (TMA and triton's specialization read it) and gives up (None: the caller takes the normal
-path) where any tensor is misaligned. Plans exist only while fast_launch is on (FLASHTILE_FAST_LAUNCH=0 turns both
-off) and only for the calls launch.py plans: forward / backward without optional features, and flash_attn_with_kvcache's
-split-KV steps (windows, softcap, ALiBi, block tables, length tensors and cache_leftpad included) and appends. A
-decode step's cache length (an append's write position) changes every call: it is a per-call slot (record /
-replay's `slots` and `scalars`), the one scalar a replay substitutes.
+The key (the launcher modules build it) holds everything the launchers read of the calls it plans (fp16 / bf16 on
+CUDA; TRITON_INTERPRET is left out, as a switch not expected to change within a process) besides the tensors'
+addresses: every input's shape, strides, dtype and device, the scalars (scale, window), the environment switch that
+chose the Gluon kernel and whether that kernel is still on (a failed build turns it off for the process); replay()
+checks the addresses' 16-byte alignment (TMA and triton's specialization read it) and gives up (None: the caller
+takes the normal path) where any tensor is misaligned. Plans exist only while fast_launch is on
+(FLASHTILE_FAST_LAUNCH=0 turns both off) and only for the calls the launchers plan: forward / backward without
+optional features, and flash_attn_with_kvcache's split-KV steps (windows, softcap, ALiBi, block tables, length tensors
+and cache_leftpad included) and appends. A decode step's cache length (an append's write position) changes every
+call: it is a per-call slot (record / replay's `slots` and `scalars`), the one scalar a replay substitutes.
 """
 import threading
 import weakref

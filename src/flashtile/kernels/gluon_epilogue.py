@@ -1,4 +1,5 @@
-"""Epilogue stores of the Hopper Gluon kernels (kernels/gluon_fwd.py, gluon_bwd.py import it)."""
+"""Epilogue stores of the Hopper Gluon kernels (gluon_fwd_consumer.py, gluon_fwd_persistent.py, gluon_bwd_step.py and
+gluon_bwd_split_d.py import them)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 

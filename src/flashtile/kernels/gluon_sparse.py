@@ -1,6 +1,7 @@
 """Block-sparse helpers of the Hopper Gluon kernels (flashtile.attention with a block mask): walking a block mask's
 lists of key blocks (forward) or query blocks (backward, the transposed lists) tile by tile, and evaluating the
-user's mask_mod on a partial tile's scores. kernels/gluon_fwd.py and kernels/gluon_bwd.py import them."""
+user's mask_mod on a partial tile's scores. The forward's kernel and consumers (gluon_fwd.py, gluon_fwd_consumer.py) and
+the backward's (gluon_bwd.py, gluon_bwd_step.py, gluon_bwd_split_d.py) import them."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
