@@ -325,9 +325,11 @@ class ModArgs:
         if block_mask is None:
             return ModArgs(aux, score_mod, score_mod_grad, mask_mod)
         bm = block_mask
-        return ModArgs(aux, score_mod, score_mod_grad, mask_mod, tuple(bm.block_size),
-                       (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices),
-                       (bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices))
+        # Contiguous lists (a no-op for create_block_mask's): the kernels read an index list's last dim as ptr + i and
+        # take the full lists' strides from the partial ones'.
+        kv = tuple(t.contiguous() for t in (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices))
+        q = tuple(t.contiguous() for t in (bm.q_num_blocks, bm.q_indices, bm.full_q_num_blocks, bm.full_q_indices))
+        return ModArgs(aux, score_mod, score_mod_grad, mask_mod, tuple(bm.block_size), kv, q)
 
     @staticmethod
     def _list_args(lists, placeholder):
