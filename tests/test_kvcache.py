@@ -374,14 +374,19 @@ def test_row_tensors_under_torch_compile(monkeypatch):
     torch.testing.assert_close(torch.compile(step, fullgraph=True)(), step(), atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("append", [False, True], ids=["attend", "append"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_plain_step_takes_the_short_path(backend, monkeypatch, append, causal):
-    """The common decode step (contiguous cache, int cache_seqlens, an optional append, no other feature) skips the
-    argument normalization (kvcache._plain_step; host time) and gives the full path's output, lse and cache writes
-    bit for bit (window_size as a list sends the same call down the full path)."""
+def test_plain_step_takes_the_short_path(backend, monkeypatch, append, causal, paged):
+    """The common decode step (a contiguous or paged cache, int cache_seqlens, an optional append, no other feature)
+    skips the argument normalization (kvcache._plain_step; host time) and gives the full path's output, lse and cache
+    writes bit for bit (window_size as a list sends the same call down the full path)."""
     _, device = backend
     q, k_cache, v_cache, k_new, v_new = cache_inputs(device, seqlen_q=1, new=2)
+    pages = {}
+    if paged:
+        k_cache, v_cache, table = shuffled_pages(k_cache, v_cache, 16)
+        pages = dict(block_table=table)
     new = (k_new, v_new) if append else ()
     full_path = []
     monkeypatch.setattr(flashtile.kvcache.checks, "window",
@@ -390,7 +395,7 @@ def test_plain_step_takes_the_short_path(backend, monkeypatch, append, causal):
     for window in ((-1, -1), [-1, -1]):
         caches = k_cache.clone(), v_cache.clone()
         out, lse = flashtile.flash_attn_with_kvcache(q, *caches, *new, cache_seqlens=40, causal=causal,
-                                                     window_size=window, return_softmax_lse=True)
+                                                     window_size=window, return_softmax_lse=True, **pages)
         runs.append((out, lse, *caches))
     assert full_path == [1]  # the list only
     for want, got in zip(runs[1], runs[0]):

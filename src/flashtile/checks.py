@@ -34,10 +34,10 @@ def check_tensor(name, t, rank, layout):
                          f"call .contiguous() first")
 
 
-def plain_qkv_ok(q, k, v):
-    """True when dense q, k, v pass check_qkv: the common call checked in one pass of exact-type and size tests
-    (host time); False sends the call to check_qkv, which raises the error or accepts what this does not test for
-    (tensor subclasses)."""
+def plain_qkv_ok(q, k, v, same_batch=True):
+    """True when dense q, k, v pass check_qkv (same_batch as there: False for a paged cache): the common call checked
+    in one pass of exact-type and size tests (host time); False sends the call to check_qkv, which raises the error or
+    accepts what this does not test for (tensor subclasses)."""
     T = torch.Tensor
     if type(q) is not T or type(k) is not T or type(v) is not T:
         return False
@@ -50,7 +50,8 @@ def plain_qkv_ok(q, k, v):
     if q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1:
         return False
     head_dim, heads_kv = qs[3], ks[2]
-    if ks[0] != qs[0] or ks[3] != head_dim or qs[2] % heads_kv or head_dim % 8 or head_dim > MAX_HEAD_DIM:
+    if ((same_batch and ks[0] != qs[0]) or ks[3] != head_dim or qs[2] % heads_kv or head_dim % 8
+            or head_dim > MAX_HEAD_DIM):
         return False
     if q.is_cuda:  # one CUDA device (get_device: an int, where .device builds an object)
         return k.is_cuda and v.is_cuda and k.get_device() == q.get_device() and v.get_device() == q.get_device()

@@ -61,26 +61,32 @@ def _check_rotary(rotary_cos, rotary_sin, q, last_position):
         raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions but position {last_position} is needed")
 
 
-def _plain_step(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, interleaved):
+def _plain_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, interleaved):
     """(out, lse) of the common decode step (host time: it skips the checks and normalization below, which would
-    accept it and normalize it to these arguments): a contiguous cache whose q / k_cache / v_cache passed
-    checks.plain_qkv_ok, an int cache length, an optional append of k, v (no rotary), no other feature. None where
-    the call needs the full path (k, v that plain_qkv_ok does not take with q or that do not match the cache, or a
-    length outside the cache: the full path raises the error)."""
+    accept it and normalize it to these arguments): a contiguous or paged (block_table) cache whose q / k_cache /
+    v_cache passed checks.plain_qkv_ok, an int cache length, an optional append of k, v (no rotary), no other
+    feature. A block table gets the full path's check (checks.block_table: its errors). None where the call needs the
+    full path (k, v that plain_qkv_ok does not take with q or that do not match the cache, or a length outside the
+    cache: the full path raises the error)."""
     new_tokens = 0
     if k is not None or v is not None:
         if k is None or v is None or not checks.plain_qkv_ok(q, k, v) or k.shape[2:] != k_cache.shape[2:]:
             return None
         new_tokens = k.shape[1]
-    if not 0 <= cache_seqlens <= k_cache.shape[1] - new_tokens:
+    capacity = k_cache.shape[1]
+    if block_table is not None:
+        checks.block_table(block_table, q.shape[0], k_cache.shape[0], k_cache.device)
+        block_table = checks.unit_stride(block_table)
+        capacity *= block_table.shape[1]
+    if not 0 <= cache_seqlens <= capacity - new_tokens:
         return None
     scale = checks.softmax_scale_or_default(softmax_scale, q.shape[3])
     if new_tokens:
-        ops.call(ops.kvcache_append, q, k_cache, v_cache, k, v, None, None, None, None, interleaved, causal,
+        ops.call(ops.kvcache_append, q, k_cache, v_cache, k, v, None, None, None, block_table, interleaved, causal,
                  cache_seqlens)
     length = cache_seqlens + new_tokens
-    return ops.call(ops.fwd_kvcache, q, k_cache, v_cache, None, None, scale, -1, 0 if causal else -1, 0.0, None,
-                    length, 0, None, length)
+    return ops.call(ops.fwd_kvcache, q, k_cache, v_cache, None, block_table, scale, -1, 0 if causal else -1, 0.0,
+                    None, length, 0, None, length)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
@@ -117,10 +123,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     back, so their range checks are skipped and the cache capacity stands in for the longest row.
     """
     if (type(cache_seqlens) is int and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
-            and cache_leftpad is None and block_table is None and alibi_slopes is None and type(causal) is bool
-            and type(softcap) is float and softcap == 0 and type(window_size) is tuple and window_size == (-1, -1)
-            and type(num_splits) is int and num_splits == 0 and checks.plain_qkv_ok(q, k_cache, v_cache)):
-        step = _plain_step(q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal, rotary_interleaved)
+            and cache_leftpad is None and alibi_slopes is None and type(causal) is bool and type(softcap) is float
+            and softcap == 0 and type(window_size) is tuple and window_size == (-1, -1) and type(num_splits) is int
+            and num_splits == 0 and checks.plain_qkv_ok(q, k_cache, v_cache, same_batch=block_table is None)):
+        step = _plain_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
+                           rotary_interleaved)
         if step is not None:
             return step if return_softmax_lse else step[0]
     if cache_batch_idx is not None and block_table is not None:
