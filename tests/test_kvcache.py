@@ -414,3 +414,28 @@ def test_plain_step_refusals_take_the_full_path():
     with pytest.raises(ValueError, match="k and v must be given together"):
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, None, cache_seqlens=10)
     assert torch.equal(k_cache, before)
+
+
+def test_plain_step_under_torch_compile(monkeypatch):
+    """The short path (kvcache._plain_step) traces with fullgraph=True, contiguous with an append and paged, and the
+    compiled step gives eager's output and cache writes."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the cpu.py path: the test is about tracing, not kernels
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 1, 4, 16, generator=gen)
+    new = torch.randn(2, 1, 2, 16, generator=gen)
+    cache = torch.randn(2, 32, 2, 16, generator=gen)
+    pages = torch.randn(4, 16, 2, 16, generator=gen)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+
+    def append_step(k_cache, v_cache):
+        return flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, new, new, cache_seqlens=10, causal=True)
+
+    def paged_step():
+        return flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=20, block_table=table)
+
+    eager_caches, compiled_caches = (cache.clone(), cache.clone()), (cache.clone(), cache.clone())
+    want = append_step(*eager_caches)
+    torch.testing.assert_close(torch.compile(append_step, fullgraph=True)(*compiled_caches), want, atol=1e-6,
+                               rtol=1e-6)
+    assert all(torch.equal(a, b) for a, b in zip(compiled_caches, eager_caches))
+    torch.testing.assert_close(torch.compile(paged_step, fullgraph=True)(), paged_step(), atol=1e-6, rtol=1e-6)
