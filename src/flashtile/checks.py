@@ -91,7 +91,8 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, 
     bound every sequence (they size the grid). The value checks read the offsets (one device sync per
     cu_seqlens tensor, see read_back); they are skipped while torch.compile traces, where reading values
     would break the graph, and during CUDA graph capture.
-    key_capacity (paged keys): no key token count to end at; each key sequence must fit in it instead."""
+    key_capacity (paged keys): no key token count to end at; each key sequence must fit in it instead.
+    Returns the two offsets as the kernels read them (unit_stride)."""
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
@@ -107,11 +108,10 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, 
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not _is_int(value) or value < 0:
             raise TypeError(f"{name} must be a non-negative int, got {value!r}")
-    if torch.compiler.is_compiling():
-        return
+    compiling = torch.compiler.is_compiling()
     for name, cu, tokens, max_len in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
                                       ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
-        if capturing(cu):
+        if compiling or capturing(cu):
             continue
         offsets = read_back(cu)
         if offsets[0] != 0:
@@ -128,6 +128,7 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, 
         max_name = "max_seqlen_q" if name == "cu_seqlens_q" else "max_seqlen_k"
         if max(lengths) > max_len:
             raise ValueError(f"{max_name}={max_len} is smaller than the longest sequence in {name} ({max(lengths)})")
+    return unit_stride(cu_seqlens_q), unit_stride(cu_seqlens_k)
 
 
 # Values read back from device tensors, kept while the tensor is unchanged (see _read_back_key): a tensor read as
@@ -140,8 +141,8 @@ def _read_back_key(t):
     """(version, data pointer, shape, strides) of t: what a cached read-back of t is valid for. Writes through torch
     ops move the version counter; writes that bypass it are not seen (through `t.data`, numpy / DLPack views, a
     custom kernel, a CUDA graph's replay, an in-place torch.distributed collective): build a new tensor for new
-    values. None for an inference tensor (made
-    under torch.inference_mode: no version counter), whose values are read back on every call."""
+    values. None for an inference tensor (made under torch.inference_mode: no version counter), whose values are read
+    back on every call."""
     return None if t.is_inference() else (t._version, t.data_ptr(), t.shape, t.stride())
 
 
@@ -173,7 +174,8 @@ def capturing(t):
 
 
 def block_table(table, batch, num_pages, device):
-    """int32 (batch, max_pages) page indices into a paged cache of num_pages pages (batch None: any rows)."""
+    """int32 (batch, max_pages) page indices into a paged cache of num_pages pages (batch None: any rows). Returns the
+    table as the kernels read it (unit_stride)."""
     if not isinstance(table, torch.Tensor) or table.dtype != torch.int32 or table.dim() != 2:
         raise TypeError(f"block_table must be an int32 tensor of shape ({batch or 'batch'}, max_pages), got "
                         f"{getattr(table, 'dtype', type(table).__name__)} {tuple(getattr(table, 'shape', ()))}")
@@ -181,11 +183,15 @@ def block_table(table, batch, num_pages, device):
         raise ValueError(f"block_table must have {batch} rows (the batch), got {table.shape[0]}")
     if table.device != device:
         raise ValueError(f"block_table is on {table.device} but the cache is on {device}")
-    if not table.numel() or capturing(table) or torch.compiler.is_compiling():
-        return
-    # The bounds take one device sync; a table that passed and has not changed since (_read_back_key) is not read
-    # again, so the layers of a decode step that share one table pay one sync per step (session 36: an eager B8
-    # paged step 0.19 ms, contiguous 0.07 ms).
+    if table.numel() and not capturing(table) and not torch.compiler.is_compiling():
+        _check_pages(table, num_pages)
+    return unit_stride(table)
+
+
+def _check_pages(table, num_pages):
+    """Every entry of table indexes one of num_pages pages. The bounds take one device sync; a table that passed and
+    has not changed since (_read_back_key) is not read again, so the layers of a decode step that share one table pay
+    one sync per step (session 36: an eager B8 paged step 0.19 ms, contiguous 0.07 ms)."""
     key = _read_back_key(table)
     hit = _TABLE_MAX.get(table) if key is not None else None
     if hit is not None and hit[0] == key and hit[1] < num_pages:

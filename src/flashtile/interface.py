@@ -18,8 +18,7 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     checks.check_qkv(q, k, v, varlen=varlen is not None)
     heads = q.shape[-2]
     if varlen is not None:
-        checks.check_cu_seqlens(*varlen, q, k)
-        varlen = (checks.unit_stride(varlen[0]), checks.unit_stride(varlen[1]), *varlen[2:])
+        varlen = (*checks.check_cu_seqlens(*varlen, q, k), *varlen[2:])
         batch = varlen[0].numel() - 1
         attn_bias = checks.attn_bias(attn_bias, q, (batch, heads, varlen[2], varlen[3]), varlen=True)
     else:
@@ -59,11 +58,9 @@ def _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     """flash_attn_varlen_func over a paged cache k, v (num_pages, page_size, Hk, D): forward only."""
     checks.check_tensor("q", q, 3, "(total_tokens, heads, headdim)")
     checks.check_qkv(q[None], k, v, same_batch=False)
-    checks.block_table(block_table, None, k.shape[0], k.device)
-    checks.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k,
-                            key_capacity=block_table.shape[1] * k.shape[1])
-    cu_seqlens_q, cu_seqlens_k = checks.unit_stride(cu_seqlens_q), checks.unit_stride(cu_seqlens_k)
-    block_table = checks.unit_stride(block_table)
+    block_table = checks.block_table(block_table, None, k.shape[0], k.device)
+    cu_seqlens_q, cu_seqlens_k = checks.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k,
+                                                         key_capacity=block_table.shape[1] * k.shape[1])
     batch = cu_seqlens_q.numel() - 1
     if block_table.shape[0] != batch:
         raise ValueError(f"block_table must have {batch} rows (one per sequence of cu_seqlens), got "

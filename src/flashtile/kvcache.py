@@ -75,8 +75,7 @@ def _plain_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_s
         new_tokens = k.shape[1]
     capacity = k_cache.shape[1]
     if block_table is not None:
-        checks.block_table(block_table, q.shape[0], k_cache.shape[0], k_cache.device)
-        block_table = checks.unit_stride(block_table)
+        block_table = checks.block_table(block_table, q.shape[0], k_cache.shape[0], k_cache.device)
         capacity *= block_table.shape[1]
     if not 0 <= cache_seqlens <= capacity - new_tokens:
         return None
@@ -141,8 +140,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError(f"cache_batch_idx entries must index the cache's {k_cache.shape[0]} rows, got "
                              f"{indices}")
     if block_table is not None:
-        checks.block_table(block_table, batch, k_cache.shape[0], k_cache.device)
-        block_table = checks.unit_stride(block_table)
+        block_table = checks.block_table(block_table, batch, k_cache.shape[0], k_cache.device)
         capacity = block_table.shape[1] * k_cache.shape[1]
     if cache_seqlens is None:
         cache_seqlens = capacity
