@@ -9,8 +9,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .common import LOG2E, _tanh, _to_f32_16bit
-from .gluon_dropout import (dropout_keep_t, dropout_kept, dropout_kept_grad, dropout_kept_p, dropout_rescale,
-                            dropout_signed)
+from .gluon_dropout import (dropout_draws_t, dropout_keep_t, dropout_kept, dropout_kept_grad, dropout_kept_p,
+                            dropout_rescale, dropout_signed)
 from .gluon_epilogue import _store_rows_via
 from .gluon_sparse import _list_tile_key
 
@@ -200,7 +200,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     drop_seed, the query head's first counter drop_base, drop_row_groups = ceil(max_k / 8) per row, threshold
     drop_thr), drawn while S^T runs: dV takes P^T's kept entries times dropout_scale = 1 / (1 - dropout_p), and
     dP^T (the gradient of the dropped, scaled P^T) becomes the undropped P^T's the same way before dS^T. At D128
-    (LATE_DP) the mask rides in P^T's sign once P^T is made (gluon_dropout.dropout_signed). DROPOUT_ONCE (head dims
+    (LATE_DP) the draws wait (gluon_dropout.dropout_draws_t, two per register) and are compared when P^T is made,
+    the mask riding in P^T's sign from there (gluon_dropout.dropout_signed). DROPOUT_ONCE (head dims
     up to DROPOUT_ONCE_MAX_HEAD_DIM): the tile adds dV / s, dK / s and dQ / s instead, s = dropout_scale
     (dS^T = s P^T (Z dP^T - delta / s) with Z the mask and delta times keep_prob = 1 / s), two multiplies per score
     fewer; _consumer_partition multiplies dK and dV by s, gluon_bwd_launch's dQ conversion dQ."""
@@ -227,7 +228,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     score_scale = dropout_scale  # the per-score factor of dropout's kept entries
     if DROPOUT_ONCE:
         score_scale = 1.0  # a constant: dropout_kept's multiplies fold away
-    keep = 0  # the dropout mask (HAS_DROPOUT; a placeholder otherwise)
+    keep = 0  # the dropout mask, at D128 (LATE_DP) its draws (HAS_DROPOUT; a placeholder otherwise)
     if ROWS_IN_ACC:
         cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
         in_seq = cols < seqlen_q
@@ -244,7 +245,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             dp_tok = _issue_t(it, v_view, do_bufs, do_ready, HEAD_DIM, BLOCK_M, STAGES)
         cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
         in_seq = cols < seqlen_q
-        if HAS_DROPOUT:  # integer work beside the S^T wgmma
+        if HAS_DROPOUT and LATE_DP:  # integer work beside the S^T wgmma; the compare comes in dropout_signed
+            keep = dropout_draws_t(drop_seed, drop_base, drop_row_groups, key0, m, WG_N, BLOCK_M, s_layout)
+        elif HAS_DROPOUT:
             keep = dropout_keep_t(drop_seed, drop_base, drop_row_groups, key0, m, drop_thr, WG_N, BLOCK_M, s_layout)
         if LATE_DP:
             s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
@@ -284,11 +287,13 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
             visible = _visible_t(keys, cols, seqlen_q, seqlen_k, causal_offset, window_left, window_right, off_b, off_h,
                                  aux0, aux1, aux2, aux3, IS_CAUSAL, IS_LOCAL, BLOCK_SPARSE, MASK_MOD)
         p = gl.where(visible, p, 0.0)
-    # Dropout at D128 (LATE_DP): the mask rides in P^T's sign from here, so its 32 booleans per thread no longer live
-    # beside dP^T's accumulator and dK / dV (spill loads / stores per tile loop 298 -> 176); |p| is the probability.
-    # D64 keeps the booleans: it had no spills there, and the signed form compiled to more instructions.
+    # Dropout at D128 (LATE_DP): the mask rides in P^T's sign from here, so it no longer lives beside dP^T's
+    # accumulator and dK / dV (spill loads / stores per tile loop 298 -> 176); |p| is the probability. Comparing the
+    # draws here, two per fp16 compare, rather than as integers when drawn: tile loops 930 -> 896 SASS instructions
+    # (LDL + STL 47 -> 35; session 41, offline). D64 keeps the booleans: it had no spills there, and the signed form
+    # compiled to more instructions.
     SIGNED_MASK: gl.constexpr = HAS_DROPOUT and LATE_DP
-    p = dropout_signed(p, keep, SIGNED_MASK)
+    p = dropout_signed(p, keep, drop_thr, SIGNED_MASK)
     if LATE_DP:
         if SOFTCAP:
             p_dt = p * (1.0 - t * t)  # [WG_N, BLOCK_M]: P^T times softcap's derivative, so t dies before dP^T

@@ -20,7 +20,8 @@ FRESH_KEYS_FWD_MIN_HEAD_DIM = gl.constexpr(128)
 # The forward's keep test (dropout_to_p) reads a 15-bit draw as an fp16 bit pattern: up to 0x7BFF the patterns
 # order as the integers do, 0x7C00 (inf) lies above them and the NaN patterns compare unordered, counted as kept.
 # So one half-precision compare equals the integer one for every threshold up to 0x7C00 (dropout_p <= 0.96875);
-# gluon_launch sends larger ones to the portable forward.
+# gluon_launch sends larger ones to the portable forward, gluon_bwd_launch (at D128, dropout_signed's compare) to the
+# portable backward.
 HALF_COMPARE_MAX_THRESHOLD = 0x7C00
 
 
@@ -163,12 +164,22 @@ def dropout_rescale(x, scale, ONCE: gl.constexpr):
 
 
 @gluon.jit
-def dropout_signed(p, keep, HAS_DROPOUT: gl.constexpr):
+def dropout_signed(p, draws, threshold, HAS_DROPOUT: gl.constexpr):
     """Probabilities p >= 0 with the dropout mask in their sign bit: -p where dropped (a dropped 0 becomes -0.0,
     whose products below are 0 either way), so the mask takes no registers of its own after this; p without
-    dropout. |p| is the probability again (an operand modifier, no instruction)."""
+    dropout. |p| is the probability again (an operand modifier, no instruction). draws: dropout_draws_t's 15-bit
+    draws of p's tile, threshold at most HALF_COMPARE_MAX_THRESHOLD (gluon_bwd_launch sends larger ones to the
+    portable backward). Per pair of scores four instructions: one compare of both draws as fp16 (HSET2, as
+    dropout_to_p: its halves are 0xFFFF where dropped), a shift of the low half's mask to the sign bit and one
+    LOP3 per score (p | (mask & sign)), where the integer compares and selects per score took more."""
     if HAS_DROPOUT:
-        p = gl.where(keep, p, -p)
+        thr = gl.zeros_like(draws) + threshold.to(gl.uint16)
+        # pack=2 hands the asm a thread's consecutive register pair: two 16-bit draws in one register (the first in
+        # its low half) and the pair of p in order.
+        p = gl.inline_asm_elementwise(
+            "{ .reg .b32 m, lo, a, b; set.lt.u32.f16x2 m, $2, $3; shl.b32 lo, m, 16; mov.b32 a, $4; mov.b32 b, $5; "
+            "lop3.b32 a, a, lo, 0x80000000, 0xF8; lop3.b32 b, b, m, 0x80000000, 0xF8; mov.b32 $0, a; mov.b32 $1, b; }",
+            "=f,=f,r,r,f,f", [draws, thr, p], dtype=gl.float32, is_pure=True, pack=2)
     return p
 
 
@@ -201,25 +212,31 @@ def dropout_kept_grad(x, p, scale, HAS_DROPOUT: gl.constexpr):
 
 
 @gluon.jit
-def dropout_keep_t(seed, head_base, row_groups, key0, m, threshold, KEYS: gl.constexpr, QUERIES: gl.constexpr,
-                   layout: gl.constexpr):
-    """[KEYS, QUERIES] keep mask (True: kept) of a transposed tile, keys key0 + [0, KEYS) on rows (key0 a multiple of
-    8) and queries m + [0, QUERIES) on columns, in `layout` (the backward's S^T accumulator). head_base: the head's
+def dropout_draws_t(seed, head_base, row_groups, key0, m, KEYS: gl.constexpr, QUERIES: gl.constexpr,
+                    layout: gl.constexpr):
+    """[KEYS, QUERIES] uint16 15-bit draws of a transposed tile, keys key0 + [0, KEYS) on rows (key0 a multiple of 8)
+    and queries m + [0, QUERIES) on columns, in `layout` (the backward's S^T accumulator). head_base: the head's
     first counter (kernels/common._dropout_base), row_groups = ceil(max_k / 8). A group's eight keys lie on eight
     rows, which the accumulator spreads over lanes: each call is made once (a [KEYS / 8, QUERIES] blocked tile) and
-    its 15-bit draws move into place through shared memory (~7.8 KB of the kernel's), compared there."""
+    its draws move into place through shared memory (~7.8 KB of the kernel's)."""
     G: gl.constexpr = KEYS // 8
     calls: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
     groups = key0 // 8 + gl.arange(0, G, layout=gl.SliceLayout(1, calls))  # [G]
     queries = m + gl.arange(0, QUERIES, layout=gl.SliceLayout(0, calls))  # [QUERIES]
     r0, r1, r2, r3 = _philox4x32(seed, head_base + queries.to(gl.int64)[None, :] * row_groups + groups[:, None],
                                  True)
-    # Output a of group g holds key 8g + 2a in its low half and key 8g + 2a + 1 in its high half. The 15-bit draws
-    # move into the accumulator's places (one shared-memory round trip), compared there.
+    # Output a of group g holds key 8g + 2a in its low half and key 8g + 2a + 1 in its high half.
     r0, r1, r2, r3 = r0 & 0x7FFF7FFF, r1 & 0x7FFF7FFF, r2 & 0x7FFF7FFF, r3 & 0x7FFF7FFF
     d01 = gl.join(gl.join(r0 & 0xFFFF, r0 >> 16), gl.join(r1 & 0xFFFF, r1 >> 16))
     d23 = gl.join(gl.join(r2 & 0xFFFF, r2 >> 16), gl.join(r3 & 0xFFFF, r3 >> 16))
     draws = gl.join(d01, d23).to(gl.uint16)  # [G, QUERIES, half, a % 2, a // 2]
     draws = draws.permute(0, 4, 3, 2, 1).reshape([KEYS, QUERIES])  # key 8g + 4 (a // 2) + 2 (a % 2) + half
-    keep = gl.convert_layout(draws, layout) >= threshold.to(gl.uint16)
-    return keep
+    return gl.convert_layout(draws, layout)
+
+
+@gluon.jit
+def dropout_keep_t(seed, head_base, row_groups, key0, m, threshold, KEYS: gl.constexpr, QUERIES: gl.constexpr,
+                   layout: gl.constexpr):
+    """The keep mask (True: kept) of dropout_draws_t's tile: draw >= threshold (philox.dropout_threshold)."""
+    draws = dropout_draws_t(seed, head_base, row_groups, key0, m, KEYS, QUERIES, layout)
+    return draws >= threshold.to(gl.uint16)
