@@ -69,15 +69,15 @@ def test_refuses_bad_feature_arguments():
 @pytest.mark.usefixtures("pretend_hopper")
 def test_dropout_support_rule():
     """Dropout with its int64 seed at D64 / D128, dense or varlen (DROPOUT_HEAD_DIMS); not at D256 (split-D tiles),
-    not without a seed, not with a bias (shared memory), not p >= 1, not above p = 0.96875 at D128 (threshold
-    0x7C00: its fp16 compare, gluon_dropout.dropout_signed, holds up to there; D64 compares integers)."""
+    not without a seed, not with a bias (shared memory), not p >= 1, not above p = 0.96875 (threshold 0x7C00: the
+    kernel's fp16 compare of the draws, gluon_dropout.dropout_keep_pairs / dropout_signed, holds up to there)."""
     seed = torch.zeros(1, dtype=torch.int64)
     for head_dim in (64, 128, 256):
         q, k, v = make_qkv(2, 1000, 777, 4, 2, head_dim, torch.bfloat16, "cpu", requires_grad=False)
         assert _supported(q, k, v, dropout_p=0.1, rng=seed) == (head_dim != 256)
         assert _supported(q, k, v, dropout_p=0.0, rng=None)
         assert _supported(q, k, v, dropout_p=0.96875, rng=seed) == (head_dim != 256)
-        assert _supported(q, k, v, dropout_p=0.969, rng=seed) == (head_dim == 64)  # threshold 0x7C08
+        assert not _supported(q, k, v, dropout_p=0.969, rng=seed)  # threshold 0x7C08
     assert not _supported(q, k, v, dropout_p=0.1)  # no seed
     assert not _supported(q, k, v, dropout_p=0.1, rng=torch.zeros(1, dtype=torch.int32))
     q, k, v = make_qkv(2, 1000, 777, 4, 2, 128, torch.bfloat16, "cpu", requires_grad=False)
@@ -976,15 +976,15 @@ def test_dropout_matches_reference(monkeypatch, shape, feature, head_dim):
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
 def test_dropout_above_the_half_compare(monkeypatch, head_dim):
-    """dropout_p = 0.98 (threshold 32113, above D128's fp16 compare, 0x7C00): D128's gradients come from the portable
-    backward, D64's (integer compares) from the Gluon one; both match the float64 reference with the returned mask."""
+    """dropout_p = 0.98 (threshold 32113, above the Gluon kernels' fp16 compare, 0x7C00): the gradients come from the
+    portable backward and match the float64 reference with the returned mask."""
     calls = record_calls(monkeypatch, gluon_bwd_launch, "gluon_backward")
     causal, kw, dtype, q, k, v, dout = _gluon_feature_call(monkeypatch, FEATURE_SHAPES[0], DROPOUT_FEATURES[1],
                                                            head_dim)
     torch.manual_seed(3)
     out, _, probs = flashtile.flash_attn_func(q, k, v, dropout_p=0.98, causal=causal, return_attn_probs=True)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    assert len(calls) == (head_dim == 64)
+    assert not calls
     ref64, reflow = references(q, k, v, dout, causal, dropout_p=0.98, dropout_mask=~torch.signbit(probs))
     for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out, *grads), ref64, reflow):
         assert_close_rule(name, got, r64, rlow, dtype)
@@ -1124,9 +1124,9 @@ def test_varlen_matches_each_sequence(monkeypatch, head_dim, feature, causal):
 def test_dropout_mask_is_exact(head_dim, p):
     """q = 0 makes every probability 1 / Sk, and dout[i] = the one-hot row e_(i % D) makes dv[j, c] * Sk * (1 - p)
     the number of kept (query head of the group, row i = c (mod D)) pairs of key j: it must equal the count from
-    philox's mask exactly (the backward's own draws, gluon_dropout.dropout_draws_t). At D128 the draws are compared
-    as fp16 (dropout_signed): p = 0.96875 is the largest threshold it serves (0x7C00, inf's pattern), p = 0.01
-    (threshold 328) a subnormal one."""
+    philox's mask exactly (the backward's own draws, gluon_dropout.dropout_draws_t). The draws are compared as fp16
+    (dropout_keep_pairs at D64, dropout_signed at D128): p = 0.96875 is the largest threshold that serves (0x7C00,
+    inf's pattern), p = 0.01 (threshold 328) a subnormal one."""
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, seed = 2, 300, 1000, 4, 2, 91
     q = torch.zeros(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda").to(torch.bfloat16)

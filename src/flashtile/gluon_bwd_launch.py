@@ -172,13 +172,6 @@ def _tma_3d_ok(t):
             and t.data_ptr() % 16 == 0)
 
 
-def dropout_threshold_ok(head_dim, dropout_p):
-    """Whether the kernel's keep test serves dropout_p: D128 compares two draws at once as fp16
-    (gluon_dropout.dropout_signed), exact up to dropout_p = 0.96875 (HALF_COMPARE_MAX_THRESHOLD); D64 compares
-    integers."""
-    return head_dim <= 64 or philox.dropout_threshold(dropout_p) <= HALF_COMPARE_MAX_THRESHOLD
-
-
 def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_size=(-1, -1), softcap=0.0,
                         alibi_slopes=None, attn_bias=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
                         max_seqlen_k=0, rng=None, **other_features):
@@ -188,10 +181,10 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     fp16/bf16 dense (B, S, H, D) or packed (total, H, D), head_dim 64, 128 or 256, heads_q % heads_kv == 0,
     TMA-compatible strides of q, k, v, dout, ALiBi slopes fp32 (Hq,) or (B, Hq) on q's device; attn_bias (dense
     only: 4-D, broadcastable to (B, Hq, Sq, Sk), no gradient) on q's device where bias_tma_ok and bias_shared_ok
-    accept it (D64; D128 with an fp16 / bf16 bias); dropout 0 <= dropout_p < 1 at D64, up to 0.96875 at D128
-    (dropout_threshold_ok), dense or varlen, without a bias, with rng, the forward's int64 (1,) Philox seed on q's
-    device; no paged keys or mods. A bias with a gradient (bias_grad=True) is refused here and in
-    bwd_launch._gluon_bwd_candidate."""
+    accept it (D64; D128 with an fp16 / bf16 bias); dropout 0 <= dropout_p <= 0.96875 at D64 / D128 (the kernel
+    compares the draws as fp16: gluon_dropout.HALF_COMPARE_MAX_THRESHOLD), dense or varlen, without a bias, with
+    rng, the forward's int64 (1,) Philox seed on q's device; no paged keys or mods. A bias with a gradient
+    (bias_grad=True) is refused here and in bwd_launch._gluon_bwd_candidate."""
     if (_attn_bwd_dkdv_hopper is None or _disabled is not None
             or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")):
         return False
@@ -203,7 +196,7 @@ def gluon_bwd_supported(q, k, v, out, dout, causal=False, dropout_p=0.0, window_
     # With a bias, the draws' shared-memory exchange (~7.8 KB) does not fit beside the bias ring (D128 bf16 bias:
     # 238,688 B of 232,448).
     if dropout_p and (attn_bias is not None or q.shape[-1] not in DROPOUT_HEAD_DIMS
-                      or not dropout_threshold_ok(q.shape[-1], dropout_p)):
+                      or philox.dropout_threshold(dropout_p) > HALF_COMPARE_MAX_THRESHOLD):
         return False
     tensors = (q, k, v, out, dout)
     for t in tensors:  # a loop, not all() over a generator: ~1 us less per call
@@ -425,7 +418,7 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
     attn_bias (dense only): 4-D broadcastable to (B, Hq, Sq, Sk) that bias_tma_ok accepts, or None.
     mods: a launch.ModArgs with a block mask that sparse_ok accepts (plain scores, dense), or None.
     dropout_p > 0: rng the forward's int64 (1,) Philox seed (the kernel's HAS_DROPOUT; D64 / D128)."""
-    assert dropout_threshold_ok(q.shape[-1], dropout_p), "dropout_p > 0.96875 at D128 (gluon_bwd_supported)"
+    assert philox.dropout_threshold(dropout_p) <= HALF_COMPARE_MAX_THRESHOLD, "p > 0.96875 (gluon_bwd_supported)"
     varlen = cu_seqlens_q is not None
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k

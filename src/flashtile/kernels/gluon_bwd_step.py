@@ -9,8 +9,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .common import LOG2E, _tanh, _to_f32_16bit
-from .gluon_dropout import (dropout_draws_t, dropout_keep_t, dropout_kept, dropout_kept_grad, dropout_kept_p,
-                            dropout_rescale, dropout_signed)
+from .gluon_dropout import (dropout_draws_t, dropout_keep_pairs, dropout_kept_grad, dropout_kept_p, dropout_masked,
+                            dropout_masked_p, dropout_rescale, dropout_signed)
 from .gluon_epilogue import _store_rows_via
 from .gluon_sparse import _list_tile_key
 
@@ -196,12 +196,13 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     so P^T = exp2(acc * qk_scale) and dS^T = P^T * acc: no [BLOCK_M] row vector is live beside the accumulators
     (at BLOCK_M 128 each is 32 registers per thread). ROWS_ZERO_FILL: the launcher filled the rows past seqlen_q
     with -inf / 0 (P = 0, dS = 0 there), so the slices need no mask.
-    HAS_DROPOUT (not ROWS_IN_ACC): the forward's dropout mask of this tile (gluon_dropout.dropout_keep_t: seed
-    drop_seed, the query head's first counter drop_base, drop_row_groups = ceil(max_k / 8) per row, threshold
+    HAS_DROPOUT (not ROWS_IN_ACC): the forward's dropout mask of this tile (gluon_dropout.dropout_draws_t: seed
+    drop_seed, the query head's first counter drop_base, drop_row_groups = ceil(max_k / 8) per row; threshold
     drop_thr), drawn while S^T runs: dV takes P^T's kept entries times dropout_scale = 1 / (1 - dropout_p), and
-    dP^T (the gradient of the dropped, scaled P^T) becomes the undropped P^T's the same way before dS^T. At D128
-    (LATE_DP) the draws wait (gluon_dropout.dropout_draws_t, two per register) and are compared when P^T is made,
-    the mask riding in P^T's sign from there (gluon_dropout.dropout_signed). DROPOUT_ONCE (head dims
+    dP^T (the gradient of the dropped, scaled P^T) becomes the undropped P^T's the same way before dS^T. The draws
+    are compared two at a time as fp16: at D64 when drawn (dropout_keep_pairs: a 16-bit mask per score, two per
+    register), at D128 (LATE_DP) when P^T is made, the mask riding in P^T's sign from there (dropout_signed).
+    DROPOUT_ONCE (head dims
     up to DROPOUT_ONCE_MAX_HEAD_DIM): the tile adds dV / s, dK / s and dQ / s instead, s = dropout_scale
     (dS^T = s P^T (Z dP^T - delta / s) with Z the mask and delta times keep_prob = 1 / s), two multiplies per score
     fewer; _consumer_partition multiplies dK and dV by s, gluon_bwd_launch's dQ conversion dQ."""
@@ -227,7 +228,9 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
     DROPOUT_ONCE: gl.constexpr = HAS_DROPOUT and HEAD_DIM <= DROPOUT_ONCE_MAX_HEAD_DIM
     score_scale = dropout_scale  # the per-score factor of dropout's kept entries
     if DROPOUT_ONCE:
-        score_scale = 1.0  # a constant: dropout_kept's multiplies fold away
+        score_scale = 1.0  # a constant: dropout_kept_p's multiplies fold away
+    # Dropout below D128 takes the mask without a scale (dropout_masked): DROPOUT_ONCE must cover it.
+    gl.static_assert(not HAS_DROPOUT or LATE_DP or DROPOUT_ONCE)
     keep = 0  # the dropout mask, at D128 (LATE_DP) its draws (HAS_DROPOUT; a placeholder otherwise)
     if ROWS_IN_ACC:
         cols = m + gl.arange(0, BLOCK_M, layout=col_layout)  # [BLOCK_M] query rows
@@ -248,7 +251,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         if HAS_DROPOUT and LATE_DP:  # integer work beside the S^T wgmma; the compare comes in dropout_signed
             keep = dropout_draws_t(drop_seed, drop_base, drop_row_groups, key0, m, WG_N, BLOCK_M, s_layout)
         elif HAS_DROPOUT:
-            keep = dropout_keep_t(drop_seed, drop_base, drop_row_groups, key0, m, drop_thr, WG_N, BLOCK_M, s_layout)
+            keep = dropout_keep_pairs(dropout_draws_t(drop_seed, drop_base, drop_row_groups, key0, m, WG_N, BLOCK_M,
+                                                      s_layout), drop_thr)
         if LATE_DP:
             s = warpgroup_mma_wait(0, deps=(s_tok, ))  # [WG_N, BLOCK_M] = S^T
         elif SOFTCAP:
@@ -313,7 +317,7 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         if SOFTCAP:
             p_dt = gl.abs(p_dt)
     else:
-        dp = dropout_kept(dp, keep, score_scale, HAS_DROPOUT)
+        dp = dropout_masked(dp, keep, HAS_DROPOUT)  # score_scale is 1.0 here (DROPOUT_ONCE)
     if ROWS_IN_ACC:
         ds_lp = (p * dp).to(dtype)  # [WG_N, BLOCK_M] = dS^T (dp is dP^T - delta)
     else:
@@ -328,8 +332,8 @@ def _bwd_step(it, m, dk, dv, k_view, v_view, k_smem, q_bufs, do_bufs, lse2_bufs,
         else:
             ds_lp = (p * (dp - delta[None, :])).to(dtype)  # [WG_N, BLOCK_M] = dS^T
     if not LATE_DP:
-        p_v = dropout_kept(p, keep, score_scale, HAS_DROPOUT)  # [WG_N, BLOCK_M]: the forward's dropped, scaled P^T
-        p_op = gl.convert_layout(p_v.to(dtype), op_layout, assert_trivial=True)
+        p_v = dropout_masked_p(p, keep, dtype, HAS_DROPOUT)  # [WG_N, BLOCK_M]: the forward's dropped P^T, 16-bit
+        p_op = gl.convert_layout(p_v, op_layout, assert_trivial=True)
         dv_tok = warpgroup_mma(p_op, do_view, dv, is_async=True)
     ds_op = gl.convert_layout(ds_lp, op_layout, assert_trivial=True)
     dk_tok = warpgroup_mma(ds_op, q_view, dk, is_async=True)

@@ -20,8 +20,7 @@ FRESH_KEYS_FWD_MIN_HEAD_DIM = gl.constexpr(128)
 # The forward's keep test (dropout_to_p) reads a 15-bit draw as an fp16 bit pattern: up to 0x7BFF the patterns
 # order as the integers do, 0x7C00 (inf) lies above them and the NaN patterns compare unordered, counted as kept.
 # So one half-precision compare equals the integer one for every threshold up to 0x7C00 (dropout_p <= 0.96875);
-# gluon_launch sends larger ones to the portable forward, gluon_bwd_launch (at D128, dropout_signed's compare) to the
-# portable backward.
+# gluon_launch sends larger ones to the portable forward, gluon_bwd_launch to the portable backward.
 HALF_COMPARE_MAX_THRESHOLD = 0x7C00
 
 
@@ -147,15 +146,6 @@ def dropout_to_p(p, words, threshold, dtype: gl.constexpr):
 
 
 @gluon.jit
-def dropout_kept(x, keep, scale, HAS_DROPOUT: gl.constexpr):
-    """x where the element is kept, times scale = 1 / (1 - dropout_p), 0 where dropped; x itself without dropout.
-    A constant scale of 1.0 compiles to no multiply (the backward's DROPOUT_ONCE: dropout_rescale scales the sums)."""
-    if HAS_DROPOUT:
-        x = gl.where(keep, x * scale, 0.0)
-    return x
-
-
-@gluon.jit
 def dropout_rescale(x, scale, ONCE: gl.constexpr):
     """x times scale = 1 / (1 - dropout_p) under ONCE (the factor a per-score scale of 1.0 left out); x otherwise."""
     if ONCE:
@@ -235,8 +225,40 @@ def dropout_draws_t(seed, head_base, row_groups, key0, m, KEYS: gl.constexpr, QU
 
 
 @gluon.jit
-def dropout_keep_t(seed, head_base, row_groups, key0, m, threshold, KEYS: gl.constexpr, QUERIES: gl.constexpr,
-                   layout: gl.constexpr):
-    """The keep mask (True: kept) of dropout_draws_t's tile: draw >= threshold (philox.dropout_threshold)."""
-    draws = dropout_draws_t(seed, head_base, row_groups, key0, m, KEYS, QUERIES, layout)
-    return draws >= threshold.to(gl.uint16)
+def dropout_keep_pairs(draws, threshold):
+    """The keep mask of dropout_draws_t's draws as uint16: 0xFFFF where kept (draw >= threshold, at most
+    HALF_COMPARE_MAX_THRESHOLD), 0 where dropped; a thread's register pair of the tile in one register, made by one
+    fp16 compare (as dropout_to_p). dropout_masked / dropout_masked_p apply it."""
+    thr = gl.zeros_like(draws) + threshold.to(gl.uint16)
+    return gl.inline_asm_elementwise("set.geu.u32.f16x2 $0, $1, $2;", "=r,r,r", [draws, thr], dtype=gl.uint16,
+                                     is_pure=True, pack=2)
+
+
+@gluon.jit
+def dropout_masked(x, keep, HAS_DROPOUT: gl.constexpr):
+    """x (fp32) where dropout_keep_pairs' keep says kept, 0 where dropped; x itself without dropout. Per pair: the
+    mask's halves widened to 32 bits (two PRMT, byte-replicating) and one AND per element."""
+    if HAS_DROPOUT:
+        x = gl.inline_asm_elementwise(
+            "{ .reg .b32 lo, hi, a, b; prmt.b32 lo, $4, 0, 0x1010; prmt.b32 hi, $4, 0, 0x3232; mov.b32 a, $2; "
+            "mov.b32 b, $3; and.b32 a, a, lo; and.b32 b, b, hi; mov.b32 $0, a; mov.b32 $1, b; }",
+            "=f,=f,f,f,r", [x, keep], dtype=gl.float32, is_pure=True, pack=2)
+    return x
+
+
+@gluon.jit
+def dropout_masked_p(p, keep, dtype: gl.constexpr, HAS_DROPOUT: gl.constexpr):
+    """p ([ROWS, COLS] fp32) rounded to dtype (fp16 / bf16), 0 where dropout_keep_pairs' keep says dropped: one AND
+    of the rounded pair with the mask (the select before the rounding compiled to a select per 16-bit half with the
+    pair split and joined again by PRMTs). p rounded without dropout."""
+    if HAS_DROPOUT:
+        # cvt.rn.{b}f16x2.f32 d, a, b puts b (the pair's first element) in d's low half, where keep has its mask.
+        if dtype == gl.float16:
+            out = gl.inline_asm_elementwise("{ .reg .b32 q; cvt.rn.f16x2.f32 q, $2, $1; and.b32 $0, q, $3; }",
+                                            "=r,f,f,r", [p, keep], dtype=gl.float16, is_pure=True, pack=2)
+        else:
+            out = gl.inline_asm_elementwise("{ .reg .b32 q; cvt.rn.bf16x2.f32 q, $2, $1; and.b32 $0, q, $3; }",
+                                            "=r,f,f,r", [p, keep], dtype=gl.bfloat16, is_pure=True, pack=2)
+    else:
+        out = p.to(dtype)
+    return out
