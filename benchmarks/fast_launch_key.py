@@ -25,7 +25,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.runtime.jit import compute_cache_key, create_function_from_signature  # noqa: E402
 
-from flashtile import configs, fast_launch, gluon_launch, launch  # noqa: E402
+from flashtile import configs, fast_launch, gluon_launch, gluon_variants, launch  # noqa: E402
 from host_dispatch_cpu import StubDriver  # noqa: E402  (this folder)
 
 BACKEND = CUDABackend(GPUTarget("cuda", 90, 32))
@@ -142,7 +142,7 @@ def qkv(b, s, h, d, dtype=torch.bfloat16, offset=0):
 def gluon_persistent(b, s, h, d, causal=False, dtype=torch.bfloat16, offset=0):
     q, k, v = qkv(b, s, h, d, dtype, offset)
     out, lse = torch.empty_like(q), torch.empty(b, h, s)
-    config = gluon_launch.VARIANTS[configs.gluon_fwd_variant(d, causal, s, plain=True)][d]
+    config = gluon_variants.VARIANTS[configs.gluon_fwd_variant(d, causal, s, plain=True)][d]
     grid, args, constexprs, options = gluon_launch.persistent_launch_args(q, k, v, out, lse, d ** -0.5, causal,
                                                                           config, sm_count=132)
     return args, {**constexprs, **options}

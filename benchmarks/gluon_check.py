@@ -62,7 +62,7 @@ os.environ["FLASHTILE_GLUON"] = "0"  # the portable path, except where a check r
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from flashtile import gluon_launch, launch, persistent_schedule  # noqa: E402
+from flashtile import gluon_launch, gluon_variants, launch, persistent_schedule  # noqa: E402
 from flashtile.reference import attention_ref  # noqa: E402
 from gpu_check import (ABS_FLOOR, alibi_slopes, bench_shapes, guarded, max_err,  # noqa: E402  (this folder)
                        run_children, say, shape_label, time_providers)
@@ -273,7 +273,7 @@ BACKWARD_FEATURES = dict(window=(256, 0), softcap=30.0, alibi="h", sink=True)
 # A variant with another tile height (GluonConfig.consumers != 2: BLOCK_M 192) changes the grid, the causal block
 # ranges, the tails and the varlen early exit, so it runs every CASE (not the short list), these score features
 # (its consumers share the default's score code) and VARLEN_CASES at its head dims; the bias cases and ALiBi with
-# softcap are served by the default config (gluon_launch.takes_config).
+# softcap are served by the default config (gluon_variants.takes_config).
 TILE_FEATURE_CASES = [
     (C1000, False, dict(softcap=30.0)),
     (C1000, True, dict(softcap=30.0)),
@@ -600,10 +600,10 @@ def phase_correct(variants, head_dim, causal):
     variants that cover this head dim)."""
     os.environ["FLASHTILE_POISON_OUTPUTS"] = "1"
     passed = failed = 0
-    variants = [v for v in variants if head_dim in gluon_launch.VARIANTS[v]]
+    variants = [v for v in variants if head_dim in gluon_variants.VARIANTS[v]]
     for variant in variants:
-        persistent = gluon_launch.VARIANTS[variant][head_dim].persistent
-        tile = gluon_launch.VARIANTS[variant][head_dim].consumers != 2  # another BLOCK_M: every case
+        persistent = gluon_variants.VARIANTS[variant][head_dim].persistent
+        tile = gluon_variants.VARIANTS[variant][head_dim].consumers != 2  # another BLOCK_M: every case
         for case in CASES + (PERSISTENT_CASES if persistent else []):
             if (variant != variants[0] and not tile and case[0] not in SHORT_CASES
                     and not case[0].startswith("p-")):
@@ -654,8 +654,8 @@ def phase_bench(variants, seqlens, head_dims, causal_modes="both"):
         scale = head_dim ** -0.5
         providers = {}
         # A variant with max_ctas (a grid capped to check the persistent kernel's phases) is not timed.
-        for variant in [v for v in variants if head_dim in gluon_launch.VARIANTS[v]
-                        and not gluon_launch.VARIANTS[v][head_dim].max_ctas]:
+        for variant in [v for v in variants if head_dim in gluon_variants.VARIANTS[v]
+                        and not gluon_variants.VARIANTS[v][head_dim].max_ctas]:
             providers[f"gluon[{variant}]"] = (
                 lambda variant=variant: gluon_launch.gluon_forward(q, k, v, scale, causal, variant=variant))
         providers["flashtile-triton"] = lambda: flashtile.flash_attn_func(q, k, v, causal=causal)
@@ -756,7 +756,7 @@ def variant_feature_times(q, k, v, scale, feature_variants, rounds=2):
     and the rounds' mean reported: the clocks drift over a run (the 700 W cap), and when each variant ran all its rows
     after the other, the second-timed one ran 5-18 % slower or faster than like against like (sessions 31 and 32)."""
     batch, _, heads, head_dim = q.shape
-    names = [v_ for v_ in feature_variants if head_dim in gluon_launch.VARIANTS[v_]]
+    names = [v_ for v_ in feature_variants if head_dim in gluon_variants.VARIANTS[v_]]
     times = {}  # (variant, row name) -> [ms per round]
     for name, causal, spec in VARIANT_FEATURE_ROWS:
         feats = feature_args(spec, batch, heads, q.shape[1], k.shape[1])
@@ -804,7 +804,7 @@ def _children(phase, args, timeout, groups=(None, )):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default="default,no-pingpong,bn64,stages3,d256-bn64s1,d256-bn32s4",
-                        help=f"comma list of {sorted(gluon_launch.VARIANTS)} (each runs where it has a config)")
+                        help=f"comma list of {sorted(gluon_variants.VARIANTS)} (each runs where it has a config)")
     parser.add_argument("--seqlens", default="4096,16384", help="bench sequence lengths")
     parser.add_argument("--bench-causal", default="both", choices=["both", "0", "1"],
                         help="bench shapes: full and causal, full only (0) or causal only (1)")

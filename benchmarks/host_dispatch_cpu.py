@@ -33,7 +33,7 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     raise SystemExit("run with TRITON_INTERPRET unset (env -u TRITON_INTERPRET ...)")
 
 import flashtile
-from flashtile import bwd_launch, configs, gluon_bwd_launch, gluon_launch, kvcache_launch, launch, ops
+from flashtile import bwd_launch, configs, gluon_bwd_launch, gluon_launch, gluon_variants, kvcache_launch, launch, ops
 
 
 class _Recorder:
@@ -108,7 +108,7 @@ def stages(calls, reps):
     out, lse = torch.empty_like(q), torch.empty(b, h, 512)
     scale = d ** -0.5
     fwd_features = dict(window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None)
-    cfg = gluon_launch.VARIANTS["persistent-tma"][d]
+    cfg = gluon_variants.VARIANTS["persistent-tma"][d]
 
     # Backward at 1K keys (the Gluon backward's threshold at D128).
     q1 = torch.randn(b, 1024, h, d, dtype=dt)

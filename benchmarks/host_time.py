@@ -88,12 +88,12 @@ def parts(profile_path):
     """Host time of the forward's stages (B32 S512 H16 D128 bf16, no grad): where the ~130-300 us go."""
     import os
 
-    from flashtile import configs, fast_launch, gluon_launch, launch, ops
+    from flashtile import configs, fast_launch, gluon_launch, gluon_variants, launch, ops
 
     q, k, v = (torch.randn(32, 512, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     scale = 128 ** -0.5
     variant = configs.gluon_fwd_variant(128, False, 512, plain=True)
-    config = gluon_launch.VARIANTS[variant][128]
+    config = gluon_variants.VARIANTS[variant][128]
     out, lse = torch.empty_like(q), torch.empty(32, 16, 512, device="cuda")
     grid, pargs, constexprs, options = gluon_launch.persistent_launch_args(q, k, v, out, lse, scale, False, config)
     kernel = gluon_launch._attn_fwd_hopper_persistent

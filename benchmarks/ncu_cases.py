@@ -11,7 +11,7 @@ CASE (shapes of the bench: bf16, 16K tokens, hidden 2048; decode: B64, 4K cache,
 - sdpa-fwd-D-S-causal: SDPA's cuDNN backend on the same shape;
 - bwd-D-S-causal / sdpa-bwd-D-S-causal: the same forward, then its backward (dO = 1), e.g. with the regex
   _attn_bwd_dkdv_hopper for flashtile's dK/dV kernel, bprop for cuDNN's;
-- gluon-VARIANT-D-S-causal: one Gluon forward variant (gluon_launch.VARIANTS), e.g.
+- gluon-VARIANT-D-S-causal: one Gluon forward variant (gluon_variants.VARIANTS), e.g.
   gluon-persistent-sched4-256-512-causal.
 ncu runs on the H200 machines (Firecracker; --clock-control none leaves the clocks alone, see the device notes).
 Session 19's runs: benchmarks/results/ncu-h200-2026-11-30-s19."""

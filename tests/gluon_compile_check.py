@@ -25,7 +25,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
 from compile_check import kernel_signature  # this folder: the JIT-faithful signature
-from flashtile import gluon_launch
+from flashtile import gluon_launch, gluon_variants
 
 PTX_PATTERNS = {
     "wgmma": r"wgmma\.mma_async",
@@ -247,7 +247,7 @@ def compile_case(head_dim, causal, config, batch=2, seqlen_q=1000, seqlen_k=1024
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variant", default="default", choices=sorted(gluon_launch.VARIANTS))
+    parser.add_argument("--variant", default="default", choices=sorted(gluon_variants.VARIANTS))
     parser.add_argument("--head-dims", default="64,128,256", help="head dims the variant covers are compiled")
     parser.add_argument("--features", default="plain", help=f"comma list of {list(FEATURES)} or 'all'")
     parser.add_argument("--layouts", default="dense", help=f"comma list of {list(LAYOUTS)} or 'all'")
@@ -259,18 +259,18 @@ def main():
     features = list(FEATURES) if args.features == "all" else args.features.split(",")
     layouts = list(LAYOUTS) if args.layouts == "all" else args.layouts.split(",")
     for head_dim in map(int, args.head_dims.split(",")):
-        if head_dim not in gluon_launch.VARIANTS[args.variant]:
+        if head_dim not in gluon_variants.VARIANTS[args.variant]:
             continue
         for layout, feature, causal in [(lay, f, c) for lay in layouts for f in features for c in (False, True)
                                         if not (c and ("window_size" in FEATURES[f] or "sparse" in FEATURES[f]))
                                         and not (lay == "varlen" and "sparse" in FEATURES[f])]:
-            # The config the launch would run (gluon_launch.takes_config: a three-consumer variant gives a bias or
+            # The config the launch would run (gluon_variants.takes_config: a three-consumer variant gives a bias or
             # ALiBi the default's, ALiBi without softcap not where its alibi_mma takes it).
-            config = gluon_launch.takes_config(args.variant, head_dim, FEATURES[feature].get("attn_bias"),
-                                               FEATURES[feature].get("alibi_slopes"),
-                                               FEATURES[feature].get("dropout_p", 0.0),
-                                               FEATURES[feature].get("softcap", 0.0))
-            variant = args.variant if config is gluon_launch.VARIANTS[args.variant][head_dim] else "default"
+            config = gluon_variants.takes_config(args.variant, head_dim, FEATURES[feature].get("attn_bias"),
+                                                 FEATURES[feature].get("alibi_slopes"),
+                                                 FEATURES[feature].get("dropout_p", 0.0),
+                                                 FEATURES[feature].get("softcap", 0.0))
+            variant = args.variant if config is gluon_variants.VARIANTS[args.variant][head_dim] else "default"
             name = f"d{head_dim}-{'causal' if causal else 'full'}-{variant}"
             if feature != "plain":
                 name = f"d{head_dim}-{feature}{'-causal' if causal else ''}-{variant}"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashtile import bwd_launch, configs, gluon_launch, kvcache_launch, launch
+from flashtile import bwd_launch, configs, gluon_variants, kvcache_launch, launch
 
 SM90 = (9, 0)
 
@@ -199,7 +199,7 @@ def test_gluon_forward_policy():
     assert all(configs.gluon_fwd_variant(d, c, 1024) == "default" for d, c in configs.GLUON_FWD_PERSISTENT)
     for (head_dim, _), ranges in configs.GLUON_FWD_PERSISTENT.items():
         for (variant, least, most), after in zip(ranges, ranges[1:] + ((None, math.inf, None), )):
-            assert gluon_launch.VARIANTS[variant][head_dim].persistent and 0 <= least < most < after[1]
+            assert gluon_variants.VARIANTS[variant][head_dim].persistent and 0 <= least < most < after[1]
     # D64 plain rows: the persistent grid of two consumers to 1K keys, of three (192-row tiles, the lazy rescale) to
     # 16K; longer ones and the features' from 2K keys three consumers in the one-tile kernel (configs.GLUON_FWD_LONG).
     assert configs.gluon_fwd_variant(64, False, 1024, plain=True) == "persistent-tma-q2-de"
@@ -213,7 +213,7 @@ def test_gluon_forward_policy():
     assert configs.gluon_fwd_variant(64, True, 8192) == "d64-3wg"
     assert configs.gluon_fwd_variant(128, False, 16384, plain=True) == "default"
     for (head_dim, _), (variant, _) in configs.GLUON_FWD_LONG.items():
-        assert gluon_launch.VARIANTS[variant][head_dim].consumers == 3
+        assert gluon_variants.VARIANTS[variant][head_dim].consumers == 3
 
 
 def test_gluon_backward_policy():

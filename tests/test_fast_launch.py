@@ -318,7 +318,7 @@ def test_gluon_launch_keys_stable_across_calls(head_dim):
     """Two calls of one shape on fresh tensors give the Gluon launches one fast_launch key (descriptor layouts are
     keyed by identity, so a layout object built per call would miss the cache on every call: the backward's dQ
     descriptor did until session 12)."""
-    from flashtile import gluon_bwd_launch, gluon_launch
+    from flashtile import gluon_bwd_launch, gluon_launch, gluon_variants
     if gluon_bwd_launch._attn_bwd_dkdv_hopper is None or gluon_launch._attn_fwd_hopper is None:
         pytest.skip("no Gluon Hopper API in this triton")
 
@@ -335,10 +335,10 @@ def test_gluon_launch_keys_stable_across_calls(head_dim):
         q = torch.empty(batch, 512, 4, head_dim, dtype=torch.bfloat16)
         k = torch.empty(batch, 500, 2, head_dim, dtype=torch.bfloat16)  # batch 2: ragged descriptors
         out, lse = torch.empty_like(q), torch.empty(batch, 4, 512)
-        config = gluon_launch.VARIANTS["default"][head_dim]
+        config = gluon_variants.VARIANTS["default"][head_dim]
         _, args, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.1, False, config)
         keys = [_launch_key(gluon_launch._attn_fwd_hopper, args, {**constexprs, **options})]
-        config = gluon_launch.VARIANTS["persistent"][head_dim]
+        config = gluon_variants.VARIANTS["persistent"][head_dim]
         _, args, constexprs, options = gluon_launch.persistent_launch_args(q, k, k, out, lse, 0.1, False, config,
                                                                            sm_count=132)
         return keys + [_launch_key(gluon_launch._attn_fwd_hopper_persistent, args, {**constexprs, **options})]

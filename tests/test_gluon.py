@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import flashtile
-from flashtile import gluon_launch, launch, philox
+from flashtile import gluon_launch, gluon_variants, launch, philox
 from utils import (alibi_slopes, assert_close_rule, assert_varlen_matches_each_sequence, make_qkv, record_calls,
                    record_constexpr)
 
@@ -135,7 +135,7 @@ LAZY_VARIANTS = ["persistent-tma-q2-lr", "persistent-tma-q2-de-lr", "persistent-
 def test_lazy_rescale_matches_reference(variant, causal, shape, scores, monkeypatch):
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
-    for head_dim in gluon_launch.VARIANTS[variant]:
+    for head_dim in gluon_variants.VARIANTS[variant]:
         q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda",
                            requires_grad=False)
         if scores == "growing":
@@ -143,7 +143,7 @@ def test_lazy_rescale_matches_reference(variant, causal, shape, scores, monkeypa
         elif scores == "spikes":
             k[:, 500] *= 30
             k[-1, 900, 0] *= 60
-        config = gluon_launch.VARIANTS[variant][head_dim]
+        config = gluon_variants.VARIANTS[variant][head_dim]
         assert gluon_launch.takes_persistent(config, q, k, causal=causal)
         out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, variant=variant)
         ref, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True)
@@ -289,9 +289,9 @@ def test_lazy_rescale_one_tile_matches_reference(variant, head_dim, case, scores
         k[:, 500] *= 30
         k[-1, 900, 0] *= 60
     feats = _spec_feats(spec, batch, heads_q, seqlen, seqlen)
-    config = gluon_launch.takes_config(variant, head_dim, feats.get("attn_bias"), feats["alibi_slopes"],
-                                       spec.get("dropout_p", 0.0), feats["softcap"])
-    if gluon_launch.VARIANTS[variant][head_dim].consumers == 3 and config.consumers == 2:
+    config = gluon_variants.takes_config(variant, head_dim, feats.get("attn_bias"), feats["alibi_slopes"],
+                                         spec.get("dropout_p", 0.0), feats["softcap"])
+    if gluon_variants.VARIANTS[variant][head_dim].consumers == 3 and config.consumers == 2:
         pytest.skip("three consumers take no bias, dropout or ALiBi with softcap (takes_config)")
     assert config.lazy_rescale
     if spec.get("varlen"):
@@ -411,7 +411,7 @@ def test_fixed_max_launch_args():
     else of the launch changes."""
     q = torch.empty(2, 1000, 4, 128, dtype=torch.bfloat16)
     lse = torch.empty(2, 4, 1000)
-    fm, base = gluon_launch.VARIANTS["default"][128], gluon_launch.VARIANTS["default-rmax"][128]
+    fm, base = gluon_variants.VARIANTS["default"][128], gluon_variants.VARIANTS["default-rmax"][128]
 
     def launch(config=fm, q=q, **kw):
         return gluon_launch.gluon_launch_args(q, q, q, torch.empty_like(q), lse, 0.125, kw.pop("causal", False),
@@ -434,7 +434,7 @@ def test_fixed_max_launch_args():
     packed, cu = q.view(2000, 4, 128), torch.tensor([0, 1000, 2000], dtype=torch.int32)
     assert launch(q=packed, softcap=30.0, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1000,
                   max_seqlen_k=1000)[2]["FIXED_MAX"]
-    assert gluon_launch.VARIANTS["d64-3wg"][64].fixed_max and gluon_launch.VARIANTS["d64-3wg"][64].consumers == 3
+    assert gluon_variants.VARIANTS["d64-3wg"][64].fixed_max and gluon_variants.VARIANTS["d64-3wg"][64].consumers == 3
 
 
 # ALiBi's one-sided key blocks by one more wgmma (GluonConfig.alibi_mma, session 31; d64-3wg's three consumers since
@@ -474,11 +474,11 @@ def test_alibi_by_mma_matches_reference(variant, head_dim, case, monkeypatch):
     slopes = alibi_slopes(heads_q, batch if spec.get("per_batch") else None) * spec.get("slope_factor", 1.0)
     feats = dict(alibi_slopes=slopes, window_size=spec.get("window_size", (-1, -1)),
                  sink=torch.randn(heads_q, device="cuda") if spec.get("sink") else None)
-    assert gluon_launch.VARIANTS[variant][head_dim].alibi_mma
+    assert gluon_variants.VARIANTS[variant][head_dim].alibi_mma
     compiled = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "ALIBI_MMA")
     # three consumers (d64-3wg) take ALiBi through the wgmma, but not dropout (takes_config: the default's tiles)
     consumers = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "CONSUMERS")
-    expected_consumers = 2 if spec.get("dropout_p") else gluon_launch.VARIANTS[variant][head_dim].consumers
+    expected_consumers = 2 if spec.get("dropout_p") else gluon_variants.VARIANTS[variant][head_dim].consumers
     if spec.get("varlen"):  # (H,) slopes: the same for every sequence
         _check_variant_varlen(q, k, v, causal, variant, **feats)
         assert compiled == [True] and consumers == [expected_consumers]
@@ -764,15 +764,15 @@ def test_dropout_launch_args():
     of the launch unchanged; a three-consumer variant takes the default's two consumers (the draws' registers)."""
     q = torch.empty(2, 1000, 4, 64, dtype=torch.bfloat16)
     out, lse, seed = torch.empty_like(q), torch.empty(2, 4, 1000), torch.zeros(1, dtype=torch.int64)
-    config = gluon_launch.VARIANTS["default"][64]
+    config = gluon_variants.VARIANTS["default"][64]
     grid, args, constexprs, options = gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.125, True, config)
     grid_d, args_d, constexprs_d, options_d = gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.125, True, config,
                                                                              dropout_p=0.1, rng=seed)
     assert args_d[-3] is seed and args_d[-2:] == (1 / 0.9, philox.dropout_threshold(0.1))
     assert args[-3] is lse and args[-2:] == (1.0, 0) and "HAS_DROPOUT" not in constexprs
     assert constexprs_d.pop("HAS_DROPOUT") and constexprs_d == constexprs and (grid_d, options_d) == (grid, options)
-    assert gluon_launch.takes_config("d64-3wg", 64).consumers == 3
-    assert gluon_launch.takes_config("d64-3wg", 64, dropout_p=0.1) is gluon_launch.VARIANTS["default"][64]
+    assert gluon_variants.takes_config("d64-3wg", 64).consumers == 3
+    assert gluon_variants.takes_config("d64-3wg", 64, dropout_p=0.1) is gluon_variants.VARIANTS["default"][64]
 
 
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
@@ -785,7 +785,7 @@ def test_o_via_smem_only_for_dense_two_consumer_launches(monkeypatch):
     from flashtile import configs
     q = torch.empty(2, 1000, 4, 128, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 1000)
-    config = gluon_launch.VARIANTS["default"][128]
+    config = gluon_variants.VARIANTS["default"][128]
 
     def constexprs(q=q, out=out, lse=lse, config=config, **kw):
         return gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.125, kw.pop("causal", False), config, **kw)[2]
@@ -803,18 +803,18 @@ def test_o_via_smem_only_for_dense_two_consumer_launches(monkeypatch):
     assert "O_VIA_SMEM" not in constexprs(q=packed, out=packed, lse=torch.empty(4, 2000), cu_seqlens_q=cu,
                                           cu_seqlens_k=cu, max_seqlen_q=1000, max_seqlen_k=1000)
     q64 = torch.empty(2, 1000, 4, 64, dtype=torch.bfloat16)
-    assert "O_VIA_SMEM" not in constexprs(q=q64, out=q64, config=gluon_launch.VARIANTS["d64-3wg"][64])
+    assert "O_VIA_SMEM" not in constexprs(q=q64, out=q64, config=gluon_variants.VARIANTS["d64-3wg"][64])
     assert 64 not in configs.GLUON_FWD_SMEM_EPILOGUE  # unmeasured at D64 (configs.py)
-    assert "O_VIA_SMEM" not in constexprs(q=q64, out=q64, config=gluon_launch.VARIANTS["default"][64])
+    assert "O_VIA_SMEM" not in constexprs(q=q64, out=q64, config=gluon_variants.VARIANTS["default"][64])
     monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", frozenset({64}))
-    assert constexprs(q=q64, out=q64, config=gluon_launch.VARIANTS["default"][64])["O_VIA_SMEM"]
+    assert constexprs(q=q64, out=q64, config=gluon_variants.VARIANTS["default"][64])["O_VIA_SMEM"]
     assert "O_VIA_SMEM" not in constexprs()  # D128 out of the set
     # The persistent kernel's own O_VIA_SMEM (one shared tile where O is not stored by TMA;
     # test_persistent_launch_args) follows the same set.
     monkeypatch.setattr(configs, "GLUON_FWD_SMEM_EPILOGUE", frozenset({64, 256}))
     for variant in ("persistent", "persistent-tma"):
         assert "O_VIA_SMEM" not in gluon_launch.persistent_launch_args(
-            q, q, q, out, lse, 0.125, True, gluon_launch.VARIANTS[variant][128], sm_count=132)[2]
+            q, q, q, out, lse, 0.125, True, gluon_variants.VARIANTS[variant][128], sm_count=132)[2]
 
 
 @pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
@@ -824,7 +824,7 @@ def test_varlen_launch_args():
     lens_q, lens_k = [300, 0, 1, 129], [1000, 5, 1, 0]
     q, k, v = _packed(lens_q, lens_k, 8, 2, 64)
     out, lse = torch.empty_like(q), torch.empty(8, q.shape[0])
-    config = gluon_launch.VARIANTS["default"][64]
+    config = gluon_variants.VARIANTS["default"][64]
     grid, args, constexprs, _ = gluon_launch.gluon_launch_args(
         q, k, v, out, lse, 0.125, True, config, cu_seqlens_q=_cu(lens_q), cu_seqlens_k=_cu(lens_k),
         max_seqlen_q=300, max_seqlen_k=1000)
@@ -991,7 +991,7 @@ def test_persistent_launch_takes_causal_from_the_window(monkeypatch, variant):
 def test_persistent_launch_args():
     """The persistent variant: grid min(tiles, SMs, max_ctas), the tile counts the kernel walks, and which launches
     it takes (plain / causal dense; features, varlen and D256 through ragged descriptors run the one-tile kernel)."""
-    config = gluon_launch.VARIANTS["persistent"][128]
+    config = gluon_variants.VARIANTS["persistent"][128]
     q = torch.empty(32, 512, 16, 128, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(32, 16, 512)
     grid, args, constexprs, options = gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, True, config,
@@ -1006,14 +1006,14 @@ def test_persistent_launch_args():
                                                    torch.empty(1, 2, 130), 0.125, False, config, sm_count=132)
     assert grid == (4, )  # 2 query tiles x 2 heads
     grid, *_ = gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, False,
-                                                   gluon_launch.VARIANTS["persistent-7cta"][128], sm_count=132)
+                                                   gluon_variants.VARIANTS["persistent-7cta"][128], sm_count=132)
     assert grid == (7, )
     kr = torch.empty(32, 1000, 16, 128, dtype=torch.bfloat16)
     _, args, constexprs, _ = gluon_launch.persistent_launch_args(q, kr, kr, out, lse, 0.125, False, config,
                                                                  sm_count=132)
     assert constexprs["RAGGED"] and len(args[0].shape) == 4
     # O by TMA where no [64, D] box reaches into the next sequence: batch 1 or Sq % 64 == 0.
-    tma_config = gluon_launch.VARIANTS["persistent-tma"][128]
+    tma_config = gluon_variants.VARIANTS["persistent-tma"][128]
     for qt, o_tma in ((q, True), (small, True), (torch.empty(2, 130, 2, 128, dtype=torch.bfloat16), False)):
         _, args, constexprs, _ = gluon_launch.persistent_launch_args(qt, qt, qt, torch.empty_like(qt),
                                                                      torch.empty(qt.shape[0], qt.shape[2], qt.shape[1]),
@@ -1025,12 +1025,12 @@ def test_persistent_launch_args():
     # Q double-buffered: Q_BUFFERS=2 (the kernel's default, 1, is left out of the single-buffered launch's set).
     assert "Q_BUFFERS" not in constexprs
     q2 = gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, False,
-                                             gluon_launch.VARIANTS["persistent-tma-q2"][128], sm_count=132)[2]
+                                             gluon_variants.VARIANTS["persistent-tma-q2"][128], sm_count=132)[2]
     assert q2["Q_BUFFERS"] == 2 and q2["O_TMA"]
     with pytest.raises(ValueError, match="q_buffers"):
-        replace(gluon_launch.VARIANTS["default"][128], q_buffers=2)  # the one-tile kernel has one Q tile
+        replace(gluon_variants.VARIANTS["default"][128], q_buffers=2)  # the one-tile kernel has one Q tile
     # The deferred epilogue: where O leaves by TMA, not where it goes through the one shared tile (O_VIA_SMEM).
-    deferred = gluon_launch.VARIANTS["persistent-tma-q2-de"][128]
+    deferred = gluon_variants.VARIANTS["persistent-tma-q2-de"][128]
     assert gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, False, deferred,
                                                sm_count=132)[2]["DEFER_EPILOGUE"]
     ragged = torch.empty(2, 130, 2, 128, dtype=torch.bfloat16)
@@ -1038,8 +1038,8 @@ def test_persistent_launch_args():
                                                      torch.empty(2, 2, 130), 0.125, False, deferred, sm_count=132)[2]
     assert constexprs["O_VIA_SMEM"] and "DEFER_EPILOGUE" not in constexprs
     with pytest.raises(ValueError, match="defer_epilogue"):
-        replace(gluon_launch.VARIANTS["default"][128], defer_epilogue=True)
-    base, lazy = (gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.125, True, gluon_launch.VARIANTS[name][128])[2]
+        replace(gluon_variants.VARIANTS["default"][128], defer_epilogue=True)
+    base, lazy = (gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.125, True, gluon_variants.VARIANTS[name][128])[2]
                   for name in ("default", "default-lr"))  # the one-tile kernel's lazy rescale (session 30)
     assert lazy == {**base, "LAZY_RESCALE": True} and "LAZY_RESCALE" not in base
     # Served: D256's default and d64-3wg rescale lazily (ALiBi through the wgmma there too, since session 32); a D64
@@ -1047,21 +1047,22 @@ def test_persistent_launch_args():
     for name, dim in (("default", 256), ("d64-3wg", 64)):
         t = torch.empty(1, 256, 2, dim, dtype=torch.bfloat16)
         assert gluon_launch.gluon_launch_args(t, t, t, torch.empty_like(t), torch.empty(1, 2, 256), 0.125, True,
-                                              gluon_launch.VARIANTS[name][dim])[2]["LAZY_RESCALE"]
-    assert gluon_launch.takes_config("d64-3wg", 64, alibi_slopes=torch.ones(2)).lazy_rescale
-    assert not gluon_launch.takes_config("d64-3wg", 64, alibi_slopes=torch.ones(2), softcap=30.0).lazy_rescale
-    assert not gluon_launch.takes_config("d64-3wg", 64, dropout_p=0.1).lazy_rescale
-    base, lazy = (gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, True, gluon_launch.VARIANTS[name][128],
-                                                      sm_count=132)[2] for name in ("persistent", "persistent-lr"))
+                                              gluon_variants.VARIANTS[name][dim])[2]["LAZY_RESCALE"]
+    assert gluon_variants.takes_config("d64-3wg", 64, alibi_slopes=torch.ones(2)).lazy_rescale
+    assert not gluon_variants.takes_config("d64-3wg", 64, alibi_slopes=torch.ones(2), softcap=30.0).lazy_rescale
+    assert not gluon_variants.takes_config("d64-3wg", 64, dropout_p=0.1).lazy_rescale
+    base, lazy = (gluon_launch.persistent_launch_args(q, q, q, out, lse, 0.125, True,
+                                                      gluon_variants.VARIANTS[name][128], sm_count=132)[2]
+                  for name in ("persistent", "persistent-lr"))
     assert lazy == {**base, "LAZY_RESCALE": True} and "LAZY_RESCALE" not in base
     assert gluon_launch.takes_persistent(config, q, q) and gluon_launch.takes_persistent(config, q, q, causal=True)
-    assert not gluon_launch.takes_persistent(gluon_launch.VARIANTS["default"][128], q, q)
+    assert not gluon_launch.takes_persistent(gluon_variants.VARIANTS["default"][128], q, q)
     assert not gluon_launch.takes_persistent(config, q, q, window_size=(64, 0))
     assert not gluon_launch.takes_persistent(config, q, q, softcap=30.0)
     assert not gluon_launch.takes_persistent(config, q, q, alibi_slopes=torch.zeros(16))
     assert not gluon_launch.takes_persistent(config, q, q, sink=torch.zeros(16))
     assert not gluon_launch.takes_persistent(config, q, q, cu_seqlens_q=torch.zeros(2, dtype=torch.int32))
-    d256 = gluon_launch.VARIANTS["persistent"][256]
+    d256 = gluon_variants.VARIANTS["persistent"][256]
     q256, k256 = torch.empty(2, 512, 2, 256), torch.empty(2, 1000, 2, 256)
     assert gluon_launch.takes_persistent(d256, q256, q256) and not gluon_launch.takes_persistent(d256, q256, k256)
 
@@ -1114,7 +1115,7 @@ def test_bias_support_rule(as_if_hopper):
 def test_bias_launch_args():
     """The bias's 2-D TMA view: (rows, Sk) at its row stride, boxes [128, BLOCK_N], and the rows one batch / head
     steps (0 along broadcast dims); HAS_BIAS on, and the persistent kernel not taken."""
-    config = gluon_launch.VARIANTS["default"][128]
+    config = gluon_variants.VARIANTS["default"][128]
     q = torch.empty(2, 300, 4, 128, dtype=torch.bfloat16)
     k = torch.empty(2, 1000, 2, 128, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 300)
@@ -1132,7 +1133,7 @@ def test_bias_launch_args():
         assert desc.block_shape == [128, config.block_n] and desc.base is bias
     _, args, constexprs, _ = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.125, False, config)
     assert not constexprs["HAS_BIAS"] and args[-21] is lse
-    persistent = gluon_launch.VARIANTS["persistent"][128]
+    persistent = gluon_variants.VARIANTS["persistent"][128]
     assert gluon_launch.takes_persistent(persistent, q, q)
     assert not gluon_launch.takes_persistent(persistent, q, q, attn_bias=torch.empty(1, 4, 300, 300))
 

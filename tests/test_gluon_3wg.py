@@ -1,4 +1,4 @@
-"""The D64 Gluon forward with three consumer warpgroups (gluon_launch.VARIANTS["d64-3wg"], BLOCK_M 192, and the
+"""The D64 Gluon forward with three consumer warpgroups (gluon_variants.VARIANTS["d64-3wg"], BLOCK_M 192, and the
 persistent grid's "persistent-3wg-tma[-lpt8]" and "-q2[-de]"): launch arguments and config rules on CPU, and the GPU
 tier (sm90) against the float64 reference."""
 import math
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import flashtile
-from flashtile import gluon_launch
+from flashtile import gluon_launch, gluon_variants
 from utils import (alibi_slopes, assert_close_rule, assert_varlen_matches_each_sequence, make_qkv,
                    record_calls)
 
@@ -21,44 +21,44 @@ def test_config_rules():
     """Three consumers: BLOCK_M 192, registers that fit 64K with the loader's warpgroup (setmaxnreg takes
     multiples of 8), D64 only; a persistent config of three takes no host schedule (its cost model lists 128-row
     tiles)."""
-    config = gluon_launch.VARIANTS[VARIANT][64]
-    assert set(gluon_launch.VARIANTS[VARIANT]) == {64}
+    config = gluon_variants.VARIANTS[VARIANT][64]
+    assert set(gluon_variants.VARIANTS[VARIANT]) == {64}
     assert config.consumers == 3 and config.block_m == 192 and not config.persistent
-    assert gluon_launch.VARIANTS["default"][64].block_m == 128
+    assert gluon_variants.VARIANTS["default"][64].block_m == 128
     assert config.consumer_regs % 8 == 0 and config.loader_regs % 8 == 0
     assert 3 * 128 * config.consumer_regs + 128 * config.loader_regs <= 65536
     assert config.maxnreg * 16 * 32 <= 65536  # 16 warps at launch: 3 consumer warpgroups + the loader's
     with pytest.raises(ValueError, match="consumers"):
-        gluon_launch.GluonConfig(128, 3, consumers=3, persistent=True, schedule=True)
+        gluon_variants.GluonConfig(128, 3, consumers=3, persistent=True, schedule=True)
     for name in ("persistent-3wg-tma", "persistent-3wg-tma-lpt8", "persistent-3wg-tma-q2", "persistent-3wg-tma-q2-de"):
-        persistent = gluon_launch.VARIANTS[name][64]
+        persistent = gluon_variants.VARIANTS[name][64]
         assert persistent.persistent and persistent.tma_store and persistent.block_m == 192
         assert (persistent.consumer_regs, persistent.loader_regs, persistent.maxnreg) == (160, 24, 128)
     with pytest.raises(ValueError, match="consumers"):
-        gluon_launch.GluonConfig(128, 3, consumers=4)
+        gluon_variants.GluonConfig(128, 3, consumers=4)
 
 
 def test_takes_config_gives_a_bias_the_default():
     """The bias ring holds [128, BLOCK_N] boxes: a three-consumer variant serves a bias with the default config."""
     bias = torch.zeros(1, 4, 300, 300, dtype=torch.bfloat16)
-    assert gluon_launch.takes_config(VARIANT, 64) is gluon_launch.VARIANTS[VARIANT][64]
-    assert gluon_launch.takes_config(VARIANT, 64, bias) is gluon_launch.VARIANTS["default"][64]
-    assert gluon_launch.takes_config("default", 128, bias) is gluon_launch.VARIANTS["default"][128]
+    assert gluon_variants.takes_config(VARIANT, 64) is gluon_variants.VARIANTS[VARIANT][64]
+    assert gluon_variants.takes_config(VARIANT, 64, bias) is gluon_variants.VARIANTS["default"][64]
+    assert gluon_variants.takes_config("default", 128, bias) is gluon_variants.VARIANTS["default"][128]
     slopes = torch.ones(4)
     # Without alibi_mma, ALiBi's per-column term spills three consumers' registers: the default takes ALiBi.
-    assert not gluon_launch.VARIANTS["persistent-3wg-tma"][64].alibi_mma
-    assert gluon_launch.takes_config("persistent-3wg-tma", 64, alibi_slopes=slopes) is \
-        gluon_launch.VARIANTS["default"][64]
+    assert not gluon_variants.VARIANTS["persistent-3wg-tma"][64].alibi_mma
+    assert gluon_variants.takes_config("persistent-3wg-tma", 64, alibi_slopes=slopes) is \
+        gluon_variants.VARIANTS["default"][64]
     # With alibi_mma (d64-3wg's) the ALiBi columns leave the registers (a wgmma): three consumers take ALiBi, but not
     # with softcap (no wgmma then), a bias or dropout.
-    am = gluon_launch.VARIANTS[VARIANT][64]
+    am = gluon_variants.VARIANTS[VARIANT][64]
     assert am.consumers == 3 and am.alibi_mma
-    assert gluon_launch.takes_config(VARIANT, 64, alibi_slopes=slopes) is am
-    assert gluon_launch.takes_config(VARIANT, 64, alibi_slopes=slopes, softcap=30.0) is \
-        gluon_launch.VARIANTS["default"][64]
-    assert gluon_launch.takes_config(VARIANT, 64, bias, slopes) is gluon_launch.VARIANTS["default"][64]
-    assert gluon_launch.takes_config(VARIANT, 64, alibi_slopes=slopes, dropout_p=0.1) is \
-        gluon_launch.VARIANTS["default"][64]
+    assert gluon_variants.takes_config(VARIANT, 64, alibi_slopes=slopes) is am
+    assert gluon_variants.takes_config(VARIANT, 64, alibi_slopes=slopes, softcap=30.0) is \
+        gluon_variants.VARIANTS["default"][64]
+    assert gluon_variants.takes_config(VARIANT, 64, bias, slopes) is gluon_variants.VARIANTS["default"][64]
+    assert gluon_variants.takes_config(VARIANT, 64, alibi_slopes=slopes, dropout_p=0.1) is \
+        gluon_variants.VARIANTS["default"][64]
 
 
 @needs_gluon
@@ -66,7 +66,7 @@ def test_launch_args():
     """Grid over 192-row tiles (dense and varlen's max_seqlen_q), CONSUMERS=3 and maxnreg 128; the default config
     CONSUMERS=2 (the kernel's default value: it compiles as before). P by pairs (P_CVT_ASM) but with varlen and a
     window."""
-    config = gluon_launch.VARIANTS[VARIANT][64]
+    config = gluon_variants.VARIANTS[VARIANT][64]
     for seqlen_q, causal in ((1000, False), (192, True), (193, True), (1, False)):
         q = torch.empty(2, seqlen_q, 4, 64, dtype=torch.bfloat16)
         k = torch.empty(2, 1000, 2, 64, dtype=torch.bfloat16)
@@ -81,7 +81,7 @@ def test_launch_args():
                                                              window_size=(256, 0))
         assert constexprs["P_CVT_ASM"] and constexprs["IS_LOCAL"]  # a dense window keeps it
         grid, _, constexprs, options = gluon_launch.gluon_launch_args(q, k, k, out, lse, 0.125, causal,
-                                                                      gluon_launch.VARIANTS["default"][64])
+                                                                      gluon_variants.VARIANTS["default"][64])
         assert grid == (math.ceil(seqlen_q / 128), 2 * 4) and constexprs["CONSUMERS"] == 2
     lens = [300, 0, 1, 577]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
@@ -144,9 +144,9 @@ def test_persistent_variant_off_its_kernel_takes_the_default_config(monkeypatch)
 
     monkeypatch.setattr(gluon_launch, "_attn_fwd_hopper", Recorder())
     q = torch.empty(2, 1000, 2, 256, dtype=torch.bfloat16)
-    assert not gluon_launch.takes_persistent(gluon_launch.VARIANTS["persistent-sched4"][256], q, q, causal=True)
+    assert not gluon_launch.takes_persistent(gluon_variants.VARIANTS["persistent-sched4"][256], q, q, causal=True)
     gluon_launch.gluon_forward(q, q, q, causal=True, variant="persistent-sched4")
-    assert seen.pop()["LPT_HEADS"] == gluon_launch.VARIANTS["default"][256].lpt_heads == 8
+    assert seen.pop()["LPT_HEADS"] == gluon_variants.VARIANTS["default"][256].lpt_heads == 8
 
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype): Sq off the 192-row tile (a third / two thirds of the last
@@ -189,7 +189,7 @@ def test_persistent_launch_args():
     reaches into the next sequence and else from the registers (never O_VIA_SMEM, whose turn order is for two);
     causal in groups of 8 heads (lpt8); P by pairs (session 33)."""
     for name in PERSISTENT:
-        config = gluon_launch.VARIANTS[name][64]
+        config = gluon_variants.VARIANTS[name][64]
         for batch, seqlen_q, o_tma in ((2, 1024, True), (1, 1000, True), (2, 1000, False), (2, 193, False)):
             q = torch.empty(batch, seqlen_q, 4, 64, dtype=torch.bfloat16)
             out, lse = torch.empty_like(q), torch.empty(batch, 4, seqlen_q)
@@ -217,8 +217,8 @@ def test_persistent_matches_reference(monkeypatch, shape, causal, variant, max_c
     """The persistent kernel with three consumers on the full grid and on 7 CTAs (each walks dozens of tiles: the
     ring, turn and Q barriers' running phases across tiles of 192 rows), NaN-poisoned outputs."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
-    monkeypatch.setitem(gluon_launch.VARIANTS, "under-test",
-                        {64: replace(gluon_launch.VARIANTS[variant][64], max_ctas=max_ctas)})
+    monkeypatch.setitem(gluon_variants.VARIANTS, "under-test",
+                        {64: replace(gluon_variants.VARIANTS[variant][64], max_ctas=max_ctas)})
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, dtype = shape
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, 64, dtype, "cuda", requires_grad=False)
     if causal and not gluon_launch.gluon_supported(q, k, v, causal=causal):
@@ -232,7 +232,7 @@ def test_persistent_matches_reference(monkeypatch, shape, causal, variant, max_c
 
 
 # (id, causal, window_size, softcap, alibi: None / "h" / "bh", sink, bias): the score features the three
-# consumers share with the default (a bias or ALiBi with softcap runs the default config: gluon_launch.takes_config;
+# consumers share with the default (a bias or ALiBi with softcap runs the default config: gluon_variants.takes_config;
 # ALiBi without softcap runs three consumers, its columns by the wgmma, since session 32).
 FEATURES = [
     ("softcap-causal", True, (-1, -1), 30.0, None, False, False),

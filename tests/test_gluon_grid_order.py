@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from flashtile import gluon_bwd_launch, gluon_launch, launch
+from flashtile import gluon_bwd_launch, gluon_launch, gluon_variants, launch
 from utils import make_qkv
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -30,8 +30,8 @@ def _variants(module, base):
 @pytest.mark.parametrize("head_dim", [64, 128, 256], ids=["d64", "d128", "d256"])
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 def test_forward_order_changes_nothing(monkeypatch, shape, head_dim):
-    for name, variant in _variants(gluon_launch, {d: "default" for d in (64, 128, 256)}).items():
-        monkeypatch.setitem(gluon_launch.VARIANTS, name, variant)
+    for name, variant in _variants(gluon_variants, {d: "default" for d in (64, 128, 256)}).items():
+        monkeypatch.setitem(gluon_variants.VARIANTS, name, variant)
     batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
                        requires_grad=False)
@@ -56,9 +56,9 @@ def test_persistent_order_changes_nothing(monkeypatch, shape, base_variant, head
     if head_dim == 256 and batch > 1 and seqlen_k % 64:
         pytest.skip("D256 with ragged descriptors runs the one-tile kernel")
     for max_ctas in (0, 7):
-        base = {d: replace(c, max_ctas=max_ctas) for d, c in gluon_launch.VARIANTS[base_variant].items()}
-        monkeypatch.setitem(gluon_launch.VARIANTS, "ordered", {d: replace(c, **order) for d, c in base.items()})
-        monkeypatch.setitem(gluon_launch.VARIANTS, "rank-major", base)
+        base = {d: replace(c, max_ctas=max_ctas) for d, c in gluon_variants.VARIANTS[base_variant].items()}
+        monkeypatch.setitem(gluon_variants.VARIANTS, "ordered", {d: replace(c, **order) for d, c in base.items()})
+        monkeypatch.setitem(gluon_variants.VARIANTS, "rank-major", base)
         q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
                            requires_grad=False)
         assert gluon_launch.takes_persistent(base[head_dim], q, k, causal=True)
@@ -67,7 +67,7 @@ def test_persistent_order_changes_nothing(monkeypatch, shape, base_variant, head
         assert torch.equal(out, out0) and torch.equal(lse, lse0), max_ctas
         # The listed order reached the kernel (a list exists now, outside any capture).
         constexprs = gluon_launch.persistent_launch_args(q, k, v, out, lse, 0.1, True,
-                                                         gluon_launch.VARIANTS["ordered"][head_dim])[2]
+                                                         gluon_variants.VARIANTS["ordered"][head_dim])[2]
         assert constexprs.get("SCHEDULE", False) == order.get("schedule", False)
 
 
@@ -98,8 +98,8 @@ def test_order_constexpr_only_for_dense_causal():
     pytest.importorskip("triton.experimental.gluon")
     q = torch.randn(2, 256, 4, 128, dtype=torch.bfloat16)
     lse = torch.empty(2, 4, 256)
-    cfg = replace(gluon_launch.VARIANTS["default"][128], lpt_heads=GROUP)
-    persistent = replace(gluon_launch.VARIANTS["persistent-tma"][128], lpt_heads=GROUP)
+    cfg = replace(gluon_variants.VARIANTS["default"][128], lpt_heads=GROUP)
+    persistent = replace(gluon_variants.VARIANTS["persistent-tma"][128], lpt_heads=GROUP)
     bwd = replace(gluon_bwd_launch.VARIANTS["default"][128], lpt_heads=GROUP)
     dq_accum = torch.empty(2, 256, 4, 128)
     cases = [(True, (-1, -1), GROUP), (False, (-1, -1), None), (False, (64, 0), None), (True, (64, -1), None)]
@@ -132,5 +132,5 @@ def test_schedule_is_the_persistent_kernels():
     """schedule lists the persistent kernel's tiles; the one-tile kernel's programs have one tile each."""
     pytest.importorskip("triton.experimental.gluon")
     with pytest.raises(ValueError, match="schedule"):
-        replace(gluon_launch.VARIANTS["default"][128], schedule=True)
-    assert replace(gluon_launch.VARIANTS["persistent"][256], schedule=True).schedule
+        replace(gluon_variants.VARIANTS["default"][128], schedule=True)
+    assert replace(gluon_variants.VARIANTS["persistent"][256], schedule=True).schedule

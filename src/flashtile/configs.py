@@ -101,7 +101,7 @@ GLUON_FWD_MIN_KEYS = {(128, False): 0, (128, True): 512, (64, False): 512, (64, 
 # block-relative masks (kernels/gluon_fwd_common._mask_scores) made persistent-tma-lpt8 231 against the portable 216
 # (cuDNN 259; fwd-block-mask-h200-2026-12-01-s27 call 1, both in one process): from 512 keys now.
 GLUON_FWD_MIN_KEYS_PLAIN = {**GLUON_FWD_MIN_KEYS, (64, True): 512}
-# (head dim, causal) -> ranges (variant, least seqlen_k, most seqlen_k): the gluon_launch.VARIANTS entry that serves
+# (head dim, causal) -> ranges (variant, least seqlen_k, most seqlen_k): the gluon_variants.VARIANTS entry that serves
 # plain / causal dense calls from least to most keys; GLUON_FWD_LONG or "default" outside and everywhere else. The
 # persistent grid (one CTA per SM walking tiles, kernels/gluon_fwd_persistent.py) removes the per-tile launch / fill /
 # drain cost that dominates short rows; "-tma" stores O through shared memory. Session 7, time persistent / default at
@@ -273,10 +273,10 @@ def gluon_bwd_variant(head_dim, causal, plain):
 
 
 def gluon_fwd_variant(head_dim, causal, seqlen_k, plain=False):
-    """The gluon_launch.VARIANTS entry for a forward the Gluon kernel serves: GLUON_FWD_PERSISTENT for short rows of
+    """The gluon_variants.VARIANTS entry for a forward the Gluon kernel serves: GLUON_FWD_PERSISTENT for short rows of
     plain dense calls (plain as for gluon_fwd_wanted: the calls the persistent kernel takes), GLUON_FWD_LONG for long
     ones, else "default". GLUON_FWD_LONG's features (windows, softcap, sinks, ALiBi without softcap) and varlen calls
-    run the one-tile kernel with its tiles (gluon_launch.takes_config gives a bias, dropout or ALiBi with softcap the
+    run the one-tile kernel with its tiles (gluon_variants.takes_config gives a bias, dropout or ALiBi with softcap the
     default's tiles where a variant cannot serve them)."""
     for variant, least, most in GLUON_FWD_PERSISTENT.get((head_dim, causal), ()) if plain else ():
         if least <= seqlen_k <= most:

@@ -21,8 +21,8 @@ import torch
 # portable backward
 from . import bwd_launch, configs, fast_launch, launch, philox
 from .gluon_launch import (HALF_COMPARE_MAX_THRESHOLD, LOG2E, _supported_device, _varlen_ok, alibi_ok,
-                           block_list_args, dropout_ok, grid_order_variants, mask_mode, record_sparse_failure,
-                           tma_descriptor, torch_layout)
+                           block_list_args, dropout_ok, mask_mode, record_sparse_failure, tma_descriptor, torch_layout)
+from .gluon_variants import grid_order_variants
 
 try:
     from triton.experimental.gluon import language as _gl
