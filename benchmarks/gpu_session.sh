@@ -38,10 +38,12 @@ case "$phase" in
         # Two parts (session 17: 1060 and 1298 tests, 501 / 523 s on a fresh x2 machine; session 21, after fp32's FMA
         # tiles stopped spilling: 1078 / 1308 tests, 246 / 395 s on one fresh H200 each; session 26: 1209 / 1375 tests,
         # 279 / 492 s: session 27 moved test_bench.py and test_gluon_alibi_split.py to part 1, then ~410 / 384 s)
-        part1_files="tests/test_gluon.py tests/test_gluon_3wg.py tests/test_gluon_persistent_protocol.py
-            tests/test_gluon_sparse.py tests/test_varlen.py tests/test_fast_launch.py tests/test_plans.py
-            tests/test_dropout.py tests/test_persistent_schedule.py tests/test_gluon_grid_order.py
-            tests/test_features.py tests/test_programmable.py tests/test_bench.py tests/test_gluon_alibi_split.py"
+        part1_files="tests/test_gluon_dispatch.py tests/test_gluon_reference.py tests/test_gluon_features.py
+            tests/test_gluon_dropout.py tests/test_gluon_varlen.py tests/test_gluon_bias.py tests/test_gluon_3wg.py
+            tests/test_gluon_persistent_protocol.py tests/test_gluon_sparse.py tests/test_varlen.py
+            tests/test_fast_launch.py tests/test_plans.py tests/test_dropout.py tests/test_persistent_schedule.py
+            tests/test_gluon_grid_order.py tests/test_features.py tests/test_programmable.py tests/test_bench.py
+            tests/test_gluon_alibi_split.py"
         if [ "$part" = ids ]; then  # ids hold spaces and brackets: one argument per line
             [ $# -ge 1 ] || { echo "tests ids FILE: FILE lists test ids, one per line" >&2; exit 2; }
             mapfile -t ids < <(grep -v '^[[:space:]]*$' "$1")

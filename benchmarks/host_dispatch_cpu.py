@@ -14,7 +14,7 @@ flash_attn_with_kvcache decode steps as host_time.py --decode makes them (B8 4K:
 pages, ALiBi + cache_leftpad). FLASHTILE_FAST_LAUNCH=0 / 1 as on the GPU.
 
 The kernels are replaced by recorders (kernel[grid](...) does nothing), the device is declared a Hopper with
-132 SMs, and CPU tensors stand in for CUDA ones, as tests/test_gluon.py does; so each number is the Python of
+132 SMs, and CPU tensors stand in for CUDA ones, as tests/test_gluon_bias.py does; so each number is the Python of
 one stage without triton's launch path (branch fast-launch) and without a GPU. Needs a triton with Gluon's Hopper
 API (3.6) and TRITON_INTERPRET unset. CPU torch.empty / torch.zeros differ from the CUDA caching allocator's
 cost, so the launcher rows take their buffers from a cache (_CachedAlloc), allocation is timed apart ("alloc:"
@@ -246,7 +246,7 @@ def e2e(calls, reps):
     gluon_launch._sm_count = lambda device_index: 132
     torch.cuda.current_device = lambda: 0
     launch._arch = lambda device: (9, 0)
-    torch.Tensor.is_cuda = property(lambda self: True)  # the launchers' Gluon gates (as tests/test_gluon.py)
+    torch.Tensor.is_cuda = property(lambda self: True)  # the launchers' Gluon gates (as tests/test_gluon_bias.py)
     ops._runs_triton = lambda t: True
     dt = torch.bfloat16
     q = torch.randn(1, 512, 1, 128, dtype=dt)

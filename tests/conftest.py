@@ -38,3 +38,14 @@ def _no_launch_plans():
     that tests wrap (record_calls) or patch to see which path a call took."""
     from flashtile import plans
     plans.clear()
+
+
+@pytest.fixture
+def as_if_hopper(monkeypatch):
+    """gluon_supported's device and interpreter checks passed on CPU tensors (nothing is launched): the Gluon
+    forward's support-rule and dispatch tests (test_gluon_bias.py, test_gluon_dropout.py, test_gluon_varlen.py)."""
+    from flashtile import gluon_launch
+
+    monkeypatch.setattr(gluon_launch, "_disabled", None)
+    monkeypatch.setattr(gluon_launch, "_supported_device", lambda *tensors: True)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")

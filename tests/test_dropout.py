@@ -198,7 +198,8 @@ def _randint4x_kernel(seed, Offsets, Out, N: tl.constexpr, ROUNDS: tl.constexpr)
 def test_philox_is_tritons_randint4x():
     """flashtile.philox.randint4x equals Triton's own tl.randint4x at kernels/common.PHILOX_ROUNDS rounds (7, as
     flash-attn's CUDA kernels), the generator the portable kernels call (the Gluon kernels' copy is checked
-    against philox on the GPU: test_gluon.py / test_gluon_bwd.py), with counters past 2**32 and a 64-bit seed."""
+    against philox on the GPU: test_gluon_dropout.py / test_gluon_bwd_features.py), with counters past 2**32 and a
+    64-bit seed."""
     from flashtile.kernels.common import PHILOX_ROUNDS
     assert philox.ROUNDS == PHILOX_ROUNDS == 7
     seed = 0x1234_5678_9ABC_DEF1

@@ -197,8 +197,8 @@ GLUON_FWD_LONG = {(64, False): ("d64-3wg", 2049), (64, True): ("d64-3wg", 8192)}
 # two O buffers): one shared O tile its two consumers take in turns (kernels/gluon_fwd_persistent.py, session 20;
 # numbers at GLUON_FWD_PERSISTENT). D64 (its two-consumer one-tile launches: causal rows of 4097-8191 keys) is
 # unmeasured: it keeps the register stores (both epilogues give the same bits there:
-# tests/test_gluon.py::test_o_via_smem_matches_register_stores). Session 24 gave the set's one-tile launches with
-# score features (windows and sinks too), a bias and dropout under the plain causal mask the same epilogue
+# tests/test_gluon_reference.py::test_o_via_smem_matches_register_stores). Session 24 gave the set's one-tile
+# launches with score features (windows and sinks too), a bias and dropout under the plain causal mask the same epilogue
 # (features-h200-2026-12-01-s24 call 6, D128 8K, ms with the feature, two alternated runs, register -> shared-memory
 # stores): ALiBi 1.836-1.843 -> 1.774-1.796, causal 0.993-0.998 -> 0.976-1.001; softcap 2.190-2.192 -> 2.161-2.168,
 # causal 1.145-1.151 -> 1.125-1.126; bias 2.357-2.408 -> 2.406-2.409 (level), causal 1.276-1.281 -> 1.255-1.258;

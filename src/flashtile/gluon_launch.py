@@ -253,7 +253,7 @@ def tma_descriptor(t, shape, strides, block_shape, layout):
     H200 machine (four to six per call). The callers' support checks cover them (16-byte aligned base and strides,
     unit last stride, positive sizes: _tma_2d_ok, gluon_bwd_launch._tma_3d_ok; the block shapes are the kernels'
     constants), and the driver still refuses a bad one when it encodes the tensor map at launch.
-    tests/test_gluon.py checks that the two constructions agree and that the checked one accepts the inputs."""
+    tests/test_gluon_dispatch.py checks that the two constructions agree and that the checked one accepts the inputs."""
     desc = _GluonDescriptor.__new__(_GluonDescriptor)
     desc.base, desc.shape, desc.strides, desc.block_shape, desc.layout, desc.padding = (
         t, shape, strides, block_shape, layout, "zero")
