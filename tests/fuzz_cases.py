@@ -1,0 +1,275 @@
+"""Random cases for tests/test_fuzz.py: a seed draws the shapes, layout (dense or varlen, contiguous or strided),
+dtype and a combination of features (causal, window, softcap, ALiBi, sink, bias, dropout, scale, deterministic);
+the case runs flash_attn_func or flash_attn_varlen_func forward and backward and checks out, lse and every gradient
+against the float64 reference (DESIGN.md's tolerance rule), with dropout's mask read from the returned S_dmask.
+The gradients' bound adds the error that FlashAttention's delta = rowsum(dO * O) takes from the stored output, which
+PyTorch's autograd does not have (computed exactly in float64 for each case: reference()).
+
+Run more cases than the CI tier does (the GPU tier's campaign, or a reproduction of one id):
+    FLASHTILE_FUZZ_CASES=400 [FLASHTILE_FUZZ_FIRST=0] python -m pytest -n 16 tests/test_fuzz.py
+A case's id names everything it drew; its seed alone reproduces it (FLASHTILE_FUZZ_FIRST=seed, CASES=1)."""
+import random
+from dataclasses import dataclass
+
+import torch
+
+import flashtile
+from flashtile.reference import attention_ref
+from utils import assert_close_rule
+
+# Shapes near the kernels' edges: one key / query, block multiples and one off them, the Gluon backward's 512 keys.
+EDGE_LENGTHS = (1, 2, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025)
+GPU_ELEMENTS = 1 << 24  # batch * heads_q * seqlen_q * seqlen_k at most: the float64 reference's score matrix
+CPU_ELEMENTS = 1 << 14  # the interpreter runs every program on the CPU
+
+
+@dataclass(frozen=True)
+class Case:
+    seed: int
+    varlen: bool
+    seqlens_q: tuple  # one per sequence; dense: batch copies of seqlen_q
+    seqlens_k: tuple
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: torch.dtype
+    causal: bool = False
+    window: tuple = (-1, -1)
+    softcap: float = 0.0
+    alibi: str = ""  # "", "h": slopes (H,), "bh": (B, H)
+    sink: bool = False
+    bias: tuple = ()  # () or (shape flags: which of (B, H, Sq, Sk) are broadcast, dtype, requires_grad)
+    dropout_p: float = 0.0
+    softmax_scale: float = None
+    deterministic: bool = False
+    backward: bool = True
+    strided: bool = False
+    return_probs: bool = True
+
+    def name(self):
+        parts = [f"s{self.seed}", "varlen" if self.varlen else "dense", f"b{len(self.seqlens_q)}"]
+        if self.varlen:
+            parts.append("q" + ".".join(map(str, self.seqlens_q)) + "-k" + ".".join(map(str, self.seqlens_k)))
+        else:
+            parts.append(f"q{self.seqlens_q[0]}-k{self.seqlens_k[0]}")
+        parts += [f"h{self.heads_q}/{self.heads_kv}", f"d{self.head_dim}", str(self.dtype).split(".")[-1]]
+        parts += [name for name, on in (("causal", self.causal), ("strided", self.strided),
+                                        ("det", self.deterministic), ("fwd-only", not self.backward)) if on]
+        if self.window != (-1, -1):
+            parts.append(f"win{self.window[0]}_{self.window[1]}")
+        if self.softcap:
+            parts.append(f"cap{self.softcap:g}")
+        if self.alibi:
+            parts.append(f"alibi-{self.alibi}")
+        if self.sink:
+            parts.append("sink")
+        if self.bias:
+            flags, dtype, grad = self.bias
+            dims = "".join(d if not f else "1" for d, f in zip("bhqk", flags))
+            parts.append(f"bias-{dims}-{str(dtype).split('.')[-1]}{'-grad' if grad else ''}")
+        if self.dropout_p:
+            parts.append(f"drop{self.dropout_p:g}")
+        if self.softmax_scale is not None:
+            parts.append(f"scale{self.softmax_scale:.3g}")
+        return "-".join(parts)
+
+
+def draw(seed, gpu):
+    """The case of seed: GPU cases reach the Hopper kernels' shapes (head dims 64 / 128 / 256, bf16, >= 512 keys);
+    CPU cases stay small and in fp16 / fp32 (the interpreter has no bf16 arithmetic)."""
+    rng = random.Random(seed)
+    chance = rng.random
+    if gpu:
+        dtype = rng.choices([torch.bfloat16, torch.float16, torch.float32], [45, 45, 10])[0]
+        head_dim = rng.choice([64, 128, 256]) if chance() < 0.7 else rng.choice([8, 24, 40, 72, 96, 160, 192, 248])
+    else:
+        dtype = rng.choice([torch.float16, torch.float32])
+        head_dim = rng.choice([8, 16, 24, 32, 40, 64])
+
+    def length():
+        if not gpu:
+            return rng.randint(1, 8) if chance() < 0.3 else rng.randint(9, 90)
+        roll = chance()
+        if roll < 0.3:
+            return rng.choice(EDGE_LENGTHS)
+        return rng.randint(1, 64) if roll < 0.45 else rng.randint(65, 2300)
+
+    varlen = chance() < 0.3
+    batch = rng.randint(1, 5 if varlen else 3)
+    heads_kv = rng.choice([1, 2, 3])
+    heads_q = heads_kv * rng.choice([1, 1, 2, 4])
+    if varlen:  # some sequences empty on either side (not all: empty tensors are refused, as in the dense call)
+        seqlens_q = [0 if chance() < 0.1 else length() for _ in range(batch)]
+        seqlens_k = [0 if chance() < 0.1 else length() for _ in range(batch)]
+        for lens in (seqlens_q, seqlens_k):
+            if not sum(lens):
+                lens[0] = length()
+    else:
+        seqlen_q = length()
+        seqlen_k = seqlen_q if chance() < 0.4 else length()
+        seqlens_q, seqlens_k = [seqlen_q] * batch, [seqlen_k] * batch
+    limit = GPU_ELEMENTS if gpu else CPU_ELEMENTS
+    while batch * heads_q * max(max(seqlens_q), 1) * max(max(seqlens_k), 1) > limit:
+        longer = seqlens_q if max(seqlens_q) >= max(seqlens_k) else seqlens_k
+        longer[:] = [(n + 1) // 2 for n in longer]
+    max_k = max(max(seqlens_k), 1)
+    features = {}
+    features["causal"] = chance() < 0.4
+    if chance() < 0.25:
+        side = lambda: rng.choice([-1, 0, rng.randint(1, max_k)])  # noqa: E731
+        features["window"] = (side(), side())
+    if chance() < 0.2:
+        features["softcap"] = rng.choice([2.0, 10.0, 30.0, 50.0])
+    if chance() < 0.2:
+        features["alibi"] = rng.choice(["h", "bh"])
+    features["sink"] = chance() < 0.15
+    backward = chance() < 0.85
+    if chance() < 0.2:
+        flags = (chance() < 0.5, chance() < 0.5, chance() < 0.25, chance() < 0.1)
+        bias_dtypes = [torch.float16, torch.float32] + ([torch.bfloat16] if gpu else [])
+        bias_dtype = dtype if chance() < 0.6 else rng.choice(bias_dtypes)
+        features["bias"] = (flags, bias_dtype, backward and chance() < 0.5)
+    if chance() < 0.2:
+        features["dropout_p"] = rng.choice([0.1, 0.25, 0.5, 0.9])
+    if chance() < 0.2:
+        features["softmax_scale"] = round(rng.uniform(0.05, 0.5), 4)
+    features["deterministic"] = chance() < 0.15
+    features["strided"] = chance() < 0.2
+    features["return_probs"] = features.get("dropout_p", 0) > 0 or chance() < 0.5
+    return Case(seed, varlen, tuple(seqlens_q), tuple(seqlens_k), heads_q, heads_kv, head_dim, dtype,
+                backward=backward, **features)
+
+
+def _tensor(gen, shape, dtype, device, strided):
+    """randn of shape; strided: a view whose dims other than the last are out of order in memory (unit last stride)."""
+    if not strided:
+        return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+    order = list(range(len(shape) - 1))[::-1] + [len(shape) - 1]  # store the leading dims reversed
+    base = torch.randn([shape[i] for i in order], generator=gen).to(device=device, dtype=dtype)
+    return base.permute([order.index(i) for i in range(len(shape))])
+
+
+def inputs(case, device):
+    """(q, k, v, dout, call keywords, leaves that take a gradient by name, cu_seqlens or None)."""
+    gen = torch.Generator().manual_seed(case.seed)
+    batch, max_q, max_k = len(case.seqlens_q), max(case.seqlens_q), max(case.seqlens_k)
+    if case.varlen:
+        shape_q, shape_k = (sum(case.seqlens_q), case.heads_q), (sum(case.seqlens_k), case.heads_kv)
+    else:
+        shape_q, shape_k = (batch, max_q, case.heads_q), (batch, max_k, case.heads_kv)
+    q, k, v = (_tensor(gen, (*shape, case.head_dim), case.dtype, device, case.strided)
+               for shape in (shape_q, shape_k, shape_k))
+    dout = torch.randn((*shape_q, case.head_dim), generator=gen).to(device=device, dtype=case.dtype)
+    leaves = {"q": q, "k": k, "v": v}
+    kwargs = dict(dropout_p=case.dropout_p, softmax_scale=case.softmax_scale, causal=case.causal,
+                  window_size=case.window, softcap=case.softcap, deterministic=case.deterministic,
+                  return_attn_probs=case.return_probs)
+    if case.alibi:
+        kwargs["alibi_slopes"] = (torch.rand((batch, case.heads_q) if case.alibi == "bh" else (case.heads_q,),
+                                             generator=gen) * 0.5).to(device)
+    if case.sink:
+        leaves["sink"] = kwargs["sink"] = torch.randn(case.heads_q, generator=gen).to(device)
+    if case.bias:
+        flags, bias_dtype, grad = case.bias
+        full = (batch, case.heads_q, max_q, max_k)
+        bias = (2 * torch.randn([1 if f else n for f, n in zip(flags, full)], generator=gen)).to(device, bias_dtype)
+        kwargs["attn_bias"] = bias
+        if grad:
+            leaves["attn_bias"] = bias
+    for name, x in leaves.items():
+        x.requires_grad_(case.backward)
+    cu = None
+    if case.varlen:
+        cu = [torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
+              for lens in (case.seqlens_q, case.seqlens_k)]
+    return q, k, v, dout, kwargs, leaves, cu
+
+
+def run(case, device):
+    """flashtile's out, lse (None unless returned), S_dmask (None without dropout) and gradients by leaf name."""
+    q, k, v, dout, kwargs, leaves, cu = inputs(case, device)
+    torch.manual_seed(case.seed)
+    if case.varlen:
+        got = flashtile.flash_attn_varlen_func(q, k, v, cu[0], cu[1], max(case.seqlens_q), max(case.seqlens_k),
+                                               **kwargs)
+    else:
+        got = flashtile.flash_attn_func(q, k, v, **kwargs)
+    out, lse, probs = got if case.return_probs else (got, None, None)
+    grads = {}
+    if case.backward:
+        names = [n for n, x in leaves.items() if x.requires_grad]
+        grads = dict(zip(names, torch.autograd.grad(out, [leaves[n] for n in names], dout)))
+    return out, lse, probs, grads
+
+
+def reference(case, device, keep, upcast, out_got=None):
+    """attention_ref's out, lse and gradients for the case (float64 when upcast, else in the inputs' dtype); varlen:
+    each sequence alone, with its slice of the bias, the slopes and the dropout mask (padded layouts).
+
+    out_got (with upcast): flashtile's output; then also the gradients' error that FlashAttention's backward has by
+    design: it takes delta_i = rowsum(dO * O) from the stored output O (rounded to its dtype), where autograd takes
+    rowsum(P * dP), so its dS = P * (dP - delta) is off by -P_ij * d_i, d_i = rowsum(dO * (O_got - O)) (large where
+    dP - delta cancels: one visible key, dropout's 1 / (1 - p) making O inexact, sums over rows such as the sink's or
+    a broadcast bias's gradient). Since d lse_i / d s_ij = P_ij (the sink included), that error is the float64
+    gradient of lse with the output gradient -d."""
+    q, k, v, dout, kwargs, leaves, cu = inputs(case, device)
+    if upcast:  # float64 leaves too, so the gradients are not rounded back to the inputs' dtype
+        doubled = {name: x.detach().double().requires_grad_(x.requires_grad) for name, x in leaves.items()}
+        q, k, v = doubled["q"], doubled["k"], doubled["v"]
+        kwargs.update((name, doubled[name]) for name in ("sink", "attn_bias") if name in doubled)
+        if "attn_bias" in kwargs and "attn_bias" not in doubled:
+            kwargs["attn_bias"] = kwargs["attn_bias"].double()
+        leaves = doubled
+    features = dict(window_size=case.window, softcap=case.softcap, alibi_slopes=kwargs.get("alibi_slopes"),
+                    sink=kwargs.get("sink"), attn_bias=kwargs.get("attn_bias"), dropout_p=case.dropout_p,
+                    dropout_mask=keep)
+    common = dict(causal=case.causal, softmax_scale=case.softmax_scale, upcast=upcast, return_lse=True)
+    if not case.varlen:
+        out, lse = attention_ref(q, k, v, **common, **features)
+    else:
+        outs, lses = [], []
+        for b, (sq, sk) in enumerate(zip(case.seqlens_q, case.seqlens_k)):
+            seq = [x[cu[i][b]:cu[i][b + 1]][None] for x, i in ((q, 0), (k, 1), (v, 1))]
+            per_seq = dict(features)
+            for name in ("attn_bias", "dropout_mask"):
+                t = per_seq[name]
+                if t is not None:
+                    per_seq[name] = t[b if t.shape[0] > 1 else 0][None, :, :sq, :sk]
+            if case.alibi == "bh":
+                per_seq["alibi_slopes"] = per_seq["alibi_slopes"][b]
+            out_b, lse_b = attention_ref(*seq, **common, **per_seq)
+            outs.append(out_b[0])
+            lses.append(lse_b[0])
+        out, lse = torch.cat(outs), torch.cat(lses, dim=-1)  # [total_q, Hq, D], [Hq, total_q]
+    grads, delta_error = {}, {}
+    if case.backward:
+        names = [n for n, x in leaves.items() if x.requires_grad]
+        grads = dict(zip(names, torch.autograd.grad(out, [leaves[n] for n in names], dout.to(out.dtype),
+                                                    retain_graph=out_got is not None)))
+        if out_got is not None:
+            d = (dout.double() * (out_got.detach().double() - out.detach())).sum(-1)  # [B, Sq, Hq] / [total_q, Hq]
+            d = d.transpose(-1, -2) if case.varlen else d.permute(0, 2, 1)  # lse's layout
+            terms = torch.autograd.grad(lse, [leaves[n] for n in names], -d, allow_unused=True)
+            delta_error = {n: 0.0 if t is None else t.abs().max().item() for n, t in zip(names, terms)}
+    lse = torch.nan_to_num(lse.detach(), nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    return out.detach(), lse, grads, delta_error
+
+
+def check(case, device):
+    out, lse, probs, grads = run(case, device)
+    keep = None if probs is None else ~torch.signbit(probs)
+    if case.dropout_p:
+        assert probs is not None and probs.shape[-2:] == (max(case.seqlens_q), max(case.seqlens_k))
+    out64, lse64, grads64, delta_error = reference(case, device, keep, upcast=True, out_got=out)
+    out_low, _, grads_low, _ = reference(case, device, keep, upcast=False)
+    assert out.shape == out64.shape and out.dtype == case.dtype
+    assert_close_rule("out", out, out64, out_low, case.dtype)
+    if lse is not None:
+        assert lse.shape == lse64.shape and lse.dtype == torch.float32
+        empty = torch.isinf(lse64)
+        assert torch.equal(torch.isinf(lse) & (lse < 0), empty), "lse must be -inf exactly for rows that see no key"
+        torch.testing.assert_close(lse[~empty].double(), lse64[~empty], atol=2e-3, rtol=1e-4)
+    assert grads.keys() == grads64.keys()
+    for name, got in grads.items():
+        assert got.shape == grads64[name].shape, name
+        assert_close_rule(f"d{name}", got, grads64[name], grads_low[name], got.dtype, delta_error[name])
