@@ -1,0 +1,199 @@
+"""Random flash_attn_with_kvcache cases for tests/test_fuzz.py: a seed draws the cache layout (contiguous, a row
+index into a larger cache, or paged with any page size in a shuffled page order), the rows' lengths and left
+padding, an append with or without rotary (interleaved or GPT-NeoX, a rotary dim up to D), the query length
+(decoding or a chunk), GQA, the split count and the score features (causal, window, softcap, ALiBi, scale). Checked:
+the cache after the call (appended tokens where they belong, every other token untouched) and out / lse against the
+float64 reference over each row's keys (DESIGN.md's rule)."""
+import random
+from dataclasses import dataclass
+
+import torch
+
+import flashtile
+from test_kvcache import rotate_reference
+from utils import assert_close_rule
+
+
+@dataclass(frozen=True)
+class KVCase:
+    seed: int
+    batch: int
+    seqlen_q: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: torch.dtype
+    capacity: int  # tokens per row (paged: pages per row x page_size)
+    lengths: tuple  # cache_seqlens before the call
+    lengths_as_int: bool = False  # cache_seqlens passed as an int (all rows equal)
+    new: int = 0  # appended tokens per row
+    page_size: int = 0  # 0: contiguous
+    batch_idx: bool = False
+    leftpad: tuple = ()
+    rotary: tuple = ()  # () or (rotary_dim, interleaved)
+    causal: bool = False
+    window: tuple = (-1, -1)
+    softcap: float = 0.0
+    alibi: str = ""
+    softmax_scale: float = None
+    num_splits: int = 0
+
+    def name(self):
+        parts = [f"s{self.seed}", "kvcache", f"b{self.batch}", f"q{self.seqlen_q}",
+                 "len" + ".".join(map(str, self.lengths)), f"cap{self.capacity}", f"h{self.heads_q}/{self.heads_kv}",
+                 f"d{self.head_dim}", str(self.dtype).split(".")[-1]]
+        parts += [n for n, on in (("int-len", self.lengths_as_int), ("batch-idx", self.batch_idx),
+                                  ("causal", self.causal)) if on]
+        if self.new:
+            parts.append(f"append{self.new}")
+        if self.page_size:
+            parts.append(f"page{self.page_size}")
+        if self.leftpad:
+            parts.append("pad" + ".".join(map(str, self.leftpad)))
+        if self.rotary:
+            parts.append(f"rot{self.rotary[0]}{'-interleaved' if self.rotary[1] else '-neox'}")
+        if self.window != (-1, -1):
+            parts.append(f"win{self.window[0]}_{self.window[1]}")
+        if self.softcap:
+            parts.append(f"cap{self.softcap:g}")
+        if self.alibi:
+            parts.append(f"alibi-{self.alibi}")
+        if self.softmax_scale is not None:
+            parts.append(f"scale{self.softmax_scale:.3g}")
+        if self.num_splits:
+            parts.append(f"splits{self.num_splits}")
+        return "-".join(parts)
+
+
+def draw(seed, gpu):
+    rng = random.Random(seed)
+    chance = rng.random
+    if gpu:
+        dtype = rng.choices([torch.bfloat16, torch.float16, torch.float32], [45, 45, 10])[0]
+        head_dim = rng.choice([64, 128, 256]) if chance() < 0.7 else rng.choice([8, 40, 72, 96, 160, 192])
+        batch, capacity = rng.randint(1, 8), rng.choice([rng.randint(16, 600), rng.randint(600, 8200)])
+    else:
+        dtype = rng.choice([torch.float16, torch.float32])
+        head_dim = rng.choice([8, 16, 24, 32, 64])
+        batch, capacity = rng.randint(1, 4), rng.randint(4, 90)
+    heads_kv = rng.choice([1, 2, 3])
+    heads_q = heads_kv * rng.choice([1, 2, 4, 8])
+    seqlen_q = 1 if chance() < 0.6 else rng.randint(2, 8)
+    page_size = 0
+    if chance() < 0.5:
+        page_size = rng.choice([16, 256, rng.randint(1, 64)]) if gpu else rng.randint(1, 16)
+        capacity = -(-capacity // page_size) * page_size
+    new = rng.randint(1, min(8, capacity)) if chance() < 0.5 else 0
+    lengths_as_int = chance() < 0.3
+    lengths = [rng.randint(0, capacity - new)] * batch if lengths_as_int else [
+        rng.randint(0, capacity - new) for _ in range(batch)]
+    features = {}
+    if not page_size and chance() < 0.2:
+        features["batch_idx"] = True
+    if chance() < 0.2:
+        features["leftpad"] = tuple(rng.randint(0, n) for n in lengths)
+    if new and chance() < 0.4:
+        features["rotary"] = (2 * rng.randint(1, head_dim // 2), chance() < 0.5)
+    features["causal"] = chance() < 0.5
+    if chance() < 0.2:
+        side = lambda: rng.choice([-1, 0, rng.randint(1, capacity)])  # noqa: E731
+        features["window"] = (side(), side())
+    if chance() < 0.15:
+        features["softcap"] = rng.choice([5.0, 30.0])
+    if chance() < 0.2:
+        features["alibi"] = rng.choice(["h", "bh"])
+    if chance() < 0.2:
+        features["softmax_scale"] = round(rng.uniform(0.05, 0.5), 4)
+    if chance() < 0.4:
+        features["num_splits"] = rng.choice([1, rng.randint(2, 8)])
+    return KVCase(seed, batch, seqlen_q, heads_q, heads_kv, head_dim, dtype, capacity, tuple(lengths), lengths_as_int,
+                  new, page_size, **features)
+
+
+def check(case, device):
+    gen = torch.Generator().manual_seed(case.seed)
+    make = lambda *shape: torch.randn(*shape, generator=gen).to(device, case.dtype)  # noqa: E731
+    batch, hk, d = case.batch, case.heads_kv, case.head_dim
+    rows = batch + 2 if case.batch_idx else batch  # a larger cache whose rows the batch picks
+    dense_k, dense_v = make(rows, case.capacity, hk, d), make(rows, case.capacity, hk, d)  # the logical caches
+    q = make(batch, case.seqlen_q, case.heads_q, d)
+    k_new, v_new = (make(batch, case.new, hk, d), make(batch, case.new, hk, d)) if case.new else (None, None)
+    kwargs = dict(causal=case.causal, window_size=case.window, softcap=case.softcap,
+                  softmax_scale=case.softmax_scale, num_splits=case.num_splits, return_softmax_lse=True)
+    row_of = list(range(batch))
+    if case.batch_idx:
+        row_of = torch.randperm(rows, generator=gen)[:batch].tolist()
+        kwargs["cache_batch_idx"] = torch.tensor(row_of, dtype=torch.int32, device=device)
+    lengths = torch.tensor(case.lengths, dtype=torch.int32, device=device)
+    kwargs["cache_seqlens"] = case.lengths[0] if case.lengths_as_int else lengths
+    pad = list(case.leftpad) or [0] * batch
+    if case.leftpad:
+        kwargs["cache_leftpad"] = torch.tensor(pad, dtype=torch.int32, device=device)
+    if case.alibi:
+        kwargs["alibi_slopes"] = (torch.rand((batch, case.heads_q) if case.alibi == "bh" else (case.heads_q,),
+                                             generator=gen) * 0.5).to(device)
+    positions = lengths[:, None].long() + torch.arange(max(case.new, case.seqlen_q), device=device)  # [B, T]
+    if case.rotary:
+        rotary_dim, interleaved = case.rotary
+        angles = torch.arange(case.capacity + 8)[:, None].float() * (0.7 ** torch.arange(rotary_dim // 2))[None, :]
+        cos, sin = angles.cos().to(device), angles.sin().to(device)
+        kwargs.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
+    if case.page_size:  # rows' pages in a shuffled order among a few unused ones
+        per_row = case.capacity // case.page_size
+        order = torch.randperm(batch * per_row + 3, generator=gen)[:batch * per_row]
+        table = order.reshape(batch, per_row).to(torch.int32).to(device)
+        k_cache = make(batch * per_row + 3, case.page_size, hk, d)
+        v_cache = make(batch * per_row + 3, case.page_size, hk, d)
+        k_cache[table.long()] = dense_k.reshape(batch, per_row, case.page_size, hk, d)
+        v_cache[table.long()] = dense_v.reshape(batch, per_row, case.page_size, hk, d)
+        kwargs["block_table"] = table
+    else:
+        k_cache, v_cache = dense_k.clone(), dense_v.clone()
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+
+    out, lse = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, **kwargs)
+
+    # The cache: the logical rows after the call, against the rows before with the (rotated) new tokens written in.
+    want_k, want_v = dense_k.clone(), dense_v.clone()
+    k_written = k_new
+    if case.rotary and case.new:
+        k_written = rotate_reference(k_new, cos, sin, positions[:, :case.new], interleaved)
+    for b in range(batch):
+        n = case.lengths[b]
+        if case.new:
+            want_k[row_of[b], n:n + case.new] = k_written[b]
+            want_v[row_of[b], n:n + case.new] = v_new[b]
+    if case.page_size:
+        got_k = k_cache[kwargs["block_table"].long()].reshape(batch, case.capacity, hk, d)
+        got_v = v_cache[kwargs["block_table"].long()].reshape(batch, case.capacity, hk, d)
+        unused = torch.ones(k_cache.shape[0], dtype=torch.bool, device=device)
+        unused[kwargs["block_table"].long().flatten()] = False
+        assert torch.equal(k_cache[unused], before_k[unused]) and torch.equal(v_cache[unused], before_v[unused])
+    else:
+        got_k, got_v = k_cache, v_cache
+    torch.testing.assert_close(got_k, want_k)  # rotary: fp32 against complex float64, each rounded to the dtype
+    assert torch.equal(got_v, want_v)
+
+    # out and lse, row by row, over keys [leftpad, length + new) of the cache after the append.
+    assert out.shape == q.shape and lse.shape == (batch, case.heads_q, case.seqlen_q)
+    q_rot = q
+    if case.rotary:
+        at_start = not case.causal and case.window == (-1, -1)  # every query at the first new token's position
+        q_pos = positions[:, :1].expand(-1, case.seqlen_q) if at_start else positions[:, :case.seqlen_q]
+        q_rot = rotate_reference(q, cos, sin, q_pos, interleaved)
+    slopes = kwargs.get("alibi_slopes")
+    for b in range(batch):
+        keys = slice(pad[b], case.lengths[b] + case.new)
+        if keys.start == keys.stop:
+            assert torch.all(out[b] == 0) and torch.all(lse[b] == float("-inf")), f"row {b}: no keys"
+            continue
+        args = [q_rot[b:b + 1], want_k[row_of[b]:row_of[b] + 1, keys], want_v[row_of[b]:row_of[b] + 1, keys]]
+        features = dict(causal=case.causal, window_size=case.window, softcap=case.softcap,
+                        softmax_scale=case.softmax_scale,
+                        alibi_slopes=slopes[b] if slopes is not None and slopes.dim() == 2 else slopes)
+        ref, ref_lse = flashtile.attention_ref(*args, return_lse=True, **features)
+        low = flashtile.attention_ref(*args, upcast=False, **features)
+        assert_close_rule(f"row {b} out", out[b:b + 1], ref, low.nan_to_num(0.0), case.dtype)
+        empty = torch.isinf(ref_lse)
+        assert torch.equal(torch.isinf(lse[b:b + 1]) & (lse[b:b + 1] < 0), empty), f"row {b}: lse -inf rows"
+        torch.testing.assert_close(lse[b:b + 1][~empty].double(), ref_lse[~empty], atol=2e-3, rtol=1e-4)
