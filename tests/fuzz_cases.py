@@ -55,12 +55,7 @@ class Case:
         parts += [f"h{self.heads_q}/{self.heads_kv}", f"d{self.head_dim}", str(self.dtype).split(".")[-1]]
         parts += [name for name, on in (("causal", self.causal), ("strided", self.strided),
                                         ("det", self.deterministic), ("fwd-only", not self.backward)) if on]
-        if self.window != (-1, -1):
-            parts.append(f"win{self.window[0]}_{self.window[1]}")
-        if self.softcap:
-            parts.append(f"cap{self.softcap:g}")
-        if self.alibi:
-            parts.append(f"alibi-{self.alibi}")
+        parts += score_feature_parts(self.window, self.softcap, self.alibi, self.softmax_scale)
         if self.sink:
             parts.append("sink")
         if self.bias:
@@ -69,9 +64,15 @@ class Case:
             parts.append(f"bias-{dims}-{str(dtype).split('.')[-1]}{'-grad' if grad else ''}")
         if self.dropout_p:
             parts.append(f"drop{self.dropout_p:g}")
-        if self.softmax_scale is not None:
-            parts.append(f"scale{self.softmax_scale:.3g}")
         return "-".join(parts)
+
+
+def score_feature_parts(window, softcap, alibi, softmax_scale):
+    """A case id's words for the score features both fuzz families draw."""
+    parts = [] if window == (-1, -1) else [f"win{window[0]}_{window[1]}"]
+    parts += [f"cap{softcap:g}"] if softcap else []
+    parts += [f"alibi-{alibi}"] if alibi else []
+    return parts + ([] if softmax_scale is None else [f"scale{softmax_scale:.3g}"])
 
 
 def draw(seed, gpu):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 import flashtile
+from fuzz_cases import score_feature_parts
 from test_kvcache import rotate_reference
 from utils import assert_close_rule
 
@@ -52,14 +53,7 @@ class KVCase:
             parts.append("pad" + ".".join(map(str, self.leftpad)))
         if self.rotary:
             parts.append(f"rot{self.rotary[0]}{'-interleaved' if self.rotary[1] else '-neox'}")
-        if self.window != (-1, -1):
-            parts.append(f"win{self.window[0]}_{self.window[1]}")
-        if self.softcap:
-            parts.append(f"cap{self.softcap:g}")
-        if self.alibi:
-            parts.append(f"alibi-{self.alibi}")
-        if self.softmax_scale is not None:
-            parts.append(f"scale{self.softmax_scale:.3g}")
+        parts += score_feature_parts(self.window, self.softcap, self.alibi, self.softmax_scale)
         if self.num_splits:
             parts.append(f"splits{self.num_splits}")
         return "-".join(parts)
