@@ -17,6 +17,7 @@ import torch
 import flashtile
 from flashtile import launch
 from flashtile.reference import attention_ref
+from test_varlen import cu as cu_seqlens
 from utils import assert_close_rule
 
 # Shapes near the kernels' edges: one key / query, block multiples and one off them, the Gluon backward's 512 keys.
@@ -184,12 +185,9 @@ def inputs(case, device):
         kwargs["attn_bias"] = bias
         if grad:
             leaves["attn_bias"] = bias
-    for name, x in leaves.items():
+    for x in leaves.values():
         x.requires_grad_(case.backward)
-    cu = None
-    if case.varlen:
-        cu = [torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
-              for lens in (case.seqlens_q, case.seqlens_k)]
+    cu = [cu_seqlens(lens, device) for lens in (case.seqlens_q, case.seqlens_k)] if case.varlen else None
     return q, k, v, dout, dlse, kwargs, leaves, cu
 
 
@@ -312,8 +310,7 @@ def check(case, device):
     rounded = case.dtype != torch.float32
     out64, lse64, grads64, design = reference(case, device, keep, torch.float64, got=out if rounded else None)
     out_low, lse_low, grads_low, _ = reference(case, device, keep, case.dtype)
-    lse32 = lse_low if case.dtype == torch.float32 else reference(case, device, keep, torch.float32,
-                                                                    backward=False)[1]
+    lse32 = reference(case, device, keep, torch.float32, backward=False)[1] if rounded else lse_low
     assert out.shape == out64.shape and out.dtype == case.dtype
     assert_close_rule("out", out, out64, out_low, case.dtype)
     assert lse.shape == lse64.shape and lse.dtype == torch.float32

@@ -140,12 +140,12 @@ def check(case, device):
     if case.page_size:  # rows' pages in a shuffled order among a few unused ones
         per_row = case.capacity // case.page_size
         order = torch.randperm(batch * per_row + 3, generator=gen)[:batch * per_row]
-        table = order.reshape(batch, per_row).to(torch.int32).to(device)
+        pages = order.reshape(batch, per_row).to(device)  # [B, pages per row]
         k_cache = make(batch * per_row + 3, case.page_size, hk, d)
         v_cache = make(batch * per_row + 3, case.page_size, hk, d)
-        k_cache[table.long()] = dense_k.reshape(batch, per_row, case.page_size, hk, d)
-        v_cache[table.long()] = dense_v.reshape(batch, per_row, case.page_size, hk, d)
-        kwargs["block_table"] = table
+        k_cache[pages] = dense_k.reshape(batch, per_row, case.page_size, hk, d)
+        v_cache[pages] = dense_v.reshape(batch, per_row, case.page_size, hk, d)
+        kwargs["block_table"] = pages.to(torch.int32)
     else:
         k_cache, v_cache = dense_k.clone(), dense_v.clone()
     before_k, before_v = k_cache.clone(), v_cache.clone()
@@ -155,7 +155,7 @@ def check(case, device):
     # The cache: the logical rows after the call, against the rows before with the (rotated) new tokens written in.
     want_k, want_v = dense_k.clone(), dense_v.clone()
     k_written = k_new
-    if case.rotary and case.new:
+    if case.rotary:  # drawn with an append only
         k_written = rotate_reference(k_new, cos, sin, positions[:, :case.new], interleaved)
     for b in range(batch):
         n = case.lengths[b]
@@ -163,10 +163,10 @@ def check(case, device):
             want_k[row_of[b], n:n + case.new] = k_written[b]
             want_v[row_of[b], n:n + case.new] = v_new[b]
     if case.page_size:
-        got_k = k_cache[kwargs["block_table"].long()].reshape(batch, case.capacity, hk, d)
-        got_v = v_cache[kwargs["block_table"].long()].reshape(batch, case.capacity, hk, d)
+        got_k = k_cache[pages].reshape(batch, case.capacity, hk, d)
+        got_v = v_cache[pages].reshape(batch, case.capacity, hk, d)
         unused = torch.ones(k_cache.shape[0], dtype=torch.bool, device=device)
-        unused[kwargs["block_table"].long().flatten()] = False
+        unused[pages.flatten()] = False
         assert torch.equal(k_cache[unused], before_k[unused]) and torch.equal(v_cache[unused], before_v[unused])
     else:
         got_k, got_v = k_cache, v_cache
