@@ -6,7 +6,7 @@ loops over every query head of its group, so GQA sums need no atomics and result
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _block_list, _dot_add, _dropout_base, _dropout_keep, _key_range, _load_tile, _query_block,
+from .common import (LOG2E, _block_list, _dropout_base, _dropout_keep, _key_range, _load_tile, _query_block,
                      _query_range, _row_base, _scores, _segment, _seq_offset, _seq_range, _store_tile,
                      _sparse_tile_start)
 
@@ -181,9 +181,9 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
             rp = 1.0 / (1.0 - dropout_p)
         if PART != 2:
             if HAS_DROPOUT:
-                dv = _dot_add(dv, tl.where(keepT, pT * rp, 0.0).to(do.dtype), do, DOT_PRECISION)
+                dv = tl.dot(tl.where(keepT, pT * rp, 0.0).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
             else:
-                dv = _dot_add(dv, pT.to(do.dtype), do, DOT_PRECISION)
+                dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         if PART != 1:
             dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
             if HAS_DROPOUT:
@@ -193,7 +193,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                 dsT = tl.where(pT > 0.0, dsT * gT, 0.0)  # the user's derivative, never read where P = 0
             if SOFTCAP:
                 dsT = dsT * (1.0 - tT * tT)
-            dk = _dot_add(dk, dsT.to(q.dtype), q, DOT_PRECISION)
+            dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
     return dk, dv
 
 
@@ -379,7 +379,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
             ds = tl.where(p > 0.0, ds * g, 0.0)  # the user's derivative, never read where P = 0
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
-        dq = _dot_add(dq, ds.to(k.dtype), k, DOT_PRECISION)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
     return dq
 
 

@@ -31,19 +31,6 @@ def _tanh(x, APPROX: tl.constexpr = False):
 
 
 @triton.jit
-def _dot_add(acc, a, b, DOT_PRECISION: tl.constexpr):
-    """acc + a @ b. With tf32x3 (fp32 inputs, NVIDIA sm80+) the product is summed from zero and added to acc once:
-    tl.dot(a, b, acc) would add each of its three TF32 products' k-steps into acc at acc's magnitude (a long key or
-    query loop's dV, dK, dQ or O rounded ~3 x K / 8 times there; session 43: fuzz seed 23's dV). Triton's combine
-    pass folds acc + dot(a, b) back into dot(a, b, acc), hence the identity move it cannot see through."""
-    if DOT_PRECISION == "tf32x3":
-        part = tl.dot(a, b, input_precision=DOT_PRECISION)
-        return acc + tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [part], dtype=tl.float32, is_pure=True,
-                                               pack=1)
-    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-
-
-@triton.jit
 def _to_f32_16bit(x):
     """fp32 of x (a bias tile of the Gluon kernels). bf16 by bit moves on packed pairs (low half shifted up, high
     half masked: two instructions per pair, where cvt.f32.bf16 of each half compiled to three; NVIDIA only, inline

@@ -2,7 +2,7 @@
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _block_list, _dot_add, _dropout_keep, _key_range, _key_start, _kv_tile_ptrs, _load_tile,
+from .common import (LOG2E, _block_list, _dropout_keep, _key_range, _key_start, _kv_tile_ptrs, _load_tile,
                      _query_block, _scores, _segment, _seq_offset, _store_tile, _tile_pages, _sparse_tile_start)
 
 LN2 = tl.constexpr(0.6931471805599453)
@@ -75,7 +75,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
         v = _load_tile(_kv_tile_ptrs(v_ptrs, v_head, start_n, offs_kn, offs_d, stride_vn, stride_vpage, pages,
                                      page_size, key_start, PAGED, PAGE_SHIFT),
                        offs_kn, seqlen_k, offs_d, HEAD_DIM, HEAD_DIM_PAD, MASKED)  # [BLOCK_N, HEAD_DIM_PAD]
-        acc = _dot_add(acc * alpha[:, None], p.to(v.dtype), v, DOT_PRECISION)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
