@@ -255,7 +255,7 @@ class ScoreArgs:
     softcap_log2: float
     window_left: int
     window_right: int
-    dropout_p: float
+    dropout_scale: float  # 1 / (1 - dropout_p) in float64, rounded once to the kernels' fp32
     dropout_threshold: int
     left_bounded: bool  # a finite left window: the key loops keep their leading masked segment
     constexprs: dict
@@ -281,7 +281,7 @@ class ScoreArgs:
             softcap_log2=softcap * LOG2E,
             window_left=window_left if window_left >= 0 else unbounded,
             window_right=window_right if window_right >= 0 else unbounded,
-            dropout_p=float(dropout_p),
+            dropout_scale=1.0 / (1.0 - dropout_p) if dropout_p > 0 else 1.0,
             dropout_threshold=philox.dropout_threshold(dropout_p),
             left_bounded=window_left >= 0,
             constexprs=dict(IS_LOCAL=window_left >= 0 or window_right >= 0,
@@ -298,8 +298,8 @@ class ScoreArgs:
         return self.qk_scale, self.softcap_log2, self.window_left, self.window_right
 
     def scalars(self):
-        """The score scalars, then dropout_p and its threshold: the forward, backward and probabilities kernels."""
-        return (*self.score_scalars(), self.dropout_p, self.dropout_threshold)
+        """The score scalars, then dropout_scale and the threshold: the forward, backward and probabilities kernels."""
+        return (*self.score_scalars(), self.dropout_scale, self.dropout_threshold)
 
 
 @dataclass(frozen=True)

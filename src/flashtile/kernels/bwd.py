@@ -114,7 +114,7 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, lse2_ptr, delta_ptr,
                          offs_m, offs_n, start_n, offs_d, lo, hi, seqlen_q, seqlen_k,
                          qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                         bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k, dropout_p,
+                         bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k, dropout_scale,
                          dropout_threshold, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                          BLOCK_M: tl.constexpr,
                          MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -130,7 +130,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
 
     dK is accumulated with respect to the raw products q.k (softcap's chain rule applied here); the
     caller multiplies by softmax_scale once at the end. HAS_DROPOUT: with Z the forward's keep mask
-    and r = 1 / (1 - dropout_p), dV = (P Z r)^T dO and dP = (dO V^T) Z r; delta = rowsum(dO O) is
+    and r = dropout_scale = 1 / (1 - dropout_p), dV = (P Z r)^T dO and dP = (dO V^T) Z r; delta = rowsum(dO O) is
     still rowsum(P dP), so dS = P (dP - delta) keeps its form.
     ROWS_PADDED: the rows past seqlen_q up to a tile's end can be read (varlen: the next sequence's rows or
     the buffer's tail padding; see Geometry.row_buffer_shape), so the masked tiles read them unpredicated
@@ -178,7 +178,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
         if HAS_DROPOUT:
             keepT = _dropout_keep(seed, rng_base, offs_qm[None, :], start_n, max_k, dropout_threshold,
                                   offs_n.shape[0], True)
-            rp = 1.0 / (1.0 - dropout_p)
+            rp = dropout_scale
         if PART != 2:
             if HAS_DROPOUT:
                 dv = tl.dot(tl.where(keepT, pT * rp, 0.0).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
@@ -208,7 +208,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                    stride_row_b, stride_row_h, stride_alibi_b,
                    stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                    seqlen_q, seqlen_k, heads_kv, group_size, softmax_scale,
-                   qk_scale, softcap_log2, window_left, window_right, dropout_p, dropout_threshold,
+                   qk_scale, softcap_log2, window_left, window_right, dropout_scale, dropout_threshold,
                    Aux0, Aux1, Aux2, Aux3, QNum, QIdx, FullQNum, FullQIdx,
                    stride_bm_b, stride_bm_h, stride_bm_m, stride_bi_b, stride_bi_h, stride_bi_m,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -295,7 +295,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               0, n_blocks * SPARSE_M, seqlen_q, seqlen_k,
                                               qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                                               bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k,
-                                              dropout_p, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
+                                              dropout_scale, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
                                               FULL == 0, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
                                               DOT_PRECISION, IS_VARLEN, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
                                               SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_M,
@@ -309,7 +309,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               seg_lo, seg_hi, seqlen_q, seqlen_k,
                                               qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                                               bias_ptr, stride_bias_m, stride_bias_n, seed, rng_base, max_k,
-                                              dropout_p, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
+                                              dropout_scale, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_M,
                                               SEGMENT != 1, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
                                               DOT_PRECISION, IS_VARLEN, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
                                               SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, q_desc=QDesc, do_desc=DODesc,
@@ -333,7 +333,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
 def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
                        offs_m, offs_n, offs_d, lo, hi, seqlen_q, seqlen_k,
                        qk_scale, softcap_log2, alibi_slope, window_left, window_right,
-                       bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, max_k, seed, rng_base, dropout_p,
+                       bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, max_k, seed, rng_base, dropout_scale,
                        dropout_threshold, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                        MASKED: tl.constexpr, IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr,
                        HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_DBIAS: tl.constexpr,
@@ -370,7 +370,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if HAS_DROPOUT:
             keep = _dropout_keep(seed, rng_base, offs_m[:, None], start_n, max_k, dropout_threshold, BLOCK_N, False)
-            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
+            dp = tl.where(keep, dp * dropout_scale, 0.0)
         ds = p * (dp - delta[:, None])  # [BLOCK_M, BLOCK_N]
         if STORE_DBIAS:
             tl.store(dbias_ptr + offs_m[:, None].to(tl.int64) * max_k + offs_kn[None, :], ds,
@@ -393,7 +393,7 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
                  stride_row_b, stride_row_h, stride_alibi_b,
                  stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                  seqlen_q, seqlen_k, heads_q, group_size, softmax_scale,
-                 qk_scale, softcap_log2, window_left, window_right, dropout_p, dropout_threshold,
+                 qk_scale, softcap_log2, window_left, window_right, dropout_scale, dropout_threshold,
                  Aux0, Aux1, Aux2, Aux3, KvNum, KvIdx, FullKvNum, FullKvIdx,
                  stride_bm_b, stride_bm_h, stride_bm_m, stride_bi_b, stride_bi_h, stride_bi_m,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -452,8 +452,8 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
                                     offs_m, offs_n, offs_d, 0, n_blocks * SPARSE_N, seqlen_q, seqlen_k,
                                     qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                                     bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, max_k, seed, rng_base,
-                                    dropout_p, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0, IS_LOCAL,
-                                    SOFTCAP, HAS_ALIBI, HAS_BIAS, STORE_DBIAS, HAS_DROPOUT, DOT_PRECISION,
+                                    dropout_scale, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, FULL == 0,
+                                    IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, STORE_DBIAS, HAS_DROPOUT, DOT_PRECISION,
                                     off_b, off_h, Aux0, Aux1, Aux2, Aux3,
                                     SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_N)
     else:
@@ -465,7 +465,7 @@ def _attn_bwd_dq(Q, K, V, DOut, Lse2, Delta, DQ, Alibi, CuSeqlensQ, CuSeqlensK, 
                                     offs_m, offs_n, offs_d, seg_lo, seg_hi, seqlen_q, seqlen_k,
                                     qk_scale, softcap_log2, alibi_slope, window_left, window_right,
                                     bias_ptr, stride_bias_m, stride_bias_n, dbias_ptr, max_k, seed, rng_base,
-                                    dropout_p, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1,
+                                    dropout_scale, dropout_threshold, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N, SEGMENT != 1,
                                     IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, STORE_DBIAS, HAS_DROPOUT, DOT_PRECISION,
                                     off_b, off_h, Aux0, Aux1, Aux2, Aux3,
                                     SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)

@@ -31,7 +31,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
     latency: one K/V buffer at 3 stages, so each tile waited for its full memory latency).
 
     HAS_DROPOUT: dropped probabilities still count in the denominator l_i (the softmax is of the
-    undropped scores) but not in acc; the caller scales by 1 / (1 - dropout_p) at the end.
+    undropped scores) but not in acc; the caller scales by dropout_scale at the end.
     """
     tl.static_assert(not (BLOCK_SPARSE and PAGED and PAGE_PREFETCH), "the block-sparse loop reads no pages ahead")
     if PAGED and PAGE_PREFETCH:
@@ -89,7 +89,7 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
               stride_lse_b, stride_lse_h, stride_alibi_b,
               stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n, stride_bt_b, page_size,
               seqlen_q, seqlen_k, seqused_add, heads_q, group_size, qk_scale, softcap_log2, window_left,
-              window_right, dropout_p, dropout_threshold,
+              window_right, dropout_scale, dropout_threshold,
               Aux0, Aux1, Aux2, Aux3, KvNum, KvIdx, FullKvNum, FullKvIdx,
               stride_bm_b, stride_bm_h, stride_bm_m, stride_bi_b, stride_bi_h, stride_bi_m,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -117,7 +117,9 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
 
     HAS_DROPOUT: Rng holds the int64 Philox seed; probabilities are dropped with probability dropout_p (where
     the element's 15-bit draw is below dropout_threshold = philox.dropout_threshold(dropout_p), see
-    common._dropout_keep) and the kept ones scaled by 1 / (1 - dropout_p). Lse stays the undropped one.
+    common._dropout_keep) and the kept ones scaled by dropout_scale = 1 / (1 - dropout_p), computed by the host in
+    float64 (here in fp32, 1 - p would carry p's rounding: a factor 2 ulps too small at p = 0.9). Lse stays the
+    undropped one.
 
     Programmable attention (flashtile.flex): SCORE_MOD / MASK_MOD read Aux0..Aux3 (see _scores). BLOCK_SPARSE:
     the key blocks come from a block mask of (SPARSE_M, SPARSE_N) blocks, multiples of the tiles: KvNum /
@@ -206,7 +208,7 @@ def _attn_fwd(Q, K, V, Out, Lse, Alibi, Sink, CuSeqlensQ, CuSeqlensK, Bias, Bloc
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
     if HAS_DROPOUT:
-        acc = acc * (1.0 / (1.0 - dropout_p))
+        acc = acc * dropout_scale
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)  # [BLOCK_M]
     o_ptrs = (Out + _seq_offset(off_b, q_start, stride_ob, stride_om, IS_VARLEN) + off_h * stride_oh
               + rows * stride_om + offs_d[None, :])
@@ -222,7 +224,7 @@ def _attn_probs(Q, K, Lse, Probs, Alibi, CuSeqlensQ, CuSeqlensK, Bias, Rng,
                 stride_lse_b, stride_lse_h, stride_alibi_b,
                 stride_bias_b, stride_bias_h, stride_bias_m, stride_bias_n,
                 seqlen_q, seqlen_k, heads_q, group_size, qk_scale, softcap_log2, window_left, window_right,
-                dropout_p, dropout_threshold,
+                dropout_scale, dropout_threshold,
                 HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 IS_LOCAL: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_BIAS: tl.constexpr,
