@@ -78,7 +78,7 @@ class _Scores:
 
     def __call__(self, qb, kb, m0, m1, n0, n1):
         """(s, t): s [B, Hk, G, bm, bn] natural-log scores, -inf where masked; t = tanh(...) under softcap."""
-        s = (qb * self.scale) @ kb.transpose(-1, -2)
+        s = (qb @ kb.transpose(-1, -2)) * self.scale
         t = None
         if self.softcap > 0:
             t = torch.tanh(s / self.softcap)
