@@ -1,7 +1,8 @@
 """Random cases for tests/test_fuzz.py: a seed draws the shapes, layout (dense or varlen, contiguous or strided),
 dtype and a combination of features (causal, window, softcap, ALiBi, sink, bias, dropout, scale, deterministic);
-the case runs flash_attn_func or flash_attn_varlen_func forward and backward and checks out, lse and every gradient
-against the float64 reference (DESIGN.md's tolerance rule), with dropout's mask read from the returned S_dmask.
+the case runs flash_attn_func or flash_attn_varlen_func (or their kv- / qkv-packed forms) forward and backward and
+checks out, lse and every gradient against the float64 reference (DESIGN.md's tolerance rule), with dropout's mask
+read from the returned S_dmask.
 With fp16 / bf16 inputs the gradients are held to the float64 reference shifted by the deviation FlashAttention's
 backward has by design and PyTorch's autograd has not (delta = rowsum(dO * O) from the stored, rounded O), computed in
 float64 per case to first order (reference()), with an elementwise slack for that backward's fp32 sums and rounding
@@ -51,6 +52,7 @@ class Case:
     strided: bool = False
     plain_call: bool = False  # no return_attn_probs (the entry point's fast path); lse from a second call
     lse_grad: bool = False  # the loss takes lse too (its gradient flows into the backward)
+    packed: str = ""  # "kv": k, v through the kv-packed entry point; "qkv": q, k, v through the qkv-packed one
 
     def name(self):
         parts = [f"s{self.seed}", "varlen" if self.varlen else "dense", f"b{len(self.seqlens_q)}"]
@@ -62,6 +64,7 @@ class Case:
         parts += [name for name, on in (("causal", self.causal), ("strided", self.strided),
                                         ("det", self.deterministic), ("fwd-only", not self.backward),
                                         ("plain-call", self.plain_call), ("lse-grad", self.lse_grad)) if on]
+        parts += [f"{self.packed}packed"] if self.packed else []
         parts += score_feature_parts(self.window, self.softcap, self.alibi, self.softmax_scale)
         if self.sink:
             parts.append("sink")
@@ -145,6 +148,11 @@ def draw(seed, gpu):
     features["strided"] = chance() < 0.2
     features["plain_call"] = not features.get("dropout_p") and chance() < 0.3
     features["lse_grad"] = backward and not features["plain_call"] and chance() < 0.2
+    # Drawn last, so every field above stays what earlier campaigns drew for the seed. qkv-packed needs q, k and v
+    # alike (one cu_seqlens, one head count); packing makes its own strided views, so not with `strided`.
+    if not features["strided"] and chance() < 0.25:
+        alike = seqlens_q == seqlens_k and heads_q == heads_kv
+        features["packed"] = "qkv" if alike and chance() < 0.8 else "kv"
     return Case(seed, varlen, tuple(seqlens_q), tuple(seqlens_k), heads_q, heads_kv, head_dim, dtype,
                 backward=backward, **features)
 
@@ -202,12 +210,27 @@ def run(case, device):
     """flashtile's out, lse, S_dmask (None without dropout) and gradients by leaf name."""
     q, k, v, dout, dlse, kwargs, leaves, cu = inputs(case, device)
 
+    if case.packed:  # the packed tensor a leaf in place of the tensors it holds (their gradients: its slices)
+        held = ("q", "k", "v") if case.packed == "qkv" else ("k", "v")
+        packed = torch.stack([leaves.pop(n).detach() for n in held], dim=-3).requires_grad_(case.backward)
+        leaves = {case.packed: packed, **leaves}
+        q = leaves.get("q", q)
+
     def call(**extra):
         torch.manual_seed(case.seed)
+        args = dict(kwargs, **extra)
+        lens = max(case.seqlens_q), max(case.seqlens_k)
+        if case.packed == "qkv":
+            if case.varlen:
+                return flashtile.flash_attn_varlen_qkvpacked_func(packed, cu[0], lens[0], **args)
+            return flashtile.flash_attn_qkvpacked_func(packed, **args)
+        if case.packed == "kv":
+            if case.varlen:
+                return flashtile.flash_attn_varlen_kvpacked_func(q, packed, cu[0], cu[1], *lens, **args)
+            return flashtile.flash_attn_kvpacked_func(q, packed, **args)
         if case.varlen:
-            return flashtile.flash_attn_varlen_func(q, k, v, cu[0], cu[1], max(case.seqlens_q), max(case.seqlens_k),
-                                                    **dict(kwargs, **extra))
-        return flashtile.flash_attn_func(q, k, v, **dict(kwargs, **extra))
+            return flashtile.flash_attn_varlen_func(q, k, v, cu[0], cu[1], *lens, **args)
+        return flashtile.flash_attn_func(q, k, v, **args)
 
     if case.plain_call:
         out = call()
@@ -220,6 +243,8 @@ def run(case, device):
         names = [n for n, x in leaves.items() if x.requires_grad]
         outputs, grad_outputs = _loss_parts(out, lse, dout, dlse)
         grads = dict(zip(names, torch.autograd.grad(outputs, [leaves[n] for n in names], grad_outputs)))
+        if case.packed:
+            grads.update(zip(held, grads.pop(case.packed).unbind(-3)))
     return out, lse, probs, grads
 
 
