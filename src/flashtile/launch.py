@@ -240,7 +240,7 @@ class KernelLaunch:
 @dataclass  # not frozen, as Geometry: built on every call
 class ScoreArgs:
     """What turns q.k products into probabilities: kernels/common._scores's runtime arguments, dropout's
-    (the probability, whose 1 / (1 - p) scales kept values, and the integer threshold of common._dropout_keep:
+    (the scale 1 / (1 - p) of kept values, and the integer threshold of common._dropout_keep:
     philox.dropout_threshold) and the constexpr switches.
 
     window_left / window_right are -1 for unbounded at the API (causal is right = 0); the kernels get
