@@ -41,7 +41,8 @@ case "$phase" in
         part1_files="tests/test_gluon_dispatch.py tests/test_gluon_reference.py tests/test_gluon_features.py
             tests/test_gluon_dropout.py tests/test_gluon_varlen.py tests/test_gluon_bias.py tests/test_gluon_3wg.py
             tests/test_gluon_persistent_protocol.py tests/test_gluon_sparse.py tests/test_varlen.py
-            tests/test_fast_launch.py tests/test_plans.py tests/test_dropout.py tests/test_persistent_schedule.py
+            tests/test_fast_launch.py tests/test_plans.py tests/test_plans_decode.py tests/test_dropout.py
+            tests/test_persistent_schedule.py
             tests/test_gluon_grid_order.py tests/test_features.py tests/test_programmable.py tests/test_bench.py
             tests/test_gluon_alibi_split.py"
         if [ "$part" = ids ]; then  # ids hold spaces and brackets: one argument per line
