@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 import flashtile
+import fuzz_programmable
 from flashtile import launch
 from flashtile.reference import attention_ref
 from test_varlen import cu as cu_seqlens
@@ -53,6 +54,7 @@ class Case:
     plain_call: bool = False  # no return_attn_probs (the entry point's fast path); lse from a second call
     lse_grad: bool = False  # the loss takes lse too (its gradient flows into the backward)
     packed: str = ""  # "kv": k, v through the kv-packed entry point; "qkv": q, k, v through the qkv-packed one
+    mods: tuple = ()  # flashtile.attention's case (fuzz_programmable.draw): (mask parts, and / or, score_mod, blocks)
 
     def name(self):
         parts = [f"s{self.seed}", "varlen" if self.varlen else "dense", f"b{len(self.seqlens_q)}"]
@@ -65,6 +67,7 @@ class Case:
                                         ("det", self.deterministic), ("fwd-only", not self.backward),
                                         ("plain-call", self.plain_call), ("lse-grad", self.lse_grad)) if on]
         parts += [f"{self.packed}packed"] if self.packed else []
+        parts += fuzz_programmable.name_parts(self.mods) if self.mods else []
         parts += score_feature_parts(self.window, self.softcap, self.alibi, self.softmax_scale)
         if self.sink:
             parts.append("sink")
@@ -188,6 +191,9 @@ def inputs(case, device):
     kwargs = dict(dropout_p=case.dropout_p, softmax_scale=case.softmax_scale, causal=case.causal,
                   window_size=case.window, softcap=case.softcap, deterministic=case.deterministic,
                   return_attn_probs=not case.plain_call)
+    if case.mods:  # flashtile.attention's keywords, and the reference's mask / score Mods
+        kwargs, mods_ref = fuzz_programmable.materialize(case, device)
+        kwargs["mods_ref"] = mods_ref
     if case.alibi:
         kwargs["alibi_slopes"] = (torch.rand((batch, case.heads_q) if case.alibi == "bh" else (case.heads_q,),
                                              generator=gen) * 0.5).to(device)
@@ -236,7 +242,11 @@ def run(case, device):
             return flashtile.flash_attn_varlen_func(q, k, v, cu[0], cu[1], *lens, **args)
         return flashtile.flash_attn_func(q, k, v, **args)
 
-    if case.plain_call:
+    if case.mods:
+        args = {name: arg for name, arg in kwargs.items() if name != "mods_ref"}
+        out, lse = flashtile.attention(q, k, v, return_lse=True, **args)
+        probs = None
+    elif case.plain_call:
         out = call()
         with torch.no_grad():  # the same forward (deterministic) for lse
             _, lse, probs = call(return_attn_probs=True)
@@ -273,9 +283,10 @@ def reference(case, device, keep, dtype, got=None, backward=True):
         if "attn_bias" in kwargs and "attn_bias" not in cast:
             kwargs["attn_bias"] = kwargs["attn_bias"].to(dtype)
         leaves = cast
+    mask_ref, score_ref = kwargs.get("mods_ref", (None, None))
     features = dict(window_size=case.window, softcap=case.softcap, alibi_slopes=kwargs.get("alibi_slopes"),
                     sink=kwargs.get("sink"), attn_bias=kwargs.get("attn_bias"), dropout_p=case.dropout_p,
-                    dropout_mask=keep)
+                    dropout_mask=keep, mask_mod=mask_ref, score_mod=score_ref)
     common = dict(causal=case.causal, softmax_scale=case.softmax_scale, upcast=dtype == torch.float64,
                   return_lse=True)
     if not case.varlen:
@@ -319,16 +330,21 @@ _ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32
 _FP32_SUM_UNITS = 4.0
 
 
-def _slack_one(case, q, k, v, dout, out_got, out64, keep, slopes, bias, sink):
+def _slack_one(case, q, k, v, dout, out_got, out64, keep, slopes, bias, sink, mods_ref=(None, None)):
     """design_slack for one batch of equal-length sequences (dense: the whole batch; varlen: one sequence)."""
     q, k, v, dout, out_got, out64 = (x.detach().double() for x in (q, k, v, dout, out_got, out64))
     group = q.shape[2] // k.shape[2]
     zero = torch.zeros(q.shape[0], q.shape[2], q.shape[1], k.shape[1], dtype=torch.float64, device=q.device,
                        requires_grad=True)  # d lse_i / d zero_ij = P_ij: the undropped probabilities, sink included
-    bias = zero if bias is None else bias.detach().double() + zero
+    mask_ref, score_ref = mods_ref
+
+    def score_mod(score, b, h, q_idx, kv_idx):  # zero added last, after every score feature and score_mod
+        return (score if score_ref is None else score_ref(score, b, h, q_idx, kv_idx)) + zero[b, h, q_idx, kv_idx]
     _, lse = attention_ref(q, k, v, causal=case.causal, softmax_scale=case.softmax_scale, return_lse=True,
                            window_size=case.window, softcap=case.softcap, alibi_slopes=slopes,
-                           sink=None if sink is None else sink.detach().double(), attn_bias=bias)
+                           sink=None if sink is None else sink.detach().double(),
+                           attn_bias=None if bias is None else bias.detach().double(), score_mod=score_mod,
+                           mask_mod=mask_ref)
     probs = torch.autograd.grad(lse, zero, torch.isfinite(lse).double())[0].nan_to_num(0.0)  # [B, H, Sq, Sk]
     k_exp, v_exp = (x.repeat_interleave(group, dim=2) for x in (k, v))
     units = _FP32_SUM_UNITS * 2.0 ** -24
@@ -371,7 +387,8 @@ def design_slack(case, device, keep, got, out64):
     q, k, v, dout, _, kwargs, leaves, cu = inputs(case, device)
     slopes, bias, sink = kwargs.get("alibi_slopes"), kwargs.get("attn_bias"), kwargs.get("sink")
     if not case.varlen:
-        parts = _slack_one(case, q, k, v, dout, got, out64, keep, slopes, bias, sink)
+        parts = _slack_one(case, q, k, v, dout, got, out64, keep, slopes, bias, sink,
+                           kwargs.get("mods_ref", (None, None)))
     else:
         per_seq = []
         for b, (sq, sk) in enumerate(zip(case.seqlens_q, case.seqlens_k)):

@@ -1,19 +1,22 @@
 """Random shapes and feature combinations against the float64 reference: flash_attn_func / flash_attn_varlen_func
-forward, lse and every gradient (tests/fuzz_cases.py), and flash_attn_with_kvcache's cache and output
-(tests/fuzz_kvcache.py). The CI tier runs 16 small cases of each through the interpreter and the CPU path; the GPU
-tier 24 larger ones; FLASHTILE_FUZZ_CASES sets the count from seed FLASHTILE_FUZZ_FIRST (default 0)."""
+forward, lse and every gradient (tests/fuzz_cases.py), flash_attn_with_kvcache's cache and output
+(tests/fuzz_kvcache.py), and flashtile.attention's masks and score mods (tests/fuzz_programmable.py). The CI tier
+runs 16 small cases of each through the interpreter and the CPU path; the GPU tier 24 larger ones;
+FLASHTILE_FUZZ_CASES sets the count from seed FLASHTILE_FUZZ_FIRST (default 0)."""
 import os
 
 import pytest
 
 import fuzz_cases
 import fuzz_kvcache
+import fuzz_programmable
 from conftest import HAS_GPU
 
 FIRST = int(os.environ.get("FLASHTILE_FUZZ_FIRST", "0"))
 COUNT = int(os.environ.get("FLASHTILE_FUZZ_CASES", "24" if HAS_GPU else "16"))
 CASES = [fuzz_cases.draw(seed, HAS_GPU) for seed in range(FIRST, FIRST + COUNT)]
 KV_CASES = [fuzz_kvcache.draw(seed, HAS_GPU) for seed in range(FIRST, FIRST + COUNT)]
+MOD_CASES = [fuzz_cases.Case(**fuzz_programmable.draw(seed, HAS_GPU)) for seed in range(FIRST, FIRST + COUNT)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name() for case in CASES])
@@ -30,3 +33,11 @@ def test_fuzz_kvcache(backend, case):
     if HAS_GPU and device == "cpu":
         pytest.skip("GPU-sized cases: the CPU path takes the CI tier's")
     fuzz_kvcache.check(case, device)
+
+
+@pytest.mark.parametrize("case", MOD_CASES, ids=[case.name() for case in MOD_CASES])
+def test_fuzz_programmable(backend, case):
+    _, device = backend
+    if HAS_GPU and device == "cpu":
+        pytest.skip("GPU-sized cases: the CPU path takes the CI tier's")
+    fuzz_cases.check(case, device)
