@@ -54,6 +54,7 @@ class Case:
     plain_call: bool = False  # no return_attn_probs (the entry point's fast path); lse from a second call
     lse_grad: bool = False  # the loss takes lse too (its gradient flows into the backward)
     packed: str = ""  # "kv": k, v through the kv-packed entry point; "qkv": q, k, v through the qkv-packed one
+    strided_grad: bool = False  # the output gradient a strided view (dims out of order, last stride 2)
     mods: tuple = ()  # flashtile.attention's case (fuzz_programmable.draw): (mask parts, and / or, score_mod, blocks)
 
     def name(self):
@@ -67,6 +68,7 @@ class Case:
                                         ("det", self.deterministic), ("fwd-only", not self.backward),
                                         ("plain-call", self.plain_call), ("lse-grad", self.lse_grad)) if on]
         parts += [f"{self.packed}packed"] if self.packed else []
+        parts += ["strided-grad"] if self.strided_grad else []
         parts += fuzz_programmable.name_parts(self.mods) if self.mods else []
         parts += score_feature_parts(self.window, self.softcap, self.alibi, self.softmax_scale)
         if self.sink:
@@ -161,6 +163,7 @@ def draw(seed, gpu):
                 seqlens_q = seqlens_k = [(n + 1) // 2 for n in seqlens_q]
         alike = seqlens_q == seqlens_k and heads_q == heads_kv
         features["packed"] = "qkv" if alike and chance() < 0.8 else "kv"
+    features["strided_grad"] = backward and chance() < 0.2
     return Case(seed, varlen, tuple(seqlens_q), tuple(seqlens_k), heads_q, heads_kv, head_dim, dtype,
                 backward=backward, **features)
 
@@ -184,7 +187,10 @@ def inputs(case, device):
         shape_q, shape_k = (batch, max_q, case.heads_q), (batch, max_k, case.heads_kv)
     q, k, v = (_tensor(gen, (*shape, case.head_dim), case.dtype, device, case.strided)
                for shape in (shape_q, shape_k, shape_k))
-    dout = torch.randn((*shape_q, case.head_dim), generator=gen).to(device=device, dtype=case.dtype)
+    if case.strided_grad:  # leading dims out of order, and every other element of a wider last dim
+        dout = _tensor(gen, (*shape_q, 2 * case.head_dim), case.dtype, device, True)[..., ::2]
+    else:
+        dout = torch.randn((*shape_q, case.head_dim), generator=gen).to(device=device, dtype=case.dtype)
     lse_shape = (case.heads_q, shape_q[0]) if case.varlen else (batch, case.heads_q, max_q)
     dlse = torch.randn(lse_shape, generator=gen).to(device) if case.lse_grad else None
     leaves = {"q": q, "k": k, "v": v}
