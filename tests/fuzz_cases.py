@@ -22,6 +22,7 @@ import fuzz_programmable
 from flashtile import launch
 from flashtile.reference import attention_ref
 from test_varlen import cu as cu_seqlens
+from test_varlen import paginate
 from utils import assert_close_rule
 
 # Shapes near the kernels' edges: one key / query, block multiples and one off them, the Gluon backward's 512 keys.
@@ -55,6 +56,7 @@ class Case:
     lse_grad: bool = False  # the loss takes lse too (its gradient flows into the backward)
     packed: str = ""  # "kv": k, v through the kv-packed entry point; "qkv": q, k, v through the qkv-packed one
     strided_grad: bool = False  # the output gradient a strided view (dims out of order, last stride 2)
+    page_size: int = 0  # varlen through block_table: k, v in a paged cache of this page size (inference only)
     mods: tuple = ()  # flashtile.attention's case (fuzz_programmable.draw): (mask parts, and / or, score_mod, blocks)
 
     def name(self):
@@ -69,6 +71,7 @@ class Case:
                                         ("plain-call", self.plain_call), ("lse-grad", self.lse_grad)) if on]
         parts += [f"{self.packed}packed"] if self.packed else []
         parts += ["strided-grad"] if self.strided_grad else []
+        parts += [f"page{self.page_size}"] if self.page_size else []
         parts += fuzz_programmable.name_parts(self.mods) if self.mods else []
         parts += score_feature_parts(self.window, self.softcap, self.alibi, self.softmax_scale)
         if self.sink:
@@ -164,6 +167,10 @@ def draw(seed, gpu):
         alike = seqlens_q == seqlens_k and heads_q == heads_kv
         features["packed"] = "qkv" if alike and chance() < 0.8 else "kv"
     features["strided_grad"] = backward and chance() < 0.2
+    paged_ok = varlen and not features.get("dropout_p") and not features.get("bias") and not features.get("packed")
+    if paged_ok and chance() < 0.3:  # inference only: this seed's backward is dropped
+        features["page_size"] = rng.choice([1, 16, 64, rng.randint(2, 40)]) if gpu else rng.randint(1, 16)
+        backward = features["lse_grad"] = features["strided_grad"] = False
     return Case(seed, varlen, tuple(seqlens_q), tuple(seqlens_k), heads_q, heads_kv, head_dim, dtype,
                 backward=backward, **features)
 
@@ -244,6 +251,11 @@ def run(case, device):
             if case.varlen:
                 return flashtile.flash_attn_varlen_kvpacked_func(q, packed, cu[0], cu[1], *lens, **args)
             return flashtile.flash_attn_kvpacked_func(q, packed, **args)
+        if case.page_size:
+            k_pages, table = paginate(k, case.seqlens_k, case.page_size, case.seed)
+            v_pages, _ = paginate(v, case.seqlens_k, case.page_size, case.seed)
+            return flashtile.flash_attn_varlen_func(q, k_pages, v_pages, cu[0], cu[1], *lens, block_table=table,
+                                                    **args)
         if case.varlen:
             return flashtile.flash_attn_varlen_func(q, k, v, cu[0], cu[1], *lens, **args)
         return flashtile.flash_attn_func(q, k, v, **args)
