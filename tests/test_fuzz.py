@@ -19,25 +19,24 @@ KV_CASES = [fuzz_kvcache.draw(seed, HAS_GPU) for seed in range(FIRST, FIRST + CO
 MOD_CASES = [fuzz_cases.Case(**fuzz_programmable.draw(seed, HAS_GPU)) for seed in range(FIRST, FIRST + COUNT)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case.name() for case in CASES])
-def test_fuzz(backend, case):
+def _device(backend):
+    """The backend's device; on a GPU machine the CPU backend's ids are skipped (the CI tier runs CPU-sized cases)."""
     _, device = backend
     if HAS_GPU and device == "cpu":
         pytest.skip("GPU-sized cases: the CPU path takes the CI tier's")
-    fuzz_cases.check(case, device)
+    return device
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name() for case in CASES])
+def test_fuzz(backend, case):
+    fuzz_cases.check(case, _device(backend))
 
 
 @pytest.mark.parametrize("case", KV_CASES, ids=[case.name() for case in KV_CASES])
 def test_fuzz_kvcache(backend, case):
-    _, device = backend
-    if HAS_GPU and device == "cpu":
-        pytest.skip("GPU-sized cases: the CPU path takes the CI tier's")
-    fuzz_kvcache.check(case, device)
+    fuzz_kvcache.check(case, _device(backend))
 
 
 @pytest.mark.parametrize("case", MOD_CASES, ids=[case.name() for case in MOD_CASES])
 def test_fuzz_programmable(backend, case):
-    _, device = backend
-    if HAS_GPU and device == "cpu":
-        pytest.skip("GPU-sized cases: the CPU path takes the CI tier's")
-    fuzz_cases.check(case, device)
+    fuzz_cases.check(case, _device(backend))
