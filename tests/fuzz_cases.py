@@ -454,6 +454,10 @@ def tanh_slack(q, softcap):
 
 def check(case, device):
     out, lse, probs, grads = run(case, device)
+    if case.deterministic and grads:  # deterministic=True: a second run's gradients bit for bit
+        again = run(case, device)[3]
+        for name, got in grads.items():
+            assert torch.equal(got, again[name]), f"d{name}: deterministic=True, yet a second run differs"
     keep = None if probs is None else ~torch.signbit(probs)
     if case.dropout_p:
         assert probs is not None and probs.shape[-2:] == (max(case.seqlens_q), max(case.seqlens_k))
