@@ -348,22 +348,30 @@ _ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32
 _FP32_SUM_UNITS = 4.0
 
 
-def _slack_one(case, q, k, v, dout, out_got, out64, keep, slopes, bias, sink, mods_ref=(None, None)):
-    """design_slack for one batch of equal-length sequences (dense: the whole batch; varlen: one sequence)."""
-    q, k, v, dout, out_got, out64 = (x.detach().double() for x in (q, k, v, dout, out_got, out64))
-    group = q.shape[2] // k.shape[2]
-    zero = torch.zeros(q.shape[0], q.shape[2], q.shape[1], k.shape[1], dtype=torch.float64, device=q.device,
-                       requires_grad=True)  # d lse_i / d zero_ij = P_ij: the undropped probabilities, sink included
+def _probs(case, q, k, v, slopes, bias, sink, mods_ref, dtype):
+    """The undropped softmax probabilities [B, H, Sq, Sk] of one batch of equal-length sequences, computed in dtype
+    (float64: the reference; the inputs' dtype: PyTorch's own), as d lse_i / d zero_ij for a zero added to the scores
+    after every score feature and score_mod (the sink's share included in the denominator)."""
+    q, k, v = (x.detach().to(dtype) for x in (q, k, v))
+    zero = torch.zeros(q.shape[0], q.shape[2], q.shape[1], k.shape[1], dtype=dtype, device=q.device,
+                       requires_grad=True)
     mask_ref, score_ref = mods_ref
 
-    def score_mod(score, b, h, q_idx, kv_idx):  # zero added last, after every score feature and score_mod
+    def score_mod(score, b, h, q_idx, kv_idx):
         return (score if score_ref is None else score_ref(score, b, h, q_idx, kv_idx)) + zero[b, h, q_idx, kv_idx]
     _, lse = attention_ref(q, k, v, causal=case.causal, softmax_scale=case.softmax_scale, return_lse=True,
-                           window_size=case.window, softcap=case.softcap, alibi_slopes=slopes,
-                           sink=None if sink is None else sink.detach().double(),
-                           attn_bias=None if bias is None else bias.detach().double(), score_mod=score_mod,
+                           upcast=dtype == torch.float64, window_size=case.window, softcap=case.softcap,
+                           alibi_slopes=slopes, sink=None if sink is None else sink.detach().to(dtype),
+                           attn_bias=None if bias is None else bias.detach().to(dtype), score_mod=score_mod,
                            mask_mod=mask_ref)
-    probs = torch.autograd.grad(lse, zero, torch.isfinite(lse).double())[0].nan_to_num(0.0)  # [B, H, Sq, Sk]
+    return torch.autograd.grad(lse, zero, torch.isfinite(lse).to(lse.dtype))[0].nan_to_num(0.0)
+
+
+def _slack_one(case, q, k, v, dout, out_got, out64, keep, slopes, bias, sink, mods_ref=(None, None)):
+    """design_slack for one batch of equal-length sequences (dense: the whole batch; varlen: one sequence)."""
+    probs = _probs(case, q, k, v, slopes, bias, sink, mods_ref, torch.float64)
+    q, k, v, dout, out_got, out64 = (x.detach().double() for x in (q, k, v, dout, out_got, out64))
+    group = q.shape[2] // k.shape[2]
     k_exp, v_exp = (x.repeat_interleave(group, dim=2) for x in (k, v))
     units = _FP32_SUM_UNITS * 2.0 ** -24
     # Errors of dS_ij = P_ij (dP_ij - delta_i) independent from key to key: dP's sum and dS's rounding (of the
@@ -389,6 +397,23 @@ def _slack_one(case, q, k, v, dout, out_got, out64, keep, slopes, bias, sink, mo
     dsink = ((p_sink * row) ** 2).sum((0, 2, 3))
     return dict(q=dq, k=dk, v=torch.zeros_like(v), sink=dsink, bias_each=each ** 2, bias_row=probs * row,
                 bias_row_summed=bias_row_summed)
+
+
+def reference_probs(case, device, dtype):
+    """_probs in S_dmask's layout: (B, H, Sq, Sk); varlen: (B, H, max_q, max_k), zero past each sequence."""
+    q, k, v, _, _, kwargs, _, cu = inputs(case, device)
+    slopes, bias, sink = kwargs.get("alibi_slopes"), kwargs.get("attn_bias"), kwargs.get("sink")
+    mods_ref = kwargs.get("mods_ref", (None, None))
+    if not case.varlen:
+        return _probs(case, q, k, v, slopes, bias, sink, mods_ref, dtype)
+    grid = torch.zeros(len(case.seqlens_q), case.heads_q, max(case.seqlens_q), max(case.seqlens_k), dtype=dtype,
+                       device=device)
+    for b, (sq, sk) in enumerate(zip(case.seqlens_q, case.seqlens_k)):
+        rows, cols = slice(cu[0][b], cu[0][b + 1]), slice(cu[1][b], cu[1][b + 1])
+        bias_b = None if bias is None else bias[b if bias.shape[0] > 1 else 0][None, :, :sq, :sk]
+        grid[b, :, :sq, :sk] = _probs(case, q[rows][None], k[cols][None], v[cols][None],
+                                      slopes[b] if case.alibi == "bh" else slopes, bias_b, sink, mods_ref, dtype)[0]
+    return grid
 
 
 def design_slack(case, device, keep, got, out64):
@@ -459,9 +484,10 @@ def check(case, device):
         for name, got in grads.items():
             assert torch.equal(got, again[name]), f"d{name}: deterministic=True, yet a second run differs"
     keep = None if probs is None else ~torch.signbit(probs)
-    if case.dropout_p:
+    if case.dropout_p:  # S_dmask: the probabilities, the dropped ones negated
         assert probs is not None and probs.shape[-2:] == (max(case.seqlens_q), max(case.seqlens_k))
-        assert not torch.isnan(probs).any(), "S_dmask: NaN"
+        assert_close_rule("S_dmask", probs.abs(), reference_probs(case, device, torch.float64),
+                          reference_probs(case, device, case.dtype), case.dtype)
     rounded = case.dtype != torch.float32
     out64, lse64, grads64, design = reference(case, device, keep, torch.float64, got=out if rounded else None)
     out_low, lse_low, grads_low, _ = reference(case, device, keep, case.dtype)
