@@ -167,6 +167,8 @@ def draw(seed, gpu):
         alike = seqlens_q == seqlens_k and heads_q == heads_kv
         features["packed"] = "qkv" if alike and chance() < 0.8 else "kv"
     features["strided_grad"] = backward and chance() < 0.2
+    if features.get("softmax_scale") and chance() < 0.25:  # uniform (0), reversed or sharp (large logits) softmax
+        features["softmax_scale"] = rng.choice([0.0, -features["softmax_scale"], round(4 / head_dim ** 0.5, 4)])
     paged_ok = varlen and not features.get("dropout_p") and not features.get("bias") and not features.get("packed")
     if paged_ok and chance() < 0.3:  # inference only: this seed's backward is dropped
         features["page_size"] = rng.choice([1, 16, 64, rng.randint(2, 40)]) if gpu else rng.randint(1, 16)
