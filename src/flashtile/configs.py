@@ -365,7 +365,7 @@ _IEEE_FWD = {
 _IEEE_BWD = {**_GENERIC_BWD, 128: BwdConfig(TileConfig(16, 32, 8, 2), TileConfig(32, 32, 8, 2))}
 
 
-# fp32 with TF32 off on launch.TF32X3_ARCHS (DOT_PRECISION "tf32x3", launch._dot_precision): each product is three TF32
+# fp32 with TF32 off on precision.TF32X3_ARCHS (DOT_PRECISION "tf32x3", precision.py): each product is three TF32
 # tensor-core products (a_hi b_hi + a_hi b_lo + a_lo b_hi), whose split operands take registers and shared memory:
 # on the generic fp32 tables the forward spilled 0.7-1.6 KB per thread at D32 / D64 and 2.8-3.0 KB at D256, the
 # backward 3.1-4.2 KB (dK/dV) and 1.1-1.2 KB (dQ) at D128 and 33-47 KB at D256 (`benchmarks/spills.py --dtype fp32

@@ -14,6 +14,7 @@ from threading import get_ident
 import torch
 
 from . import configs, fast_launch, fit, philox, plans
+from .precision import _dot_precision  # the launchers' name for it: tests and benchmarks patch launch._dot_precision
 from .kernels.fwd import _attn_fwd, _attn_probs
 
 LOG2E = 1.4426950408889634
@@ -89,37 +90,6 @@ def _next_pow2(n):
 def _head_dim_padded(head_dim):
     # tl.dot needs at least 16 along the reduction; tiles need a power of two.
     return max(16, _next_pow2(head_dim))
-
-
-def _tf32_matmuls():
-    """PyTorch's switch for TF32 in fp32 matmuls: torch.backends.cuda.matmul.fp32_precision where it exists (torch
-    2.9+; "none" defers to torch.backends.fp32_precision, whose "none" is ieee), else allow_tf32. The legacy flag
-    follows the new setting, but reading it raises once a program has set the new one (torch 2.13)."""
-    matmul = torch.backends.cuda.matmul
-    precision = getattr(matmul, "fp32_precision", None)
-    if precision is None:
-        return matmul.allow_tf32
-    if precision == "none":
-        precision = getattr(torch.backends, "fp32_precision", "none")
-    return precision == "tf32"
-
-
-# NVIDIA GPUs whose TF32 tensor cores run 7-8x their FP32 FMA rate (A100, H100 / H200, B200): three TF32 products
-# per fp32 product beat FMA dots there (2.9-6.5x on the H200). GeForce-class parts (sm86 / sm89 / sm120) run TF32 at
-# 1-2x their FP32 rate, where tf32x3 would likely lose; not measured, so they keep FMA dots.
-TF32X3_ARCHS = ((8, 0), (9, 0), (10, 0), (10, 3))
-
-
-def _dot_precision(dtype, arch):
-    """The kernels' DOT_PRECISION (fp16 / bf16 ignore it). fp32 follows PyTorch's TF32 switch: on, TF32 tensor-core
-    dots; off (PyTorch's default), fp32-level accuracy: "tf32x3" (each product as three TF32 ones, CUTLASS's 3xTF32,
-    which SDPA's fp32 kernel uses too) on TF32X3_ARCHS, 2.9-6.5x faster than FMA dots on the H200 with errors as small
-    (docs/perf-log.md, sessions 21-22); FMA dots ("ieee") elsewhere (other GPUs, ROCm, CPU tensors)."""
-    if dtype != torch.float32 or _tf32_matmuls():
-        return "tf32"
-    if arch in TF32X3_ARCHS and torch.version.hip is None:
-        return "tf32x3"
-    return "ieee"
 
 
 def _approx_tanh(q):
