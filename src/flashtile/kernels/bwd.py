@@ -178,16 +178,16 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
         if HAS_DROPOUT:
             keepT = _dropout_keep(seed, rng_base, offs_qm[None, :], start_n, max_k, dropout_threshold,
                                   offs_n.shape[0], True)
-            rp = dropout_scale
         if PART != 2:
             if HAS_DROPOUT:
-                dv = tl.dot(tl.where(keepT, pT * rp, 0.0).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+                dv = tl.dot(tl.where(keepT, pT * dropout_scale, 0.0).to(do.dtype), do, dv,
+                            input_precision=DOT_PRECISION)
             else:
                 dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         if PART != 1:
             dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
             if HAS_DROPOUT:
-                dpT = tl.where(keepT, dpT * rp, 0.0)
+                dpT = tl.where(keepT, dpT * dropout_scale, 0.0)
             dsT = pT * (dpT - delta[None, :])  # [BLOCK_N, BLOCK_M]
             if SCORE_MOD is not None:
                 dsT = tl.where(pT > 0.0, dsT * gT, 0.0)  # the user's derivative, never read where P = 0
