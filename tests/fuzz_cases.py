@@ -317,9 +317,7 @@ def reference(case, device, keep, dtype, got=None, backward=True):
             seq = [x[cu[i][b]:cu[i][b + 1]][None] for x, i in ((q, 0), (k, 1), (v, 1))]
             per_seq = dict(features)
             for name in ("attn_bias", "dropout_mask"):
-                t = per_seq[name]
-                if t is not None:
-                    per_seq[name] = t[b if t.shape[0] > 1 else 0][None, :, :sq, :sk]
+                per_seq[name] = _seq_slice(per_seq[name], b, sq, sk)
             if case.alibi == "bh":
                 per_seq["alibi_slopes"] = per_seq["alibi_slopes"][b]
             out_b, lse_b = attention_ref(*seq, **common, **per_seq)
@@ -401,6 +399,20 @@ def _slack_one(case, q, k, v, dout, out_got, out64, keep, slopes, bias, sink, mo
                 bias_row_summed=bias_row_summed)
 
 
+def _seq_slice(t, b, sq, sk):
+    """Sequence b's part [1, H, sq, sk] of a padded (B or 1, H, max_q, max_k) tensor (a bias, a keep mask), or None."""
+    return None if t is None else t[b if t.shape[0] > 1 else 0][None, :, :sq, :sk]
+
+
+def _padded(case, pieces, dtype, device):
+    """Per-sequence [H, sq, sk] pieces in the padded (B, H, max_q, max_k) layout, zero past each sequence."""
+    grid = torch.zeros(len(case.seqlens_q), case.heads_q, max(case.seqlens_q), max(case.seqlens_k), dtype=dtype,
+                       device=device)
+    for b, (sq, sk) in enumerate(zip(case.seqlens_q, case.seqlens_k)):
+        grid[b, :, :sq, :sk] = pieces[b]
+    return grid
+
+
 def reference_probs(case, device, dtype):
     """_probs in S_dmask's layout: (B, H, Sq, Sk); varlen: (B, H, max_q, max_k), zero past each sequence."""
     q, k, v, _, _, kwargs, _, cu = inputs(case, device)
@@ -408,14 +420,13 @@ def reference_probs(case, device, dtype):
     mods_ref = kwargs.get("mods_ref", (None, None))
     if not case.varlen:
         return _probs(case, q, k, v, slopes, bias, sink, mods_ref, dtype)
-    grid = torch.zeros(len(case.seqlens_q), case.heads_q, max(case.seqlens_q), max(case.seqlens_k), dtype=dtype,
-                       device=device)
+    pieces = []
     for b, (sq, sk) in enumerate(zip(case.seqlens_q, case.seqlens_k)):
         rows, cols = slice(cu[0][b], cu[0][b + 1]), slice(cu[1][b], cu[1][b + 1])
-        bias_b = None if bias is None else bias[b if bias.shape[0] > 1 else 0][None, :, :sq, :sk]
-        grid[b, :, :sq, :sk] = _probs(case, q[rows][None], k[cols][None], v[cols][None],
-                                      slopes[b] if case.alibi == "bh" else slopes, bias_b, sink, mods_ref, dtype)[0]
-    return grid
+        pieces.append(_probs(case, q[rows][None], k[cols][None], v[cols][None],
+                             slopes[b] if case.alibi == "bh" else slopes, _seq_slice(bias, b, sq, sk), sink,
+                             mods_ref, dtype)[0])
+    return _padded(case, pieces, dtype, device)
 
 
 def design_slack(case, device, keep, got, out64):
@@ -438,18 +449,14 @@ def design_slack(case, device, keep, got, out64):
         per_seq = []
         for b, (sq, sk) in enumerate(zip(case.seqlens_q, case.seqlens_k)):
             rows, cols = slice(cu[0][b], cu[0][b + 1]), slice(cu[1][b], cu[1][b + 1])
-            mask, bias_b = (None if t is None else t[b if t.shape[0] > 1 else 0][None, :, :sq, :sk]
-                            for t in (keep, bias))
             slopes_b = slopes[b] if case.alibi == "bh" else slopes
             per_seq.append(_slack_one(case, q[rows][None], k[cols][None], v[cols][None], dout[rows][None],
-                                      got[rows][None], out64[rows][None], mask, slopes_b, bias_b, sink))
+                                      got[rows][None], out64[rows][None], _seq_slice(keep, b, sq, sk), slopes_b,
+                                      _seq_slice(bias, b, sq, sk), sink))
         parts = {n: torch.cat([p[n][0] for p in per_seq]) for n in ("q", "k", "v")}
         parts["sink"] = sum(p["sink"] for p in per_seq)
         for name in ("bias_each", "bias_row", "bias_row_summed"):  # on the padded (B, H, max_q, max_k) grid
-            parts[name] = torch.zeros(len(case.seqlens_q), case.heads_q, max(case.seqlens_q), max(case.seqlens_k),
-                                      dtype=torch.float64, device=device)
-            for b, (sq, sk) in enumerate(zip(case.seqlens_q, case.seqlens_k)):
-                parts[name][b, :, :sq, :sk] = per_seq[b][name][0]
+            parts[name] = _padded(case, [p[name][0] for p in per_seq], torch.float64, device)
     parts["sink"] = parts["sink"].sqrt()
     if "attn_bias" in leaves:  # dS summed over the bias's broadcast dims
         shape = leaves["attn_bias"].shape
