@@ -11,8 +11,8 @@ import triton.language as tl
 import flashtile
 from flashtile.flex import tanh
 from flashtile.flex.mods import SCORE_ARGS, Mod
+from utils import FUZZ_GPU_ELEMENTS
 
-GPU_ELEMENTS = 1 << 24  # batch * heads_q * seqlen_q * seqlen_k at most, as fuzz_cases' float64 references take
 CAP = 20.0
 REL_SPAN = 32  # relative positions -31..32 have their own bias; farther ones share the end buckets
 
@@ -61,7 +61,7 @@ def draw(seed, gpu):
     heads_kv = rng.choice([1, 2])
     heads_q = heads_kv * rng.choice([1, 2, 4])
     batch = rng.randint(1, 2)
-    while gpu and batch * heads_q * seqlen_q * seqlen_k > GPU_ELEMENTS:
+    while gpu and batch * heads_q * seqlen_q * seqlen_k > FUZZ_GPU_ELEMENTS:
         seqlen_q, seqlen_k = (seqlen_q + 1) // 2, (seqlen_k + 1) // 2
     span = max(seqlen_q, seqlen_k)
     parts = []
