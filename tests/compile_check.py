@@ -142,6 +142,10 @@ CASES = [
     (64, False, torch.float16, 2, 2, dict(flex=True, softcap=30.0, alibi=True)),
     (256, False, torch.bfloat16, 2, 1, dict(flex=True)),
     (128, True, torch.bfloat16, 2, 1, dict(score_mod=True)),
+    # The random cross-checks' score mods (tests/fuzz_programmable.py), which only the GPU otherwise compiles.
+    (128, False, torch.bfloat16, 2, 1, dict(fuzz_mod="relbias")),
+    (64, True, torch.float16, 2, 2, dict(fuzz_mod="softcap")),
+    (256, False, torch.float32, 2, 1, dict(fuzz_mod="alibi")),
     # Dropout through the block-sparse loops with the mods (not reachable from flashtile.attention, which
     # takes no dropout, but the kernels carry it there).
     (128, False, torch.bfloat16, 2, 1, dict(flex=True, dropout=True)),
@@ -170,6 +174,13 @@ def _mod_args(features, q):
     table = torch.zeros(128)
     score = mods.Mod(_rel_bias, (table,), mods.SCORE_ARGS, "score_mod")
     grad = mods.Mod(_unit, (table,), mods.SCORE_ARGS, "score_mod_grad")
+    if features.get("fuzz_mod"):
+        import fuzz_programmable
+
+        fn, fn_grad = fuzz_programmable.SCORES[features["fuzz_mod"]]
+        aux = (torch.zeros(q.shape[2] * 64),) if features["fuzz_mod"] != "softcap" else ()
+        score = mods.Mod(fn, aux, mods.SCORE_ARGS, "score_mod")
+        grad = mods.Mod(fn_grad, aux, mods.SCORE_ARGS, "score_mod_grad")
     mask = block_mask = None
     if features.get("flex"):
         mask = and_masks(causal_mask, document_mask(torch.zeros(q.shape[1], dtype=torch.int64)))
@@ -281,7 +292,7 @@ def _case_launches(arch, case):
             geo = dataclasses.replace(geo, block_table=torch.zeros(1, 4, dtype=torch.int32))
         if features.get("leftpad"):
             geo = dataclasses.replace(geo, key_start=torch.tensor([3], dtype=torch.int32))
-    mods = _mod_args(features, q) if features.get("flex") or features.get("score_mod") else None
+    mods = _mod_args(features, q) if any(features.get(k) for k in ("flex", "score_mod", "fuzz_mod")) else None
     if features.get("append"):
         launches = _append_launches(features, q[:, :1], k)
     elif features.get("decode"):

@@ -13,8 +13,9 @@ from flashtile.flex import tanh
 from flashtile.flex.mods import SCORE_ARGS, Mod
 from utils import FUZZ_GPU_ELEMENTS
 
-CAP = 20.0
-REL_SPAN = 32  # relative positions -31..32 have their own bias; farther ones share the end buckets
+# Globals a Triton function reads must be constexprs (the interpreter takes plain ones, the compiler does not).
+CAP = tl.constexpr(20.0)
+REL_SPAN = tl.constexpr(32)  # relative positions -31..32 have their own bias; farther ones share the end buckets
 
 
 def softcap_mod(score, b, h, q_idx, kv_idx):
