@@ -345,12 +345,14 @@ _ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32
 # terms' magnitudes: an estimate, not a worst case (a D-term sum's is D units); tensor cores sum in blocks and may
 # truncate, and fp32 inputs on NVIDIA GPUs take tf32x3's products, each within ~2^-22 of exact.
 _FP32_SUM_UNITS = 4.0
+# The roundings of a row's lse between the forward's online softmax and the backward's exponent (lse_rows).
+_LSE_UNITS = 3.0
 
 
-def _probs(case, q, k, v, slopes, bias, sink, mods_ref, dtype):
-    """The undropped softmax probabilities [B, H, Sq, Sk] of one batch of equal-length sequences, computed in dtype
-    (float64: the reference; the inputs' dtype: PyTorch's own), as d lse_i / d zero_ij for a zero added to the scores
-    after every score feature and score_mod (the sink's share included in the denominator)."""
+def _with_zero(case, q, k, v, slopes, bias, sink, mods_ref, dtype, **dropout):
+    """(zero, out, lse) of attention_ref in dtype with a zero [B, H, Sq, Sk] added to the scores after every score
+    feature and score_mod: d lse_i / d zero_ij is P_ij (the sink's share in the denominator), the loss's gradient
+    there is dS_ij. dropout: attention_ref's dropout_p and dropout_mask, or none."""
     q, k, v = (x.detach().to(dtype) for x in (q, k, v))
     zero = torch.zeros(q.shape[0], q.shape[2], q.shape[1], k.shape[1], dtype=dtype, device=q.device,
                        requires_grad=True)
@@ -358,17 +360,35 @@ def _probs(case, q, k, v, slopes, bias, sink, mods_ref, dtype):
 
     def score_mod(score, b, h, q_idx, kv_idx):
         return (score if score_ref is None else score_ref(score, b, h, q_idx, kv_idx)) + zero[b, h, q_idx, kv_idx]
-    _, lse = attention_ref(q, k, v, causal=case.causal, softmax_scale=case.softmax_scale, return_lse=True,
-                           upcast=dtype == torch.float64, window_size=case.window, softcap=case.softcap,
-                           alibi_slopes=slopes, sink=None if sink is None else sink.detach().to(dtype),
-                           attn_bias=None if bias is None else bias.detach().to(dtype), score_mod=score_mod,
-                           mask_mod=mask_ref)
+    out, lse = attention_ref(q, k, v, causal=case.causal, softmax_scale=case.softmax_scale, return_lse=True,
+                             upcast=dtype == torch.float64, window_size=case.window, softcap=case.softcap,
+                             alibi_slopes=slopes, sink=None if sink is None else sink.detach().to(dtype),
+                             attn_bias=None if bias is None else bias.detach().to(dtype), score_mod=score_mod,
+                             mask_mod=mask_ref, **dropout)
+    return zero, out, lse
+
+
+def _probs(case, q, k, v, slopes, bias, sink, mods_ref, dtype):
+    """The undropped softmax probabilities [B, H, Sq, Sk] of one batch of equal-length sequences, computed in dtype
+    (float64: the reference; the inputs' dtype: PyTorch's own), as d lse_i / d zero_ij (_with_zero)."""
+    zero, _, lse = _with_zero(case, q, k, v, slopes, bias, sink, mods_ref, dtype)
     return torch.autograd.grad(lse, zero, torch.isfinite(lse).to(lse.dtype))[0].nan_to_num(0.0)
 
 
-def _slack_one(case, q, k, v, dout, out_got, out64, keep, slopes, bias, sink, mods_ref=(None, None)):
+def _score_grad(case, q, k, v, dout, dlse, keep, slopes, bias, sink, mods_ref):
+    """(dS, lse) in float64 of one batch of equal-length sequences: dS [B, H, Sq, Sk] the loss's gradient at the
+    final scores (_with_zero, dropout's mask applied), lse [B, H, Sq] (0 for rows that see no key)."""
+    dropout = dict(dropout_p=case.dropout_p, dropout_mask=keep) if keep is not None else {}
+    zero, out, lse = _with_zero(case, q, k, v, slopes, bias, sink, mods_ref, torch.float64, **dropout)
+    outputs, grad_outputs = _loss_parts(out, lse, dout.double(), None if dlse is None else dlse.double())
+    ds = torch.autograd.grad(outputs, zero, grad_outputs)[0].nan_to_num(0.0)
+    return ds, torch.nan_to_num(lse.detach(), nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _slack_one(case, q, k, v, dout, dlse, out_got, out64, keep, slopes, bias, sink, mods_ref=(None, None)):
     """design_slack for one batch of equal-length sequences (dense: the whole batch; varlen: one sequence)."""
     probs = _probs(case, q, k, v, slopes, bias, sink, mods_ref, torch.float64)
+    ds, lse = _score_grad(case, q, k, v, dout, dlse, keep, slopes, bias, sink, mods_ref)
     q, k, v, dout, out_got, out64 = (x.detach().double() for x in (q, k, v, dout, out_got, out64))
     group = q.shape[2] // k.shape[2]
     k_exp, v_exp = (x.repeat_interleave(group, dim=2) for x in (k, v))
@@ -376,8 +396,10 @@ def _slack_one(case, q, k, v, dout, out_got, out64, keep, slopes, bias, sink, mo
     # Errors of dS_ij = P_ij (dP_ij - delta_i) independent from key to key: dP's sum and dS's rounding (of the
     # shift's part; PyTorch rounds the rest too), and the one delta_i's sum carries into the whole row.
     dp_sum = torch.einsum("bqhd,bkhd->bhqk", dout.abs(), v_exp.abs())
+    p_used = probs  # the probabilities dV takes: dropout's kept ones, rescaled
     if keep is not None:
         dp_sum = dp_sum * keep.double() / (1.0 - case.dropout_p)
+        p_used = probs * keep.double() / (1.0 - case.dropout_p)
     rounding = ((dout * (out_got - out64)).sum(-1).abs() * _ROUNDOFF[case.dtype]).transpose(1, 2)[..., None]
     each = probs * (units * dp_sum + rounding)
     row = (units * (dout.abs() * out_got.abs()).sum(-1)).transpose(1, 2)[..., None]  # [B, H, Sq, 1]
@@ -385,17 +407,33 @@ def _slack_one(case, q, k, v, dout, out_got, out64, keep, slopes, bias, sink, mo
     if case.dtype == torch.float32:  # PyTorch's fp32 sums err as much but where a row sees one key (exactly 0)
         one_key = (probs >= 1.0 - 1e-9).any(-1, keepdim=True)  # (any: a sequence may have no key)
         each, row = each * one_key, row * one_key
+    # The backward's P_ij = exp(s_ij - lse_i) with lse_i in fp32: one relative error per row, lse_rows (below); a
+    # bias gradient summed over keys takes the row's sum (spread over its keys, which sum_to_size adds up again).
+    lse_err = lse_rows(lse)[..., None]
+    lse_ds = lse_err * ds.abs()
+    lse_ds_summed = lse_err * ds.sum(-1, keepdim=True).abs() / ds.shape[-1]
     scale = case.softmax_scale if case.softmax_scale is not None else case.head_dim ** -0.5
     # Independent errors add in quadrature; the row's shared one linearly along the row (each term's softcap factor
     # 1 - t^2 is <= 1, hence |K|).
     dq = scale * (torch.einsum("bhqk,bkhd->bqhd", each ** 2, k_exp ** 2).sqrt()
                   + row.transpose(1, 2) * torch.einsum("bhqk,bkhd->bqhd", probs, k_exp.abs()))
-    dk = torch.einsum("bhqk,bqhd->bkhd", each ** 2 + (probs * row) ** 2, q ** 2)
+    dk = torch.einsum("bhqk,bqhd->bkhd", each ** 2 + (probs * row) ** 2 + lse_ds ** 2, q ** 2)
     dk = scale * dk.unflatten(2, (k.shape[2], group)).sum(3).sqrt()
+    dv = torch.einsum("bhqk,bqhd->bkhd", (lse_rows(lse)[..., None] * p_used) ** 2, dout ** 2)
+    dv = dv.unflatten(2, (k.shape[2], group)).sum(3).sqrt()
     p_sink = (1.0 - probs.sum(-1, keepdim=True)).clamp(min=0.0)
     dsink = ((p_sink * row) ** 2).sum((0, 2, 3))
-    return dict(q=dq, k=dk, v=torch.zeros_like(v), sink=dsink, bias_each=each ** 2, bias_row=probs * row,
-                bias_row_summed=bias_row_summed)
+    return dict(q=dq, k=dk, v=dv, sink=dsink, bias_each=each ** 2, bias_row=probs * row,
+                bias_row_summed=bias_row_summed + lse_ds_summed.expand_as(ds), bias_lse_each=lse_ds ** 2)
+
+
+def lse_rows(lse):
+    """The relative error of a row's probabilities that the backward's P = exp(s - lse) takes from lse rounded to
+    fp32 (FlashAttention's design; PyTorch's softmax subtracts the row's max and keeps no lse): _LSE_UNITS fp32
+    units of |lse| (the forward's lse in log2 units, its store in natural ones, the backward's conversion back;
+    cpu.py rounds once).
+    Of the bound's size only where |lse| is large, e.g. scores with a large offset shared by the row."""
+    return _LSE_UNITS * 2.0 ** -24 * lse.abs()
 
 
 def _seq_slice(t, b, sq, sk):
@@ -428,7 +466,7 @@ def reference_probs(case, device, dtype):
     return _padded(case, pieces, dtype, device)
 
 
-def design_slack(case, device, keep, got, out64):
+def design_slack(case, device, keep, got, out64, lse64, grads64):
     """Per gradient, an elementwise estimate of what FlashAttention's backward deviates from the float64 reference
     beyond reference()'s shift, by design: dS_ij = P_ij (dP_ij - delta_i) from two fp32 sums (dO_i . V_j in the tensor
     cores, delta_i = dO_i . O_i) that cancel exactly in PyTorch's softmax backward where a row sees one key, and dS
@@ -438,29 +476,41 @@ def design_slack(case, device, keep, got, out64):
     (-sum_i P_sink,i delta_i); delta_i's error, shared by its row, adds linearly along it. dV takes no dS.
     fp16 / bf16: everywhere (0.03-0.4 % of the rule's bound in ordinary cases, so no cover for a real error). fp32,
     where it would be of the bound's size (PyTorch's fp32 sums err alike): only rows that see one key, where PyTorch
-    gets 0 exactly, and a bias gradient summed over keys (sum_j dS_ij, in which delta cancels)."""
-    q, k, v, dout, _, kwargs, leaves, cu = inputs(case, device)
+    gets 0 exactly, and a bias gradient summed over keys (sum_j dS_ij, in which delta cancels).
+    Every dtype: the backward recomputes P_ij = exp(s_ij - lse_i) from lse_i in fp32, one relative error per row
+    (lse_rows: 3 |lse_i| 2^-24) where PyTorch's softmax has none; it scales the row's contributions to every gradient:
+    dq_i by exactly that factor (lse64, grads64: the reference's), dk / dv / the bias's from rows independently.
+    Under an fp32 bound only where |lse| is large (H200 seeds 269, 294 of the programmable family: an ALiBi score_mod
+    not aligned bottom-right, lse ~ -600; seed 246: a bias broadcast over keys). The sink's term does not take it."""
+    q, k, v, dout, dlse, kwargs, leaves, cu = inputs(case, device)
     slopes, bias, sink = kwargs.get("alibi_slopes"), kwargs.get("attn_bias"), kwargs.get("sink")
     if not case.varlen:
-        parts = _slack_one(case, q, k, v, dout, got, out64, keep, slopes, bias, sink,
+        parts = _slack_one(case, q, k, v, dout, dlse, got, out64, keep, slopes, bias, sink,
                            kwargs.get("mods_ref", (None, None)))
+        row_err = lse_rows(lse64).nan_to_num(0.0, 0.0, 0.0).permute(0, 2, 1)  # [B, Sq, H]
     else:
         per_seq = []
         for b, (sq, sk) in enumerate(zip(case.seqlens_q, case.seqlens_k)):
             rows, cols = slice(cu[0][b], cu[0][b + 1]), slice(cu[1][b], cu[1][b + 1])
             slopes_b = slopes[b] if case.alibi == "bh" else slopes
-            per_seq.append(_slack_one(case, q[rows][None], k[cols][None], v[cols][None], dout[rows][None],
+            dlse_b = None if dlse is None else dlse[:, rows][None]
+            per_seq.append(_slack_one(case, q[rows][None], k[cols][None], v[cols][None], dout[rows][None], dlse_b,
                                       got[rows][None], out64[rows][None], _seq_slice(keep, b, sq, sk), slopes_b,
                                       _seq_slice(bias, b, sq, sk), sink))
         parts = {n: torch.cat([p[n][0] for p in per_seq]) for n in ("q", "k", "v")}
         parts["sink"] = sum(p["sink"] for p in per_seq)
-        for name in ("bias_each", "bias_row", "bias_row_summed"):  # on the padded (B, H, max_q, max_k) grid
+        row_err = lse_rows(lse64).nan_to_num(0.0, 0.0, 0.0).transpose(0, 1)  # [total_q, H]
+        for name in ("bias_each", "bias_row", "bias_row_summed", "bias_lse_each"):  # the padded (B, H, max_q, max_k)
             parts[name] = _padded(case, [p[name][0] for p in per_seq], torch.float64, device)
     parts["sink"] = parts["sink"].sqrt()
+    if "q" in grads64:  # the row's factor on dq_i, exactly
+        parts["q"] = parts["q"] + row_err[..., None] * grads64["q"].abs()
     if "attn_bias" in leaves:  # dS summed over the bias's broadcast dims
         shape = leaves["attn_bias"].shape
-        row = parts["bias_row_summed" if shape[-1] == 1 else "bias_row"]
-        parts["attn_bias"] = parts["bias_each"].sum_to_size(shape).sqrt() + row.sum_to_size(shape)
+        summed = shape[-1] == 1  # over keys: the lse term of the row's sum, in bias_row_summed
+        row = parts["bias_row_summed" if summed else "bias_row"]
+        each = parts["bias_each"] if summed else parts["bias_each"] + parts["bias_lse_each"]
+        parts["attn_bias"] = each.sum_to_size(shape).sqrt() + row.sum_to_size(shape)
     return {n: parts[n] for n in leaves if leaves[n].requires_grad}
 
 
@@ -506,7 +556,7 @@ def check(case, device):
     q = torch.empty(0, dtype=case.dtype, device=device)
     assert_lse_rule("lse", lse, lse64, lse32, tanh_slack(q, case.softcap))
     assert grads.keys() == grads64.keys()
-    slack = design_slack(case, device, keep, out, out64) if grads else {}
+    slack = design_slack(case, device, keep, out, out64, lse64, grads64) if grads else {}
     for name, got in grads.items():
         assert got.shape == grads64[name].shape, name
         assert_close_rule(f"d{name}", got, grads64[name], grads_low[name], got.dtype, design.get(name),
