@@ -65,15 +65,19 @@ def triton_form(fn):
     """fn as a Triton function: triton.jit of a copy of its Python function (of fn itself, or of the
     function behind a @triton.jit) that has a unique qualified name and sees `tl` (the interpreter needs
     triton.language among a jitted function's globals). Cached per function so repeated calls reuse one
-    compiled kernel."""
-    if fn not in _TRITON:
+    compiled kernel. triton.jit makes an interpreted function when TRITON_INTERPRET is set at that moment, so the
+    cache keeps one of each kind (a process may switch, as the CPU tests do between the interpreter and cpu.py).
+    Adapters follow, as their keys hold these forms; a combination (and_masks / or_masks) keeps the forms of the
+    mode it was made in."""
+    key = (fn, triton.knobs.runtime.interpret)
+    if key not in _TRITON:
         py = python_function(fn)
         glb = py.__globals__
         if not any(value is tl for value in glb.values()):
             glb = dict(glb, tl=tl)
         copy = types.FunctionType(py.__code__, glb, py.__name__, py.__defaults__, py.__closure__)
-        _TRITON[fn] = triton.jit(_unique_name(copy))
-    return _TRITON[fn]
+        _TRITON[key] = triton.jit(_unique_name(copy))
+    return _TRITON[key]
 
 
 class _Ptr:
