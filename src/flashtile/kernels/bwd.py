@@ -6,8 +6,8 @@ loops over every query head of its group, so GQA sums need no atomics and result
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _block_list, _dropout_base, _dropout_keep, _key_range, _load_tile, _query_block,
-                     _query_range, _row_base, _scores, _segment, _seq_offset, _seq_range, _store_tile,
+from .common import (LOG2E, _block_list, _dropout_base, _dropout_keep, _exp2_minus, _key_range, _load_tile,
+                     _query_block, _query_range, _row_base, _scores, _segment, _seq_offset, _seq_range, _store_tile,
                      _sparse_tile_start)
 
 
@@ -174,7 +174,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                              alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
                              MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, off_b, off_h, aux0, aux1, aux2, aux3,
                              SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
-        pT = tl.math.exp2(sT - lse2[None, :])  # [BLOCK_N, BLOCK_M]
+        pT = _exp2_minus(sT, lse2[None, :], SCORE_MOD)  # [BLOCK_N, BLOCK_M]
         if HAS_DROPOUT:
             keepT = _dropout_keep(seed, rng_base, offs_qm[None, :], start_n, max_k, dropout_threshold,
                                   offs_n.shape[0], True)
@@ -366,7 +366,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride
                           alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
                           MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, off_b, off_h, aux0, aux1, aux2, aux3,
                           SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD)
-        p = tl.math.exp2(s - lse2[:, None])  # [BLOCK_M, BLOCK_N]
+        p = _exp2_minus(s, lse2[:, None], SCORE_MOD)  # [BLOCK_M, BLOCK_N]
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
         if HAS_DROPOUT:
             keep = _dropout_keep(seed, rng_base, offs_m[:, None], start_n, max_k, dropout_threshold, BLOCK_N, False)

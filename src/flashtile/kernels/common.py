@@ -64,7 +64,8 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
     score in natural-log units and returns the new one; MASK_MOD(b, h, q_idx, kv_idx, aux0..aux3) returns
     True where a key is visible; both are generated adapters around the user's functions, and positions
     past the sequence ends are clamped to the last one so mods may index aux tensors with them.
-    Returns (s, t, g): g = d SCORE_MOD / d score from SCORE_MOD_GRAD (the backward's chain rule), else t.
+    Returns (s, t, g): g = d SCORE_MOD / d score from SCORE_MOD_GRAD (the backward's chain rule), else t; s stays in
+    natural-log units then (_log2_units / _exp2_minus convert it).
     SOFTCAP: 0 off, 1 on, 2 on with the GPU's approximate tanh (fp16/bf16 inputs; see _tanh).
     """
     if SOFTCAP:
@@ -88,7 +89,7 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
         k_mod = tl.minimum(k_idx, seqlen_k - 1)
         if SCORE_MOD_GRAD is not None:
             g = SCORE_MOD_GRAD(s_nat, off_b, off_h, q_mod, k_mod, aux0, aux1, aux2, aux3)
-        s = SCORE_MOD(s_nat, off_b, off_h, q_mod, k_mod, aux0, aux1, aux2, aux3) * LOG2E
+        s = SCORE_MOD(s_nat, off_b, off_h, q_mod, k_mod, aux0, aux1, aux2, aux3)  # natural-log units: _exp2_minus
     if MASKED:
         visible = k_idx < seqlen_k
         if IS_LOCAL:
@@ -100,6 +101,28 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
                                          tl.minimum(k_idx, seqlen_k - 1), aux0, aux1, aux2, aux3)
         s = tl.where(visible, s, float("-inf"))
     return s, t, g
+
+
+@triton.jit
+def _log2_units(x, SCORE_MOD: tl.constexpr):
+    """x, a score (or a row's maximum of them) from _scores, in log2 units: under SCORE_MOD it came in natural-log
+    units."""
+    if SCORE_MOD is not None:
+        x = x * LOG2E
+    return x
+
+
+@triton.jit
+def _exp2_minus(s, m, SCORE_MOD: tl.constexpr):
+    """exp2(s - m) for scores s from _scores and m (a running max, an lse) in log2 units. Under SCORE_MOD, s is in
+    natural-log units and s * log2(e) - m is one fma: a large score the mod made (an offset shared by a row, e.g. a
+    position bias not aligned to the row) is not rounded a second time before the difference, which is small (the
+    fp32 backward's gradients against PyTorch's: the fuzz's programmable seeds 269 / 294 on the H200)."""
+    if SCORE_MOD is not None:
+        p = tl.math.exp2(tl.fma(s, LOG2E, -m))
+    else:
+        p = tl.math.exp2(s - m)
+    return p
 
 
 @triton.jit

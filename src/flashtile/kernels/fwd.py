@@ -2,8 +2,9 @@
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, _block_list, _dropout_keep, _key_range, _key_start, _kv_tile_ptrs, _load_tile,
-                     _query_block, _scores, _segment, _seq_offset, _store_tile, _tile_pages, _sparse_tile_start)
+from .common import (LOG2E, _block_list, _dropout_keep, _exp2_minus, _key_range, _key_start, _kv_tile_ptrs, _load_tile,
+                     _log2_units, _query_block, _scores, _segment, _seq_offset, _store_tile, _tile_pages,
+                     _sparse_tile_start)
 
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -60,13 +61,13 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
                           alibi_slope, window_left, window_right, bias_ptr, stride_bias_m, stride_bias_n,
                           MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, off_b, off_h, aux0, aux1, aux2, aux3,
                           SCORE_MOD, None, MASK_MOD)
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # [BLOCK_M]
+        m_new = tl.maximum(m_i, _log2_units(tl.max(s, 1), SCORE_MOD))  # [BLOCK_M]
         if MASKED:
             # A row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_sub = m_new
-        p = tl.math.exp2(s - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
+        p = _exp2_minus(s, m_sub[:, None], SCORE_MOD)  # [BLOCK_M, BLOCK_N]
         alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
