@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import flashtile
-from flashtile import configs, gluon_bwd_launch, philox
+from flashtile import configs, gluon_bwd_bias, gluon_bwd_launch, philox
 from flashtile.launch import ModArgs
 from conftest import DEVICE
 
@@ -100,7 +100,7 @@ def test_dkdv_launch_args_bias():
             assert list(desc.shape) == shape and list(desc.strides) == strides, (desc.shape, desc.strides)
             assert list(desc.block_shape) == [1, 1, 64, 128] and desc.layout.swizzle_byte_width == 128
             # one layout object per (box, dtype): fast_launch keys a descriptor's layout by identity
-            assert desc.layout is gluon_bwd_launch._bias_descriptor(bias, 64, 128).layout
+            assert desc.layout is gluon_bwd_bias._bias_descriptor(bias, 64, 128).layout
             assert args[-10:-3] == (None,) * 7  # the other features and varlen stay off
 
 

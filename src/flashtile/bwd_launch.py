@@ -231,8 +231,8 @@ def _gluon_sparse_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_
 def _gluon_bwd_candidate(bias_grad, dropout_p, mods, deterministic):
     """Whether _flash_attn_backward asks the Gluon backward at all: no bias gradient (the Gluon kernel reads a bias,
     it writes no dS), no mods, not deterministic (its dQ reductions run in no fixed order). Windows, softcap, ALiBi,
-    varlen, dropout (D64 / D128) and a bias's layout (gluon_bwd_launch.bias_tma_ok, bias_shared_ok; dense only) are
-    its own to refuse or take."""
+    varlen, dropout (D64 / D128) and a bias's layout (gluon_bwd_bias.bias_tma_ok, gluon_bwd_launch.bias_shared_ok;
+    dense only) are its own to refuse or take."""
     return not deterministic and not bias_grad and mods is None
 
 

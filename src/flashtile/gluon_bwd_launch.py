@@ -1,7 +1,7 @@
 """Host side of the Hopper Gluon backward (kernels/gluon_bwd.py): support check, descriptors, launches.
 
 bwd_launch._flash_attn_backward uses it for the dense and varlen backward (plain, causal, sliding window, softcap,
-ALiBi, an additive bias without gradient whose layout TMA can read: bias_tma_ok, bias_shared_ok) when
+ALiBi, an additive bias without gradient whose layout TMA can read: gluon_bwd_bias.bias_tma_ok, bias_shared_ok) when
 configs.gluon_bwd_wanted() and gluon_bwd_supported() agree; FLASHTILE_GLUON_BWD=1 takes it wherever it is
 supported, =0 never. flashtile.attention's block-sparse calls (sparse_ok: a block mask, a mask_mod or none, D64 /
 D128 / D256) take it through bwd_launch._gluon_sparse_backward, switched by FLASHTILE_GLUON_SPARSE as the sparse
@@ -22,6 +22,7 @@ import torch
 from . import bwd_launch, configs, fast_launch, launch, philox
 from .gluon_launch import (HALF_COMPARE_MAX_THRESHOLD, LOG2E, _supported_device, _varlen_ok, alibi_ok,
                            block_list_args, dropout_ok, mask_mode, record_sparse_failure, tma_descriptor, torch_layout)
+from .gluon_bwd_bias import _bias_args, bias_tma_ok
 from .gluon_variants import grid_order_variants
 
 try:
@@ -273,36 +274,6 @@ def _row_descriptor(rows, block_m):
     return tma_descriptor(rows, [batch * heads, width], [s[1], 1], [1, block_m], _row_layout())
 
 
-def _broadcast(bias, dim):
-    """Whether bias dim `dim` is broadcast: size 1, or expanded (stride 0)."""
-    return bias.shape[dim] == 1 or bias.stride(dim) == 0
-
-
-def bias_tma_ok(attn_bias, seqlen_q, seqlen_k):
-    """Whether the dK/dV kernel reads attn_bias (4-D, broadcastable to (B, Hq, Sq, Sk)) as a 4-D TMA tensor: full
-    Sq and Sk dims (a query- or key-broadcast bias has no TMA form), unit key stride, 16-byte aligned base and
-    strides of the dims it steps (query rows; batch / heads where not broadcast), fp16 / bf16 / fp32. Also, to be
-    safe with the driver's tensor-map checks (a failing launch disables the Gluon backward for the process), each
-    stepped dim's stride covers the dims inside it (a row at least Sk, a head at least Sq rows, a batch at least
-    its heads), as in any slice of a contiguous tensor; a permuted bias stays on the portable kernels."""
-    if attn_bias.dtype not in (torch.float16, torch.bfloat16, torch.float32) or attn_bias.dim() != 4:
-        return False
-    shape, strides, size = attn_bias.shape, attn_bias.stride(), attn_bias.element_size()
-    if shape[2] != seqlen_q or shape[3] != seqlen_k or (strides[3] != 1 and seqlen_k > 1):
-        return False
-    inner = seqlen_k  # elements the dims inside the current one span
-    if seqlen_q > 1:
-        if strides[2] < inner or strides[2] * size % 16:
-            return False
-        inner = strides[2] * seqlen_q
-    for dim in (1, 0):
-        if not _broadcast(attn_bias, dim):
-            if strides[dim] < inner or strides[dim] * size % 16:
-                return False
-            inner = strides[dim] * shape[dim]
-    return attn_bias.data_ptr() % 16 == 0
-
-
 @functools.lru_cache(maxsize=None)  # called per backward with a bias: a dict look-up after the first (host time)
 def bias_shared_ok(head_dim, config, bias_dtype):
     """Whether the bias ring (a [block_m, BLOCK_N] tile per stage) fits beside config's shared memory at head_dim:
@@ -322,35 +293,6 @@ def bias_shared_ok(head_dim, config, bias_dtype):
 
 SHARED_LIMIT = 232_448  # sm90's dynamic shared memory per block
 SHARED_SLACK = 1_024  # barriers and alignment beyond the buffers' bytes (the compiles: 544 B D128, 576 B D64 fp32)
-
-
-def _bias_descriptor(attn_bias, block_m, keys):
-    """attn_bias as a 4-D (B or 1, Hq or 1, Sq, Sk) TMA tensor, boxes [1, 1, block_m, keys]: a broadcast dim has
-    size 1 (read at coordinate 0; its stride is then any aligned value). A box past Sq or Sk is zero-filled."""
-    shape, strides = list(attn_bias.shape), list(attn_bias.stride())
-    aligned = 16 // attn_bias.element_size()  # elements per 16 bytes
-    strides[3] = 1
-    if shape[2] == 1:  # a single query row: its stride is never stepped
-        strides[2] = -(-shape[3] // aligned) * aligned
-    for dim in (1, 0):  # broadcast dims as if contiguous over the dims after them
-        if _broadcast(attn_bias, dim):
-            shape[dim], strides[dim] = 1, strides[dim + 1] * shape[dim + 1]
-    layout = _bias_layout(block_m, keys, attn_bias.dtype)
-    return tma_descriptor(attn_bias, shape, strides, [1, 1, block_m, keys], layout)
-
-
-@functools.lru_cache(maxsize=None)
-def _bias_layout(block_m, keys, dtype):
-    """The bias box's NVMMA layout (128-byte swizzle), one object per (box, torch dtype): fast_launch keys layouts
-    by identity, so a fresh one per call would miss its cache every time."""
-    gl_dtype = {torch.float16: _gl.float16, torch.bfloat16: _gl.bfloat16, torch.float32: _gl.float32}[dtype]
-    return _gl.NVMMASharedLayout.get_default_for([1, 1, block_m, keys], gl_dtype)
-
-
-def _bias_args(attn_bias, block_m, keys):
-    """(bias_desc, bias_batch, bias_heads) of the dK/dV kernel."""
-    desc = _bias_descriptor(attn_bias, block_m, keys)
-    return desc, desc.shape[0], desc.shape[1]
 
 
 @functools.lru_cache(maxsize=None)
