@@ -137,6 +137,18 @@ def test_document_mask_per_batch(backend):
     check(q, k, v, torch.float16, mask, block_mask=block_mask)
 
 
+def test_mods_made_in_the_other_interpreter_mode(monkeypatch):
+    """Masks combined while TRITON_INTERPRET was 0 (triton.jit then makes compiled functions), then run by the
+    interpreter: flex.mods.triton_form makes each function, a combination's parts too, in the current mode."""
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter's mode switch: CPU only")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    mask = flashtile.and_masks(flashtile.causal_mask, flashtile.strided_mask(5), flashtile.block_diagonal_mask(24))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q, k, v = make_qkv(1, 40, 40, 1, 1, 16, torch.float16, "cpu")
+    check(q, k, v, torch.float16, mask=mask)
+
+
 def test_relative_position_bias(backend):
     """A score_mod reading an aux table, with a block-sparse causal mask and GQA."""
     _, device = backend

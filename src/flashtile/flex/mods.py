@@ -11,6 +11,7 @@ linecache, where both inspect.getsource (the Triton compiler) and tracebacks fin
 import inspect
 import itertools
 import linecache
+import os
 import types
 
 import torch
@@ -61,20 +62,30 @@ def generate(source, name, namespace):
     return _unique_name(scope[name])
 
 
+def _interpreting():
+    """Whether triton.jit makes interpreted functions now (Triton's own reading of TRITON_INTERPRET; older releases
+    without triton.knobs read "1")."""
+    knobs = getattr(triton, "knobs", None)
+    return bool(knobs.runtime.interpret) if knobs is not None else os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def triton_form(fn):
     """fn as a Triton function: triton.jit of a copy of its Python function (of fn itself, or of the
     function behind a @triton.jit) that has a unique qualified name and sees `tl` (the interpreter needs
     triton.language among a jitted function's globals). Cached per function so repeated calls reuse one
     compiled kernel. triton.jit makes an interpreted function when TRITON_INTERPRET is set at that moment, so the
-    cache keeps one of each kind (a process may switch, as the CPU tests do between the interpreter and cpu.py).
-    Adapters follow, as their keys hold these forms; a combination (and_masks / or_masks) keeps the forms of the
-    mode it was made in."""
-    key = (fn, triton.knobs.runtime.interpret)
+    cache keeps one of each kind (a process may switch, as the CPU tests do between the interpreter and cpu.py),
+    and a jitted function fn calls that is of the other kind (a combination's parts, made in the other mode) is
+    replaced by its form of this kind."""
+    interpreting = _interpreting()
+    key = (fn, interpreting)
     if key not in _TRITON:
         py = python_function(fn)
         glb = py.__globals__
-        if not any(value is tl for value in glb.values()):
-            glb = dict(glb, tl=tl)
+        other_kind = {name: glb[name] for name in py.__code__.co_names
+                      if is_jitted(glb.get(name)) and isinstance(glb[name], InterpretedFunction) != interpreting}
+        if other_kind or not any(value is tl for value in glb.values()):
+            glb = dict(glb, tl=tl, **{name: triton_form(value) for name, value in other_kind.items()})
         copy = types.FunctionType(py.__code__, glb, py.__name__, py.__defaults__, py.__closure__)
         _TRITON[key] = triton.jit(_unique_name(copy))
     return _TRITON[key]
