@@ -376,19 +376,20 @@ def _probs(case, q, k, v, slopes, bias, sink, mods_ref, dtype):
 
 
 def _score_grad(case, q, k, v, dout, dlse, keep, slopes, bias, sink, mods_ref):
-    """(dS, lse) in float64 of one batch of equal-length sequences: dS [B, H, Sq, Sk] the loss's gradient at the
-    final scores (_with_zero, dropout's mask applied), lse [B, H, Sq] (0 for rows that see no key)."""
+    """(P, dS, lse) in float64 of one batch of equal-length sequences, from one _with_zero graph: P the undropped
+    probabilities (as _probs: lse does not see dropout), dS [B, H, Sq, Sk] the loss's gradient at the final scores
+    (dropout's mask applied), lse [B, H, Sq] (0 for rows that see no key)."""
     dropout = dict(dropout_p=case.dropout_p, dropout_mask=keep) if keep is not None else {}
     zero, out, lse = _with_zero(case, q, k, v, slopes, bias, sink, mods_ref, torch.float64, **dropout)
+    probs = torch.autograd.grad(lse, zero, torch.isfinite(lse).to(lse.dtype), retain_graph=True)[0]
     outputs, grad_outputs = _loss_parts(out, lse, dout.double(), None if dlse is None else dlse.double())
-    ds = torch.autograd.grad(outputs, zero, grad_outputs)[0].nan_to_num(0.0)
-    return ds, torch.nan_to_num(lse.detach(), nan=0.0, posinf=0.0, neginf=0.0)
+    ds = torch.autograd.grad(outputs, zero, grad_outputs)[0]
+    return probs.nan_to_num(0.0), ds.nan_to_num(0.0), torch.nan_to_num(lse.detach(), nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _slack_one(case, q, k, v, dout, dlse, out_got, out64, keep, slopes, bias, sink, mods_ref=(None, None)):
     """design_slack for one batch of equal-length sequences (dense: the whole batch; varlen: one sequence)."""
-    probs = _probs(case, q, k, v, slopes, bias, sink, mods_ref, torch.float64)
-    ds, lse = _score_grad(case, q, k, v, dout, dlse, keep, slopes, bias, sink, mods_ref)
+    probs, ds, lse = _score_grad(case, q, k, v, dout, dlse, keep, slopes, bias, sink, mods_ref)
     q, k, v, dout, out_got, out64 = (x.detach().double() for x in (q, k, v, dout, out_got, out64))
     group = q.shape[2] // k.shape[2]
     k_exp, v_exp = (x.repeat_interleave(group, dim=2) for x in (k, v))
@@ -414,13 +415,14 @@ def _slack_one(case, q, k, v, dout, dlse, out_got, out64, keep, slopes, bias, si
     lse_ds_summed = lse_err * ds.sum(-1, keepdim=True).abs() / ds.shape[-1]
     scale = case.softmax_scale if case.softmax_scale is not None else case.head_dim ** -0.5
     # Independent errors add in quadrature; the row's shared one linearly along the row (each term's softcap factor
-    # 1 - t^2 is <= 1, hence |K|).
+    # 1 - t^2 is <= 1, hence |K|; so is every fuzz score_mod's derivative, which the lse terms' |dS| leaves out too).
     dq = scale * (torch.einsum("bhqk,bkhd->bqhd", each ** 2, k_exp ** 2).sqrt()
                   + row.transpose(1, 2) * torch.einsum("bhqk,bkhd->bqhd", probs, k_exp.abs()))
     dk = torch.einsum("bhqk,bqhd->bkhd", each ** 2 + (probs * row) ** 2 + lse_ds ** 2, q ** 2)
     dk = scale * dk.unflatten(2, (k.shape[2], group)).sum(3).sqrt()
     dv = torch.einsum("bhqk,bqhd->bkhd", (lse_rows(lse)[..., None] * p_used) ** 2, dout ** 2)
     dv = dv.unflatten(2, (k.shape[2], group)).sum(3).sqrt()
+    # The sink's term takes no lse part: lse_i >= sink, so a row whose |lse| is large has a negligible P_sink.
     p_sink = (1.0 - probs.sum(-1, keepdim=True)).clamp(min=0.0)
     dsink = ((p_sink * row) ** 2).sum((0, 2, 3))
     return dict(q=dq, k=dk, v=dv, sink=dsink, bias_each=each ** 2, bias_row=probs * row,
@@ -431,7 +433,10 @@ def lse_rows(lse):
     """The relative error of a row's probabilities that the backward's P = exp(s - lse) takes from lse rounded to
     fp32 (FlashAttention's design; PyTorch's softmax subtracts the row's max and keeps no lse): _LSE_UNITS fp32
     units of |lse| (the forward's lse in log2 units, its store in natural ones, the backward's conversion back;
-    cpu.py rounds once).
+    cpu.py rounds once; the Gluon backward's ROWS_IN_ACC variant rounds a fourth time, lse2 * fold_scale, where
+    plain dense calls keep |lse| small). A bound: a simulation of the three roundings (the session 44 review) gives
+    at most 2.1 units per row and 0.5 on average, so in the quadrature sums (dk, dv, a bias) it over-covers, by up
+    to ~2x the rule's bound where |lse| is large; 3 is what the H200 checked (docs/gpu-tests.md, session 44).
     Of the bound's size only where |lse| is large, e.g. scores with a large offset shared by the row."""
     return _LSE_UNITS * 2.0 ** -24 * lse.abs()
 
@@ -481,7 +486,8 @@ def design_slack(case, device, keep, got, out64, lse64, grads64):
     (lse_rows: 3 |lse_i| 2^-24) where PyTorch's softmax has none; it scales the row's contributions to every gradient:
     dq_i by exactly that factor (lse64, grads64: the reference's), dk / dv / the bias's from rows independently.
     Under an fp32 bound only where |lse| is large (H200 seeds 269, 294 of the programmable family: an ALiBi score_mod
-    not aligned bottom-right, lse ~ -600; seed 246: a bias broadcast over keys). The sink's term does not take it."""
+    not aligned bottom-right, lse ~ -600; seed 246: a bias broadcast over batch and queries). The sink's term does
+    not take it."""
     q, k, v, dout, dlse, kwargs, leaves, cu = inputs(case, device)
     slopes, bias, sink = kwargs.get("alibi_slopes"), kwargs.get("attn_bias"), kwargs.get("sink")
     if not case.varlen:

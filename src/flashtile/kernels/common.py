@@ -53,8 +53,8 @@ def _scores(qk, q_idx, k_idx, seqlen_q, seqlen_k, qk_scale, softcap_log2, alibi_
 
     qk: raw dot products; q_idx / k_idx: query and key positions broadcastable to qk's shape ([M, 1]
     and [1, N] in the forward and dQ kernels, [1, M] and [N, 1] in the dK/dV kernel, which works on
-    the transposed tile). Returns (s, t): s in log2 units, -inf where masked; t = tanh(qk * qk_scale)
-    under SOFTCAP (the backward's chain rule needs 1 - t^2), else s.
+    the transposed tile). Returns (s, t, g): s in log2 units (natural-log ones under SCORE_MOD, below), -inf where
+    masked; t = tanh(qk * qk_scale) under SOFTCAP (the backward's chain rule needs 1 - t^2), else s.
     qk_scale is softmax_scale * log2(e), or softmax_scale / softcap under SOFTCAP (then softcap_log2 =
     softcap * log2(e)). bias_ptr points at this (batch, head)'s additive bias, read at
     (q_idx, k_idx) with the given strides (0 along broadcast dims). Only MASKED blocks evaluate masks:
