@@ -20,18 +20,20 @@ def assert_close_rule(name, got, ref64, ref_lowp, dtype, shift=None, slack=None)
     such a deviation that cannot be computed exactly (rounding the algorithm has where PyTorch's cancels), taken off
     each element's error before the max.
 
-    The floor is the error of merely rounding the reference to dtype (half an ulp at its magnitude)
-    plus a small absolute term, so cases that are exact in PyTorch (dq = dk = 0 with a single key,
+    The floor is the error of merely rounding the value got is held to (ref64, or ref64 + shift) to dtype (half an
+    ulp at its magnitude: got is stored in dtype; where ref64 is 0 and the shift is not, only the shift's rounding
+    can be asked for) plus a small absolute term, so cases that are exact in PyTorch (dq = dk = 0 with a single key,
     where dP - delta cancels exactly) still pass when the kernel sums the same terms in another order:
     1e-5 for fp32 (the residue of a few dozen O(1) products), 1e-5 for fp16 and 1e-4 for bf16, far
     below one ulp at unit scale for the half types.
     """
     assert not torch.isnan(got).any(), f"{name}: NaN in output (unwritten elements are NaN-poisoned)"
     assert not torch.isinf(got).any(), f"{name}: Inf in output"
-    diff = (got.double() - (ref64 if shift is None else ref64 + shift)).abs()
+    target = ref64 if shift is None else ref64 + shift
+    diff = (got.double() - target).abs()
     err = (diff if slack is None else (diff - slack).clamp(min=0.0)).max().item()
     err_lowp = max_err(ref_lowp, ref64)
-    floor = max_err(ref64.to(dtype), ref64) + ABS_FLOOR[dtype]
+    floor = max_err(target.to(dtype), target) + ABS_FLOOR[dtype]
     assert err <= 2 * err_lowp + floor, (
         f"{name}: max error {err:.3g}{' (after the shift)' if shift is not None else ''}"
         f"{f' (beyond a slack of up to {slack.max().item():.3g})' if slack is not None else ''} > 2 x PyTorch {dtype} "

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Session 45 call 2: the GPU tier's part 2 (benchmarks/gpu_session.sh tests 2) at 323dd13, the first whole-tier run
+# after the portable kernels' score_mod fma (7634ec4) and gluon_bwd_bias.py (moved code).
+set -uo pipefail
+mkdir -p $OUT
+echo 323dd13 > $OUT/commit.txt
+OUT=$OUT/tier2 bash benchmarks/gpu_session.sh tests 2
