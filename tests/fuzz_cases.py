@@ -413,7 +413,7 @@ def _slack_one(case, q, k, v, dout, dlse, out_got, out64, keep, slopes, bias, si
     lse_err = lse_rows(lse)[..., None]
     lse_ds = lse_err * ds.abs()
     lse_ds_summed = lse_err * ds.sum(-1, keepdim=True).abs() / ds.shape[-1]
-    scale = case.softmax_scale if case.softmax_scale is not None else case.head_dim ** -0.5
+    scale = abs(case.softmax_scale) if case.softmax_scale is not None else case.head_dim ** -0.5  # a bound: |scale|
     # Independent errors add in quadrature; the row's shared one linearly along the row (each term's softcap factor
     # 1 - t^2 is <= 1, hence |K|; so is every fuzz score_mod's derivative, which the lse terms' |dS| leaves out too).
     dq = scale * (torch.einsum("bhqk,bkhd->bqhd", each ** 2, k_exp ** 2).sqrt()

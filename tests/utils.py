@@ -29,6 +29,7 @@ def assert_close_rule(name, got, ref64, ref_lowp, dtype, shift=None, slack=None)
     """
     assert not torch.isnan(got).any(), f"{name}: NaN in output (unwritten elements are NaN-poisoned)"
     assert not torch.isinf(got).any(), f"{name}: Inf in output"
+    assert slack is None or bool((slack >= 0).all()), f"{name}: a negative slack (a bug in the caller's bound)"
     target = ref64 if shift is None else ref64 + shift
     diff = (got.double() - target).abs()
     err = (diff if slack is None else (diff - slack).clamp(min=0.0)).max().item()
