@@ -147,7 +147,7 @@ def _args(device="cpu"):
      r"cu_seqlens_k must end at the number of tokens \(8\), got 7"),
     (lambda a: a.update(cu_seqlens_q=torch.tensor([1, 4, 8], dtype=torch.int32)), ValueError,
      "cu_seqlens_q must start at 0, got 1"),
-    (lambda a: a.update(max_seqlen_k=-1), TypeError, "max_seqlen_k must be a non-negative int, got -1"),
+    (lambda a: a.update(max_seqlen_k=-1), ValueError, "max_seqlen_k must be >= 0, got -1"),
     (lambda a: a.update(q=a["q"][None]), ValueError, r"q must have 3 dimensions \(total_tokens, heads, headdim\)"),
 ], ids=["int64", "max-too-small", "lengths-differ", "decreasing", "wrong-total", "nonzero-start", "negative-max",
         "rank"])

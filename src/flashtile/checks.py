@@ -92,7 +92,7 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, 
     cu_seqlens tensor, see read_back); they are skipped while torch.compile traces, where reading values
     would break the graph, and during CUDA graph capture.
     key_capacity (paged keys): no key token count to end at; each key sequence must fit in it instead.
-    Returns the two offsets as the kernels read them (unit_stride)."""
+    Returns the two offsets as the kernels read them (unit_stride) and the two max_seqlen as Python ints."""
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
@@ -106,8 +106,11 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, 
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if not _is_int(value) or value < 0:
-            raise TypeError(f"{name} must be a non-negative int, got {value!r}")
+        if not _is_int(value):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)  # numpy / torch integers as Python ints
     compiling = torch.compiler.is_compiling()
     for name, cu, tokens, max_len in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
                                       ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
@@ -128,7 +131,7 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, 
         max_name = "max_seqlen_q" if name == "cu_seqlens_q" else "max_seqlen_k"
         if max(lengths) > max_len:
             raise ValueError(f"{max_name}={max_len} is smaller than the longest sequence in {name} ({max(lengths)})")
-    return unit_stride(cu_seqlens_q), unit_stride(cu_seqlens_k)
+    return unit_stride(cu_seqlens_q), unit_stride(cu_seqlens_k), max_seqlen_q, max_seqlen_k
 
 
 # Values read back from device tensors, kept while the tensor is unchanged (see _read_back_key): a tensor read as
@@ -214,8 +217,14 @@ def softmax_scale_or_default(softmax_scale, head_dim):
     return float(softmax_scale)
 
 
+# A window side at least this wide reaches past any sequence (lengths and offsets are int32), so it is unbounded:
+# taken as -1, which also keeps the kernels' int arguments in range (a 64-bit side overflowed them).
+_UNBOUNDED_WINDOW = 2**31 - 1
+
+
 def window(window_size, causal):
-    """(left, right) with -1 for unbounded; causal forces right = 0, as flash-attn does."""
+    """(left, right) with -1 for unbounded (also any side >= 2^31 - 1); causal forces right = 0, as flash-attn
+    does."""
     try:
         left, right = window_size
     except (TypeError, ValueError):
@@ -223,7 +232,8 @@ def window(window_size, causal):
     for name, side in (("left", left), ("right", right)):
         if not _is_int(side) or side < -1:
             raise ValueError(f"window_size {name} must be an integer >= -1 (-1 = unbounded), got {side!r}")
-    return int(left), 0 if causal else int(right)
+    left, right = (-1 if side >= _UNBOUNDED_WINDOW else int(side) for side in (left, right))
+    return left, 0 if causal else right
 
 
 def softcap_value(softcap):

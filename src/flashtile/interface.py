@@ -18,7 +18,7 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     checks.check_qkv(q, k, v, varlen=varlen is not None)
     heads = q.shape[-2]
     if varlen is not None:
-        varlen = (*checks.check_cu_seqlens(*varlen, q, k), *varlen[2:])
+        varlen = checks.check_cu_seqlens(*varlen, q, k)
         batch = varlen[0].numel() - 1
         attn_bias = checks.attn_bias(attn_bias, q, (batch, heads, varlen[2], varlen[3]), varlen=True)
     else:
@@ -59,16 +59,17 @@ def _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     checks.check_tensor("q", q, 3, "(total_tokens, heads, headdim)")
     checks.check_qkv(q[None], k, v, same_batch=False)
     block_table = checks.block_table(block_table, None, k.shape[0], k.device)
-    cu_seqlens_q, cu_seqlens_k = checks.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k,
-                                                         key_capacity=block_table.shape[1] * k.shape[1])
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = checks.check_cu_seqlens(
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k, key_capacity=block_table.shape[1] * k.shape[1])
     batch = cu_seqlens_q.numel() - 1
     if block_table.shape[0] != batch:
         raise ValueError(f"block_table must have {batch} rows (one per sequence of cu_seqlens), got "
                          f"{block_table.shape[0]}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sink)):
         raise NotImplementedError("flash_attn_varlen_func with block_table (paged KV) is inference only: no "
-                                  "backward; call it under torch.no_grad() or with tensors that do not require grad")
-    if dropout_p != 0.0:
+                                  "backward; call it under torch.no_grad() or with tensors (q, k, v, sink) that do "
+                                  "not require grad")
+    if checks.dropout_p(dropout_p) != 0.0:
         raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not supported with block_table (paged KV, "
                                   "inference only; use dropout_p=0.0)")
     if attn_bias is not None:
@@ -160,10 +161,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     block_table (int32 (batch, max_pages)): k and v are a paged cache (num_pages, page_size, nheads_k,
     headdim) of any page size, sequence b's keys are its first cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens in
     the pages block_table[b] lists (token t in page block_table[b, t // page_size], slot t % page_size).
-    Inference only: with a block_table, q, k and v must not require grad, and dropout and attn_bias are not
+    Inference only: with a block_table, q, k, v and sink must not require grad, and dropout and attn_bias are not
     supported.
     """
     if block_table is not None:
+        if not isinstance(deterministic, bool):  # checked as the other paths do (a forward has nothing to vary)
+            raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
         return _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                        softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                                        block_table, sink, attn_bias)
