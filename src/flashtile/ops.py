@@ -180,7 +180,8 @@ def fwd_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, seqused_k: Optional
     if _runs_triton(q):
         return _launch().kvcache._flash_attn_forward_kvcache(q, k_cache, v_cache, seqused_k, block_table, *args,
                                                              max_seqlen_k, num_splits, key_start, seqused_add)
-    return cpu.kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, *args, key_start, seqused_add)
+    with torch.no_grad():  # no autograd, as the kernels (and flash-attn): no graph on the output
+        return cpu.kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, *args, key_start, seqused_add)
 
 
 @fwd_kvcache.register_fake
@@ -202,7 +203,8 @@ def kvcache_append(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tens
             cache_add)
     if _runs_triton(q):
         return _launch().kvcache._kvcache_append(*args)
-    return cpu.kvcache_append(*args)
+    with torch.no_grad():  # a k / v that requires grad must not put a graph on the user's cache (the kernels' way)
+        return cpu.kvcache_append(*args)
 
 
 @kvcache_append.register_fake
