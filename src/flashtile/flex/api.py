@@ -39,6 +39,17 @@ def _check_block_mask(block_mask, q, k):
         raise ValueError(f"block_mask is on {block_mask.device} but q is on {q.device}")
 
 
+def _check_extents(mods, q, k):
+    """Aux tables indexed by position must cover the inputs (the kernels read them unchecked)."""
+    for mod in mods:
+        for what, positions, batch in mod.extents if mod is not None else ():
+            if positions < max(q.shape[1], k.shape[1]):
+                raise ValueError(f"{what} covers {positions} positions but the inputs have {q.shape[1]} queries "
+                                 f"and {k.shape[1]} keys")
+            if batch is not None and batch != q.shape[0]:
+                raise ValueError(f"{what} has {batch} rows but the inputs have batch {q.shape[0]}")
+
+
 def _as_mod(fn, aux, base, name):
     """A plain or @triton.jit function gets the call's aux tensors; a Mod keeps its own."""
     if fn is None or isinstance(fn, Mod):
@@ -117,6 +128,11 @@ def attention(q, k, v, score_mod=None, mask_mod=None, block_mask=None, softmax_s
             raise ValueError("causal=True cannot be combined with block_mask: build the block mask from "
                              "and_masks(causal_mask, your_mask) instead")
     mask = _as_mod(mask_mod, aux, MASK_ARGS, "mask_mod")
+    if mask is not None and block_mask is not None and not mask.same_as(block_mask.mask_mod):
+        # The kernels skip the mask in the block mask's full blocks: another mask_mod would hold only in the rest.
+        raise ValueError(f"mask_mod {mask!r} is not the mask block_mask was built from ({block_mask.mask_mod!r}): "
+                         f"pass block_mask alone (its mask_mod is used), or build it from this mask_mod with "
+                         f"create_block_mask")
     if mask is None and block_mask is not None:
         mask = block_mask.mask_mod
     if mask is not None and block_mask is None:
@@ -127,6 +143,7 @@ def attention(q, k, v, score_mod=None, mask_mod=None, block_mask=None, softmax_s
                 raise ValueError(f"aux tensor {i} of {mod.name} is on {a.device} but q is on {q.device}; "
                                  f"aux tensors must be on the inputs' device")
     aux_pool(score, grad, mask)
+    _check_extents((score, grad, mask), q, k)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if score is not None and grad is None and needs_grad:
         raise ValueError("score_mod needs score_mod_grad(score, b, h, q_idx, kv_idx, *aux) -> d score_mod / d score "

@@ -174,6 +174,7 @@ class Mod:
     def __init__(self, fn, aux=(), base=MASK_ARGS, name="mask_mod"):
         if isinstance(aux, torch.Tensor):
             aux = (aux,)
+        extents = fn.extents if isinstance(fn, Mod) else ()
         if isinstance(fn, Mod):
             fn, aux = fn.fn, fn.aux + tuple(aux)
         if not callable(fn):
@@ -195,6 +196,14 @@ class Mod:
             if not isinstance(a, torch.Tensor):
                 raise TypeError(f"aux[{i}] of {name} must be a torch.Tensor, got {type(a).__name__}")
         self.fn, self.aux, self.base, self.name = fn, tuple(aux), tuple(base), name
+        # (what, positions, batch): an aux table indexed by position (document_mask's ids) covers this many
+        # positions (and batch rows, or None); attention checks the inputs against it (the kernels do not).
+        self.extents = extents
+
+    def same_as(self, other):
+        """The same function over the same aux tensors (by identity): the same mask."""
+        return (isinstance(other, Mod) and python_function(self.fn) is python_function(other.fn)
+                and len(self.aux) == len(other.aux) and all(a is b for a, b in zip(self.aux, other.aux)))
 
     def triton(self):
         return triton_form(self.fn)
@@ -220,7 +229,9 @@ def combine(mods, op, name):
         params = ", ".join((*MASK_ARGS, *[f"A{j}" for j in range(n_aux)]))
         source = f"def {name}({params}):\n    return {f' {op} '.join(f'({c})' for c in calls)}\n"
         _COMBINED[key] = generate(source, name, namespace)
-    return Mod(_COMBINED[key], tuple(a for mod in mods for a in mod.aux))
+    combined = Mod(_COMBINED[key], tuple(a for mod in mods for a in mod.aux))
+    combined.extents = tuple(e for mod in mods for e in mod.extents)
+    return combined
 
 
 def aux_pool(*mods):
