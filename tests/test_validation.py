@@ -175,3 +175,89 @@ def test_plain_call_reaches_the_op_as_the_checked_one(monkeypatch):
             fast, checked = seen[-2:]
             assert len(fast) == len(checked) and all(
                 a is b or (type(a) is type(b) and a == b) for a, b in zip(fast, checked)), (fast, checked)
+
+
+# Findings of session 45's bad-input review: each was silently wrong or a raw error before.
+
+def test_window_sides_past_int32_are_unbounded():
+    """A side >= 2^31 - 1 reaches past any sequence: -1 (a 64-bit side gave wrong results or an OverflowError)."""
+    assert checks.window((2**63, 2**64), False) == (-1, -1)
+    assert checks.window((2**31 - 1, 5), False) == (-1, 5)
+    assert checks.window((2**31 - 2, 2**70), True) == (2**31 - 2, 0)
+    q, k, v = (torch.randn(1, n, 1, 16) for n in (4, 6, 6))
+    for huge, plain in (((0, 2**63), (0, -1)), ((2**63, 0), (-1, 0))):
+        torch.testing.assert_close(flashtile.flash_attn_func(q, k, v, window_size=huge),
+                                   flashtile.flash_attn_func(q, k, v, window_size=plain), rtol=0, atol=0)
+
+
+def test_max_seqlen_integers():
+    """numpy integers are taken as ints; a negative one is a ValueError."""
+    np = pytest.importorskip("numpy")
+    q, k, v = (torch.randn(6, 2, 16) for _ in range(3))
+    cu = torch.tensor([0, 3, 6], dtype=torch.int32)
+    want = flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 3, 3)
+    for n in (np.int64(3), np.int32(3)):
+        torch.testing.assert_close(flashtile.flash_attn_varlen_func(q, k, v, cu, cu, n, n), want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="max_seqlen_q must be >= 0"):
+        flashtile.flash_attn_varlen_func(q, k, v, cu, cu, -1, 3)
+    with pytest.raises(TypeError, match="max_seqlen_k must be an int, got float"):
+        flashtile.flash_attn_varlen_func(q, k, v, cu, cu, 3, 3.0)
+
+
+def test_paged_varlen_arguments():
+    q = torch.randn(4, 2, 16)
+    pages = torch.randn(3, 4, 2, 16)
+    cu_q, cu_k = torch.tensor([0, 2, 4], dtype=torch.int32), torch.tensor([0, 3, 8], dtype=torch.int32)
+    table = torch.tensor([[0, 1], [2, 0]], dtype=torch.int32)
+
+    def call(**kwargs):
+        return flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 2, 5, block_table=table, **kwargs)
+    with pytest.raises(NotImplementedError, match="inference only"):  # its gradient would be lost
+        call(sink=torch.zeros(2, requires_grad=True))
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        call(deterministic="yes")
+    with pytest.raises(TypeError, match="dropout_p must be a float"):
+        call(dropout_p="0")
+    call(sink=torch.zeros(2))
+
+
+def test_kvcache_puts_no_graph_on_the_cache():
+    """k / v that require grad (decoding without torch.no_grad()): the cache is written as plain data and the output
+    has no graph, on every backend (as flash-attn: no autograd)."""
+    cache_k, cache_v = torch.zeros(1, 8, 1, 16), torch.zeros(1, 8, 1, 16)
+    for step in range(2):
+        q, k, v = (torch.randn(1, 1, 1, 16, requires_grad=True) for _ in range(3))
+        out = flashtile.flash_attn_with_kvcache(q, cache_k, cache_v, k, v, cache_seqlens=step, causal=True,
+                                                window_size=(2**63, 0))
+        assert not out.requires_grad and not cache_k.requires_grad and not cache_v.requires_grad
+        assert cache_k.grad_fn is None and torch.equal(cache_k[0, step], k[0, 0].detach())
+
+
+def test_attention_mask_mod_must_be_the_block_masks():
+    """The kernels skip the mask in the block mask's full blocks, so a different mask_mod would hold only elsewhere."""
+    q, k, v = (torch.randn(1, 32, 1, 16) for _ in range(3))
+
+    def everything(b, h, q_idx, kv_idx):
+        return q_idx >= 0
+    block_mask = flashtile.create_block_mask(everything, 1, 1, 32, 32, block_size=(16, 16), device="cpu")
+    with pytest.raises(ValueError, match="is not the mask block_mask was built from"):
+        flashtile.attention(q, k, v, mask_mod=flashtile.causal_mask, block_mask=block_mask)
+    causal = flashtile.create_block_mask(flashtile.causal_mask, 1, 1, 32, 32, block_size=(16, 16), device="cpu")
+    torch.testing.assert_close(flashtile.attention(q, k, v, mask_mod=flashtile.causal_mask, block_mask=causal),
+                               flashtile.attention(q, k, v, block_mask=causal), rtol=0, atol=0)
+    ids = torch.arange(32) // 10
+    docs = flashtile.create_block_mask(flashtile.document_mask(ids), 1, 1, 32, 32, block_size=(16, 16), device="cpu")
+    flashtile.attention(q, k, v, mask_mod=flashtile.document_mask(ids), block_mask=docs)  # the same ids: the same mask
+
+
+def test_document_ids_must_cover_the_inputs():
+    """The kernels read doc_ids at every query / key position (and batch row) unchecked."""
+    q, k, v = (torch.randn(2, 32, 1, 16) for _ in range(3))
+    with pytest.raises(ValueError, match="doc_ids covers 16 positions but the inputs have 32 queries"):
+        flashtile.attention(q, k, v, mask_mod=flashtile.document_mask(torch.zeros(16, dtype=torch.long)))
+    short = flashtile.and_masks(flashtile.causal_mask, flashtile.document_mask(torch.zeros(16, dtype=torch.long)))
+    with pytest.raises(ValueError, match="covers 16 positions"):
+        flashtile.attention(q, k, v, mask_mod=short)
+    with pytest.raises(ValueError, match="doc_ids has 1 rows but the inputs have batch 2"):
+        flashtile.attention(q, k, v, mask_mod=flashtile.document_mask(torch.zeros(1, 32, dtype=torch.long)))
+    flashtile.attention(q, k, v, mask_mod=flashtile.document_mask(torch.zeros(2, 32, dtype=torch.long)))
