@@ -59,6 +59,10 @@ def test_refusals_leave_the_cache_untouched():
     with pytest.raises(ValueError, match=r"cache_seqlens \+ new tokens must lie in \[0, 80\]"):
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=78)
     assert torch.equal(k_cache, before)
+    with pytest.raises(ValueError, match=r"cache_seqlens must be >= 0 in every row, got \[-1, 2, 2\]"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                          cache_seqlens=torch.tensor([-1, 2, 2], dtype=torch.int32))
+    assert torch.equal(k_cache, before)
     with pytest.raises(TypeError, match="cache_seqlens must be an int or an int32 tensor"):
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match=r"cache_seqlens must have shape \(3,\)"):

@@ -261,3 +261,23 @@ def test_document_ids_must_cover_the_inputs():
     with pytest.raises(ValueError, match="doc_ids has 1 rows but the inputs have batch 2"):
         flashtile.attention(q, k, v, mask_mod=flashtile.document_mask(torch.zeros(1, 32, dtype=torch.long)))
     flashtile.attention(q, k, v, mask_mod=flashtile.document_mask(torch.zeros(2, 32, dtype=torch.long)))
+
+
+def test_padding_helpers():
+    x, mask = torch.randn(2, 4, 3), torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
+    with pytest.raises(TypeError, match="attention_mask must be a torch.Tensor, got list"):
+        flashtile.unpad_input(x, mask.tolist())
+    with pytest.raises(ValueError, match="batch 0"):
+        flashtile.unpad_input(x[:0], mask[:0])
+    with pytest.raises(ValueError, match="hidden_states must have at least 2 dimensions"):
+        flashtile.unpad_input(torch.randn(5), mask[0])
+    u, indices, *_ = flashtile.unpad_input(x, mask)
+    with pytest.raises(ValueError, match=r"indices must lie in \[0, batch \* seqlen\) = \[0, 8\), got \[0, 10\]"):
+        flashtile.pad_input(u, torch.tensor([0, 1, 4, 5, 10]), 2, 4)
+    with pytest.raises(ValueError, match="indices has 5 entries but hidden_states has 4 rows"):
+        flashtile.pad_input(u[:-1], indices, 2, 4)
+    with pytest.raises(ValueError, match="indices must be a 1-D int64 tensor"):
+        flashtile.pad_input(u, indices.float(), 2, 4)
+    with pytest.raises(ValueError, match="seqlen must be an int >= 0"):
+        flashtile.pad_input(u, indices, 2, 4.0)
+    torch.testing.assert_close(flashtile.pad_input(u, indices, 2, 4), x * mask[..., None])

@@ -156,7 +156,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         used_list, lengths = [0], [capacity]
     else:
         lengths = [n + new_tokens for n in used_list]
-    if min(used_list) < 0 or max(lengths) > capacity:  # the cache must not be written or read past its end
+    if min(used_list) < 0:
+        raise ValueError(f"cache_seqlens must be >= 0 in every row, got {used_list}")
+    if max(lengths) > capacity:  # the cache must not be written or read past its end
         raise ValueError(f"cache_seqlens + new tokens must lie in [0, {capacity}] (the cache's capacity), got "
                          f"{lengths}")
     if cache_leftpad is not None:
