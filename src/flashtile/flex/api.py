@@ -105,7 +105,10 @@ def attention(q, k, v, score_mod=None, mask_mod=None, block_mask=None, softmax_s
     score_mod_grad(score, b, h, q_idx, kv_idx, *aux) -> d score_mod / d score (elementwise, same
     arguments): needed for the backward whenever score_mod is given; no gradient flows into aux tensors.
     block_mask: a BlockMask from create_block_mask for these shapes; its mask_mod is used when mask_mod is
-    None. Without a block mask a mask_mod is evaluated in every block (correct, but nothing is skipped).
+    None, and a mask_mod given with it must be that one (the same function over the same aux tensors:
+    ValueError otherwise, since full blocks skip the mask). Without a block mask a mask_mod is evaluated in
+    every block (correct, but nothing is skipped). Position-indexed aux tables of the ready-made masks
+    (document_mask's ids) must cover the inputs (ValueError otherwise).
     causal: bottom-right aligned as in flash_attn_func; not combinable with block_mask (use
     and_masks(causal_mask, ...) when building the block mask instead).
     Returns out (q's shape and dtype), and lse (batch, nheads, seqlen_q) fp32 when return_lse (no gradient
