@@ -59,6 +59,8 @@ def test_refusals_leave_the_cache_untouched():
     with pytest.raises(ValueError, match=r"cache_seqlens \+ new tokens must lie in \[0, 80\]"):
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=78)
     assert torch.equal(k_cache, before)
+    with pytest.raises(ValueError, match="k_cache has batch size 2 but q has 3"):  # the cache's name, not the new k's
+        flashtile.flash_attn_with_kvcache(q, k_cache[:2], v_cache[:2], cache_seqlens=2)
     with pytest.raises(ValueError, match=r"cache_seqlens must be >= 0 in every row, got \[-1, 2, 2\]"):
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
                                           cache_seqlens=torch.tensor([-1, 2, 2], dtype=torch.int32))

@@ -58,23 +58,26 @@ def plain_qkv_ok(q, k, v, same_batch=True):
     return q.is_cpu and k.is_cpu and v.is_cpu
 
 
-def check_qkv(q, k, v, varlen=False, same_batch=True):
+def check_qkv(q, k, v, varlen=False, same_batch=True, names=("k", "v")):
     """Validate q, k, v against each other: dense (B, S, H, D), or varlen (total, H, D) packed tokens.
-    same_batch=False for a paged KV cache, whose first dim counts pages."""
+    same_batch=False for a paged KV cache, whose first dim counts pages. names: k's and v's in the messages
+    (("k_cache", "v_cache") for a KV cache)."""
     rank, layout = (3, "(total_tokens, heads, headdim)") if varlen else (4, "(batch, seqlen, heads, headdim)")
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    kn, vn = names
+    for name, t in (("q", q), (kn, k), (vn, v)):
         check_tensor(name, t, rank, layout)
-    for name, t in (("k", k), ("v", v)):
+    for name, t in ((kn, k), (vn, v)):
         if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; q, k and v must share one dtype")
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; q, {kn} and {vn} must share one dtype")
         if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; q, k and v must be on one device")
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; q, {kn} and {vn} must be on one device")
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+        raise ValueError(f"{kn} and {vn} must have the same shape, got {kn} {tuple(k.shape)} and {vn} "
+                         f"{tuple(v.shape)}")
     if not varlen and same_batch and k.shape[0] != q.shape[0]:
-        raise ValueError(f"k has batch size {k.shape[0]} but q has {q.shape[0]}")
+        raise ValueError(f"{kn} has batch size {k.shape[0]} but q has {q.shape[0]}")
     if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"k has head dim {k.shape[-1]} but q has {q.shape[-1]}; they must be equal")
+        raise ValueError(f"{kn} has head dim {k.shape[-1]} but q has {q.shape[-1]}; they must be equal")
     heads_q, heads_kv = q.shape[-2], k.shape[-2]
     if heads_q % heads_kv != 0:
         raise ValueError(f"the number of query heads ({heads_q}) must be a multiple of the number of "
