@@ -113,7 +113,7 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, 
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
-    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)  # numpy / torch integers as Python ints
+    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)  # numpy integers as Python ints
     compiling = torch.compiler.is_compiling()
     for name, cu, tokens, max_len in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
                                       ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):

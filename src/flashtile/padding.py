@@ -1,7 +1,7 @@
 """Helpers for users coming from padded batches with an attention mask (as flash_attn.bert_padding)."""
-import numbers
-
 import torch
+
+from .checks import _is_int
 
 
 def _tensor(name, t, min_dim):
@@ -42,7 +42,7 @@ def pad_input(hidden_states, indices, batch, seqlen):
     _tensor("hidden_states", hidden_states, 1)
     _tensor("indices", indices, 1)
     for name, n in (("batch", batch), ("seqlen", seqlen)):
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        if not _is_int(n) or n < 0:
             raise ValueError(f"{name} must be an int >= 0, got {n!r}")
     if indices.dim() != 1 or indices.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"indices must be a 1-D int64 tensor (unpad_input's), got {indices.dtype} "

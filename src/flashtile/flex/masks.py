@@ -67,9 +67,8 @@ def document_mask(doc_ids):
     doc_ids = doc_ids.contiguous()
     row = "b * {s} + " if doc_ids.dim() == 2 else ""
     expression = f"tl.load(A0 + {row}q_idx) == tl.load(A0 + {row}kv_idx)"
-    mod = Mod(_mask_fn("document_mask", expression, s=doc_ids.shape[-1]), (doc_ids,))
-    mod.extents = (("document_mask's doc_ids", doc_ids.shape[-1], doc_ids.shape[0] if doc_ids.dim() == 2 else None),)
-    return mod
+    extent = ("document_mask's doc_ids", doc_ids.shape[-1], doc_ids.shape[0] if doc_ids.dim() == 2 else None)
+    return Mod(_mask_fn("document_mask", expression, s=doc_ids.shape[-1]), (doc_ids,), extents=(extent,))
 
 
 def prefix_lm_mask(prefix_len):

@@ -171,12 +171,11 @@ class Mod:
     Calling a Mod runs its PyTorch form on tensors (aux tensors bound), like a FlexAttention mask_mod.
     """
 
-    def __init__(self, fn, aux=(), base=MASK_ARGS, name="mask_mod"):
+    def __init__(self, fn, aux=(), base=MASK_ARGS, name="mask_mod", extents=()):
         if isinstance(aux, torch.Tensor):
             aux = (aux,)
-        extents = fn.extents if isinstance(fn, Mod) else ()
         if isinstance(fn, Mod):
-            fn, aux = fn.fn, fn.aux + tuple(aux)
+            fn, aux, extents = fn.fn, fn.aux + tuple(aux), fn.extents + tuple(extents)
         if not callable(fn):
             raise TypeError(f"{name} must be a function, got {type(fn).__name__}")
         py = python_function(fn)
@@ -198,7 +197,7 @@ class Mod:
         self.fn, self.aux, self.base, self.name = fn, tuple(aux), tuple(base), name
         # (what, positions, batch): an aux table indexed by position (document_mask's ids) covers this many
         # positions (and batch rows, or None); attention checks the inputs against it (the kernels do not).
-        self.extents = extents
+        self.extents = tuple(extents)
 
     def same_as(self, other):
         """The same function over the same aux tensors (by identity): the same mask."""
@@ -229,9 +228,8 @@ def combine(mods, op, name):
         params = ", ".join((*MASK_ARGS, *[f"A{j}" for j in range(n_aux)]))
         source = f"def {name}({params}):\n    return {f' {op} '.join(f'({c})' for c in calls)}\n"
         _COMBINED[key] = generate(source, name, namespace)
-    combined = Mod(_COMBINED[key], tuple(a for mod in mods for a in mod.aux))
-    combined.extents = tuple(e for mod in mods for e in mod.extents)
-    return combined
+    return Mod(_COMBINED[key], tuple(a for mod in mods for a in mod.aux),
+               extents=tuple(e for mod in mods for e in mod.extents))
 
 
 def aux_pool(*mods):
