@@ -233,6 +233,23 @@ def test_kvcache_puts_no_graph_on_the_cache():
         assert cache_k.grad_fn is None and torch.equal(cache_k[0, step], k[0, 0].detach())
 
 
+@pytest.mark.parametrize("entry", ["flash_attn_func", "attention"])
+def test_second_order_gradients_are_refused(backend, entry):
+    """create_graph=True: the gradients are the usual ones, and differentiating them raises a clear error on every
+    backend (the kernels' backward records no graph; the CPU path's graph through its blockwise algorithm was
+    untested), as flash-attn has no double backward."""
+    _, device = backend
+    call = getattr(flashtile, entry)
+    q, k, v = (torch.randn(1, 16, 2, 16, device=device, requires_grad=True) for _ in range(3))
+    first = torch.autograd.grad(call(q, k, v, causal=True).square().sum(), (q, k, v))
+    assert not any(g.requires_grad for g in first)
+    second = torch.autograd.grad(call(q, k, v, causal=True).square().sum(), (q, k, v), create_graph=True)
+    for g, g1 in zip(second, first):
+        torch.testing.assert_close(g.detach(), g1)  # not bitwise: the GPU backward may add dq atomically
+    with pytest.raises(RuntimeError, match="second-order gradients"):
+        sum(g.square().sum() for g in second).backward()
+
+
 def test_attention_mask_mod_must_be_the_block_masks():
     """The kernels skip the mask in the block mask's full blocks, so a different mask_mod would hold only elsewhere."""
     q, k, v = (torch.randn(1, 32, 1, 16) for _ in range(3))
@@ -276,8 +293,9 @@ def test_padding_helpers():
         flashtile.pad_input(u, torch.tensor([0, 1, 4, 5, 10]), 2, 4)
     with pytest.raises(ValueError, match="indices has 5 entries but hidden_states has 4 rows"):
         flashtile.pad_input(u[:-1], indices, 2, 4)
-    with pytest.raises(ValueError, match="indices must be a 1-D int64 tensor"):
+    with pytest.raises(ValueError, match="indices must be a 1-D int64 or int32 tensor"):
         flashtile.pad_input(u, indices.float(), 2, 4)
     with pytest.raises(ValueError, match="seqlen must be an int >= 0"):
         flashtile.pad_input(u, indices, 2, 4.0)
     torch.testing.assert_close(flashtile.pad_input(u, indices, 2, 4), x * mask[..., None])
+    torch.testing.assert_close(flashtile.pad_input(u, indices.int(), 2, 4), x * mask[..., None])

@@ -6,6 +6,7 @@ runs the same context and backward through a torch.autograd.Function instead, sk
 dispatch (see ops.call). Saved: q, k, v, out, lse (and ALiBi slopes, sinks, bias, the dropout seed):
 O(N) memory beyond the bias; the dropout mask is regenerated, never stored.
 """
+import functools
 from operator import itemgetter
 
 import torch
@@ -59,6 +60,29 @@ def _backward(ctx, dout, dlse):
 
 torch.library.register_autograd("flashtile::fwd", _backward, setup_context=_setup_context)
 
+_SECOND_ORDER = (b"flashtile's attention backward is not differentiable: second-order gradients (double backward, "
+                 b"e.g. a gradient penalty) are not supported, as in flash-attn")
+
+
+def first_order_only(backward):
+    """Wrap an autograd.Function backward: it runs without recording a graph, and under create_graph=True its
+    gradients are marked so that differentiating them raises _SECOND_ORDER. (Without this the kernels' gradients
+    had no graph, and a second grad call failed with torch's "does not require grad"; the CPU path's recorded one
+    through its blockwise algorithm that nothing checks.)"""
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with torch.no_grad():
+            outputs = backward(ctx, *grads)
+        if not torch.is_grad_enabled():  # create_graph=False: the usual backward
+            return outputs
+        present = [g for g in outputs if g is not None]
+        marked = torch._C._functions.DelayedError(_SECOND_ORDER, len(present))(
+            *[g.detach().requires_grad_() for g in present])
+        marked = iter(marked if isinstance(marked, tuple) else (marked,))
+        return tuple(None if g is None else next(marked) for g in outputs)
+    return wrapper
+
+
 # ctx.needs_input_grad positions of attn_bias and sink in _EagerForward.apply(inputs, *_float_tensors(inputs))
 _EAGER_BIAS, _EAGER_SINK = 1 + _FLOAT_TENSOR_INPUTS.index(_BIAS), 1 + _FLOAT_TENSOR_INPUTS.index(_SINK)
 
@@ -78,6 +102,7 @@ class _EagerForward(torch.autograd.Function):
         return output
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dout, dlse):
         needs = ctx.needs_input_grad
         return None, *_float_tensors(_grads(ctx, dout, dlse, needs[_EAGER_BIAS], needs[_EAGER_SINK]))

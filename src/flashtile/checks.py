@@ -301,3 +301,10 @@ def dropout_p(p):
     if not 0.0 <= p < 1.0:  # also rejects NaN
         raise ValueError(f"dropout_p must be in [0, 1), got {p}")
     return float(p)
+
+
+def flag(name, value):
+    """A bool argument (causal, deterministic) as given; anything else (a 0/1 int, a tensor) is a TypeError."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value

@@ -26,8 +26,7 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
         varlen = (None, None, 0, 0)
         attn_bias = checks.attn_bias(attn_bias, q, (batch, heads, q.shape[1], k.shape[1]))
     dropout_p = checks.dropout_p(dropout_p)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    checks.flag("causal", causal)
     scale = checks.softmax_scale_or_default(softmax_scale, q.shape[-1])
     window_left, window_right = checks.window(window_size, causal)
     softcap = checks.softcap_value(softcap)
@@ -37,8 +36,7 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     rng = torch.randint(2**63 - 1, (1,), dtype=torch.int64, device=q.device) if dropout_p > 0 else None
     # deterministic=True keeps the backward off the Hopper Gluon kernel, whose dQ is a sum of fp32 reduce-adds in
     # no fixed order; the portable kernels use none, so they are bitwise reproducible.
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    checks.flag("deterministic", deterministic)
     out, lse = autograd.forward(q, k, v, scale, window_left, window_right, softcap, alibi_slopes,
                                 checks.sink_logits(sink, q, heads), *varlen, attn_bias, dropout_p, rng, deterministic)
     if not return_attn_probs:
@@ -74,8 +72,7 @@ def _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
                                   "inference only; use dropout_p=0.0)")
     if attn_bias is not None:
         raise NotImplementedError("attn_bias is not supported with block_table (paged KV)")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    checks.flag("causal", causal)
     heads = q.shape[1]
     window_left, window_right = checks.window(window_size, causal)
     out, lse = ops.call(ops.fwd_varlen_paged, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -165,8 +162,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     supported.
     """
     if block_table is not None:
-        if not isinstance(deterministic, bool):  # checked as the other paths do (a forward has nothing to vary)
-            raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+        checks.flag("deterministic", deterministic)  # checked as the other paths do (a forward has nothing to vary)
         return _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                        softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                                        block_table, sink, attn_bias)

@@ -168,8 +168,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError(f"cache_leftpad must lie in [0, cache_seqlens[b]] in every row, got {pads} with "
                              f"cache_seqlens {used_list}")
         cache_leftpad = checks.unit_stride(cache_leftpad)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    checks.flag("causal", causal)
     scale = checks.softmax_scale_or_default(softmax_scale, q.shape[-1])
     window_left, window_right = checks.window(window_size, causal)
     slopes = checks.alibi(alibi_slopes, q, batch, q.shape[2])

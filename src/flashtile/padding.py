@@ -38,14 +38,14 @@ def unpad_input(hidden_states, attention_mask):
 
 def pad_input(hidden_states, indices, batch, seqlen):
     """Inverse of unpad_input: (total, ...) -> (batch, seqlen, ...) with zeros at padding. Differentiable.
-    indices: unpad_input's (total,) int64 positions in the flattened batch * seqlen axis."""
+    indices: unpad_input's (total,) int64 positions in the flattened batch * seqlen axis (int32 also taken)."""
     _tensor("hidden_states", hidden_states, 1)
     _tensor("indices", indices, 1)
     for name, n in (("batch", batch), ("seqlen", seqlen)):
         if not _is_int(n) or n < 0:
             raise ValueError(f"{name} must be an int >= 0, got {n!r}")
     if indices.dim() != 1 or indices.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"indices must be a 1-D int64 tensor (unpad_input's), got {indices.dtype} "
+        raise ValueError(f"indices must be a 1-D int64 or int32 tensor (unpad_input gives int64), got {indices.dtype} "
                          f"{tuple(indices.shape)}")
     if indices.shape[0] != hidden_states.shape[0]:
         raise ValueError(f"indices has {indices.shape[0]} entries but hidden_states has {hidden_states.shape[0]} "

@@ -2,6 +2,7 @@
 import torch
 
 from .. import checks, cpu
+from ..autograd import first_order_only
 from ..launch import interpreter_active
 from .block_mask import BlockMask, dense_block_mask
 from .mods import MASK_ARGS, SCORE_ARGS, Mod, adapter, aux_pool
@@ -74,6 +75,7 @@ class _Attention(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         scale, window_right, spec = ctx.args
@@ -116,8 +118,7 @@ def attention(q, k, v, score_mod=None, mask_mod=None, block_mask=None, softmax_s
     run flashtile.cpu with the mods' PyTorch forms (blockwise, every block evaluated).
     """
     checks.check_qkv(q, k, v)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    checks.flag("causal", causal)
     if isinstance(aux, torch.Tensor):
         aux = (aux,)
     aux = tuple(aux)
