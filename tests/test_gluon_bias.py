@@ -79,6 +79,26 @@ def test_bias_launch_args():
     assert not gluon_launch.takes_persistent(persistent, q, q, attn_bias=torch.empty(1, 4, 300, 300))
 
 
+@pytest.mark.skipif(gluon_launch._attn_fwd_hopper is None, reason="no Gluon in this triton")
+def test_batch_fast_order_only_for_a_bias_the_batch_shares():
+    """GluonConfig.batch_fast_bias sets BATCH_FAST where the bias steps 0 rows per batch row (a (1, H, Sq, Sk) bias,
+    or one expanded along the batch) and the batch has more than one row; not for a per-batch bias, batch 1, no bias,
+    or a config without it."""
+    bb, default = gluon_variants.VARIANTS["default-bb"][128], gluon_variants.VARIANTS["default"][128]
+    q = torch.empty(2, 300, 4, 128, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 300)
+    shared = torch.empty(1, 4, 300, 304, dtype=torch.bfloat16)[..., :300]
+    per_batch = torch.empty(2, 1, 300, 304, dtype=torch.bfloat16)[..., :300]
+
+    def fast(config, bias, q=q, out=out, lse=lse, causal=False):
+        return gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.1, causal, config, attn_bias=bias)[2].get(
+            "BATCH_FAST", False)
+
+    assert fast(bb, shared) and fast(bb, shared, causal=True) and fast(bb, shared[:, :1].expand(2, 4, -1, -1))
+    assert not fast(bb, per_batch) and not fast(bb, None) and not fast(default, shared)
+    assert not fast(bb, shared, q[:1], out[:1], lse[:1])
+
+
 def test_bias_dispatch(monkeypatch, as_if_hopper):
     """launch._flash_attn_forward hands a bias the Gluon forward reads to it (FLASHTILE_GLUON=1 here), and keeps
     refused layouts (fp32) and dropout on the portable kernels."""
@@ -184,6 +204,29 @@ def test_bias_rows_without_keys_and_the_next_heads_rows(monkeypatch, causal, var
                       flashtile.attention_ref(q, k, v, causal=causal, upcast=False, attn_bias=clean).nan_to_num(0.0),
                       torch.bfloat16)
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim,causal,layout", [(128, False, (1, "h")), (128, True, (1, "h")),
+                                                     (64, False, ("B", "H")), (256, True, (1, "h"))])
+def test_batch_fast_order_gives_the_same_bits(head_dim, causal, layout):
+    """BATCH_FAST only renumbers the programs: with a bias the batch shares, "default-bb" writes the same bits as
+    "default" (itself checked against the reference above), dense (D128 causal: with LPT_HEADS's groups) and varlen
+    (a padded (1, H, max_q, max_k) bias), batch 3 with a tail tile."""
+    batch, seqlen_q, seqlen_k, heads = 3, 300, 1000, 4
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, 2, head_dim, torch.bfloat16, "cuda", requires_grad=False)
+    bias = _bias(batch, heads, seqlen_q, seqlen_k, layout, torch.bfloat16)
+    runs = [gluon_launch.gluon_forward(q, k, v, causal=causal, attn_bias=bias, variant=variant)
+            for variant in ("default", "default-bb")]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    seqlens_q, seqlens_k = [300, 0, 129], [1000, 5, 700]
+    pq, pk, pv = _packed(seqlens_q, seqlens_k, heads, 2, head_dim, device="cuda")
+    cu_q, cu_k = _cu(seqlens_q, "cuda"), _cu(seqlens_k, "cuda")
+    runs = [gluon_launch.gluon_forward(pq, pk, pv, causal=causal, attn_bias=bias, variant=variant,
+                                       cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=300, max_seqlen_k=1000)
+            for variant in ("default", "default-bb")]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
 @pytest.mark.gpu

@@ -367,6 +367,9 @@ def gluon_launch_args(q, k, v, out, lse, softmax_scale, causal, config, window_s
         constexprs.update(ALIBI_MMA=True)
     if config.fixed_max and fixed_max_ok(q.dtype, softcap, alibi_slopes, sink, attn_bias, mods):
         constexprs.update(FIXED_MAX=True)
+    if config.batch_fast_bias and attn_bias is not None and batch > 1 and bias_layout(
+            attn_bias, seqlen_q, seqlen_k)[2] == 0:  # rows per batch 0: one bias for the whole batch
+        constexprs.update(BATCH_FAST=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)  # only then: other launches keep their kernels
     if mods is not None:

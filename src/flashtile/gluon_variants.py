@@ -57,6 +57,8 @@ class GluonConfig:
     # (gluon_fwd_common._alibi_mma_operands); with three consumers it lets them take ALiBi (takes_config)
     fixed_max: bool = False  # softcap alone on bf16 (fixed_max_ok): one fixed row max instead of a running one, no
     # rescale of O (kernels/gluon_fwd_common.FIXED_MAX_HEADROOM)
+    batch_fast_bias: bool = False  # one-tile kernel, a bias shared by a batch of B > 1: the grid walks the batch
+    # fastest (kernels/gluon_grid._batch_fast), so each bias tile is read from DRAM once, not B times
 
     def __post_init__(self):
         if self.consumers not in (2, 3) or (self.consumers == 3 and self.schedule):
@@ -212,6 +214,8 @@ VARIANTS.update({f"{name}-lr": {d: replace(c, lazy_rescale=True) for d, c in VAR
 # causal 1.713 -> 1.600, window 1.534 -> 1.305; D256 1.656 -> 1.514, causal 0.904 -> 0.853, window 0.726 -> 0.675.
 VARIANTS.update({f"{name}-rmax": {d: replace(c, fixed_max=False) for d, c in VARIANTS[name].items()}
                  for name in ("default", "d64-3wg")})
+# A bias shared by the batch read once per (head, query tile) from DRAM, not once per batch row (session 46).
+VARIANTS["default-bb"] = {d: replace(c, batch_fast_bias=True) for d, c in VARIANTS["default"].items()}
 
 
 def alibi_by_mma(config, alibi_slopes, softcap=0.0, attn_bias=None):

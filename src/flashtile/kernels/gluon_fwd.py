@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from .gluon_dropout import dropout_rng
 from .gluon_fwd_common import RAGGED_BILLION, WG_M, _tma_load
 from .gluon_fwd_consumer import _consumer_partition
-from .gluon_grid import _heavy_first
+from .gluon_grid import _batch_fast, _heavy_first
 from .gluon_sparse import _sparse_tile_key
 
 
@@ -132,7 +132,8 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
                      SPARSE_N: gl.constexpr = 128, CONSUMERS: gl.constexpr = 2, EVEN_N: gl.constexpr = False,
                      LPT_HEADS: gl.constexpr = 0, HAS_DROPOUT: gl.constexpr = False,
                      O_VIA_SMEM: gl.constexpr = False, LAZY_RESCALE: gl.constexpr = False,
-                     ALIBI_MMA: gl.constexpr = False, FIXED_MAX: gl.constexpr = False):
+                     ALIBI_MMA: gl.constexpr = False, FIXED_MAX: gl.constexpr = False,
+                     BATCH_FAST: gl.constexpr = False):
     """q_desc: (B * Sq, Hq * D) boxes [64, D]; k_desc / v_desc: (B * Sk, Hk * D) boxes [BLOCK_N, D].
     RAGGED: the three are gluon_launch's ragged 4-D descriptors over those 2-D tensors, so no box reads past its
     sequence's end (zero fill): batch > 1 with Sk % BLOCK_N != 0, and VARLEN. VARLEN: q / k / v packed
@@ -162,6 +163,9 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     EVEN_N (BLOCK_SPARSE with Sk % SPARSE_N == 0): no listed key tile reaches past Sk (_mask_mod_scores).
     LPT_HEADS (> 0: dense causal launches, GluonConfig.lpt_heads): programs start by groups of that many heads, every
     head's longest rows first (gluon_grid._heavy_first); 0: head by head, each head's longest rows first.
+    BATCH_FAST (a bias shared by the batch, bias_rows_b 0): the grid's second index counts the batch fastest (head
+    h, batch b at h * B + b), and without LPT_HEADS the programs start batch by batch at each (head, query tile): the
+    B programs that read one bias tile run side by side, so it comes from DRAM once (gluon_grid._batch_fast).
     HAS_DROPOUT (two consumers): Rng holds the int64 Philox seed; probabilities dropped where their 15-bit draw is
     below dropout_threshold (kernels/common._dropout_keep's draws, made by gluon_dropout), the kept ones scaled by
     dropout_scale = 1 / (1 - dropout_p); Lse stays the undropped one (what kernels/bwd.py expects).
@@ -188,13 +192,20 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
     BLOCK_M: gl.constexpr = CONSUMERS * WG_M
     pid_m = gl.program_id(0)
     pid_bh = gl.program_id(1)
+    if BATCH_FAST and LPT_HEADS == 0:
+        pid_m, pid_bh = _batch_fast(pid_m, pid_bh, gl.num_programs(0), gl.num_programs(1) // heads_q)
     if LPT_HEADS > 0:  # causal: the longest rows of LPT_HEADS heads at a time (gluon_grid._heavy_first)
         pid_m, pid_bh = _heavy_first(pid_m, pid_bh, gl.num_programs(0), gl.num_programs(1), LPT_HEADS)
         pid_m = gl.num_programs(0) - 1 - pid_m
     elif IS_CAUSAL or IS_LOCAL or BLOCK_SPARSE:
         pid_m = gl.num_programs(0) - 1 - pid_m  # longest rows first (a causal block mask's too)
-    off_b = pid_bh // heads_q
-    off_h = pid_bh % heads_q
+    if BATCH_FAST:
+        batch = gl.num_programs(1) // heads_q
+        off_b = pid_bh % batch
+        off_h = pid_bh // batch
+    else:
+        off_b = pid_bh // heads_q
+        off_h = pid_bh % heads_q
     off_hk = off_h // group_size
     start_m = pid_m * BLOCK_M
     # Dropout's counters from the maxima: seqlen_q / seqlen_k are still those here under VARLEN.

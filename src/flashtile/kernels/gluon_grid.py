@@ -1,5 +1,5 @@
-"""Grid order of the Hopper Gluon kernels' causal launches (kernels/gluon_fwd.py, gluon_fwd_persistent.py and
-gluon_bwd.py import it)."""
+"""Grid order of the Hopper Gluon kernels' causal launches and of the forward's launches with a bias the batch
+shares (kernels/gluon_fwd.py, gluon_fwd_persistent.py and gluon_bwd.py import it)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -24,3 +24,15 @@ def _heavy_first(pid_x, pid_bh, n_x, n_bh, GROUP: gl.constexpr):
     tiles start first (longest-processing-time order), while the tiles in flight still share a few heads' K / V
     (forward) or Q / dO (backward) in L2."""
     return _heavy_first_linear(pid_bh * n_x + pid_x, n_x, n_bh, GROUP)
+
+
+@gluon.jit
+def _batch_fast(pid_x, pid_bh, n_x, n_batch):
+    """(rank, batch-fast head index h * n_batch + b) of the program at grid (pid_x, pid_bh) of (n_x, n_batch heads):
+    the linear order (x fastest) walks the batch fastest, then the rank, then the head, so the n_batch programs of
+    one (head, rank) start one after the other. A bias shared by the batch is then read by all of them while its
+    tiles are in L2 (grid order by head, the batch's programs of one tile start a whole head's tiles apart)."""
+    linear = pid_bh * n_x + pid_x
+    b = linear % n_batch
+    rest = linear // n_batch
+    return rest % n_x, (rest // n_x) * n_batch + b
