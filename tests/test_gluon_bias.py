@@ -84,7 +84,7 @@ def test_batch_fast_order_only_for_a_bias_the_batch_shares():
     """GluonConfig.batch_fast_bias sets BATCH_FAST where the bias steps 0 rows per batch row (a (1, H, Sq, Sk) bias,
     or one expanded along the batch) and the batch has more than one row; not for a per-batch bias, batch 1, no bias,
     or a config without it."""
-    bb, default = gluon_variants.VARIANTS["default-bb"][128], gluon_variants.VARIANTS["default"][128]
+    fast_config, by_head = gluon_variants.VARIANTS["default"][128], gluon_variants.VARIANTS["default-bias-by-head"][128]
     q = torch.empty(2, 300, 4, 128, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 300)
     shared = torch.empty(1, 4, 300, 304, dtype=torch.bfloat16)[..., :300]
@@ -94,9 +94,10 @@ def test_batch_fast_order_only_for_a_bias_the_batch_shares():
         return gluon_launch.gluon_launch_args(q, q, q, out, lse, 0.1, causal, config, attn_bias=bias)[2].get(
             "BATCH_FAST", False)
 
-    assert fast(bb, shared) and fast(bb, shared, causal=True) and fast(bb, shared[:, :1].expand(2, 4, -1, -1))
-    assert not fast(bb, per_batch) and not fast(bb, None) and not fast(default, shared)
-    assert not fast(bb, shared, q[:1], out[:1], lse[:1])
+    assert fast(fast_config, shared) and fast(fast_config, shared, causal=True)
+    assert fast(fast_config, shared[:, :1].expand(2, 4, -1, -1))
+    assert not fast(fast_config, per_batch) and not fast(fast_config, None) and not fast(by_head, shared)
+    assert not fast(fast_config, shared, q[:1], out[:1], lse[:1])
 
 
 def test_bias_dispatch(monkeypatch, as_if_hopper):
@@ -211,21 +212,21 @@ def test_bias_rows_without_keys_and_the_next_heads_rows(monkeypatch, causal, var
 @pytest.mark.parametrize("head_dim,causal,layout", [(128, False, (1, "h")), (128, True, (1, "h")),
                                                      (64, False, ("B", "H")), (256, True, (1, "h"))])
 def test_batch_fast_order_gives_the_same_bits(head_dim, causal, layout):
-    """BATCH_FAST only renumbers the programs: with a bias the batch shares, "default-bb" writes the same bits as
-    "default" (itself checked against the reference above), dense (D128 causal: with LPT_HEADS's groups) and varlen
-    (a padded (1, H, max_q, max_k) bias), batch 3 with a tail tile."""
+    """BATCH_FAST only renumbers the programs: with a bias the batch shares, "default" writes the same bits as the
+    grid by head ("default-bias-by-head"; "default" is checked against the reference above), dense (D128 causal:
+    with LPT_HEADS's groups) and varlen (a padded (1, H, max_q, max_k) bias), batch 3 with a tail tile."""
     batch, seqlen_q, seqlen_k, heads = 3, 300, 1000, 4
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, 2, head_dim, torch.bfloat16, "cuda", requires_grad=False)
     bias = _bias(batch, heads, seqlen_q, seqlen_k, layout, torch.bfloat16)
     runs = [gluon_launch.gluon_forward(q, k, v, causal=causal, attn_bias=bias, variant=variant)
-            for variant in ("default", "default-bb")]
+            for variant in ("default-bias-by-head", "default")]
     assert all(torch.equal(a, b) for a, b in zip(*runs))
     seqlens_q, seqlens_k = [300, 0, 129], [1000, 5, 700]
     pq, pk, pv = _packed(seqlens_q, seqlens_k, heads, 2, head_dim, device="cuda")
     cu_q, cu_k = _cu(seqlens_q, "cuda"), _cu(seqlens_k, "cuda")
     runs = [gluon_launch.gluon_forward(pq, pk, pv, causal=causal, attn_bias=bias, variant=variant,
                                        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=300, max_seqlen_k=1000)
-            for variant in ("default", "default-bb")]
+            for variant in ("default-bias-by-head", "default")]
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 

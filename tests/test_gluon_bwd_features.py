@@ -170,6 +170,29 @@ def test_bias_matches_reference(monkeypatch, shape, feature, head_dim):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("head_dim,causal,kind", [(64, False, "1h"), (128, False, "eh"), (128, True, "1h")])
+def test_bias_batch_fast_order(head_dim, causal, kind):
+    """BATCH_FAST (a bias the batch shares: (1, H, Sq, Sk), or expanded along the batch) only renumbers the dK/dV
+    kernel's programs: dk / dv are the same bits as the grid by head ("default-bias-by-head"; "default" is checked
+    against the reference above), dq within one bf16 rounding (its fp32 reduce-adds come in another order). Batch 3,
+    a tail key block; D128 causal with LPT_HEADS's groups."""
+    from flashtile import gluon_launch
+
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = 3, 300, 1000, 4, 2
+    bias = _bias(kind, torch.bfloat16, batch, heads_q, seqlen_q, seqlen_k)
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
+                       requires_grad=False)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype=q.dtype, device="cuda")
+    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, attn_bias=bias)
+    by_head, fast = (gluon_bwd_launch.gluon_backward(dout, q, k, v, out, lse, head_dim ** -0.5, causal,
+                                                     variant=variant, attn_bias=bias)
+                     for variant in ("default-bias-by-head", "default"))
+    assert torch.equal(fast[1], by_head[1]) and torch.equal(fast[2], by_head[2])
+    torch.testing.assert_close(fast[0], by_head[0], rtol=2**-7, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_HOPPER, reason="needs an sm90 GPU")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim,seqlen", [(128, 1024), (64, 1030), (64, 520)])
 def test_sink_gradient_through_gluon(monkeypatch, head_dim, seqlen, causal):

@@ -102,6 +102,11 @@ def test_dkdv_launch_args_bias():
             # one layout object per (box, dtype): fast_launch keys a descriptor's layout by identity
             assert desc.layout is gluon_bwd_bias._bias_descriptor(bias, 64, 128).layout
             assert args[-10:-3] == (None,) * 7  # the other features and varlen stay off
+            # The batch-fast grid where the batch shares the bias (batch_fast_bias; not in the by-head twin)
+            assert constexprs.get("BATCH_FAST", False) == (shape[0] == 1)
+            by_head = gluon_bwd_launch.VARIANTS["default-bias-by-head"][head_dim]
+            assert "BATCH_FAST" not in gluon_bwd_launch.dkdv_launch_args(q, k, k, q, rows, rows, k, k, acc, 0.1, True,
+                                                                         by_head, attn_bias=bias)[2]
 
 
 def test_dkdv_launch_args_d256_split_d():

@@ -22,7 +22,7 @@ import torch
 from . import bwd_launch, configs, fast_launch, launch, philox
 from .gluon_launch import (HALF_COMPARE_MAX_THRESHOLD, LOG2E, _supported_device, _varlen_ok, alibi_ok,
                            block_list_args, dropout_ok, mask_mode, record_sparse_failure, tma_descriptor, torch_layout)
-from .gluon_bwd_bias import _bias_args, bias_tma_ok
+from .gluon_bwd_bias import _bias_args, _broadcast, bias_tma_ok
 from .gluon_variants import grid_order_variants
 
 try:
@@ -76,6 +76,7 @@ class GluonBwdConfig:
     # Short programs' dK / dV through shared memory (kernel STORE_VIA_SMEM, configs.GLUON_BWD_SMEM_EPILOGUE_MAX_ROWS)
     # under a causal mask as well; False where that epilogue added spill loads / stores to the causal tile loops.
     smem_epilogue_causal: bool = True
+    batch_fast_bias: bool = False  # a bias the batch shares: the grid walks the batch fastest (kernel BATCH_FAST)
 
 
 # Variants the check script compares on the GPU; "default" is what gluon_backward uses. Shared memory at D128:
@@ -92,8 +93,9 @@ VARIANTS = {
     # dQ through shared memory and TMA reduce-adds (session 8: 1.12-1.45x the atomics' speed at 1K-16K, every head dim)
     # D128 / D256 causal: heavy-first grid order by groups of 8 heads (lpt_heads; session 13, below)
     # dQ's buffer tiled (dq_tiled; D64 / D128 session 25, D256 session 26, below)
-    "default": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1, dq_tiled=True),
-                128: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8, dq_tiled=True),
+    # D64 / D128: a bias the batch shares read in the batch-fast grid order (batch_fast_bias, session 46, below)
+    "default": {64: GluonBwdConfig(stages=3, dq_split_d=False, dq_tma_reduce=1, dq_tiled=True, batch_fast_bias=True),
+                128: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8, dq_tiled=True, batch_fast_bias=True),
                 256: GluonBwdConfig(stages=2, dq_tma_reduce=1, lpt_heads=8, dq_tiled=True)},
     # dQ by per-thread fp32 red.global.add (the default up to session 7)
     "atomics": {64: GluonBwdConfig(stages=3, dq_split_d=False), 128: GluonBwdConfig(stages=2),
@@ -129,6 +131,10 @@ VARIANTS = {
 # the old order. Groups of 32 heads ran slower than 8, the whole grid at once up to 38 % slower than head-major (the
 # tiles in flight read more heads' Q / dO than L2 holds).
 VARIANTS.update(grid_order_variants(VARIANTS["default"]))
+# A bias the batch shares read in the batch-fast grid order (as the forward's GluonConfig.batch_fast_bias); its twin
+# by head, the order before.
+VARIANTS["default-bias-by-head"] = {d: replace(c, batch_fast_bias=False) for d, c in VARIANTS["default"].items()
+                                    if d != 256}
 # dQ's fp32 buffer tiled (dq_tiled, the default at D64 / D128 since session 25, D256 since 26): the buffer holds each
 # warpgroup's [BLOCK_M, DQ_N] dQ tile as BLOCK_M * DQ_N contiguous floats in the wgmma accumulator's register order
 # (bwd_launch.dq_tiled_offsets), so the staging stores are v4 and free of bank conflicts (row-major in 128-byte swizzled
@@ -413,6 +419,8 @@ def dkdv_launch_args(q, k, v, dout, lse2, delta, dk, dv, dq_accum, softmax_scale
         constexprs.update(STORE_VIA_SMEM=True)
     if config.lpt_heads and is_causal and not varlen and mods is None:  # (is_causal excludes a window: mask_mode)
         constexprs.update(LPT_HEADS=config.lpt_heads)
+    if config.batch_fast_bias and attn_bias is not None and batch > 1 and _broadcast(attn_bias, 0):
+        constexprs.update(BATCH_FAST=True)
     if mods is not None:
         constexprs.update(MASK_MOD=mods.mask_mod, BLOCK_SPARSE=True, SPARSE_M=mods.block_size[0],
                           SPARSE_N=mods.block_size[1])

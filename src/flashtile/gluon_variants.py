@@ -94,9 +94,11 @@ VARIANTS = {
     # 1.772, causal 1.012 / 1.006 / 1.012 -> 0.953 / 0.960 / 0.964; D64 2.720 / 2.775 / 2.736 -> 2.686 / 2.688 / 2.671,
     # causal 1.420 / 1.432 / 1.423 -> 1.420 / 1.429 / 1.429; the variant timed second ran the D128 ALiBi row faster in
     # every pass: like against like ~5 %, causal ~5 % in every pass).
-    "default": {64: GluonConfig(128, 3, alibi_mma=True, fixed_max=True, **_TREE_CVT),
-                128: GluonConfig(128, 2, lpt_heads=8, alibi_mma=True, fixed_max=True, **_TREE_CVT),
-                256: GluonConfig(64, 2, lpt_heads=8, lazy_rescale=True, fixed_max=True)},
+    # All: a bias the batch shares read in the batch-fast grid order (batch_fast_bias, session 46, below).
+    "default": {64: GluonConfig(128, 3, alibi_mma=True, fixed_max=True, batch_fast_bias=True, **_TREE_CVT),
+                128: GluonConfig(128, 2, lpt_heads=8, alibi_mma=True, fixed_max=True, batch_fast_bias=True,
+                                 **_TREE_CVT),
+                256: GluonConfig(64, 2, lpt_heads=8, lazy_rescale=True, fixed_max=True, batch_fast_bias=True)},
     "plain-softmax": {64: GluonConfig(128, 3), 128: GluonConfig(128, 2)},  # the session-5 default
     "no-pingpong": {64: GluonConfig(128, 3, pingpong=False), 128: GluonConfig(128, 2, pingpong=False),
                     256: GluonConfig(64, 2, pingpong=False)},
@@ -214,8 +216,13 @@ VARIANTS.update({f"{name}-lr": {d: replace(c, lazy_rescale=True) for d, c in VAR
 # causal 1.713 -> 1.600, window 1.534 -> 1.305; D256 1.656 -> 1.514, causal 0.904 -> 0.853, window 0.726 -> 0.675.
 VARIANTS.update({f"{name}-rmax": {d: replace(c, fixed_max=False) for d, c in VARIANTS[name].items()}
                  for name in ("default", "d64-3wg")})
-# A bias shared by the batch read once per (head, query tile) from DRAM, not once per batch row (session 46).
-VARIANTS["default-bb"] = {d: replace(c, batch_fast_bias=True) for d, c in VARIANTS["default"].items()}
+# A bias the batch shares, (1, H, S, S): the grid in batch-fast order reads each of its tiles from DRAM once, not once
+# per batch row (GluonConfig.batch_fast_bias). Session 46, call 2 (h200-2026-12-04-s46, bias_order.py: bf16, hidden
+# 2048, 16K tokens, three interleaved rounds), ms by head ("-bias-by-head", the order before) -> batch-fast, plain /
+# causal: D128 B2 8K 2.485 -> 2.330 / 1.335 -> 1.228, B4 4K 1.295 -> 1.150 / 0.709 -> 0.640, B8 2K 0.677 -> 0.600 /
+# 0.393 -> 0.349; D64 B2 8K 3.874 -> 3.608 / 2.087 -> 1.846; D256 B2 8K 2.023 -> 1.931 / 1.073 -> 0.999 (5-12 %
+# faster, the same bits).
+VARIANTS["default-bias-by-head"] = {d: replace(c, batch_fast_bias=False) for d, c in VARIANTS["default"].items()}
 
 
 def alibi_by_mma(config, alibi_slopes, softcap=0.0, attn_bias=None):

@@ -55,6 +55,9 @@ only): the S^T / dP^T wgmmas start from -lse2 / qk_scale and -delta (the launche
 (-inf / 0) so they are read unmasked.
 LPT_HEADS (> 0: dense causal launches, GluonBwdConfig.lpt_heads): programs start by groups of that many heads, every
 head's first key blocks (the most query tiles) first (gluon_grid._heavy_first); 0 walks the grid head by head.
+BATCH_FAST (HAS_BIAS, a bias the batch shares): the grid's second index counts the batch fastest (KV head hk, batch
+b at hk * B + b), and without LPT_HEADS the programs start batch by batch at each (head, key block), so the B
+programs that read one bias tile run side by side and it comes from DRAM once (gluon_grid._batch_fast).
 
 This file holds the kernel and its load partitions; gluon_bwd_step.py the consumers' per-tile step (_bwd_step) and
 partitions at D64 / D128, gluon_bwd_split_d.py those of D256.
@@ -66,7 +69,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from .gluon_bwd_split_d import _consumer1_split_d_partition, _consumer_split_d_partition
 from .gluon_bwd_step import WG_N, _consumer1_partition, _consumer_partition, _dq_tiled, _sparse_head_lists, _tile_row
 from .gluon_dropout import dropout_rng
-from .gluon_grid import _heavy_first
+from .gluon_grid import _batch_fast, _heavy_first
 from .gluon_sparse import _sparse_tile_key
 
 
@@ -171,7 +174,8 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
                           BLOCK_SPARSE: gl.constexpr = False, SPARSE_M: gl.constexpr = 128,
                           SPARSE_N: gl.constexpr = 128, ROWS_IN_ACC: gl.constexpr = False,
                           ROWS_ZERO_FILL: gl.constexpr = False, LPT_HEADS: gl.constexpr = 0,
-                          HAS_DROPOUT: gl.constexpr = False, STORE_VIA_SMEM: gl.constexpr = False):
+                          HAS_DROPOUT: gl.constexpr = False, STORE_VIA_SMEM: gl.constexpr = False,
+                          BATCH_FAST: gl.constexpr = False):
     """q_desc / do_desc: (B, Sq, Hq * D) boxes [1, BLOCK_M, D]; k_desc / v_desc: (B, Sk, Hk * D) boxes
     [1, 128, D]. lse2_desc / delta_desc: (B * Hq, seqlen_q_pad) fp32 boxes [1, BLOCK_M] over _attn_bwd_preprocess's
     lse * log2(e) (+inf for empty rows) and rowsum(dO * O), written for rows < seqlen_q only.
@@ -236,11 +240,18 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     BLOCK_N: gl.constexpr = WG_N if SPLIT_D else 2 * WG_N
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)
+    if BATCH_FAST and LPT_HEADS == 0:
+        pid_n, pid_bh = _batch_fast(pid_n, pid_bh, gl.num_programs(0), gl.num_programs(1) // heads_kv)
     if LPT_HEADS > 0:  # causal: the first key blocks (the most query tiles) of LPT_HEADS heads at a time
         pid_n, pid_bh = _heavy_first(pid_n, pid_bh, gl.num_programs(0), gl.num_programs(1), LPT_HEADS)
     start_n = pid_n * BLOCK_N
-    off_b = pid_bh // heads_kv
-    off_hk = pid_bh % heads_kv
+    if BATCH_FAST:
+        batch = gl.num_programs(1) // heads_kv
+        off_b = pid_bh % batch
+        off_hk = pid_bh // batch
+    else:
+        off_b = pid_bh // heads_kv
+        off_hk = pid_bh % heads_kv
     # Dropout's counters from the maxima (seqlen_q / seqlen_k are still those here under VARLEN), from the group's
     # first query head off_hk * group_size.
     drop_seed, drop_base0, drop_head, drop_row_groups = dropout_rng(Rng, off_b * heads_q + off_hk * group_size,
