@@ -1,7 +1,8 @@
 """Session 46: the Gluon forward with a bias shared by the batch ((1, H, S, S) bf16), grid by head ("default") against
 the batch fastest ("default-bb", GluonConfig.batch_fast_bias), interleaved rounds (A B, B A, ...), hidden 2048.
 Also the plain forward (no bias) as the yardstick, and a check that both variants write the same bits.
-    PYTHONPATH=src:benchmarks python3 benchmarks/results/h200-2026-12-04-s46/bias_order.py"""
+    PYTHONPATH=src:benchmarks python3 benchmarks/results/h200-2026-12-04-s46/bias_order.py
+(Run at 1681232; since 507f54c the batch-fast order is "default" and the order by head "default-bias-by-head".)"""
 import functools
 import statistics
 
