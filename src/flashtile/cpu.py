@@ -77,34 +77,38 @@ class _Scores:
             yield n0, min(hi, n0 + BLOCK_N)
 
     def __call__(self, qb, kb, m0, m1, n0, n1):
-        """(s, t): s [B, Hk, G, bm, bn] natural-log scores, -inf where masked; t = tanh(...) under softcap."""
-        s = (qb @ kb.transpose(-1, -2)) * self.scale
+        """(s, t): s [B, Hk, G, bm, bn] natural-log scores, -inf where masked; t = tanh(...) under softcap.
+        s is a new tensor that aliases nothing, so callers may overwrite it (in-place steps: each pass over a
+        [bm, bn] tile is a large part of this path's time)."""
+        s = torch.matmul(qb, kb.transpose(-1, -2)).mul_(self.scale)
         t = None
         if self.softcap > 0:
-            t = torch.tanh(s / self.softcap)
-            s = self.softcap * t
+            t = s.div_(self.softcap).tanh_()
+            s = t * self.softcap
         rows = torch.arange(m0, m1).unsqueeze(1) + self.diag  # [bm, 1], shifted to the key axis
         cols = torch.arange(n0, n1).unsqueeze(0)  # [1, bn]
         if self.slopes is not None:
-            s = s - self.slopes * (rows - cols).abs()
+            s.sub_(self.slopes * (rows - cols).abs())
         if self.bias is not None:
-            s = s + self.bias[..., m0:m1, n0:n1].float()
+            s.add_(self.bias[..., m0:m1, n0:n1])
         g = None
         mods = self.mods
         q_idx = torch.arange(m0, m1).unsqueeze(1)  # [bm, 1], unshifted positions for the mods
         if mods is not None and mods.score is not None:
             if mods.grad is not None:
                 g = torch.as_tensor(mods.grad(s, self.b, self.h, q_idx, cols), dtype=s.dtype)
-            s = mods.score(s, self.b, self.h, q_idx, cols).to(s.dtype)
-        visible = torch.ones_like(cols, dtype=torch.bool)
+            s = mods.score(s, self.b, self.h, q_idx, cols).to(s.dtype, copy=True)  # a new tensor, as promised
+        visible = None
         if self.right >= 0:
-            visible = visible & (cols <= rows + self.right)
+            visible = cols <= rows + self.right
         if self.left >= 0:
-            visible = visible & (cols >= rows - self.left)
+            within = cols >= rows - self.left
+            visible = within if visible is None else visible & within
         if mods is not None and mods.mask is not None:
-            visible = visible & torch.as_tensor(mods.mask(self.b, self.h, q_idx, cols), dtype=torch.bool)
-        if not visible.all():
-            s = s.masked_fill(~visible, float("-inf"))
+            allowed = torch.as_tensor(mods.mask(self.b, self.h, q_idx, cols), dtype=torch.bool)
+            visible = allowed if visible is None else visible & allowed
+        if visible is not None and not visible.all():
+            s.masked_fill_(~visible, float("-inf"))
         return (s, t) if mods is None else (s, t, g)
 
 
@@ -161,15 +165,15 @@ def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_sl
             l_i = torch.ones(qb.shape[:-1])
         acc = torch.zeros(qb.shape)
         for n0, n1 in scores.key_blocks(m0, m1):
-            s = scores(qb, kg[..., n0:n1, :], m0, m1, n0, n1)[0]  # [B, Hk, G, bm, bn]
+            s = scores(qb, kg[..., n0:n1, :], m0, m1, n0, n1)[0]  # [B, Hk, G, bm, bn], ours to overwrite
             m_new = torch.maximum(m_i, s.amax(-1))
             m_sub = torch.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet
-            p = torch.exp(s - m_sub.unsqueeze(-1))
+            p = s.sub_(m_sub.unsqueeze(-1)).exp_()
             alpha = torch.exp(m_i - m_sub)
-            l_i = l_i * alpha + p.sum(-1)
+            l_i = l_i.mul_(alpha).add_(p.sum(-1))
             if dropout is not None:
-                p = p.masked_fill(~dropout.keep(m0, m1, n0, n1), 0.0)
-            acc = acc * alpha.unsqueeze(-1) + p @ vg[..., n0:n1, :]
+                p.masked_fill_(~dropout.keep(m0, m1, n0, n1), 0.0)
+            acc = acc.mul_(alpha.unsqueeze(-1)).add_(p @ vg[..., n0:n1, :])
             m_i = m_new
         empty = l_i == 0
         out[..., m0:m1, :] = acc / torch.where(empty, 1.0, l_i).unsqueeze(-1)
@@ -178,6 +182,11 @@ def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_sl
         out = out * dropout.scale
     batch, heads_q = q.shape[0], q.shape[2]
     return _merge_heads(out).to(q.dtype), lse.reshape(batch, heads_q, seqlen_q)
+
+
+def _group_sum(x):
+    """[B, Hk, G, ...] summed over the query heads of a group: a view when G == 1 (no copy)."""
+    return x.squeeze(2) if x.shape[2] == 1 else x.sum(2)
 
 
 def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
@@ -206,24 +215,24 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_r
         lse_b, delta_b = lse[..., m0:m1].unsqueeze(-1), delta[..., m0:m1].unsqueeze(-1)
         for n0, n1 in scores.key_blocks(m0, m1):
             kb, vb = kg[..., n0:n1, :], vg[..., n0:n1, :]
-            s, t, *g = scores(qb, kb, m0, m1, n0, n1)  # [B, Hk, G, bm, bn], rounded as in forward
-            p = torch.exp(s - lse_b)
+            s, t, *g = scores(qb, kb, m0, m1, n0, n1)  # [B, Hk, G, bm, bn], rounded as in forward; ours
+            p = s.sub_(lse_b).exp_()
             dp = dob @ vb.transpose(-1, -2)
             p_dropped = p
             if dropout is not None:  # dV sees the dropped, rescaled P; dP is masked and scaled alike
                 keep = dropout.keep(m0, m1, n0, n1)
-                p_dropped = p.masked_fill(~keep, 0.0) * dropout.scale
-                dp = dp.masked_fill(~keep, 0.0) * dropout.scale
-            dv[..., n0:n1, :] += (p_dropped.transpose(-1, -2) @ dob).sum(2)
-            ds = p * (dp - delta_b)
+                p_dropped = p.masked_fill(~keep, 0.0).mul_(dropout.scale)
+                dp.masked_fill_(~keep, 0.0).mul_(dropout.scale)
+            dv[..., n0:n1, :] += _group_sum(p_dropped.transpose(-1, -2) @ dob)
+            ds = dp.sub_(delta_b).mul_(p)
             if bias_grad:
                 dscores[..., m0:m1, n0:n1] = ds
             if g and g[0] is not None:
                 ds = torch.where(p > 0, ds * g[0], 0.0)  # the score_mod's derivative, never read where P = 0
             if t is not None:
-                ds = ds * (1 - t * t)  # d softcap*tanh(x/softcap) / dx
-            dq[..., m0:m1, :] += (ds @ kb) * softmax_scale
-            dk[..., n0:n1, :] += (ds.transpose(-1, -2) @ qb).sum(2) * softmax_scale
+                ds.mul_(1 - t * t)  # d softcap*tanh(x/softcap) / dx
+            dq[..., m0:m1, :].add_(ds @ kb, alpha=softmax_scale)
+            dk[..., n0:n1, :].add_(_group_sum(ds.transpose(-1, -2) @ qb), alpha=softmax_scale)
     dk = dk.transpose(1, 2).contiguous().to(k.dtype)
     dv = dv.transpose(1, 2).contiguous().to(v.dtype)
     if bias_grad:
