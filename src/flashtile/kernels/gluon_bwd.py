@@ -69,7 +69,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from .gluon_bwd_split_d import _consumer1_split_d_partition, _consumer_split_d_partition
 from .gluon_bwd_step import WG_N, _consumer1_partition, _consumer_partition, _dq_tiled, _sparse_head_lists, _tile_row
 from .gluon_dropout import dropout_rng
-from .gluon_grid import _batch_fast, _heavy_first
+from .gluon_grid import _batch_and_head, _batch_fast, _heavy_first
 from .gluon_sparse import _sparse_tile_key
 
 
@@ -245,13 +245,7 @@ def _attn_bwd_dkdv_hopper(q_desc, k_desc, v_desc, do_desc, lse2_desc, delta_desc
     if LPT_HEADS > 0:  # causal: the first key blocks (the most query tiles) of LPT_HEADS heads at a time
         pid_n, pid_bh = _heavy_first(pid_n, pid_bh, gl.num_programs(0), gl.num_programs(1), LPT_HEADS)
     start_n = pid_n * BLOCK_N
-    if BATCH_FAST:
-        batch = gl.num_programs(1) // heads_kv
-        off_b = pid_bh % batch
-        off_hk = pid_bh // batch
-    else:
-        off_b = pid_bh // heads_kv
-        off_hk = pid_bh % heads_kv
+    off_b, off_hk = _batch_and_head(pid_bh, heads_kv, BATCH_FAST)
     # Dropout's counters from the maxima (seqlen_q / seqlen_k are still those here under VARLEN), from the group's
     # first query head off_hk * group_size.
     drop_seed, drop_base0, drop_head, drop_row_groups = dropout_rng(Rng, off_b * heads_q + off_hk * group_size,

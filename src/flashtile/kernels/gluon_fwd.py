@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from .gluon_dropout import dropout_rng
 from .gluon_fwd_common import RAGGED_BILLION, WG_M, _tma_load
 from .gluon_fwd_consumer import _consumer_partition
-from .gluon_grid import _batch_fast, _heavy_first
+from .gluon_grid import _batch_and_head, _batch_fast, _heavy_first
 from .gluon_sparse import _sparse_tile_key
 
 
@@ -199,13 +199,7 @@ def _attn_fwd_hopper(q_desc, k_desc, v_desc, Out, Lse, Alibi, Sink,
         pid_m = gl.num_programs(0) - 1 - pid_m
     elif IS_CAUSAL or IS_LOCAL or BLOCK_SPARSE:
         pid_m = gl.num_programs(0) - 1 - pid_m  # longest rows first (a causal block mask's too)
-    if BATCH_FAST:
-        batch = gl.num_programs(1) // heads_q
-        off_b = pid_bh % batch
-        off_h = pid_bh // batch
-    else:
-        off_b = pid_bh // heads_q
-        off_h = pid_bh % heads_q
+    off_b, off_h = _batch_and_head(pid_bh, heads_q, BATCH_FAST)
     off_hk = off_h // group_size
     start_m = pid_m * BLOCK_M
     # Dropout's counters from the maxima: seqlen_q / seqlen_k are still those here under VARLEN.

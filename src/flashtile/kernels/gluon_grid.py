@@ -1,5 +1,5 @@
-"""Grid order of the Hopper Gluon kernels' causal launches and of the forward's launches with a bias the batch
-shares (kernels/gluon_fwd.py, gluon_fwd_persistent.py and gluon_bwd.py import it)."""
+"""Grid order of the Hopper Gluon kernels' causal launches and of their launches with a bias the batch shares
+(kernels/gluon_fwd.py, gluon_fwd_persistent.py and gluon_bwd.py import it)."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -36,3 +36,17 @@ def _batch_fast(pid_x, pid_bh, n_x, n_batch):
     b = linear % n_batch
     rest = linear // n_batch
     return rest % n_x, (rest // n_x) * n_batch + b
+
+
+@gluon.jit
+def _batch_and_head(pid_bh, heads, BATCH_FAST: gl.constexpr):
+    """(batch, head) of the grid's second index over batch x heads: b * heads + h, or with BATCH_FAST (_batch_fast's
+    numbering) h * batch + b."""
+    if BATCH_FAST:
+        batch = gl.num_programs(1) // heads
+        off_b = pid_bh % batch
+        off_h = pid_bh // batch
+    else:
+        off_b = pid_bh // heads
+        off_h = pid_bh % heads
+    return off_b, off_h
