@@ -141,6 +141,49 @@ def test_fp32_launchers_take_the_tiles_of_their_precision(monkeypatch, matmul):
     assert configs._IEEE_DECODE[256] != configs._TF32X3_DECODE[256]
 
 
+def test_rocm_builds_take_the_portable_kernels_on_generic_tiles(monkeypatch, matmul):
+    """A ROCm build of torch (torch.version.hip set): no NVIDIA capability (MI200's gfx90a reports (9, 0), which must
+    pick neither Hopper's tables nor the Gluon kernels); DOT_PRECISION "ieee" for every dtype and TF32 setting (ROCm's
+    triton takes "tf32" on gfx942 alone, MI200 refuses it even for 16-bit operands, which ignore it), with fp16 / bf16
+    on the generic tensor-core tiles and fp32 on the FMA ones; bf16 GQA without fp32's per-head dK / dV sums; no fast
+    launch path (ROCm's triton specializes tensors on their 2 GB span, which its key does not hold)."""
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert launch._arch.__wrapped__(torch.device("cuda", 0)) is None  # before any CUDA call: no GPU needed
+    for tf32 in (False, True):
+        matmul.allow_tf32 = tf32
+        assert {launch._dot_precision(dtype, None) for dtype in (torch.float16, torch.bfloat16, torch.float32)} == {
+            "ieee"}
+    matmul.allow_tf32 = False
+    q = torch.zeros(1, 256, 4, 128, dtype=torch.bfloat16)
+    k = torch.zeros(1, 256, 2, 128, dtype=torch.bfloat16)  # two query heads per KV head
+    lse = torch.zeros(1, 4, 256)
+    geo = launch.Geometry.of(q, k)
+    sa = launch.ScoreArgs.make(geo, 0.1, -1, -1, 0.0, None, lse)
+    fwd = launch.forward_launches(geo, q, k, k, q, lse, None, sa, None, interpreter=False)[0]
+    generic = configs._GENERIC_FWD[128]
+    assert (fwd.constexprs["BLOCK_M"], fwd.constexprs["BLOCK_N"], fwd.constexprs["DOT_PRECISION"]) == (
+        generic.BLOCK_M, generic.BLOCK_N, "ieee")
+    rows = torch.zeros(geo.row_buffer_shape(q))
+    bwd = bwd_launch.backward_launches(geo, q, q, k, k, q, lse, rows, rows, q, k, k, None, 0.1, sa, None,
+                                       interpreter=False)
+    dkdv, dq = [kl for kl in bwd if kl.kernel.fn.__name__ == "_attn_bwd_dkdv"][0], bwd[-1]
+    assert not dkdv.constexprs["SPLIT_GROUP_SUM"] and dkdv.constexprs["DOT_PRECISION"] == "ieee"
+    assert (dq.constexprs["BLOCK_M"], dq.constexprs["BLOCK_N"]) == (configs._GENERIC_BWD[128].dq.BLOCK_M,
+                                                                    configs._GENERIC_BWD[128].dq.BLOCK_N)
+    q32 = q.float()
+    fwd32 = launch.forward_launches(launch.Geometry.of(q32, q32), q32, q32, q32, q32, lse, None, sa, None,
+                                    interpreter=False)[0]
+    assert (fwd32.constexprs["BLOCK_M"], fwd32.constexprs["BLOCK_N"]) == (configs._IEEE_FWD[128].BLOCK_M,
+                                                                          configs._IEEE_FWD[128].BLOCK_N)
+    from flashtile import fast_launch, gluon_launch
+    monkeypatch.setattr(gluon_launch, "tested_triton", lambda: True)
+    monkeypatch.setattr(fast_launch, "_on", None)
+    assert not fast_launch.enabled()
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(fast_launch, "_on", None)
+    assert fast_launch.enabled() == (os.environ.get("FLASHTILE_FAST_LAUNCH", "1") != "0")
+
+
 def test_keys_per_row_counts_the_window_span():
     q = torch.zeros(1, 8192, 2, 128)
     geo = launch.Geometry.of(q, q)

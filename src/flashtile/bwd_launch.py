@@ -144,7 +144,8 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
              geo.seqlen_q, geo.seqlen_k, geo.heads_kv, group_size, softmax_scale, *sa.scalars(),
              *mods.args(lse, transposed=True)),
             dict(BLOCK_M=tiles.BLOCK_M, BLOCK_N=tiles.BLOCK_N, Q_DESC=descs is not None,
-                 SPLIT_GROUP_SUM=precision != "tf32" and group_size > 1, PART=part, **common),
+                 SPLIT_GROUP_SUM=q.dtype == torch.float32 and precision != "tf32" and group_size > 1, PART=part,
+                 **common),
             tiles.num_warps, tiles.num_stages, shrink=() if descs else ("BLOCK_M",),
             grid_tile=("BLOCK_N", 0, geo.seqlen_k),
         ))

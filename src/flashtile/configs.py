@@ -378,23 +378,27 @@ _TF32X3_BWD = {**_GENERIC_BWD, 128: BwdConfig(TileConfig(16, 16, 4, 2), TileConf
                256: BwdConfig(TileConfig(32, 16, 8, 1), TileConfig(16, 32, 8, 1))}
 
 
+def _is_fp32(dtype):
+    return dtype is not None and dtype.itemsize == 4
+
+
 def _table_for(arch, dtype, sm90, generic):
     # fp32 tiles (TF32 dots) take twice the shared memory: they get the conservative table everywhere.
-    is_fp32 = dtype is not None and dtype.itemsize == 4
-    return sm90 if arch is not None and arch >= (9, 0) and not is_fp32 else generic
+    return sm90 if arch is not None and arch >= (9, 0) and not _is_fp32(dtype) else generic
 
 
 def fwd_config(arch, head_dim_padded, local, dtype, interpreter=False, keys_per_row=None, precision="tf32"):
     """The forward tile configuration. arch is (major, minor) of the CUDA device, or None; keys_per_row: the
     most keys one query row attends to (min(Sk, window span)), None if unknown; precision: the kernels'
-    DOT_PRECISION ("ieee": FMA dots, _IEEE_FWD; "tf32x3": _TF32X3_FWD)."""
+    DOT_PRECISION ("ieee": FMA dots, _IEEE_FWD for fp32 (ROCm's fp16 / bf16 pass "ieee" too: tensor-core dots on the
+    generic tiles); "tf32x3": _TF32X3_FWD)."""
     if interpreter:
         return INTERPRETER_FWD
-    if precision == "ieee":
+    if precision == "ieee" and _is_fp32(dtype):
         return _IEEE_FWD[head_dim_padded]
     if precision == "tf32x3":
         return _TF32X3_FWD[head_dim_padded]
-    generic = _GENERIC_FP32_FWD if dtype is not None and dtype.itemsize == 4 else _GENERIC_FWD
+    generic = _GENERIC_FP32_FWD if _is_fp32(dtype) else _GENERIC_FWD
     short = keys_per_row is not None and keys_per_row <= SHORT_KEYS
     return _table_for(arch, dtype, _SM90_FWD_SHORT if short else _SM90_FWD, generic)[head_dim_padded]
 
@@ -406,7 +410,7 @@ def bwd_config(arch, head_dim_padded, local, dtype, interpreter=False, precision
             chosen = D256_BWD_VARIANTS[D256_BWD][0]
             return replace(INTERPRETER_BWD, dkdv_variant=chosen.dkdv_variant, dkdv_split=chosen.dkdv_split)
         return INTERPRETER_BWD
-    if precision == "ieee":
+    if precision == "ieee" and _is_fp32(dtype):
         return _IEEE_BWD[head_dim_padded]
     if precision == "tf32x3":
         return _TF32X3_BWD[head_dim_padded]
@@ -441,7 +445,7 @@ def decode_config(arch, head_dim_padded, rows, dtype, interpreter=False, precisi
     """The split-KV kernel's tiles for `rows` packed query rows (group_size * Sq); precision as fwd_config's."""
     if interpreter:
         return INTERPRETER_DECODE
-    if precision == "ieee":
+    if precision == "ieee" and _is_fp32(dtype):
         table = _IEEE_DECODE
     elif precision == "tf32x3":
         table = _TF32X3_DECODE

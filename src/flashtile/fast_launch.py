@@ -48,12 +48,15 @@ recorder_thread = None  # the thread whose launches go to recorder (plans.record
 
 
 def enabled():
-    """The fast path is on: FLASHTILE_FAST_LAUNCH is not 0 (read once per process) and triton is the tested
-    release. The interpreter needs no check here: its kernels are not JITFunctions, so launch() never keys them."""
+    """The fast path is on: FLASHTILE_FAST_LAUNCH is not 0 (read once per process), triton is the tested
+    release and torch is not a ROCm build: ROCm's triton also specializes a tensor on whether it spans at most 2 GB
+    (its buffer loads' 32-bit offsets), which the key does not record. The interpreter needs no check here: its
+    kernels are not JITFunctions, so launch() never keys them."""
     global _on
     if _on is None:
         from .gluon_launch import tested_triton
-        _on = os.environ.get("FLASHTILE_FAST_LAUNCH", "1") != "0" and tested_triton()
+        _on = (os.environ.get("FLASHTILE_FAST_LAUNCH", "1") != "0" and tested_triton()
+               and torch.version.hip is None)
     return _on
 
 

@@ -73,7 +73,10 @@ def _empty(shape, like, dtype=None, poison=None):
 
 @functools.lru_cache(maxsize=None)  # per device: the property lookups cost several us of host time per call
 def _arch(device):
-    if device.type != "cuda":
+    """The NVIDIA compute capability (major, minor) of a CUDA device; None for CPU and ROCm devices. ROCm reports
+    its gfx number as a capability (MI200's gfx90a as (9, 0)), which would pick Hopper's tables and Gluon kernels:
+    AMD GPUs take the generic tables (configs._table_for) and the portable kernels."""
+    if device.type != "cuda" or torch.version.hip is not None:
         return None
     return torch.cuda.get_device_capability(device)
 

@@ -29,8 +29,12 @@ def _dot_precision(dtype, arch):
     dots; off (PyTorch's default), fp32-level accuracy: "tf32x3" (each product as three TF32 ones, CUTLASS's 3xTF32,
     which SDPA's fp32 kernel uses too) on TF32X3_ARCHS, 2.9-6.5x faster than FMA dots on the H200 with errors as small
     (docs/perf-log.md, sessions 21-22); FMA dots ("ieee") elsewhere (other GPUs, ROCm, CPU tensors)."""
+    if torch.version.hip is not None:
+        # ROCm's Triton takes "tf32" on gfx942 alone (MI200 refuses it even for 16-bit operands, which ignore it):
+        # FMA dots for fp32 (configs' _IEEE_* tiles), and fp16 / bf16 dots as any precision gives them.
+        return "ieee"
     if dtype != torch.float32 or _tf32_matmuls():
         return "tf32"
-    if arch in TF32X3_ARCHS and torch.version.hip is None:
+    if arch in TF32X3_ARCHS:
         return "tf32x3"
     return "ieee"
