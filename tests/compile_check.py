@@ -5,7 +5,8 @@ and tile configurations whose shared memory exceeds the target's limit (which wo
 only at launch on the GPU). Run: python tests/compile_check.py  (TRITON_INTERPRET must be unset).
 Prints one line per compiled kernel and exits 1 if any failed. FLASHTILE_COMPILE_ARCHS picks the targets (default
 80,90); on the smaller-memory ones (86, 75: FALLBACK_TARGETS) a launch passes when fit.py's fallback makes it fit.
-AMD targets (gfx942: MI300, gfx90a: MI200; ROCM_TARGETS) compile the launches a ROCm build of torch makes: no NVIDIA
+AMD targets (gfx942: MI300, gfx90a: MI200, gfx950: MI355, gfx1100: RDNA3; ROCM_TARGETS) compile the launches a ROCm
+build of torch makes: no NVIDIA
 capability (launch._arch is None there: the generic tables), precision._dot_precision's ROCm rule, no tanh.approx,
 and tensors specialized as spanning at most 2 GB (ROCm triton's buffer loads), as most real launches are.
 """
@@ -26,9 +27,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from flashtile import bwd_launch, fit, kvcache_launch, launch
 
 # Per-block shared memory limits (bytes) of the targets checked: H100/H200 and A100, then smaller NVIDIA parts, then
-# AMD's CDNA GPUs (64 KB of LDS per workgroup).
-TARGETS = {(9, 0): 232448, (8, 0): 166912, (8, 6): 101376, (7, 5): 65536, "gfx942": 65536, "gfx90a": 65536}
-ROCM_TARGETS = {"gfx942", "gfx90a"}
+# AMD's GPUs (LDS per workgroup: 64 KB, 160 KB on gfx950).
+TARGETS = {(9, 0): 232448, (8, 0): 166912, (8, 6): 101376, (7, 5): 65536, "gfx942": 65536, "gfx90a": 65536,
+           "gfx950": 163840, "gfx1100": 65536}
+ROCM_TARGETS = {"gfx942": 64, "gfx90a": 64, "gfx950": 64, "gfx1100": 32}  # target -> wave size
 # GPUs with less shared memory than configs.py's tables are sized for (sm86 / sm89 / sm120, sm75): a launch may
 # load there through fit.py's smaller variants (one pipeline stage, halved loop tiles). Not in the default targets
 # (FLASHTILE_COMPILE_ARCHS=86,75 adds them; CI's time): benchmarks/results/small-smem-compile-2026-12-01-s22.
@@ -40,7 +42,9 @@ KNOWN_UNFIT = {((7, 5), "_attn_bwd_dkdv", 256, torch.float32)}
 # triton 3.9's ReduceDataDuplication puts the dK/dV kernel's D64 dropout keep mask (booleans, on its way to a dot
 # operand's layout) in shared memory, which its type verifier (triton-lang/triton#11422) refuses: "PassManager::run
 # failed" (triton 3.6 compiles it). Reported as KNOWN, not counted as failures.
-KNOWN_COMPILER_FAILURES = {(arch, "_attn_bwd_dkdv", 64, torch.bfloat16, True): (3, 9) for arch in ("gfx942", "gfx90a")}
+# gfx1100 (RDNA3, wave 32) compiles it.
+KNOWN_COMPILER_FAILURES = {(arch, "_attn_bwd_dkdv", 64, torch.bfloat16, True): (3, 9)
+                           for arch in ("gfx942", "gfx90a", "gfx950")}
 TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
                 torch.int64: "*i64"}
 
@@ -100,7 +104,7 @@ def compile_launch(kl, arch):
     sig, constexprs, attrs = _signature(kl, arch)
     src = ASTSource(fn=kl.kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     if arch in ROCM_TARGETS:
-        target = GPUTarget("hip", arch, 64)
+        target = GPUTarget("hip", arch, ROCM_TARGETS[arch])
     else:
         target = GPUTarget("cuda", arch[0] * 10 + arch[1], 32)
     return triton.compile(src, target=target, options=dict(num_warps=kl.num_warps, num_stages=kl.num_stages))
@@ -367,7 +371,7 @@ def _case_launches(arch, case):
 def main():
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         sys.exit("unset TRITON_INTERPRET: the interpreter does not compile")
-    # FLASHTILE_COMPILE_ARCHS=80,90 (default: both) picks the targets; gfx942,gfx90a the AMD ones.
+    # FLASHTILE_COMPILE_ARCHS=80,90 (default: both) picks the targets; gfx942,gfx90a,gfx950,gfx1100 the AMD ones.
     names = os.environ.get("FLASHTILE_COMPILE_ARCHS", "80,90").split(",")
     archs = [a for a in TARGETS if target_name(a) in names]
     # Each distinct kernel compiles once per target: the cases' launches are built here (milliseconds each), and a

@@ -24,7 +24,8 @@ NVIDIA_TRITONS = ["installed"] + (["device"] if os.environ.get("FLASHTILE_DEVICE
 # With both Tritons (CI), each compiles for one target: the GPU machine's Triton for sm90 (the H200 runs it), the
 # newest for sm80; front-end errors do not depend on the target, and this halves the test's time (~7 of 12 min).
 # AMD: MI300 (gfx942) in the suite, ~120 s of two idle cores (session 47); MI200 (gfx90a) compiles the same launches
-# (FLASHTILE_COMPILE_ARCHS=gfx90a python tests/compile_check.py: session 47, all but the known failure).
+# (FLASHTILE_COMPILE_ARCHS=gfx90a python tests/compile_check.py: session 47, all but the known failure), as do
+# gfx950 (MI355) and gfx1100 (RDNA3).
 ARCHS = {"installed": "80" if len(NVIDIA_TRITONS) == 2 else "80,90", "device": "90", "rocm": "gfx942"}
 
 
