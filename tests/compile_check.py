@@ -31,8 +31,8 @@ from flashtile import bwd_launch, fit, kvcache_launch, launch
 TARGETS = {(9, 0): 232448, (8, 0): 166912, (8, 6): 101376, (7, 5): 65536, "gfx942": 65536, "gfx90a": 65536,
            "gfx950": 163840, "gfx1100": 65536}
 ROCM_TARGETS = {"gfx942": 64, "gfx90a": 64, "gfx950": 64, "gfx1100": 32}  # target -> wave size
-# GPUs with less shared memory than configs.py's tables are sized for (sm86 / sm89 / sm120, sm75): a launch may
-# load there through fit.py's smaller variants (one pipeline stage, halved loop tiles). Not in the default targets
+# GPUs with less shared memory than configs.py's tables are sized for (sm86 / sm89 / sm120, sm75, and AMD's): a launch
+# may load there through fit.py's smaller variants (one pipeline stage, halved loop tiles). Not in the default targets
 # (FLASHTILE_COMPILE_ARCHS=86,75 adds them; CI's time): benchmarks/results/small-smem-compile-2026-12-01-s22.
 FALLBACK_TARGETS = {(8, 6), (7, 5), *ROCM_TARGETS}
 # (target, kernel, head dim, dtype) that fit no fallback variant: at 16 x 16 tiles the sm75 fp32 D256 dK/dV kernel
@@ -41,8 +41,7 @@ KNOWN_UNFIT = {((7, 5), "_attn_bwd_dkdv", 256, torch.float32)}
 # (target, kernel, head dim, dtype, dropout) that a Triton release fails to compile, from that release on: ROCm
 # triton 3.9's ReduceDataDuplication puts the dK/dV kernel's D64 dropout keep mask (booleans, on its way to a dot
 # operand's layout) in shared memory, which its type verifier (triton-lang/triton#11422) refuses: "PassManager::run
-# failed" (triton 3.6 compiles it). Reported as KNOWN, not counted as failures.
-# gfx1100 (RDNA3, wave 32) compiles it.
+# failed" (triton 3.6 compiles it, and 3.9 for gfx1100). Reported as KNOWN, not counted as failures.
 KNOWN_COMPILER_FAILURES = {(arch, "_attn_bwd_dkdv", 64, torch.bfloat16, True): (3, 9)
                            for arch in ("gfx942", "gfx90a", "gfx950")}
 TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
