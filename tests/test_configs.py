@@ -146,7 +146,8 @@ def test_rocm_builds_take_the_portable_kernels_on_generic_tiles(monkeypatch, mat
     pick neither Hopper's tables nor the Gluon kernels); DOT_PRECISION "ieee" for every dtype and TF32 setting (ROCm's
     triton takes "tf32" on gfx942 alone, MI200 refuses it even for 16-bit operands, which ignore it), with fp16 / bf16
     on the generic tensor-core tiles and fp32 on the FMA ones; bf16 GQA without fp32's per-head dK / dV sums; no fast
-    launch path (ROCm's triton specializes tensors on their 2 GB span, which its key does not hold)."""
+    launch path (ROCm's triton specializes tensors on their 2 GB span, which its key does not hold); dropout's keep
+    mask as a factor in the dK/dV kernel (its booleans did not compile for gfx942 / gfx90a / gfx950 at D64)."""
     monkeypatch.setattr(torch.version, "hip", "6.2")
     assert launch._arch.__wrapped__(torch.device("cuda", 0)) is None  # before any CUDA call: no GPU needed
     for tf32 in (False, True):
@@ -168,6 +169,11 @@ def test_rocm_builds_take_the_portable_kernels_on_generic_tiles(monkeypatch, mat
                                        interpreter=False)
     dkdv, dq = [kl for kl in bwd if kl.kernel.fn.__name__ == "_attn_bwd_dkdv"][0], bwd[-1]
     assert not dkdv.constexprs["SPLIT_GROUP_SUM"] and dkdv.constexprs["DOT_PRECISION"] == "ieee"
+    assert not dkdv.constexprs["DROPOUT_FACTOR"]  # no dropout: nothing to apply
+    sa_drop = launch.ScoreArgs.make(geo, 0.1, -1, -1, 0.0, None, lse, None, 0.1, torch.zeros(1, dtype=torch.int64))
+    dkdv_drop = bwd_launch.backward_launches(geo, q, q, k, k, q, lse, rows, rows, q, k, k, None, 0.1, sa_drop, None,
+                                             interpreter=False)[1]
+    assert dkdv_drop.constexprs["HAS_DROPOUT"] and dkdv_drop.constexprs["DROPOUT_FACTOR"]  # ROCm triton 3.9's D64
     assert (dq.constexprs["BLOCK_M"], dq.constexprs["BLOCK_N"]) == (configs._GENERIC_BWD[128].dq.BLOCK_M,
                                                                     configs._GENERIC_BWD[128].dq.BLOCK_N)
     q32 = q.float()

@@ -155,6 +155,26 @@ def test_backends_draw_the_same_mask(monkeypatch):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_dropout_factor_is_bitwise_the_select(monkeypatch, dtype):
+    """The dK/dV kernel's keep mask as a factor (0 or 1 / (1 - p), multiplied in: what ROCm builds run,
+    bwd_launch._dropout_as_factor) gives the select form's gradients bit for bit (deterministic=True: the portable
+    kernels on every GPU)."""
+    from flashtile import bwd_launch
+
+    q, k, v = make_qkv(2, 50, 70, 4, 2, 32, dtype, DEVICE)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(dtype=dtype, device=DEVICE)
+    asked, grads = [], []
+    for factor in (False, True):
+        monkeypatch.setattr(bwd_launch, "_dropout_as_factor", lambda factor=factor: asked.append(factor) or factor)
+        torch.manual_seed(4)
+        out = flashtile.flash_attn_func(q, k, v, dropout_p=0.3, causal=True, deterministic=True)
+        grads.append(torch.autograd.grad(out, (q, k, v), dout))
+    assert asked == [False, True]
+    for got, want in zip(*grads):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("p", [0.5, 0.3])
 def test_philox_counters(backend, p):
     """The mask layout: element (b, h, i, j) takes output (j % 8) // 2 of Philox counter

@@ -107,6 +107,14 @@ def dq_tiled_offsets(batch, seqlen_q_pad, heads_q, head_dim, tile_m, tile_n):
     return torch.arange(batch).view(-1, 1, 1, 1) * seqlen_q_pad * heads_q * head_dim + per_batch
 
 
+def _dropout_as_factor():
+    """Whether the dK/dV kernel applies the dropout mask as a factor (kernels/bwd._attn_bwd_dkdv_inner's
+    DROPOUT_FACTOR): on ROCm, whose triton 3.9 fails to compile the boolean mask's way into the dot operand at D64
+    (tests/compile_check.py). NVIDIA keeps the select: the factor form compiled for sm90 has ~24 % fewer loop
+    instructions but more spills and shared memory (docs/perf-log.md, session 48), not measured on a GPU."""
+    return torch.version.hip is not None
+
+
 def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbias, softmax_scale, sa, arch,
                       interpreter, mods=None, dlse=None, sink=None, sink_parts=None):
     """The backward's launches: preprocess (delta, lse2, of shape geo.row_buffer_shape), dK/dV (one launch, or
@@ -145,7 +153,7 @@ def backward_launches(geo, dout, q, k, v, out, lse, lse2, delta, dq, dk, dv, dbi
              *mods.args(lse, transposed=True)),
             dict(BLOCK_M=tiles.BLOCK_M, BLOCK_N=tiles.BLOCK_N, Q_DESC=descs is not None,
                  SPLIT_GROUP_SUM=q.dtype == torch.float32 and precision != "tf32" and group_size > 1, PART=part,
-                 **common),
+                 DROPOUT_FACTOR=sa.constexprs["HAS_DROPOUT"] and _dropout_as_factor(), **common),
             tiles.num_warps, tiles.num_stages, shrink=() if descs else ("BLOCK_M",),
             grid_tile=("BLOCK_N", 0, geo.seqlen_k),
         ))

@@ -124,7 +124,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
                          SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None, idx_ptr=None,
                          BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128,
                          q_desc=None, do_desc=None, desc_row=0, desc_col=0, Q_DESC: tl.constexpr = False,
-                         PART: tl.constexpr = 0):
+                         PART: tl.constexpr = 0, DROPOUT_FACTOR: tl.constexpr = False):
     """Accumulate dK, dV of one key block over query blocks [lo, hi), working on transposed tiles.
     BLOCK_SPARSE: [lo, hi) are offsets into the query blocks listed at idx_ptr (see _sparse_tile_start).
 
@@ -141,6 +141,10 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
     sequence's (or zero past the buffer) and are discarded as in ROWS_PADDED: lse2 = +inf there, so P = 0.
     PART: 0 accumulates both; 1 only dV (no dP: 2 matmuls per tile; v unused); 2 only dK (3 matmuls). The
     other accumulator is returned untouched.
+    DROPOUT_FACTOR: the keep mask enters as a factor (dropout_scale or 0) multiplied into P^T and dP^T instead of
+    selecting them: the same values (both are finite, so x * 0 is the select's 0; dP^T's -0 changes no sum), and a
+    float, not boolean, tensor on its way to the dot operand's layout (ROCm triton 3.9 could not lay the booleans
+    out in shared memory: bwd_launch._dropout_as_factor).
     """
     if BLOCK_SPARSE:
         next_start = _sparse_tile_start(lo, hi, idx_ptr, SPARSE_M)
@@ -178,15 +182,21 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
         if HAS_DROPOUT:
             keepT = _dropout_keep(seed, rng_base, offs_qm[None, :], start_n, max_k, dropout_threshold,
                                   offs_n.shape[0], True)
+            if DROPOUT_FACTOR:
+                factorT = tl.where(keepT, dropout_scale, 0.0)
         if PART != 2:
-            if HAS_DROPOUT:
+            if HAS_DROPOUT and DROPOUT_FACTOR:
+                dv = tl.dot((pT * factorT).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+            elif HAS_DROPOUT:
                 dv = tl.dot(tl.where(keepT, pT * dropout_scale, 0.0).to(do.dtype), do, dv,
                             input_precision=DOT_PRECISION)
             else:
                 dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         if PART != 1:
             dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # [BLOCK_N, BLOCK_M]
-            if HAS_DROPOUT:
+            if HAS_DROPOUT and DROPOUT_FACTOR:
+                dpT = dpT * factorT
+            elif HAS_DROPOUT:
                 dpT = tl.where(keepT, dpT * dropout_scale, 0.0)
             dsT = pT * (dpT - delta[None, :])  # [BLOCK_N, BLOCK_M]
             if SCORE_MOD is not None:
@@ -218,7 +228,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                    SPLIT_GROUP_SUM: tl.constexpr,
                    SCORE_MOD: tl.constexpr = None, SCORE_MOD_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
                    BLOCK_SPARSE: tl.constexpr = False, SPARSE_M: tl.constexpr = 128, SPARSE_N: tl.constexpr = 128,
-                   Q_DESC: tl.constexpr = False, PART: tl.constexpr = 0):
+                   Q_DESC: tl.constexpr = False, PART: tl.constexpr = 0, DROPOUT_FACTOR: tl.constexpr = False):
     """One program per (key block, batch * key/value head); sums over the group's query heads.
 
     BLOCK_SPARSE: the query blocks come from the block mask's transposed lists QNum / FullQNum
@@ -229,6 +239,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
     PART: 0 computes and stores dK and dV; 1 only dV (DK unused, v never read); 2 only dK (DV unused): the
     D256 "dv-dk" split (configs.BwdConfig.dkdv_split), two launches whose programs each hold one [BLOCK_N, D]
     fp32 accumulator instead of two.
+    DROPOUT_FACTOR: see _attn_bwd_dkdv_inner.
     """
     start_n = tl.program_id(0) * BLOCK_N
     pid_bh = tl.program_id(1)
@@ -300,7 +311,7 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               DOT_PRECISION, IS_VARLEN, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
                                               SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, idx_ptr, True, SPARSE_M,
                                               q_desc=QDesc, do_desc=DODesc, desc_row=desc_row, desc_col=desc_col,
-                                              Q_DESC=Q_DESC, PART=PART)
+                                              Q_DESC=Q_DESC, PART=PART, DROPOUT_FACTOR=DROPOUT_FACTOR)
         else:
             for SEGMENT in tl.static_range(3):
                 seg_lo, seg_hi = _segment(SEGMENT, lo, full_lo, full_hi, hi)
@@ -313,7 +324,8 @@ def _attn_bwd_dkdv(Q, K, V, DOut, Lse2, Delta, DK, DV, Alibi, CuSeqlensQ, CuSeql
                                               SEGMENT != 1, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, HAS_DROPOUT,
                                               DOT_PRECISION, IS_VARLEN, off_b, off_h, Aux0, Aux1, Aux2, Aux3,
                                               SCORE_MOD, SCORE_MOD_GRAD, MASK_MOD, q_desc=QDesc, do_desc=DODesc,
-                                              desc_row=desc_row, desc_col=desc_col, Q_DESC=Q_DESC, PART=PART)
+                                              desc_row=desc_row, desc_col=desc_col, Q_DESC=Q_DESC, PART=PART,
+                                              DROPOUT_FACTOR=DROPOUT_FACTOR)
         if SPLIT_GROUP_SUM:
             dk = dk_all + dk
             dv = dv_all + dv
