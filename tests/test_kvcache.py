@@ -86,6 +86,36 @@ def test_refusals_leave_the_cache_untouched():
         flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_batch_idx=torch.zeros(3, dtype=torch.int32),
                                           block_table=torch.zeros(3, 1, dtype=torch.int32))
     assert torch.equal(k_cache, before)
+    # One cache row broadcast to the batch: each row's append would land in the shared memory (both call paths).
+    shared_k, shared_v = k_cache[:1].clone(), v_cache[:1].clone()
+    shared_before = shared_k.clone()
+    for extra in ({}, dict(cache_seqlens=torch.tensor([2, 3, 4], dtype=torch.int32))):
+        with pytest.raises(ValueError, match=r"k_cache is expanded \(stride 0 in dim 0 of size 3\)"):
+            flashtile.flash_attn_with_kvcache(q, shared_k.expand(3, -1, -1, -1), shared_v.expand(3, -1, -1, -1),
+                                              k_new, v_new, **{"cache_seqlens": 2, **extra})
+    assert torch.equal(shared_k, shared_before)
+    out = flashtile.flash_attn_with_kvcache(q, shared_k.expand(3, -1, -1, -1), shared_v.expand(3, -1, -1, -1),
+                                            cache_seqlens=2)  # reading an expanded cache is fine
+    assert out.shape == q.shape
+
+
+def test_append_of_no_tokens(backend):
+    """k, v of zero new tokens (a chunked loop's empty chunk) append nothing, as flash-attn: the call equals one
+    without k, v (rotary still turns q), the cache is untouched; their shapes are still checked."""
+    _, device = backend
+    q, k_cache, v_cache, k_new, v_new = cache_inputs(device)
+    cos, sin = (torch.rand(40, 8, generator=torch.Generator().manual_seed(3)).to(device) for _ in range(2))
+    before = k_cache.clone(), v_cache.clone()
+    for extra in ({}, dict(rotary_cos=cos, rotary_sin=sin, causal=True)):
+        got = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new[:, :0], v_new[:, :0], cache_seqlens=9,
+                                                **extra)
+        want = flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=9, **extra)
+        assert torch.equal(got, want)
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+    with pytest.raises(ValueError, match=r"k has \(heads, headdim\) \(1, 32\) but k_cache has \(2, 32\)"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new[:, :0, :1], v_new[:, :0, :1], cache_seqlens=9)
+    with pytest.raises(TypeError, match="k has dtype torch.float16"):
+        flashtile.flash_attn_with_kvcache(q, k_cache, v_cache, k_new[:, :0].half(), v_new[:, :0], cache_seqlens=9)
 
 
 def rotate_reference(x, cos, sin, positions, interleaved):

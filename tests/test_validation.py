@@ -1,4 +1,5 @@
 """Bad input raises a clear exception naming the argument, before any kernel runs."""
+import numpy as np
 import pytest
 import torch
 
@@ -104,6 +105,24 @@ def test_bad_scalars():
     expect(TypeError, "softmax_scale must be a float or None, got str", *qkv(), softmax_scale="0.1")
     expect(ValueError, "softmax_scale must be finite, got nan", *qkv(), softmax_scale=float("nan"))
     expect(TypeError, "causal must be a bool, got int", *qkv(), causal=1)
+    expect(TypeError, "causal must be a bool, got numpy.bool", *qkv(), causal=np.bool_(True))
+
+
+@pytest.mark.parametrize("value", ["no", None, 0, 1])
+def test_bad_return_flags(value):
+    """Every bool argument is checked as causal is: a truthy string or a falsy None is not silently taken."""
+    q, k, v = qkv()
+    expect(TypeError, "return_attn_probs must be a bool", q, k, v, return_attn_probs=value)
+    cu = torch.tensor([0, 16, 32], dtype=torch.int32)
+    with pytest.raises(TypeError, match="return_attn_probs must be a bool"):
+        flashtile.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, 16, 16,
+                                         return_attn_probs=value)
+    with pytest.raises(TypeError, match="return_lse must be a bool"):
+        flashtile.attention(q, k, v, return_lse=value)
+    cache = torch.zeros(q.shape[0], 16, *k.shape[2:], dtype=q.dtype)
+    for name in ("rotary_interleaved", "return_softmax_lse"):
+        with pytest.raises(TypeError, match=f"{name} must be a bool"):
+            flashtile.flash_attn_with_kvcache(q[:, :1], cache, cache.clone(), cache_seqlens=4, **{name: value})
 
 
 def test_packed_shapes():

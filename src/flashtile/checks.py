@@ -34,6 +34,16 @@ def check_tensor(name, t, rank, layout):
                          f"call .contiguous() first")
 
 
+def writable_cache(name, t):
+    """A KV cache the call appends to in place: an expanded one (stride 0 over a dim of size > 1, e.g. one row
+    broadcast to the batch by .expand) would have several of its entries written to one memory location."""
+    for dim, (size, stride) in enumerate(zip(t.shape, t.stride())):
+        if stride == 0 and size > 1:
+            raise ValueError(f"{name} is expanded (stride 0 in dim {dim} of size {size}): appending would write "
+                             f"several of its entries to one memory location; give it storage of its own "
+                             f"(e.g. .clone())")
+
+
 def plain_qkv_ok(q, k, v, same_batch=True):
     """True when dense q, k, v pass check_qkv (same_batch as there: False for a paged cache): the common call checked
     in one pass of exact-type and size tests (host time); False sends the call to check_qkv, which raises the error or
@@ -304,7 +314,11 @@ def dropout_p(p):
 
 
 def flag(name, value):
-    """A bool argument (causal, deterministic) as given; anything else (a 0/1 int, a tensor) is a TypeError."""
+    """A bool argument (causal, deterministic, return_attn_probs, ...) as given; anything else (a 0/1 int, None, a
+    string, a numpy bool, a tensor) is a TypeError, named with its module where it has one (numpy.bool and bool
+    would read alike)."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        kind = type(value)
+        name_of = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        raise TypeError(f"{name} must be a bool, got {name_of}")
     return value

@@ -7,7 +7,7 @@ from . import autograd, checks, ops
 def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                deterministic, return_attn_probs, sink=None, varlen=None, attn_bias=None):
     """Shared by every entry point. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) or None."""
-    if (varlen is None and attn_bias is None and alibi_slopes is None and sink is None and not return_attn_probs
+    if (varlen is None and attn_bias is None and alibi_slopes is None and sink is None and return_attn_probs is False
             and type(causal) is bool and type(deterministic) is bool and type(dropout_p) is float and dropout_p == 0
             and type(softcap) is float and softcap == 0 and type(window_size) is tuple and window_size == (-1, -1)
             and checks.plain_qkv_ok(q, k, v)):
@@ -37,6 +37,7 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     # deterministic=True keeps the backward off the Hopper Gluon kernel, whose dQ is a sum of fp32 reduce-adds in
     # no fixed order; the portable kernels use none, so they are bitwise reproducible.
     checks.flag("deterministic", deterministic)
+    checks.flag("return_attn_probs", return_attn_probs)
     out, lse = autograd.forward(q, k, v, scale, window_left, window_right, softcap, alibi_slopes,
                                 checks.sink_logits(sink, q, heads), *varlen, attn_bias, dropout_p, rng, deterministic)
     if not return_attn_probs:
@@ -73,6 +74,7 @@ def _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     if attn_bias is not None:
         raise NotImplementedError("attn_bias is not supported with block_table (paged KV)")
     checks.flag("causal", causal)
+    checks.flag("return_attn_probs", return_attn_probs)
     heads = q.shape[1]
     window_left, window_right = checks.window(window_size, causal)
     out, lse = ops.call(ops.fwd_varlen_paged, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -43,6 +43,11 @@ def _num_splits(num_splits):
     return int(num_splits)
 
 
+def _no_tokens(k, v):
+    """Whether k, v are an append of no tokens: tensors of (B, 0, Hk, D)."""
+    return all(isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[1] == 0 for t in (k, v))
+
+
 def _check_rotary(rotary_cos, rotary_sin, q, last_position):
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("rotary_cos and rotary_sin must be given together or both be None")
@@ -70,7 +75,8 @@ def _plain_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_s
     cache: the full path raises the error)."""
     new_tokens = 0
     if k is not None or v is not None:
-        if k is None or v is None or not checks.plain_qkv_ok(q, k, v) or k.shape[2:] != k_cache.shape[2:]:
+        if (k is None or v is None or not checks.plain_qkv_ok(q, k, v) or k.shape[2:] != k_cache.shape[2:]
+                or 0 in k_cache.stride() or 0 in v_cache.stride()):  # the full path checks an expanded cache
             return None
         new_tokens = k.shape[1]
     capacity = k_cache.shape[1]
@@ -96,7 +102,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     cache_seqlens (int or int32 (B,)): tokens already in each row of the cache (default: the whole cache).
     With k, v (B, Sk_new, Hk, D) the new tokens are first written into the cache in place at
-    cache_seqlens[b] (all checks happen before anything is written), then batch row b attends to its
+    cache_seqlens[b] (all checks happen before anything is written; Sk_new = 0 appends nothing, and an expanded
+    cache, one memory location for several entries, is refused), then batch row b attends to its
     first cache_seqlens[b] + Sk_new keys. Causal and windows are bottom-right aligned on that length, as
     flash-attn. Returns out (B, Sq, Hq, D), and softmax_lse (B, Hq, Sq) when return_softmax_lse.
     rotary_cos, rotary_sin (seqlen_ro, rotary_dim / 2): rotary embedding of the new k at positions
@@ -124,7 +131,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if (type(cache_seqlens) is int and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
             and cache_leftpad is None and alibi_slopes is None and type(causal) is bool and type(softcap) is float
             and softcap == 0 and type(window_size) is tuple and window_size == (-1, -1) and type(num_splits) is int
-            and num_splits == 0 and checks.plain_qkv_ok(q, k_cache, v_cache, same_batch=block_table is None)):
+            and num_splits == 0 and type(rotary_interleaved) is bool and type(return_softmax_lse) is bool
+            and checks.plain_qkv_ok(q, k_cache, v_cache, same_batch=block_table is None)):
         step = _plain_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
                            rotary_interleaved)
         if step is not None:
@@ -149,9 +157,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (the new tokens to append) or both be None")
     if k is not None:
-        checks.check_qkv(q, k, v)
+        empty = _no_tokens(k, v)  # checked as one token each (check_qkv refuses empty tensors)
+        checks.check_qkv(q, *((t.new_empty(t.shape[0], 1, *t.shape[2:]) for t in (k, v)) if empty else (k, v)))
         if k.shape[2:] != k_cache.shape[2:]:
             raise ValueError(f"k has (heads, headdim) {tuple(k.shape[2:])} but k_cache has {tuple(k_cache.shape[2:])}")
+        if empty:
+            k = v = None  # as flash-attn: an append of no tokens (a chunked loop's empty chunk) appends nothing
+        else:
+            checks.writable_cache("k_cache", k_cache)
+            checks.writable_cache("v_cache", v_cache)
     new_tokens = k.shape[1] if k is not None else 0  # the attention's key count adds them in the kernel
     if used_list is None:  # capture / tracing with tensor cache_seqlens: unchecked, the capacity bounds the keys
         used_list, lengths = [0], [capacity]
@@ -169,6 +183,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              f"cache_seqlens {used_list}")
         cache_leftpad = checks.unit_stride(cache_leftpad)
     checks.flag("causal", causal)
+    checks.flag("rotary_interleaved", rotary_interleaved)
+    checks.flag("return_softmax_lse", return_softmax_lse)
     scale = checks.softmax_scale_or_default(softmax_scale, q.shape[-1])
     window_left, window_right = checks.window(window_size, causal)
     slopes = checks.alibi(alibi_slopes, q, batch, q.shape[2])

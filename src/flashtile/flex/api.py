@@ -119,6 +119,7 @@ def attention(q, k, v, score_mod=None, mask_mod=None, block_mask=None, softmax_s
     """
     checks.check_qkv(q, k, v)
     checks.flag("causal", causal)
+    checks.flag("return_lse", return_lse)
     if isinstance(aux, torch.Tensor):
         aux = (aux,)
     aux = tuple(aux)
