@@ -11,6 +11,7 @@ import argparse
 import torch
 import triton
 
+from feature_ab import table_inputs  # the feature table's shapes (this folder)
 from flashtile import bwd_launch, flash_attn_func
 
 
@@ -22,26 +23,22 @@ def main():
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     seqlen = args.seqlen
-    for head_dim in map(int, args.head_dims.split(",")):
-        for causal in (False, True):
-            batch, heads = max(1, 16384 // seqlen), 2048 // head_dim
-            q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
-                                   requires_grad=True) for _ in range(3))
-            torch.manual_seed(0)
-            out = flash_attn_func(q, k, v, dropout_p=args.p, causal=causal, deterministic=True)
-            grad = torch.randn_like(out)
-            times, grads = {}, {}
-            for repeat in range(args.repeats):
-                forms = (False, True)
-                for factor in forms[::-1] if repeat % 2 else forms:
-                    bwd_launch._dropout_as_factor = lambda factor=factor: factor
-                    grads[factor] = torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
-                    times.setdefault(factor, []).append(triton.testing.do_bench(
-                        lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), warmup=25, rep=100))
-            same = all(torch.equal(a, b) for a, b in zip(grads[False], grads[True]))
-            select, factor = min(times[False]), min(times[True])
-            print(f"d{head_dim} causal={int(causal)} S={seqlen} p={args.p}: backward select {select:.3f} ms, factor "
-                  f"{factor:.3f} ms ({factor / select:.3f}x); gradients bitwise equal: {same}", flush=True)
+    for head_dim, causal, q, k, v in table_inputs(args.head_dims, seqlen):
+        torch.manual_seed(0)
+        out = flash_attn_func(q, k, v, dropout_p=args.p, causal=causal, deterministic=True)
+        grad = torch.randn_like(out)
+        times, grads = {}, {}
+        for repeat in range(args.repeats):
+            forms = (False, True)
+            for factor in forms[::-1] if repeat % 2 else forms:
+                bwd_launch._dropout_as_factor = lambda factor=factor: factor
+                grads[factor] = torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+                times.setdefault(factor, []).append(triton.testing.do_bench(
+                    lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), warmup=25, rep=100))
+        same = all(torch.equal(a, b) for a, b in zip(grads[False], grads[True]))
+        select, factor = min(times[False]), min(times[True])
+        print(f"d{head_dim} causal={int(causal)} S={seqlen} p={args.p}: backward select {select:.3f} ms, factor "
+              f"{factor:.3f} ms ({factor / select:.3f}x); gradients bitwise equal: {same}", flush=True)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,16 @@ from flashtile import flash_attn_func
 from flashtile.bench.features import parse as parse_feature
 
 
+def table_inputs(head_dims, seqlen):
+    """(head_dim, causal, q, k, v) of the feature table's shapes for head_dims ("64,128") and seqlen, both masks:
+    bf16, 16K tokens (B = 16384 / S), hidden 2048 (H = 2048 / D), q, k, v requiring grad."""
+    for head_dim in map(int, head_dims.split(",")):
+        for causal in (False, True):
+            batch, heads = max(1, 16384 // seqlen), 2048 // head_dim
+            yield (head_dim, causal, *(torch.randn(batch, seqlen, heads, head_dim, device="cuda",
+                                                   dtype=torch.bfloat16, requires_grad=True) for _ in range(3)))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tag")
@@ -41,36 +51,33 @@ def main():
         parser.error("causal is swept (both values); give only the feature's keywords")
     print(f"{args.tag}: flashtile from {flashtile.__file__}", flush=True)  # the tree PYTHONPATH picked
     seqlen = args.seqlen
-    for head_dim in map(int, args.head_dims.split(",")):
-        for causal in (False, True):
-            batch, heads = max(1, 16384 // seqlen), 2048 // head_dim
-            q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
-                                   requires_grad=True) for _ in range(3))
-            kwargs_case = dict(extra)
-            if bench_feature is not None:
-                kwargs_case.update(bench_feature.kwargs(heads, q.device, seqlen, seqlen, q.dtype))
-            if args.compile_only:
-                for kwargs in ({}, kwargs_case):
-                    out = flash_attn_func(q, k, v, causal=causal, **kwargs)
-                    torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-                torch.cuda.synchronize()
-                continue
-            times = {}
-            for repeat in range(args.repeats):
-                settings = (("none", {}), ("feature", kwargs_case))
-                for name, kwargs in settings[::-1] if repeat % 2 else settings:  # each goes first in turn
-                    fwd = triton.testing.do_bench(lambda: flash_attn_func(q, k, v, causal=causal, **kwargs),
-                                                  warmup=25, rep=100)
-                    out = flash_attn_func(q, k, v, causal=causal, **kwargs)
-                    grad = torch.randn_like(out)
-                    bwd = triton.testing.do_bench(
-                        lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), warmup=25, rep=100)
-                    times.setdefault(name, []).append((fwd, bwd))
-            none_f, none_b = min(t[0] for t in times["none"]), min(t[1] for t in times["none"])
-            feat_f, feat_b = min(t[0] for t in times["feature"]), min(t[1] for t in times["feature"])
-            print(f"{args.tag} {' '.join(args.feature)} d{head_dim} causal={int(causal)} S={seqlen}: fwd "
-                  f"{none_f:.3f} -> {feat_f:.3f} ms ({feat_f / none_f:.3f}x)  bwd {none_b:.3f} -> {feat_b:.3f} ms "
-                  f"({feat_b / none_b:.3f}x)", flush=True)
+    for head_dim, causal, q, k, v in table_inputs(args.head_dims, seqlen):
+        heads = q.shape[2]
+        kwargs_case = dict(extra)
+        if bench_feature is not None:
+            kwargs_case.update(bench_feature.kwargs(heads, q.device, seqlen, seqlen, q.dtype))
+        if args.compile_only:
+            for kwargs in ({}, kwargs_case):
+                out = flash_attn_func(q, k, v, causal=causal, **kwargs)
+                torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+            torch.cuda.synchronize()
+            continue
+        times = {}
+        for repeat in range(args.repeats):
+            settings = (("none", {}), ("feature", kwargs_case))
+            for name, kwargs in settings[::-1] if repeat % 2 else settings:  # each goes first in turn
+                fwd = triton.testing.do_bench(lambda: flash_attn_func(q, k, v, causal=causal, **kwargs),
+                                              warmup=25, rep=100)
+                out = flash_attn_func(q, k, v, causal=causal, **kwargs)
+                grad = torch.randn_like(out)
+                bwd = triton.testing.do_bench(
+                    lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), warmup=25, rep=100)
+                times.setdefault(name, []).append((fwd, bwd))
+        none_f, none_b = min(t[0] for t in times["none"]), min(t[1] for t in times["none"])
+        feat_f, feat_b = min(t[0] for t in times["feature"]), min(t[1] for t in times["feature"])
+        print(f"{args.tag} {' '.join(args.feature)} d{head_dim} causal={int(causal)} S={seqlen}: fwd "
+              f"{none_f:.3f} -> {feat_f:.3f} ms ({feat_f / none_f:.3f}x)  bwd {none_b:.3f} -> {feat_b:.3f} ms "
+              f"({feat_b / none_b:.3f}x)", flush=True)
 
 
 if __name__ == "__main__":
