@@ -212,14 +212,21 @@ def test_autograd_watches_every_float_tensor_input():
     assert len(integer) == 3 and tensors - integer == set(autograd._FLOAT_TENSOR_INPUTS)
 
 
-def test_torch_compile_fullgraph(monkeypatch):
-    """flash_attn_func inside torch.compile(fullgraph=True): no graph break, same values, gradients."""
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_torch_compile_fullgraph(monkeypatch, layout):
+    """flash_attn_func inside torch.compile(fullgraph=True): no graph break, same values, gradients; also for a q
+    whose (seqlen, heads) dims are transposed in memory (the CPU path once returned q's layout where the fake
+    implementations promise contiguous outputs: inductor's stride check failed)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the compile test does not need the slow interpreter
 
     def layer(q, k, v):
+        if layout == "transposed":
+            q = q.transpose(1, 2)  # made (B, H, S, D), viewed as (B, S, H, D)
         return flashtile.flash_attn_func(q * 2, k, v, causal=True).float().square().sum()
 
     q, k, v = make_qkv(1, 64, 64, 2, 1, 32, torch.float32, "cpu")
+    if layout == "transposed":
+        q = q.detach().transpose(1, 2).contiguous().requires_grad_()
     compiled = torch.compile(layer, fullgraph=True)
     got = compiled(q, k, v)
     grads = torch.autograd.grad(got, (q, k, v))
@@ -228,6 +235,27 @@ def test_torch_compile_fullgraph(monkeypatch):
     torch.testing.assert_close(got, want)
     for g, w in zip(grads, want_grads):
         torch.testing.assert_close(g, w)
+
+
+def test_outputs_are_contiguous_whatever_the_input_layout(backend):
+    """out, lse and the gradients are contiguous tensors of their own for inputs laid out otherwise (as the fake
+    implementations say they are), on every path: dense, varlen and KV cache."""
+    _, device = backend
+    q, k, v = make_qkv(2, 24, 24, 4, 2, 16, torch.float32, device, requires_grad=False)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()  # (B, S, H, D) with H outermost
+    k, v = k.requires_grad_(), v.requires_grad_()
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    for t in (out, lse, *grads):
+        assert t.is_contiguous() and t._base is None
+    qp = q.detach()[0].transpose(0, 1).contiguous().transpose(0, 1)  # packed (total, H, D), H outermost
+    cu = torch.tensor([0, 10, 24], dtype=torch.int32, device=device)
+    out, lse, _ = flashtile.flash_attn_varlen_func(qp, k.detach()[0], v.detach()[0], cu, cu, 14, 14,
+                                                   return_attn_probs=True)
+    assert out.is_contiguous() and lse.is_contiguous()
+    out, lse = flashtile.flash_attn_with_kvcache(q.detach(), k.detach(), v.detach(), cache_seqlens=20,
+                                                 return_softmax_lse=True)
+    assert out.is_contiguous() and lse.is_contiguous()
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU path's memory")

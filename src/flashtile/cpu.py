@@ -24,10 +24,13 @@ def _split_heads(q, k, v):
     return qg, kg, vg
 
 
-def _merge_heads(x):
-    """[B, Hk, G, S, D] -> [B, S, Hk * G, D]."""
-    batch, heads_kv, group, seqlen, head_dim = x.shape
-    return x.permute(0, 3, 1, 2, 4).reshape(batch, seqlen, heads_kv * group, head_dim)
+def _grouped(shape, heads_kv, fill=None):
+    """(t, view): a new contiguous fp32 tensor t of (B, S, Hq, D) shape (zeros when fill, else uninitialized) and
+    its [B, Hk, G, S, D] view, to write through. The ops' outputs are contiguous tensors of their own, as the kernels'
+    and the fake implementations' (torch.compile checks their strides), whatever q's layout."""
+    batch, seqlen, heads_q, head_dim = shape
+    t = torch.zeros(shape) if fill else torch.empty(shape)
+    return t, t.view(batch, seqlen, heads_kv, heads_q // heads_kv, head_dim).permute(0, 2, 3, 1, 4)
 
 
 class Mods:
@@ -152,8 +155,9 @@ def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_sl
     seqlen_q = q.shape[1]
     scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias, mods)
     qg, kg, vg = _split_heads(q, k, v)
-    out = torch.empty_like(qg)  # [B, Hk, G, Sq, D]
-    lse = torch.empty(qg.shape[:-1], dtype=torch.float32)  # [B, Hk, G, Sq]
+    out_t, out = _grouped(q.shape, k.shape[2])  # out: [B, Hk, G, Sq, D]
+    lse_t = torch.empty(q.shape[0], q.shape[2], seqlen_q)
+    lse = lse_t.view(qg.shape[:-1])  # [B, Hk, G, Sq]
     for m0 in range(0, seqlen_q, BLOCK_M):
         m1 = min(seqlen_q, m0 + BLOCK_M)
         qb = qg[..., m0:m1, :]
@@ -179,9 +183,8 @@ def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_sl
         out[..., m0:m1, :] = acc / torch.where(empty, 1.0, l_i).unsqueeze(-1)
         lse[..., m0:m1] = torch.where(empty, float("-inf"), m_i + torch.log(torch.where(empty, 1.0, l_i)))
     if dropout is not None:
-        out = out * dropout.scale
-    batch, heads_q = q.shape[0], q.shape[2]
-    return _merge_heads(out).to(q.dtype), lse.reshape(batch, heads_q, seqlen_q)
+        out_t.mul_(dropout.scale)
+    return out_t.to(q.dtype), lse_t
 
 
 def _group_sum(x):
@@ -205,7 +208,7 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_r
         delta = delta - dlse.float().reshape(group_shape)  # d lse_i / d s_ij = P_ij
     lse = lse.reshape(group_shape)
     lse = torch.where(lse == float("-inf"), float("inf"), lse)  # rows with no visible key: P = 0
-    dq = torch.zeros_like(qg)
+    dq_t, dq = _grouped(q.shape, k.shape[2], fill=True)
     dk = torch.zeros(kg.shape[0], kg.shape[1], seqlen_k, kg.shape[-1])  # [B, Hk, Sk, D]
     dv = torch.zeros_like(dk)
     dscores = torch.zeros(*qg.shape[:-1], seqlen_k) if bias_grad else torch.zeros(0)  # [B, Hk, G, Sq, Sk]
@@ -237,7 +240,7 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_r
     dv = dv.transpose(1, 2).contiguous().to(v.dtype)
     if bias_grad:
         dscores = dscores.reshape(q.shape[0], q.shape[2], seqlen_q, seqlen_k)
-    return _merge_heads(dq).to(q.dtype), dk, dv, dscores
+    return dq_t.to(q.dtype), dk, dv, dscores
 
 
 def _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias):
@@ -263,7 +266,7 @@ def _sequence_dropout(dropout_p, rng, b, q, k, sq, max_seqlen_q, max_seqlen_k):
 def varlen_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias=None, dropout_p=0.0, rng=None):
     """Packed q (total_q, Hq, D), k/v (total_k, Hk, D): each sequence alone; out like q, lse (Hq, total_q)."""
-    out = torch.zeros_like(q)
+    out = torch.zeros(q.shape, dtype=q.dtype)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"))
     for b, sq, sk, slopes, bias in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias):
         if sq.stop == sq.start:
@@ -293,7 +296,7 @@ def varlen_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, w
                     dropout_p=0.0, rng=None):
     """dq, dk, dv of the packed layout, each sequence alone, and dscores: fp32 (B, Hq, max_q, max_k) when
     bias_grad (zero outside each sequence), else empty."""
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype) for t in (q, k, v))  # contiguous, as _grouped says
     batch = cu_seqlens_q.numel() - 1
     dscores = torch.zeros(batch, q.shape[1], max_seqlen_q, max_seqlen_k) if bias_grad else torch.zeros(0)
     for b, sq, sk, slopes, bias in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias):
@@ -343,7 +346,7 @@ def kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, 
                     alibi_slopes, key_start=None, seqused_add=0):
     """Batch row b attends to its cached keys key_start[b] <= t < seqused_add + seqused_k[b] (seqused_k None: 0;
     key_start None: from 0), gathered page by page when block_table is given; out like q, lse (B, Hq, Sq)."""
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype)  # contiguous, as _grouped says
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1])
     starts = key_start.tolist() if key_start is not None else [0] * q.shape[0]
     counts = seqused_k.tolist() if seqused_k is not None else [0] * q.shape[0]
