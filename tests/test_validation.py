@@ -267,6 +267,12 @@ def test_second_order_gradients_are_refused(backend, entry):
         torch.testing.assert_close(g.detach(), g1)  # not bitwise: the GPU backward may add dq atomically
     with pytest.raises(RuntimeError, match="second-order gradients"):
         sum(g.square().sum() for g in second).backward()
+    # A grad call to the inputs themselves (as a Hessian-vector product makes) must meet the refusal too, not find
+    # the gradients unconnected to q, k, v and return nothing or zeros.
+    second = torch.autograd.grad(call(q, k, v, causal=True).square().sum(), (q, k, v), create_graph=True)
+    for wrt in (q, k, v):
+        with pytest.raises(RuntimeError, match="second-order gradients"):
+            torch.autograd.grad(second[0].square().sum(), wrt, retain_graph=True, materialize_grads=True)
 
 
 def test_attention_mask_mod_must_be_the_block_masks():

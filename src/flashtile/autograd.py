@@ -76,8 +76,12 @@ def first_order_only(backward):
         if not torch.is_grad_enabled():  # create_graph=False: the usual backward
             return outputs
         present = [g for g in outputs if g is not None]
-        marked = torch._C._functions.DelayedError(_SECOND_ORDER, len(present))(
-            *[g.detach().requires_grad_() for g in present])
+        # The node's inputs also hold what the gradients depend on (the incoming gradients, the saved q, k, v, ...):
+        # a grad call from a gradient to q must pass through it and raise. (Fed only detached copies, as torch's
+        # once_differentiable does, autograd.grad(dq, q) found no path to q: "not used in the graph", or zeros.)
+        sources = [t for t in (*grads, *ctx.saved_tensors) if t is not None and t.requires_grad]
+        marked = torch._C._functions.DelayedError(_SECOND_ORDER, len(present) + len(sources))(
+            *[g.detach().requires_grad_() for g in present], *sources)
         marked = iter(marked if isinstance(marked, tuple) else (marked,))
         return tuple(None if g is None else next(marked) for g in outputs)
     return wrapper
