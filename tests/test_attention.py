@@ -237,6 +237,21 @@ def test_torch_compile_fullgraph(monkeypatch, layout):
         torch.testing.assert_close(g, w)
 
 
+def test_torch_compile_dynamic_shapes(monkeypatch):
+    """torch.compile(fullgraph=True, dynamic=True) traces the checked calls too: float arguments left at their
+    defaults become symbolic floats there, which math.isfinite could not take (checks._finite)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = make_qkv(2, 8, 8, 4, 2, 16, torch.float32, "cpu", requires_grad=False)
+    cu = torch.tensor([0, 5, 16], dtype=torch.int32)
+    calls = [lambda q, k, v: flashtile.flash_attn_func(q, k, v, window_size=(4, 0)),
+             lambda q, k, v: flashtile.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu,
+                                                              cu, 11, 11, softmax_scale=0.3)]
+    for call in calls:
+        torch._dynamo.reset()
+        got = torch.compile(call, fullgraph=True, dynamic=True, backend="aot_eager")(q, k, v)
+        torch.testing.assert_close(got, call(q, k, v), rtol=0, atol=0)
+
+
 def test_outputs_are_contiguous_whatever_the_input_layout(backend):
     """out, lse and the gradients are contiguous tensors of their own for inputs laid out otherwise (as the fake
     implementations say they are), on every path: dense, varlen and KV cache."""

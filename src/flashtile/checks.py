@@ -220,12 +220,18 @@ def _check_pages(table, num_pages):
         _TABLE_MAX[table] = (key, high)
 
 
+def _finite(x):
+    """math.isfinite(x) in comparisons: torch.compile(dynamic=True) traces a float argument as a symbolic float,
+    which math.isfinite cannot take (a graph break, an error under fullgraph=True); False for NaN too."""
+    return -math.inf < x < math.inf
+
+
 def softmax_scale_or_default(softmax_scale, head_dim):
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
     if not _is_real(softmax_scale):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    if not math.isfinite(softmax_scale):
+    if not _finite(softmax_scale):
         raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
     return float(softmax_scale)
 
@@ -252,7 +258,7 @@ def window(window_size, causal):
 def softcap_value(softcap):
     if not _is_real(softcap):
         raise TypeError(f"softcap must be a float, got {type(softcap).__name__}")
-    if not math.isfinite(softcap) or softcap < 0:
+    if not _finite(softcap) or softcap < 0:
         raise ValueError(f"softcap must be finite and >= 0 (0 = off), got {softcap}")
     return float(softcap)
 
