@@ -24,12 +24,12 @@ def _split_heads(q, k, v):
     return qg, kg, vg
 
 
-def _grouped(shape, heads_kv, fill=None):
-    """(t, view): a new contiguous fp32 tensor t of (B, S, Hq, D) shape (zeros when fill, else uninitialized) and
+def _grouped(shape, heads_kv, zeros=False):
+    """(t, view): a new contiguous fp32 tensor t of (B, S, Hq, D) shape (zero-filled with zeros, else uninitialized) and
     its [B, Hk, G, S, D] view, to write through. The ops' outputs are contiguous tensors of their own, as the kernels'
     and the fake implementations' (torch.compile checks their strides), whatever q's layout."""
     batch, seqlen, heads_q, head_dim = shape
-    t = torch.zeros(shape) if fill else torch.empty(shape)
+    t = torch.zeros(shape) if zeros else torch.empty(shape)
     return t, t.view(batch, seqlen, heads_kv, heads_q // heads_kv, head_dim).permute(0, 2, 3, 1, 4)
 
 
@@ -208,7 +208,7 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_r
         delta = delta - dlse.float().reshape(group_shape)  # d lse_i / d s_ij = P_ij
     lse = lse.reshape(group_shape)
     lse = torch.where(lse == float("-inf"), float("inf"), lse)  # rows with no visible key: P = 0
-    dq_t, dq = _grouped(q.shape, k.shape[2], fill=True)
+    dq_t, dq = _grouped(q.shape, k.shape[2], zeros=True)
     dk = torch.zeros(kg.shape[0], kg.shape[1], seqlen_k, kg.shape[-1])  # [B, Hk, Sk, D]
     dv = torch.zeros_like(dk)
     dscores = torch.zeros(*qg.shape[:-1], seqlen_k) if bias_grad else torch.zeros(0)  # [B, Hk, G, Sq, Sk]
