@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Session 49 call 1: the GPU tier's part 1 (benchmarks/gpu_session.sh tests 1) at 3fd99c5, the first whole run since
+# 1681232 (session 46): session 48's ROCm dropout factor, cpu.py/checks changes and conftest's interpreter startup.
+set -uo pipefail
+mkdir -p $OUT
+git rev-parse --short HEAD 2>/dev/null > $OUT/commit.txt || echo 3fd99c5 > $OUT/commit.txt
+OUT=$OUT/tier1 bash benchmarks/gpu_session.sh tests 1
