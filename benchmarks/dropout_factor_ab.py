@@ -2,7 +2,8 @@
 runs and the factor ROCm runs (kernels/bwd._attn_bwd_dkdv_inner's DROPOUT_FACTOR, bwd_launch._dropout_as_factor).
 Session 48 counted the factor form's sm90 loops ~24 % shorter (docs/perf-log.md); this measures it. The backward
 runs with deterministic=True, which takes the portable kernels on every GPU; the two forms alternate, each first in
-turn, and their gradients are compared bit for bit first.
+turn, and their gradients are compared (dV bit for bit; dQ and dK may differ in the last bits where the factor's
+product fuses into an FMA: tests/test_dropout.py::test_dropout_factor_matches_the_select).
     PYTHONPATH=src python3 benchmarks/dropout_factor_ab.py [--head-dims 64,128,256] [--seqlen 8192] [--p 0.1]
 Shapes as the README's feature table: bf16, 16K tokens (B = 16384 / S), hidden 2048 (H = 2048 / D).
 """
@@ -35,10 +36,11 @@ def main():
                 grads[factor] = torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
                 times.setdefault(factor, []).append(triton.testing.do_bench(
                     lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), warmup=25, rep=100))
-        same = all(torch.equal(a, b) for a, b in zip(grads[False], grads[True]))
+        same = " ".join(f"{name} {'bitwise' if torch.equal(a, b) else f'max diff {(a - b).abs().max().item():.2e}'}"
+                        for name, a, b in zip(("dq", "dk", "dv"), grads[False], grads[True]))
         select, factor = min(times[False]), min(times[True])
         print(f"d{head_dim} causal={int(causal)} S={seqlen} p={args.p}: backward select {select:.3f} ms, factor "
-              f"{factor:.3f} ms ({factor / select:.3f}x); gradients bitwise equal: {same}", flush=True)
+              f"{factor:.3f} ms ({factor / select:.3f}x); gradients: {same}", flush=True)
 
 
 if __name__ == "__main__":
