@@ -129,6 +129,56 @@ def test_unpad_pad_round_trip(backend):
         assert torch.all(padded[b, n:] == 0)
 
 
+@pytest.mark.parametrize("seqlens_q,seqlens_k", [([0, 0], [0, 0]), ([0, 0], [4, 3]), ([3, 2], [0, 0])],
+                         ids=["nothing", "no-queries", "no-keys"])
+def test_batches_without_tokens(backend, seqlens_q, seqlens_k):
+    """A packed batch with no query or no key token at all (an all-padding chunk), as flash-attn: out 0, lse -inf (or
+    the sink's logit), zero gradients; each row equals the same sequence's row in a batch where another sequence has
+    tokens. The sink's gradient comes through lse alone (d lse / d sink = 1 where the sink is the whole softmax)."""
+    _, device = backend
+    q, k, v = packed(seqlens_q, seqlens_k, 4, 2, 16, torch.float32, device)
+    sink = torch.randn(4, generator=torch.Generator().manual_seed(6)).to(device).requires_grad_()
+    bias = torch.randn(1, 4, 1, 1, generator=torch.Generator().manual_seed(7)).to(device).requires_grad_()
+    cu_q, cu_k = cu(seqlens_q, device), cu(seqlens_k, device)
+    out, lse, probs = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
+                                                       causal=True, sink=sink, attn_bias=bias, dropout_p=0.2,
+                                                       return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (4, q.shape[0])
+    assert probs.shape == (2, 4, max(seqlens_q), max(seqlens_k)) and torch.all(probs == 0)
+    assert torch.all(out == 0) and torch.equal(lse, sink.detach()[:, None].expand(lse.shape))
+    (out.sum() + lse.sum()).backward()
+    for name, t in (("q", q), ("k", k), ("v", v), ("attn_bias", bias)):
+        assert t.grad.shape == t.shape and torch.all(t.grad == 0), name
+    torch.testing.assert_close(sink.grad, torch.full_like(sink, q.shape[0]), rtol=0, atol=0)
+    no_sink = flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k),
+                                               return_attn_probs=True)[1]
+    assert torch.all(no_sink == float("-inf"))
+    if q.shape[0]:  # the same rows where the second sequence has keys: the kernels' keyless rows
+        k2, v2 = (x.detach()[:1].new_ones(5, 2, 16) for x in (q, q))
+        out2, lse2, _ = flashtile.flash_attn_varlen_func(q.detach(), k2, v2, cu_q, cu([0, 5], device),
+                                                         max(seqlens_q), 5, causal=True, sink=sink.detach(),
+                                                         return_attn_probs=True)
+        rows = slice(0, seqlens_q[0])
+        torch.testing.assert_close(out2[rows], out.detach()[rows], rtol=0, atol=0)
+        # (the kernels take the sink through log2 units and back: an ulp off the logit)
+        torch.testing.assert_close(lse2[:, rows], lse.detach()[:, rows], rtol=1e-6, atol=0)
+
+
+def test_all_padding_round_trip(backend):
+    """unpad_input of an all-padding mask, attention, pad_input: zeros, and a zero gradient for the inputs."""
+    _, device = backend
+    x = torch.randn(2, 6, 2, 16, generator=torch.Generator().manual_seed(8)).to(device).requires_grad_()
+    x_unpad, indices, cu_seqlens, max_len, _ = flashtile.unpad_input(x, torch.zeros(2, 6, dtype=torch.bool,
+                                                                                    device=device))
+    assert x_unpad.shape == (0, 2, 16) and cu_seqlens.tolist() == [0, 0, 0] and max_len == 0
+    out = flashtile.flash_attn_varlen_func(x_unpad, x_unpad, x_unpad, cu_seqlens, cu_seqlens, max_len, max_len,
+                                           causal=True)
+    padded = flashtile.pad_input(out, indices, 2, 6)
+    assert padded.shape == x.shape and torch.all(padded == 0)
+    padded.sum().backward()
+    assert torch.all(x.grad == 0)
+
+
 def _args(device="cpu"):
     q, k, v = packed([3, 5], [4, 4], 2, 2, 16, torch.float32, device)
     return q.detach(), k.detach(), v.detach(), cu([3, 5], device), cu([4, 4], device)
@@ -292,6 +342,16 @@ def test_varlen_paged_equals_packed(backend, page_size, features):
                                                          return_attn_probs=True, **features)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_varlen_paged_without_queries(backend):
+    """A paged call whose batch has no query token: empty outputs, nothing launched."""
+    _, device = backend
+    q = torch.randn(0, 4, 32, device=device)
+    k_pages, table = paginate(torch.randn(9, 2, 32, device=device), [4, 5], 16)
+    out, lse, _ = flashtile.flash_attn_varlen_func(q, k_pages, k_pages, cu([0, 0], device), cu([4, 5], device), 0, 5,
+                                                   block_table=table, return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (4, 0)
 
 
 def test_varlen_paged_bad_input():

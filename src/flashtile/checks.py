@@ -20,15 +20,17 @@ def _is_real(x):
     return type(x) is float or type(x) is int or (not isinstance(x, bool) and isinstance(x, numbers.Real))
 
 
-def check_tensor(name, t, rank, layout):
+def check_tensor(name, t, rank, layout, no_tokens_ok=False):
+    """no_tokens_ok: packed varlen tokens (total, heads, headdim) may count 0 tokens (an all-padding batch)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != rank:
         raise ValueError(f"{name} must have {rank} dimensions {layout}, got shape {tuple(t.shape)}")
     if t.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name} has dtype {t.dtype}; expected torch.float16, torch.bfloat16 or torch.float32")
-    if t.numel() == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
+    if t.numel() == 0 and not (no_tokens_ok and min(t.shape[1:]) > 0):
+        dims = "every dimension but the tokens'" if no_tokens_ok else "every dimension"
+        raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); {dims} must be at least 1")
     if t.stride(-1) != 1:
         raise ValueError(f"{name} must have stride 1 in its last (head) dimension, got strides {t.stride()}; "
                          f"call .contiguous() first")
@@ -75,7 +77,7 @@ def check_qkv(q, k, v, varlen=False, same_batch=True, names=("k", "v")):
     rank, layout = (3, "(total_tokens, heads, headdim)") if varlen else (4, "(batch, seqlen, heads, headdim)")
     kn, vn = names
     for name, t in (("q", q), (kn, k), (vn, v)):
-        check_tensor(name, t, rank, layout)
+        check_tensor(name, t, rank, layout, no_tokens_ok=varlen)
     for name, t in ((kn, k), (vn, v)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; q, {kn} and {vn} must share one dtype")

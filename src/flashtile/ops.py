@@ -83,11 +83,28 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int,
     """
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if cu_seqlens_q is not None and _no_tokens(q, k):
+        return _keyless_forward(q, sink)
     if _runs_triton(q):
         return _launch().forward._flash_attn_forward(q, k, v, *args, *varlen, attn_bias, dropout_p, rng)
     if cu_seqlens_q is not None:
         return cpu.varlen_forward(q, k, v, *args, *varlen, attn_bias, dropout_p, rng)
     return cpu.forward(q, k, v, *args, attn_bias, cpu.Dropout.of(dropout_p, rng, q, k))
+
+
+def _no_tokens(q, k):
+    """A packed varlen batch without queries or without keys (all padding): no kernel runs for it."""
+    return q.shape[0] == 0 or k.shape[0] == 0
+
+
+def _keyless_forward(q, sink):
+    """Every row sees no key: out 0, lse -inf, or the sink's logit where a sink joins the denominator (as the
+    kernels give a row whose sequence has no keys). lse: varlen's (Hq, total_q)."""
+    if sink is None:
+        lse = q.new_full((q.shape[1], 1), float("-inf"), dtype=torch.float32)
+    else:
+        lse = sink.float()[:, None]
+    return torch.zeros_like(q, memory_format=torch.contiguous_format), lse.expand(-1, q.shape[0]).contiguous()
 
 
 @fwd.register_fake
@@ -115,6 +132,11 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     (the Gluon backward's dQ); the portable kernels are bitwise reproducible."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if cu_seqlens_q is not None and _no_tokens(q, k):  # no score: only the sink's gradient can be nonzero (via dlse)
+        shape = _scores_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k) if bias_grad else 0
+        dscores = torch.zeros(shape, dtype=torch.float32, device=q.device)
+        dsink = cpu.sink_grad(dout, out, lse, dlse, sink) if sink is not None else q.new_empty(0, dtype=torch.float32)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dscores, dsink
     if _runs_triton(q):
         return _launch().backward._flash_attn_backward(dout, q, k, v, out, lse, dlse, *args, *varlen, attn_bias,
                                                        bias_grad, dropout_p, rng, deterministic=deterministic,
@@ -155,6 +177,8 @@ def attn_probs(q: Tensor, k: Tensor, lse: Tensor, softmax_scale: float, window_l
     dropped them (sign bit set, -0.0 included); zero outside each sequence in varlen mode. No autograd."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if cu_seqlens_q is not None and _no_tokens(q, k):
+        return q.new_zeros(_scores_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k))
     if _runs_triton(q):
         return _launch().forward._flash_attn_probs(q, k, lse, *args, *varlen, attn_bias, dropout_p, rng)
     return cpu.attn_probs(q, k, lse, *args, *varlen, attn_bias, dropout_p, rng)
@@ -222,6 +246,8 @@ def fwd_varlen_paged(q: Tensor, k_pages: Tensor, v_pages: Tensor, cu_seqlens_q: 
     (num_pages, page_size, Hk, D): sequence b's cu_seqlens_k[b + 1] - cu_seqlens_k[b] keys lie in the pages
     block_table[b] (int32 (B, max_pages)) lists. out like q, lse (Hq, total_q). No autograd."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
+    if q.shape[0] == 0:
+        return _keyless_forward(q, sink)
     if _runs_triton(q):
         return _launch().kvcache._flash_attn_forward_varlen_paged(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k,
                                                                   max_seqlen_q, max_seqlen_k, block_table, *args)
