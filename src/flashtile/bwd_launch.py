@@ -111,7 +111,8 @@ def _dropout_as_factor():
     """Whether the dK/dV kernel applies the dropout mask as a factor (kernels/bwd._attn_bwd_dkdv_inner's
     DROPOUT_FACTOR): on ROCm, whose triton 3.9 fails to compile the boolean mask's way into the dot operand at D64
     (tests/compile_check.py). NVIDIA keeps the select: the factor form compiled for sm90 has ~24 % fewer loop
-    instructions but more spills and shared memory (docs/perf-log.md, session 48), not measured on a GPU."""
+    instructions but more spills and shared memory (session 48), and on the H200 its backward was 1-4 % faster at
+    D64 and D256 but 7 % slower at D128 non-causal (benchmarks/dropout_factor_ab.py, docs/perf-log.md session 49)."""
     return torch.version.hip is not None
 
 

@@ -142,9 +142,11 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, stride_qm, stride_dom, l
     PART: 0 accumulates both; 1 only dV (no dP: 2 matmuls per tile; v unused); 2 only dK (3 matmuls). The
     other accumulator is returned untouched.
     DROPOUT_FACTOR: the keep mask enters as a factor (dropout_scale or 0) multiplied into P^T and dP^T instead of
-    selecting them: the same values (both are finite, so x * 0 is the select's 0; dP^T's -0 changes no sum), and a
-    float, not boolean, tensor on its way to the dot operand's layout (ROCm triton 3.9 could not lay the booleans
-    out in shared memory: bwd_launch._dropout_as_factor).
+    selecting them: the same values (both are finite, so x * 0 is the select's 0; dP^T's -0 changes no sum) up to
+    the compiler's FMA contraction of the product (a few ulp on the H200), and a float, not boolean, tensor on its
+    way to the dot operand's layout (ROCm triton 3.9 could not lay the booleans out in shared memory:
+    bwd_launch._dropout_as_factor). NVIDIA keeps the select: on the H200 the factor was 4 % faster in five of six
+    feature-table shapes but 7 % slower at D128 non-causal (docs/perf-log.md, session 49).
     """
     if BLOCK_SPARSE:
         next_start = _sparse_tile_start(lo, hi, idx_ptr, SPARSE_M)
