@@ -120,6 +120,39 @@ def test_lse_gradient(backend):
         torch.testing.assert_close(got.double(), r, atol=1e-4, rtol=1e-4)
 
 
+def test_autocast_and_default_dtype_change_nothing(backend):
+    """fp32 inputs under torch.autocast(bf16) or after torch.set_default_dtype(float64): the same bits as without, and
+    lse stays fp32 (the CPU path's matmuls were cast down by autocast, its buffers took the default dtype)."""
+    _, device = backend
+    q, k, v = make_qkv(2, 33, 47, 4, 2, 16, torch.float32, device)
+    sink = torch.randn(4, device=device, requires_grad=True)
+    cu_q, cu_k = (torch.tensor([0, n, 2 * n], dtype=torch.int32, device=device) for n in (33, 47))
+    cache = torch.zeros(2, 64, 2, 16, device=device)
+
+    def run():
+        out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=True, sink=sink, return_attn_probs=True)
+        grads = torch.autograd.grad(out.sum() + lse.sum(), (q, k, v, sink))
+        varlen = flashtile.flash_attn_varlen_func(q.reshape(-1, 4, 16), k.reshape(-1, 2, 16), v.reshape(-1, 2, 16),
+                                                  cu_q, cu_k, 33, 47, return_attn_probs=True)[:2]
+        decode = flashtile.flash_attn_with_kvcache(q[:, :1].detach(), cache.clone(), cache.clone(), k[:, :5].detach(),
+                                                   v[:, :5].detach(), cache_seqlens=3, return_softmax_lse=True)
+        return out, lse, *grads, *varlen, *decode
+
+    want = run()
+    assert all(t.dtype == torch.float32 for t in want)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        under_autocast = run()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with_float64_default = run()
+    finally:
+        torch.set_default_dtype(default)
+    for got in (under_autocast, with_float64_default):
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and torch.equal(g, w)
+
+
 def test_empty_rows_give_zero(backend):
     """Causal with Sq > Sk: the first Sq - Sk rows see no key, so out is 0, lse is -inf and grads are finite."""
     _, device = backend

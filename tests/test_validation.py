@@ -275,6 +275,39 @@ def test_second_order_gradients_are_refused(backend, entry):
             torch.autograd.grad(second[0].square().sum(), wrt, retain_graph=True, materialize_grads=True)
 
 
+def test_forward_mode_ad_is_refused(backend):
+    """A dual tensor (torch.autograd.forward_ad, torch.func.jvp): the kernels would drop its tangent (a silent zero
+    jvp), so every entry point refuses it, on every backend alike (where an autograd.Function is applied, PyTorch's
+    own refusal comes first)."""
+    import torch.autograd.forward_ad as fwad
+
+    _, device = backend
+    q, k, v = (torch.randn(1, 8, 2, 16, device=device) for _ in range(3))
+    cache = torch.zeros(1, 16, 2, 16, device=device)
+    with fwad.dual_level():
+        dual = fwad.make_dual(q, torch.randn_like(q))
+        for call in (lambda: flashtile.flash_attn_func(dual, k, v),
+                     lambda: flashtile.flash_attn_func(q, k, fwad.make_dual(v, torch.randn_like(v)), causal=True),
+                     lambda: flashtile.flash_attn_with_kvcache(dual[:, :1], cache, cache),
+                     lambda: flashtile.attention(dual, k, v)):
+            with pytest.raises((NotImplementedError, RuntimeError), match="no forward-mode AD|implement the jvp"):
+                call()
+        assert fwad.unpack_dual(flashtile.flash_attn_func(q, k, v)).tangent is None  # plain tensors still run
+    with pytest.raises(NotImplementedError, match="no forward-mode AD"):
+        torch.func.jvp(lambda x: flashtile.flash_attn_func(x, k, v), (q,), (torch.randn_like(q),))
+
+
+def test_qkvpacked_varlen_names_its_arguments():
+    qkv = torch.randn(5, 3, 2, 16)
+    with pytest.raises(TypeError, match="cu_seqlens must be a torch.Tensor, got list"):
+        flashtile.flash_attn_varlen_qkvpacked_func(qkv, [0, 5], 5)
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"max_seqlen=4 is smaller than the longest sequence in cu_seqlens \(5\)"):
+        flashtile.flash_attn_varlen_qkvpacked_func(qkv, cu, 4)
+    with pytest.raises(ValueError, match=r"cu_seqlens must end at the number of tokens \(5\), got 4"):
+        flashtile.flash_attn_varlen_qkvpacked_func(qkv, torch.tensor([0, 4], dtype=torch.int32), 5)
+
+
 def test_attention_mask_mod_must_be_the_block_masks():
     """The kernels skip the mask in the block mask's full blocks, so a different mask_mod would hold only elsewhere."""
     q, k, v = (torch.randn(1, 32, 1, 16) for _ in range(3))

@@ -101,14 +101,17 @@ def check_qkv(q, k, v, varlen=False, same_batch=True, names=("k", "v")):
         raise ValueError(f"q is on {q.device}; flashtile runs on CUDA GPUs and on the CPU")
 
 
-def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k, key_capacity=None):
+def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k, key_capacity=None, shared=False):
     """cu_seqlens: int32 (batch + 1,) offsets from 0 to the token count, non-decreasing; max_seqlen: ints that
     bound every sequence (they size the grid). The value checks read the offsets (one device sync per
     cu_seqlens tensor, see read_back); they are skipped while torch.compile traces, where reading values
     would break the graph, and during CUDA graph capture.
     key_capacity (paged keys): no key token count to end at; each key sequence must fit in it instead.
+    shared: one cu_seqlens and max_seqlen for queries and keys (the qkvpacked call), named so in the messages.
     Returns the two offsets as the kernels read them (unit_stride) and the two max_seqlen as Python ints."""
-    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+    cu_names = ("cu_seqlens",) * 2 if shared else ("cu_seqlens_q", "cu_seqlens_k")
+    max_names = ("max_seqlen",) * 2 if shared else ("max_seqlen_q", "max_seqlen_k")
+    for name, cu in zip(cu_names, (cu_seqlens_q, cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
         if cu.dtype != torch.int32:
@@ -120,15 +123,15 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, 
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
                          f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+    for name, value in zip(max_names, (max_seqlen_q, max_seqlen_k)):
         if not _is_int(value):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)  # numpy integers as Python ints
     compiling = torch.compiler.is_compiling()
-    for name, cu, tokens, max_len in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
-                                      ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
+    for keys, (name, max_name, cu, tokens, max_len) in enumerate(zip(
+            cu_names, max_names, (cu_seqlens_q, cu_seqlens_k), (q.shape[0], k.shape[0]), (max_seqlen_q, max_seqlen_k))):
         if compiling or capturing(cu):
             continue
         offsets = read_back(cu)
@@ -137,13 +140,12 @@ def check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, 
         lengths = [b - a for a, b in zip(offsets, offsets[1:])]
         if min(lengths) < 0:
             raise ValueError(f"{name} must be non-decreasing, got {offsets}")
-        if key_capacity is not None and name == "cu_seqlens_k":
+        if key_capacity is not None and keys:
             if max(lengths) > key_capacity:
                 raise ValueError(f"cu_seqlens_k has a sequence of {max(lengths)} keys but block_table holds "
                                  f"{key_capacity} per sequence (max_pages * page_size)")
         elif offsets[-1] != tokens:
             raise ValueError(f"{name} must end at the number of tokens ({tokens}), got {offsets[-1]}")
-        max_name = "max_seqlen_q" if name == "cu_seqlens_q" else "max_seqlen_k"
         if max(lengths) > max_len:
             raise ValueError(f"{max_name}={max_len} is smaller than the longest sequence in {name} ({max(lengths)})")
     return unit_stride(cu_seqlens_q), unit_stride(cu_seqlens_k), max_seqlen_q, max_seqlen_k

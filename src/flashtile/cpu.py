@@ -5,12 +5,24 @@ blocks; backward recomputes P block by block from lse. Extra memory is O(block_m
 (batch, head), never (Sq, Sk). Computation runs in fp32 whatever the input dtype. Dropout masks come
 from the kernels' own Philox counters (flashtile.philox), so both backends drop the same elements.
 """
+import functools
+
 import torch
 
 from . import philox
 
 BLOCK_M = 256
 BLOCK_N = 256
+
+
+def _no_autocast(fn):
+    """fn with CPU autocast off: under torch.autocast("cpu") the matmuls here would run in bf16 and the fp32
+    accumulation (and lse) would be silently wrong, unlike the kernels, which autocast does not touch."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with torch.autocast("cpu", enabled=False):
+            return fn(*args, **kwargs)
+    return run
 
 
 def _split_heads(q, k, v):
@@ -29,7 +41,7 @@ def _grouped(shape, heads_kv, zeros=False):
     its [B, Hk, G, S, D] view, to write through. The ops' outputs are contiguous tensors of their own, as the kernels'
     and the fake implementations' (torch.compile checks their strides), whatever q's layout."""
     batch, seqlen, heads_q, head_dim = shape
-    t = torch.zeros(shape) if zeros else torch.empty(shape)
+    t = torch.zeros(shape, dtype=torch.float32) if zeros else torch.empty(shape, dtype=torch.float32)
     return t, t.view(batch, seqlen, heads_kv, heads_q // heads_kv, head_dim).permute(0, 2, 3, 1, 4)
 
 
@@ -145,6 +157,7 @@ class Dropout:
         return philox.dropout_bits_block(self.seed, self.bh, rows, n0, n1, self.max_q, self.max_k) >= self.threshold
 
 
+@_no_autocast
 def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink, attn_bias=None,
             dropout=None, mods=None):
     """out (B, Sq, Hq, D) in q's dtype and lse (B, Hq, Sq) fp32, as the Triton forward.
@@ -156,18 +169,18 @@ def forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_sl
     scores = _Scores(q, k, softmax_scale, window_left, window_right, softcap, alibi_slopes, attn_bias, mods)
     qg, kg, vg = _split_heads(q, k, v)
     out_t, out = _grouped(q.shape, k.shape[2])  # out: [B, Hk, G, Sq, D]
-    lse_t = torch.empty(q.shape[0], q.shape[2], seqlen_q)
+    lse_t = torch.empty(q.shape[0], q.shape[2], seqlen_q, dtype=torch.float32)
     lse = lse_t.view(qg.shape[:-1])  # [B, Hk, G, Sq]
     for m0 in range(0, seqlen_q, BLOCK_M):
         m1 = min(seqlen_q, m0 + BLOCK_M)
         qb = qg[..., m0:m1, :]
         if sink is None:
-            m_i = torch.full(qb.shape[:-1], float("-inf"))
-            l_i = torch.zeros(qb.shape[:-1])
+            m_i = torch.full(qb.shape[:-1], float("-inf"), dtype=torch.float32)
+            l_i = torch.zeros(qb.shape[:-1], dtype=torch.float32)
         else:  # the online softmax starts from the sink: max = sink, denominator exp(0) = 1
             m_i = sink.float().reshape(1, k.shape[2], -1, 1).expand(qb.shape[:-1]).clone()
-            l_i = torch.ones(qb.shape[:-1])
-        acc = torch.zeros(qb.shape)
+            l_i = torch.ones(qb.shape[:-1], dtype=torch.float32)
+        acc = torch.zeros(qb.shape, dtype=torch.float32)
         for n0, n1 in scores.key_blocks(m0, m1):
             s = scores(qb, kg[..., n0:n1, :], m0, m1, n0, n1)[0]  # [B, Hk, G, bm, bn], ours to overwrite
             m_new = torch.maximum(m_i, s.amax(-1))
@@ -192,6 +205,7 @@ def _group_sum(x):
     return x.squeeze(2) if x.shape[2] == 1 else x.sum(2)
 
 
+@_no_autocast
 def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
              attn_bias=None, bias_grad=False, dropout=None, mods=None):
     """dq, dk, dv (dtypes of q, k, v) and dscores (fp32 (B, Hq, Sq, Sk) when bias_grad, else empty);
@@ -209,9 +223,10 @@ def backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_r
     lse = lse.reshape(group_shape)
     lse = torch.where(lse == float("-inf"), float("inf"), lse)  # rows with no visible key: P = 0
     dq_t, dq = _grouped(q.shape, k.shape[2], zeros=True)
-    dk = torch.zeros(kg.shape[0], kg.shape[1], seqlen_k, kg.shape[-1])  # [B, Hk, Sk, D]
+    dk = torch.zeros(kg.shape[0], kg.shape[1], seqlen_k, kg.shape[-1], dtype=torch.float32)  # [B, Hk, Sk, D]
     dv = torch.zeros_like(dk)
-    dscores = torch.zeros(*qg.shape[:-1], seqlen_k) if bias_grad else torch.zeros(0)  # [B, Hk, G, Sq, Sk]
+    dscores = torch.zeros(*qg.shape[:-1], seqlen_k, dtype=torch.float32) if bias_grad else (  # [B, Hk, G, Sq, Sk]
+        torch.zeros(0, dtype=torch.float32))
     for m0 in range(0, seqlen_q, BLOCK_M):
         m1 = min(seqlen_q, m0 + BLOCK_M)
         qb, dob = qg[..., m0:m1, :], dog[..., m0:m1, :]
@@ -263,11 +278,12 @@ def _sequence_dropout(dropout_p, rng, b, q, k, sq, max_seqlen_q, max_seqlen_k):
     return Dropout.of(dropout_p, rng, q[None, sq], k[None], b, max_seqlen_q, max_seqlen_k)
 
 
+@_no_autocast
 def varlen_forward(q, k, v, softmax_scale, window_left, window_right, softcap, alibi_slopes, sink,
                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias=None, dropout_p=0.0, rng=None):
     """Packed q (total_q, Hq, D), k/v (total_k, Hk, D): each sequence alone; out like q, lse (Hq, total_q)."""
     out = torch.zeros(q.shape, dtype=q.dtype)
-    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"))
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32)
     for b, sq, sk, slopes, bias in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias):
         if sq.stop == sq.start:
             continue
@@ -291,6 +307,7 @@ def sink_grad(dout, out, lse, dlse, sink):
     return -(p_sink * delta).sum(-1).reshape(-1, sink.shape[0]).sum(0)
 
 
+@_no_autocast
 def varlen_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap, alibi_slopes,
                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias=None, bias_grad=False,
                     dropout_p=0.0, rng=None):
@@ -298,7 +315,8 @@ def varlen_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, w
     bias_grad (zero outside each sequence), else empty."""
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype) for t in (q, k, v))  # contiguous, as _grouped says
     batch = cu_seqlens_q.numel() - 1
-    dscores = torch.zeros(batch, q.shape[1], max_seqlen_q, max_seqlen_k) if bias_grad else torch.zeros(0)
+    dscores = (torch.zeros(batch, q.shape[1], max_seqlen_q, max_seqlen_k, dtype=torch.float32) if bias_grad
+               else torch.zeros(0, dtype=torch.float32))
     for b, sq, sk, slopes, bias in _sequences(cu_seqlens_q, cu_seqlens_k, alibi_slopes, attn_bias):
         if sq.stop == sq.start or sk.stop == sk.start:
             continue
@@ -312,6 +330,7 @@ def varlen_backward(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, w
     return dq, dk, dv, dscores
 
 
+@_no_autocast
 def attn_probs(q, k, lse, softmax_scale, window_left, window_right, softcap, alibi_slopes, cu_seqlens_q,
                cu_seqlens_k, max_seqlen_q, max_seqlen_k, attn_bias, dropout_p, rng):
     """The attention probabilities (B, Hq, max_q, max_k) in q's dtype, negated where dropout dropped them,
@@ -342,12 +361,13 @@ def _dense_probs(q, k, lse, softmax_scale, window_left, window_right, softcap, a
     return p.reshape(q.shape[0], q.shape[2], seqlen_q, seqlen_k).to(q.dtype)
 
 
+@_no_autocast
 def kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, window_left, window_right, softcap,
                     alibi_slopes, key_start=None, seqused_add=0):
     """Batch row b attends to its cached keys key_start[b] <= t < seqused_add + seqused_k[b] (seqused_k None: 0;
     key_start None: from 0), gathered page by page when block_table is given; out like q, lse (B, Hq, Sq)."""
     out = torch.empty(q.shape, dtype=q.dtype)  # contiguous, as _grouped says
-    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1])
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
     starts = key_start.tolist() if key_start is not None else [0] * q.shape[0]
     counts = seqused_k.tolist() if seqused_k is not None else [0] * q.shape[0]
     for b, used in enumerate(n + seqused_add for n in counts):
@@ -367,6 +387,7 @@ def _gather_pages(pages, block_table, lengths):
     return torch.cat([pages[block_table[b].long()].flatten(0, 1)[:n] for b, n in enumerate(lengths)])
 
 
+@_no_autocast
 def varlen_paged_forward(q, k_pages, v_pages, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
                          softmax_scale, window_left, window_right, softcap, alibi_slopes, sink):
     """varlen_forward with each sequence's keys gathered from a paged cache (num_pages, page_size, Hk, D)."""
@@ -393,6 +414,7 @@ def apply_rotary(x, cos, sin, positions, interleaved):
     return torch.cat([rotated.to(x.dtype), x[..., 2 * half:]], dim=-1)
 
 
+@_no_autocast
 def kvcache_append(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, block_table, interleaved,
                    q_local, cache_add=0):
     """What the rotary-append kernel does (see kvcache_launch.rotary_append_launches), in PyTorch ops: returns q rotated

@@ -5,8 +5,9 @@ from . import autograd, checks, ops
 
 
 def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-               deterministic, return_attn_probs, sink=None, varlen=None, attn_bias=None):
-    """Shared by every entry point. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) or None."""
+               deterministic, return_attn_probs, sink=None, varlen=None, attn_bias=None, shared_cu_seqlens=False):
+    """Shared by every entry point. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) or None.
+    shared_cu_seqlens: varlen's offsets and max are the qkvpacked call's one cu_seqlens and max_seqlen."""
     if (varlen is None and attn_bias is None and alibi_slopes is None and sink is None and return_attn_probs is False
             and type(causal) is bool and type(deterministic) is bool and type(dropout_p) is float and dropout_p == 0
             and type(softcap) is float and softcap == 0 and type(window_size) is tuple and window_size == (-1, -1)
@@ -18,7 +19,7 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     checks.check_qkv(q, k, v, varlen=varlen is not None)
     heads = q.shape[-2]
     if varlen is not None:
-        varlen = checks.check_cu_seqlens(*varlen, q, k)
+        varlen = checks.check_cu_seqlens(*varlen, q, k, shared=shared_cu_seqlens)
         batch = varlen[0].numel() - 1
         attn_bias = checks.attn_bias(attn_bias, q, (batch, heads, varlen[2], varlen[3]), varlen=True)
     else:
@@ -196,4 +197,4 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
         raise ValueError(f"qkv must have shape (total, 3, nheads, headdim), got {shape}")
     return _attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], dropout_p, softmax_scale, causal, window_size, softcap,
                       alibi_slopes, deterministic, return_attn_probs, sink,
-                      (cu_seqlens, cu_seqlens, max_seqlen, max_seqlen), attn_bias)
+                      (cu_seqlens, cu_seqlens, max_seqlen, max_seqlen), attn_bias, shared_cu_seqlens=True)

@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from . import cpu
@@ -57,12 +58,26 @@ def eager():
 
 def call(op, *args):
     """op(*args) under torch.compile; its implementation directly in eager mode (same results, no dispatch)."""
-    return _IMPLS[op](*args) if eager() else op(*args)
+    if not eager():
+        return op(*args)
+    if forward_ad._current_level >= 0:  # inside forward_ad.dual_level (an int read: ~0.05 us)
+        _refuse_tangents(args)
+    return _IMPLS[op](*args)
 
 
 def eager_call(op, *args):
     """op's implementation, for callers that have just checked eager() (each check costs ~0.5 us of host time)."""
+    if forward_ad._current_level >= 0:
+        _refuse_tangents(args)
     return _IMPLS[op](*args)
+
+
+def _refuse_tangents(args):
+    """Forward-mode AD: the kernels would drop a dual tensor's tangent (a silently zero jvp), so refuse it."""
+    for a in args:
+        if isinstance(a, Tensor) and forward_ad.unpack_dual(a).tangent is not None:
+            raise NotImplementedError("flashtile has no forward-mode AD: an input is a dual tensor with a tangent "
+                                      "(torch.autograd.forward_ad); use reverse mode (backward / torch.autograd.grad)")
 
 
 @_custom_op("fwd")
