@@ -348,6 +348,9 @@ def test_bad_block_size_and_dims():
         flashtile.create_block_mask(flashtile.causal_mask, None, None, 64, 64, block_size=(48, 64), device="cpu")
     with pytest.raises(ValueError, match="Sq must be an int >= 1"):
         flashtile.create_block_mask(flashtile.causal_mask, None, None, 0, 64, device="cpu")
+    for dims in ((0, None), (None, 0)):  # 0 is not None: it was taken as 1 and skipped the broadcast check
+        with pytest.raises(ValueError, match="must be an int >= 1, got 0"):
+            flashtile.create_block_mask(flashtile.causal_mask, *dims, 64, 64, device="cpu")
     with pytest.raises(ValueError, match="doc_ids must be an integer tensor"):
         flashtile.document_mask(torch.zeros(4, 4, 4))
     with pytest.raises(ValueError, match="window must be an int >= 0"):
@@ -357,6 +360,62 @@ def test_bad_block_size_and_dims():
 
 def per_head_window(b, h, q_idx, kv_idx):
     return q_idx - kv_idx <= 4 * h
+
+
+def allow_all(b, h, q_idx, kv_idx):
+    return True
+
+
+def test_constant_mask_broadcasts():
+    """A mask returning a constant (a 0-dim result) is the same for every b and h: accepted with B, H None."""
+    mask = flashtile.create_block_mask(allow_all, None, None, 40, 40, block_size=(16, 16), device="cpu")
+    assert mask.shape == (1, 1, 40, 40)
+
+
+def table_bias(score, b, h, q_idx, kv_idx, table):
+    return score + tl.load(table + h * 16 + kv_idx)
+
+
+def test_aux_must_be_contiguous():
+    """The kernels read an aux tensor's memory flat (tl.load(aux + i)), so a transposed view or an expanded tensor
+    would be read in the wrong order or past its storage: refused with the fix, not read wrongly."""
+    q, k, v = (torch.randn(1, 16, 2, 16) for _ in range(3))
+    table = torch.randn(16, 2).t()
+    with pytest.raises(ValueError, match=r"aux\[0\] of score_mod must be contiguous"):
+        flashtile.attention(q, k, v, score_mod=table_bias, aux=table)
+    with pytest.raises(ValueError, match=r"aux\[0\] of mask_fn must be contiguous"):
+        flashtile.create_block_mask(per_head_window_table, None, None, 16, 16, block_size=(16, 16), device="cpu",
+                                    aux=torch.tensor([3]).expand(2))
+    with torch.no_grad():
+        flashtile.attention(q, k, v, score_mod=table_bias, aux=table.contiguous())  # fine
+
+
+def per_head_window_table(b, h, q_idx, kv_idx, widths):
+    return q_idx - kv_idx <= tl.load(widths + h)
+
+
+def constant_score(score, b, h, q_idx, kv_idx):
+    return 0.0
+
+
+def distance_score(score, b, h, q_idx, kv_idx):
+    return q_idx - kv_idx  # an integer tile without the score
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_score_mod_may_ignore_the_score(backend, causal):
+    """A score_mod returning a constant or a function of the indices alone replaces every score (broadcast to the
+    tile): the CPU path refused the shape, the kernels' row reductions the 0-dim constant."""
+    _, device = backend
+    q, k, v = (torch.randn(1, 40, 2, 16, device=device) for _ in range(3))
+    rows, cols = torch.arange(40, device=device)[:, None], torch.arange(40, device=device)[None]
+    for mod, scores in ((constant_score, torch.zeros(40, 40, device=device)), (distance_score, (rows - cols).float())):
+        if causal:
+            scores = scores.masked_fill(cols > rows, float("-inf"))
+        want = torch.einsum("qk,bkhd->bqhd", torch.softmax(scores.double(), -1), v.double())
+        with torch.no_grad():
+            got = flashtile.attention(q, k, v, score_mod=mod, causal=causal)
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5, msg=lambda m, mod=mod: f"{mod}: {m}")
 
 
 def test_mask_that_depends_on_b_or_h_needs_the_count():

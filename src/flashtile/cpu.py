@@ -112,7 +112,9 @@ class _Scores:
         if mods is not None and mods.score is not None:
             if mods.grad is not None:
                 g = torch.as_tensor(mods.grad(s, self.b, self.h, q_idx, cols), dtype=s.dtype)
-            s = mods.score(s, self.b, self.h, q_idx, cols).to(s.dtype, copy=True)  # a new tensor, as promised
+            # A new tensor, as promised, of the scores' shape: a mod may return a constant or ignore the score
+            new = torch.as_tensor(mods.score(s, self.b, self.h, q_idx, cols), dtype=s.dtype)
+            s = new.broadcast_to(s.shape).clone() if new.shape != s.shape else new.clone()
         visible = None
         if self.right >= 0:
             visible = cols <= rows + self.right

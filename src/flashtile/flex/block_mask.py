@@ -90,8 +90,9 @@ def _check_broadcast(mod, B, H, Sq, Sk):
         if count is not None:
             continue
         try:
-            same = torch.equal(torch.as_tensor(mod(*args(zero), q_idx, kv_idx)).expand(1, 1, q_idx.shape[2], -1),
-                               torch.as_tensor(mod(*args(zero + 1), q_idx, kv_idx)).expand(1, 1, q_idx.shape[2], -1))
+            grid = (1, 1, q_idx.shape[2], kv_idx.shape[3])  # (a constant mask gives a 0-dim result)
+            same = torch.equal(torch.as_tensor(mod(*args(zero), q_idx, kv_idx)).broadcast_to(grid),
+                               torch.as_tensor(mod(*args(zero + 1), q_idx, kv_idx)).broadcast_to(grid))
         except (IndexError, RuntimeError) as exc:  # e.g. a per-batch table read at b = 1
             raise ValueError(f"create_block_mask: {name}=None but the mask fails for {name.lower()} = 1 ({exc}); "
                              f"pass the real {name}") from exc
@@ -114,7 +115,7 @@ def create_block_mask(mask_fn, B, H, Sq, Sk, block_size=(128, 128), device=None,
     """
     mod = mask_fn if isinstance(mask_fn, Mod) and not aux else Mod(mask_fn, aux, MASK_ARGS, "mask_fn")
     broadcast_b, broadcast_h = B is None, H is None
-    B, H = B or 1, H or 1
+    B, H = 1 if broadcast_b else B, 1 if broadcast_h else H  # (0 is refused below, not taken for None)
     _check_dims(B, H, Sq, Sk)
     rows, cols = check_block_size(block_size)
     if device is None:

@@ -194,6 +194,9 @@ class Mod:
         for i, a in enumerate(aux):
             if not isinstance(a, torch.Tensor):
                 raise TypeError(f"aux[{i}] of {name} must be a torch.Tensor, got {type(a).__name__}")
+            if not a.is_contiguous():  # the kernels index its memory flat: a view's order (or a broadcast) is lost
+                raise ValueError(f"aux[{i}] of {name} must be contiguous (tl.load(aux + i) reads element i of its "
+                                 f"memory), got shape {tuple(a.shape)} with strides {a.stride()}; call .contiguous()")
         self.fn, self.aux, self.base, self.name = fn, tuple(aux), tuple(base), name
         # (what, positions, batch): an aux table indexed by position (document_mask's ids) covers this many
         # positions (and batch rows, or None); attention checks the inputs against it (the kernels do not).
@@ -252,6 +255,9 @@ def adapter(mod, pool):
     if key not in _ADAPTERS:
         params = ", ".join((*mod.base, "A0", "A1", "A2", "A3"))
         call = ", ".join((*mod.base, *[f"A{s}" for s in slots]))
-        source = f"def _adapter({params}):\n    return F({call})\n"
+        # A score_mod may return a constant or a function of the indices alone: broadcast it to the scores' tile (a
+        # no-op for a result of that shape, what the kernels' reductions need)
+        result = f"tl.where(True, F({call}), score)" if mod.base == SCORE_ARGS else f"F({call})"
+        source = f"def _adapter({params}):\n    return {result}\n"
         _ADAPTERS[key] = triton.jit(generate(source, "_adapter", {"F": key[0]}))
     return _ADAPTERS[key]
