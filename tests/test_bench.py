@@ -530,3 +530,11 @@ def test_decode_sigterm_stops_cleanly(tmp_path):
     kept = len(json.loads((tmp_path / "results.json").read_text())["records"])
     streamed = len(jsonl.read_text().splitlines())
     assert 2 <= kept < 399 and abs(kept - streamed) <= 1  # the signal may land between the two writes
+
+
+def test_missing_standard_entries_say_why():
+    """The paper tables' entry without a standard number: out of memory (or skipped because it would be) reads "std
+    failed"; a feature the standard baseline does not implement, "std n/a"."""
+    assert report._std_missing(dict(error="OutOfMemoryError: ...")) == "std failed"
+    assert report._std_missing(dict(error="skipped: would need 40.0 GB (20.0 GB free)")) == "std failed"
+    assert report._std_missing(dict(error="skipped: sink not in the standard baseline")) == "std n/a"

@@ -1,4 +1,6 @@
 """Bad input raises a clear exception naming the argument, before any kernel runs."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -295,6 +297,42 @@ def test_forward_mode_ad_is_refused(backend):
         assert fwad.unpack_dual(flashtile.flash_attn_func(q, k, v)).tangent is None  # plain tensors still run
     with pytest.raises(NotImplementedError, match="no forward-mode AD"):
         torch.func.jvp(lambda x: flashtile.flash_attn_func(x, k, v), (q,), (torch.randn_like(q),))
+
+
+NO_TRITON = """
+import sys, importlib.abc
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+import torch, flashtile
+q, k, v = (torch.randn(1, 16, 2, 16, requires_grad=True) for _ in range(3))
+flashtile.flash_attn_func(q, k, v, causal=True, dropout_p=0.1).sum().backward()
+cu = torch.tensor([0, 16], dtype=torch.int32)
+flashtile.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 16, 16)
+cache = torch.zeros(1, 32, 2, 16)
+flashtile.flash_attn_with_kvcache(q[:, :1].detach(), cache, cache.clone(), k[:, :2].detach(), v[:, :2].detach(),
+                                  cache_seqlens=3)
+assert "triton" not in sys.modules
+try:
+    from flashtile import attention
+except ImportError as exc:
+    assert "needs triton" in str(exc), exc
+else:
+    raise AssertionError("flashtile.attention imported without triton")
+"""
+
+
+def test_cpu_path_without_triton():
+    """pip installs triton on Linux only: elsewhere the flash_attn_* API must import and run on CPU tensors, and the
+    programmable API say that it needs triton (a fresh interpreter, with triton's import blocked)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", NO_TRITON], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
 
 
 def test_qkvpacked_varlen_names_its_arguments():

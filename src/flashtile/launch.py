@@ -14,6 +14,7 @@ from threading import get_ident
 import torch
 
 from . import configs, fast_launch, fit, philox, plans
+from .runtime import interpreter_active  # noqa: F401 (the launchers' name for it: launch.interpreter_active)
 from .precision import _dot_precision  # the launchers' name for it: tests and benchmarks patch launch._dot_precision
 from .kernels.fwd import _attn_fwd, _attn_probs
 
@@ -21,11 +22,6 @@ LOG2E = 1.4426950408889634
 # Spare rows at the end of the varlen backward's Delta / Lse2 buffers (Geometry.row_buffer_shape): the dK/dV
 # kernel reads whole query tiles of them unpredicated, up to a tile past the last sequence.
 ROW_PAD = 128
-
-
-def interpreter_active():
-    """True when Triton kernels run through the interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _env_reader(name):

@@ -17,6 +17,7 @@ from torch.autograd import forward_ad
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from . import cpu
+from .runtime import interpreter_active
 
 
 _launchers = None
@@ -28,14 +29,21 @@ def _launch():
     host time on every call."""
     global _launchers
     if _launchers is None:
-        from . import bwd_launch, kvcache_launch, launch
+        try:
+            from . import bwd_launch, kvcache_launch, launch
+        except ModuleNotFoundError as exc:
+            if exc.name != "triton" and not (exc.name or "").startswith("triton."):
+                raise
+            raise ModuleNotFoundError("flashtile's kernels (tensors on a GPU, or TRITON_INTERPRET=1) need triton, "
+                                      "which is not installed: pip install triton (CPU tensors run without it)",
+                                      name=exc.name) from exc
 
         _launchers = types.SimpleNamespace(forward=launch, backward=bwd_launch, kvcache=kvcache_launch)
     return _launchers
 
 
 def _runs_triton(t):
-    return not t.is_cpu or _launch().forward.interpreter_active()
+    return not t.is_cpu or interpreter_active()
 
 
 _IMPLS = {}  # custom op -> its Python implementation

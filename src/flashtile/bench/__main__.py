@@ -73,7 +73,8 @@ def build_parser():
     shape.add_argument("--feature", type=_feature, action="append", dest="features", metavar="SPEC",
                        help="repeatable; every shape runs once per setting (default: none). SPEC: none, "
                             "window:L:R (sliding window, -1 = unbounded side), softcap:X (X > 0), alibi "
-                            "(standard slopes), or parts joined with '+', e.g. window:512:0+softcap:30. "
+                            "(standard slopes), dropout:P (0 < P < 1), sink (per-head sink logits), bias (a "
+                            "(1, H, S, S) attn_bias), or parts joined with '+', e.g. window:512:0+softcap:30. "
                             "SDPA backends skip everything but none. With none and others: a feature-cost "
                             "table; with several windows: a window-scaling table")
     run = p.add_argument_group("run")

@@ -79,6 +79,15 @@ def _by_seqlen_table(title, rows_by_key, seqlens, row_names):
     return f"{title}\n" + _render(header, rows) if rows else f"{title}\n(no flashtile and standard pairs)"
 
 
+def _std_missing(std):
+    """The table entry where the standard baseline has no number: it ran out of memory (or was skipped because it
+    would), or does not implement the shape's feature (sweep._skip_reason)."""
+    error = std["error"] or ""
+    if error.startswith("skipped:") and "would need" not in error:
+        return "std n/a"
+    return "std failed"
+
+
 def paper_tables(records, probes=()):
     """The FlashAttention paper's summaries as text: (a) speedup of flashtile over standard attention,
     (b) memory reduction (standard peak / flashtile peak), (c) longest sequence that fits at batch 1.
@@ -100,11 +109,11 @@ def paper_tables(records, probes=()):
         if ours["ms"] and std["ms"]:
             speed[(mode, head_dim, causal, *feature)][seqlen] = f"{std['ms'] / ours['ms']:.2f}x"
         elif ours["ms"]:
-            speed[(mode, head_dim, causal, *feature)][seqlen] = "std failed"
+            speed[(mode, head_dim, causal, *feature)][seqlen] = _std_missing(std)
         if ours["peak_mem_mb"] and std["peak_mem_mb"]:
             memory[(head_dim, causal, *feature)][seqlen] = f"{std['peak_mem_mb'] / ours['peak_mem_mb']:.1f}x"
         elif ours["peak_mem_mb"] and std["error"]:
-            memory[(head_dim, causal, *feature)][seqlen] = "std failed"
+            memory[(head_dim, causal, *feature)][seqlen] = _std_missing(std)
 
     def feature_order(key):
         return (*key[:-1], order[key[-1]]) if extra else key

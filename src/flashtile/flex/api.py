@@ -3,7 +3,7 @@ import torch
 
 from .. import checks, cpu
 from ..autograd import first_order_only
-from ..launch import interpreter_active
+from ..runtime import interpreter_active
 from .block_mask import BlockMask, dense_block_mask
 from .mods import MASK_ARGS, SCORE_ARGS, Mod, adapter, aux_pool
 
