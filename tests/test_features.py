@@ -181,13 +181,30 @@ def test_attn_bias_without_grad_and_half(backend):
     run_and_check(1, 33, 40, 2, 2, 16, True, torch.float16, device, attn_bias=bias)
 
 
+def test_scalar_attn_bias(backend):
+    """A 0-d attn_bias broadcasts like a (1, 1, 1, 1) one (with a sink it shifts the scores against the sink's
+    logit): the same outputs and gradients, the bias's gradient 0-d too."""
+    _, device = backend
+    q, k, v = make_qkv(1, 20, 30, 2, 1, 16, torch.float32, device)
+    sink = torch.randn(2, generator=torch.Generator().manual_seed(3)).to(device)
+    runs = []
+    for shape in ((), (1, 1, 1, 1)):
+        bias = torch.full(shape, 0.75, device=device, requires_grad=True)
+        out = flashtile.flash_attn_func(q, k, v, causal=True, sink=sink, attn_bias=bias, deterministic=True)
+        runs.append((out, *torch.autograd.grad(out.square().sum(), (q, k, v, bias))))
+    assert runs[0][-1].shape == ()
+    for got, want in zip(*runs):
+        torch.testing.assert_close(got.reshape(want.shape), want, rtol=0, atol=0)
+    assert runs[0][-1].abs() > 0  # the sink makes the constant matter
+
+
 def test_bad_attn_bias():
     q, k, v = make_qkv(2, 8, 12, 4, 2, 16, torch.float32, "cpu")
     with pytest.raises(ValueError, match=r"attn_bias of shape \(3, 8, 12\) does not broadcast to \(2, 4, 8, 12\)"):
         flashtile.flash_attn_func(q, k, v, attn_bias=torch.zeros(3, 8, 12))
     with pytest.raises(TypeError, match="attn_bias has dtype torch.int64"):
         flashtile.flash_attn_func(q, k, v, attn_bias=torch.zeros(8, 12, dtype=torch.long))
-    with pytest.raises(ValueError, match="attn_bias must have 1 to 4 dimensions"):
+    with pytest.raises(ValueError, match="attn_bias must have at most 4 dimensions"):
         flashtile.flash_attn_func(q, k, v, attn_bias=torch.zeros(1, 2, 4, 8, 12))
     with pytest.raises(ValueError, match="attn_bias is on meta but q is on cpu"):
         flashtile.flash_attn_func(q, k, v, attn_bias=torch.zeros(8, 12, device="meta"))

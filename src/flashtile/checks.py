@@ -305,8 +305,8 @@ def attn_bias(bias, q, target, varlen=False):
         return None
     _optional_tensor("attn_bias", bias, q, SUPPORTED_DTYPES, "torch.float16, torch.bfloat16 or torch.float32")
     layout = "(batch, nheads, max_seqlen_q, max_seqlen_k)" if varlen else "(batch, nheads, seqlen_q, seqlen_k)"
-    if not 1 <= bias.dim() <= 4:
-        raise ValueError(f"attn_bias must have 1 to 4 dimensions, broadcastable to {target} "
+    if bias.dim() > 4:
+        raise ValueError(f"attn_bias must have at most 4 dimensions, broadcastable to {target} "
                          f"{layout}, got shape {tuple(bias.shape)}")
     bias4 = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
     if any(size not in (1, want) for size, want in zip(bias4.shape, target)):
