@@ -255,8 +255,9 @@ def adapter(mod, pool):
     if key not in _ADAPTERS:
         params = ", ".join((*mod.base, "A0", "A1", "A2", "A3"))
         call = ", ".join((*mod.base, *[f"A{s}" for s in slots]))
-        # A score_mod may return a constant or a function of the indices alone: broadcast it to the scores' tile (a
-        # no-op for a result of that shape, what the kernels' reductions need)
+        # A score_mod may return a constant or a function of the indices alone: where(True, r, score) broadcasts r
+        # to the scores' tile, which the kernels' row reductions need (folded away for a tile-shaped r: the sm90 PTX
+        # of the compile check's programmable cases is unchanged)
         result = f"tl.where(True, F({call}), score)" if mod.base == SCORE_ARGS else f"F({call})"
         source = f"def _adapter({params}):\n    return {result}\n"
         _ADAPTERS[key] = triton.jit(generate(source, "_adapter", {"F": key[0]}))
