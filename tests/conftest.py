@@ -12,12 +12,13 @@ HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ["FLASHTILE_POISON_OUTPUTS"] = "1"
-if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+from flashtile import ops  # noqa: E402 (after TRITON_INTERPRET is set)
+from flashtile.runtime import interpreter_active  # noqa: E402
+
+if interpreter_active():
     # Define every kernel now, for the interpreter: the launcher modules are imported on first use (ops._launch),
     # and a first use inside a test that sets TRITON_INTERPRET=0 (the cpu.py backend, torch.compile tests) would
     # define the KV-cache kernels as compiled ones, which later interpreter tests in that worker cannot run.
-    from flashtile import ops
-
     ops._launch()
 
 DEVICE = "cuda" if HAS_GPU else "cpu"

@@ -14,7 +14,9 @@ try:  # programmable attention compiles the user's mods with triton; the flash_a
     from .flex import (BlockMask, and_masks, attention, block_diagonal_mask, causal_mask, create_block_mask,
                        dilated_mask, document_mask, or_masks, prefix_lm_mask, sliding_window_mask, strided_mask)
 except ModuleNotFoundError as exc:
-    if exc.name != "triton" and not (exc.name or "").startswith("triton."):
+    from .runtime import triton_missing
+
+    if not triton_missing(exc):
         raise
     _no_triton = exc
 

@@ -114,7 +114,7 @@ class _Scores:
                 g = torch.as_tensor(mods.grad(s, self.b, self.h, q_idx, cols), dtype=s.dtype)
             # A new tensor, as promised, of the scores' shape: a mod may return a constant or ignore the score
             new = torch.as_tensor(mods.score(s, self.b, self.h, q_idx, cols), dtype=s.dtype)
-            s = new.broadcast_to(s.shape).clone() if new.shape != s.shape else new.clone()
+            s = new.broadcast_to(s.shape).clone()
         visible = None
         if self.right >= 0:
             visible = cols <= rows + self.right

@@ -17,7 +17,7 @@ from torch.autograd import forward_ad
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from . import cpu
-from .runtime import interpreter_active
+from .runtime import interpreter_active, triton_missing
 
 
 _launchers = None
@@ -32,7 +32,7 @@ def _launch():
         try:
             from . import bwd_launch, kvcache_launch, launch
         except ModuleNotFoundError as exc:
-            if exc.name != "triton" and not (exc.name or "").startswith("triton."):
+            if not triton_missing(exc):
                 raise
             raise ModuleNotFoundError("flashtile's kernels (tensors on a GPU, or TRITON_INTERPRET=1) need triton, "
                                       "which is not installed: pip install triton (CPU tensors run without it)",
@@ -106,7 +106,7 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int,
     """
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes, sink)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if cu_seqlens_q is not None and _no_tokens(q, k):
+    if _no_tokens(cu_seqlens_q, q, k):
         return _keyless_forward(q, sink)
     if _runs_triton(q):
         return _launch().forward._flash_attn_forward(q, k, v, *args, *varlen, attn_bias, dropout_p, rng)
@@ -115,9 +115,9 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, window_left: int,
     return cpu.forward(q, k, v, *args, attn_bias, cpu.Dropout.of(dropout_p, rng, q, k))
 
 
-def _no_tokens(q, k):
+def _no_tokens(cu_seqlens_q, q, k):
     """A packed varlen batch without queries or without keys (all padding): no kernel runs for it."""
-    return q.shape[0] == 0 or k.shape[0] == 0
+    return cu_seqlens_q is not None and (q.shape[0] == 0 or k.shape[0] == 0)
 
 
 def _keyless_forward(q, sink):
@@ -155,7 +155,7 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     (the Gluon backward's dQ); the portable kernels are bitwise reproducible."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if cu_seqlens_q is not None and _no_tokens(q, k):  # no score: only the sink's gradient can be nonzero (via dlse)
+    if _no_tokens(cu_seqlens_q, q, k):  # no score: only the sink's gradient can be nonzero (via dlse)
         shape = _scores_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k) if bias_grad else 0
         dscores = torch.zeros(shape, dtype=torch.float32, device=q.device)
         dsink = cpu.sink_grad(dout, out, lse, dlse, sink) if sink is not None else q.new_empty(0, dtype=torch.float32)
@@ -200,7 +200,7 @@ def attn_probs(q: Tensor, k: Tensor, lse: Tensor, softmax_scale: float, window_l
     dropped them (sign bit set, -0.0 included); zero outside each sequence in varlen mode. No autograd."""
     args = (softmax_scale, window_left, window_right, softcap, alibi_slopes)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if cu_seqlens_q is not None and _no_tokens(q, k):
+    if _no_tokens(cu_seqlens_q, q, k):
         return q.new_zeros(_scores_shape(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k))
     if _runs_triton(q):
         return _launch().forward._flash_attn_probs(q, k, lse, *args, *varlen, attn_bias, dropout_p, rng)
