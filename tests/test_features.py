@@ -4,7 +4,7 @@ import torch
 
 import flashtile
 from test_attention import run_and_check
-from utils import assert_close_rule, make_qkv
+from utils import assert_close_rule, make_qkv, visible_row_references
 
 WINDOWS = [(16, 0), (8, 8), (0, 0), (40, -1), (-1, 5), (3, 70)]
 SEQLENS = [(97, 97), (50, 130), (130, 50)]
@@ -172,6 +172,28 @@ def test_attn_bias(backend, shape, causal):
     for name, got, r64, rlow in zip(("out", "dq", "dk", "dv", "dbias"), (out, *grads), *results):
         assert got.shape == r64.shape
         assert_close_rule(name, got, r64, rlow, dtype)
+
+
+def test_minus_inf_bias_hides_whole_blocks(backend):
+    """A bias of -inf (a mask given as a bias) on keys 0-95 of every row and on every key of rows 0-3: key blocks
+    without masks hide whole rows too, whose running max stays -inf (the portable kernel took NaN there: exp2 of
+    -inf - -inf). Rows 0-3 get 0 and lse -inf; the rest and every gradient match the reference."""
+    _, device = backend
+    q, k, v = make_qkv(1, 48, 128, 2, 1, 16, torch.float32, device)
+    bias = torch.zeros(1, 2, 48, 128)
+    bias[..., :96] = float("-inf")
+    bias[..., :4, :] = float("-inf")
+    bias = bias.to(device)
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, attn_bias=bias, return_attn_probs=True)
+    assert torch.all(out[:, :4] == 0) and torch.all(lse[..., :4] == float("-inf"))
+    assert torch.isfinite(lse[..., 4:]).all()
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(device)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert torch.all(grads[0][:, :4] == 0)
+    out, dq = out[:, 4:], grads[0][:, 4:]
+    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out, dq, *grads[1:]),
+                                    *visible_row_references(q, k, v, dout, bias)):
+        assert_close_rule(name, got, r64, rlow, torch.float32)
 
 
 def test_attn_bias_without_grad_and_half(backend):

@@ -11,7 +11,7 @@ import flashtile
 from flashtile.flex import block_mask as block_mask_module
 from flashtile.flex import tanh
 from flashtile.flex.mods import Mod
-from utils import assert_close_rule, make_qkv, references, strided
+from utils import assert_close_rule, make_qkv, references, strided, visible_row_references
 
 TABLE_SIZE = tl.constexpr(256)  # relative positions -127..128 (q_idx - kv_idx + 127)
 
@@ -86,7 +86,9 @@ def check(q, k, v, dtype, mask=None, score=None, **kwargs):
     grads = torch.autograd.grad(out, (q, k, v), dout)
     ref64, ref_lowp = references(q, k, v, dout, kwargs.get("causal", False), kwargs.get("softmax_scale"),
                                  mask_mod=mask_ref, score_mod=score_ref)
-    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out, *grads), ref64, ref_lowp):
+    assert torch.all(grads[0][:, :4] == 0)
+    out, dq = out[:, 4:], grads[0][:, 4:]
+    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out, dq, *grads[1:]), ref64, ref_lowp):
         assert_close_rule(name, got, r64, rlow, dtype)
     _, lse_ref = flashtile.attention_ref(q.detach(), k.detach(), v.detach(), causal=kwargs.get("causal", False),
                                          softmax_scale=kwargs.get("softmax_scale"),
@@ -416,6 +418,34 @@ def test_score_mod_may_ignore_the_score(backend, causal):
         with torch.no_grad():
             got = flashtile.attention(q, k, v, score_mod=mod, causal=causal)
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5, msg=lambda m, mod=mod: f"{mod}: {m}")
+
+
+def late_keys_score(score, b, h, q_idx, kv_idx):
+    return tl.where((kv_idx >= 96) & (q_idx >= 4), score, float("-inf"))
+
+
+def late_keys_grad(score, b, h, q_idx, kv_idx):
+    return tl.where((kv_idx >= 96) & (q_idx >= 4), 1.0, 0.0)
+
+
+def test_score_mod_of_minus_inf_hides_whole_blocks(backend):
+    """A score_mod that masks by returning -inf (FlexAttention's idiom) hides whole key blocks from every row, and
+    every key from rows 0-3: blocks without masks must not take exp2(-inf - -inf) = NaN. As a -inf bias does."""
+    _, device = backend
+    q, k, v = make_qkv(1, 48, 128, 2, 1, 16, torch.float32, device)
+    out, lse = flashtile.attention(q, k, v, score_mod=late_keys_score, score_mod_grad=late_keys_grad,
+                                   return_lse=True)
+    assert torch.all(out[:, :4] == 0) and torch.all(lse[..., :4] == float("-inf"))
+    bias = torch.zeros(48, 128, device=device)
+    bias[:, :96] = float("-inf")
+    bias[:4] = float("-inf")
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(device)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert torch.all(grads[0][:, :4] == 0)
+    out, dq = out[:, 4:], grads[0][:, 4:]
+    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out, dq, *grads[1:]),
+                                    *visible_row_references(q, k, v, dout, bias)):
+        assert_close_rule(name, got, r64, rlow, torch.float32)
 
 
 def test_mask_that_depends_on_b_or_h_needs_the_count():

@@ -63,6 +63,13 @@ def references(q, k, v, dout, causal, softmax_scale=None, **features):
     return results
 
 
+def visible_row_references(q, k, v, dout, bias):
+    """references() of the rows 4.. of q (bias broadcast to (..., Sq, Sk)) whose rows 0-3 see no key: those rows
+    output 0 whatever q, k and v are, so they add nothing to dk / dv, and the reference's softmax of a row of -inf
+    would be NaN."""
+    return references(q[:, 4:], k, v, dout[:, 4:], False, attn_bias=bias[..., 4:, :])
+
+
 def alibi_slopes(heads, batch=None, device="cuda"):
     """ALiBi slopes 2^(-8 (h + 1) / H) of shape (H,), or (B, H) with batch b's scaled by 1 + 0.1 b."""
     slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=device)

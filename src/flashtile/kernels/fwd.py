@@ -62,8 +62,9 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
                           MASKED, IS_LOCAL, SOFTCAP, HAS_ALIBI, HAS_BIAS, off_b, off_h, aux0, aux1, aux2, aux3,
                           SCORE_MOD, None, MASK_MOD)
         m_new = tl.maximum(m_i, _log2_units(tl.max(s, 1), SCORE_MOD))  # [BLOCK_M]
-        if MASKED:
-            # A row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+        if MASKED or HAS_BIAS or SCORE_MOD is not None:
+            # A row with no visible key yet keeps m = -inf (masks, or a bias / score_mod of -inf on every key of the
+            # block, also in blocks without masks); subtract 0 instead so exp2 gives 0, not NaN.
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_sub = m_new
