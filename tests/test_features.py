@@ -148,6 +148,22 @@ def test_sink_on_rows_without_keys(backend):
     assert all(torch.isfinite(g).all() for g in grads)
 
 
+def test_minus_inf_sink_on_rows_without_keys(backend):
+    """A sink of -inf turns a head's sink off: rows that see no key get out 0 and lse -inf as without a sink, and
+    the sink gradients are finite (0 for the -inf head; exp(sink - lse) took NaN there)."""
+    _, device = backend
+    q, k, v = make_qkv(1, 40, 8, 2, 2, 16, torch.float32, device)
+    sink = torch.tensor([float("-inf"), 0.5], device=device, requires_grad=True)
+    out, lse, _ = flashtile.flash_attn_func(q, k, v, causal=True, sink=sink, return_attn_probs=True)
+    plain, plain_lse, _ = flashtile.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    torch.testing.assert_close(out[:, :, 0], plain[:, :, 0])
+    torch.testing.assert_close(lse[:, 0], plain_lse[:, 0])
+    assert torch.all(lse[0, 0, :32] == float("-inf"))
+    for loss in (out.sum(), out.sum() + lse[:, 1].sum()):
+        dsink = torch.autograd.grad(loss, sink, retain_graph=True)[0]
+        assert dsink[0] == 0 and torch.isfinite(dsink[1])
+
+
 BIAS_SHAPES = {"full": (2, 4, 45, 70), "per-head": (4, 45, 70), "batch-1": (1, 4, 45, 70), "rows-1": (2, 4, 1, 70),
                "shared": (45, 70)}
 

@@ -305,7 +305,8 @@ def sink_grad(dout, out, lse, dlse, sink):
     delta = (dout.float() * out.float()).sum(-1).movedim(-1, -2)  # lse's layout
     if dlse is not None:
         delta = delta - dlse
-    p_sink = torch.exp(sink[:, None] - lse)
+    # A row that sees no key with a -inf sink has lse = -inf: its P_sink is 0, not exp(-inf - -inf) = NaN.
+    p_sink = torch.exp(sink[:, None] - lse).masked_fill(lse == float("-inf"), 0.0)
     return -(p_sink * delta).sum(-1).reshape(-1, sink.shape[0]).sum(0)
 
 

@@ -104,8 +104,8 @@ def _attn_bwd_preprocess(Out, DOut, Lse, DLse, Delta, Lse2, CuSeqlensQ, Sink, Si
                         + off_h * stride_dqa_h + rows * stride_dqa_m + offs_d[None, :])
             tl.store(dqa_ptrs, tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32),
                      mask=(offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :])
-    if HAS_SINK:  # lse >= sink on every row, so the exponent is <= 0
-        p_sink = tl.exp(tl.load(Sink + off_h).to(tl.float32) - lse)
+    if HAS_SINK:  # lse >= sink on every row, so the exponent is <= 0; lse = -inf (a -inf sink, no key): P_sink = 0
+        p_sink = tl.where(lse == float("-inf"), 0.0, tl.exp(tl.load(Sink + off_h).to(tl.float32) - lse))
         part = tl.sum(tl.where(offs_m < seqlen_q, p_sink * delta, 0.0), axis=0)
         tl.store(SinkPart + pid_bh * sink_blocks + tl.program_id(0), part, mask=tl.program_id(0) < sink_blocks)
 
