@@ -254,13 +254,28 @@ def test_kvcache_puts_no_graph_on_the_cache():
         assert cache_k.grad_fn is None and torch.equal(cache_k[0, step], k[0, 0].detach())
 
 
-@pytest.mark.parametrize("entry", ["flash_attn_func", "attention"])
+def _op_call(q, k, v, causal):
+    """torch.ops.flashtile.fwd itself (the op the README documents): its registered autograd, not the eager path's."""
+    return torch.ops.flashtile.fwd(q, k, v, q.shape[-1] ** -0.5, -1, 0 if causal else -1, 0.0, None, None, None, None,
+                                   0, 0, None, 0.0, None, False)[0]
+
+
+def _flop_counted_call(q, k, v, causal):
+    """flash_attn_func under a dispatch mode, which routes it through the op."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False):
+        return flashtile.flash_attn_func(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("entry", ["flash_attn_func", "attention", "op", "flop_counter"])
 def test_second_order_gradients_are_refused(backend, entry):
     """create_graph=True: the gradients are the usual ones, and differentiating them raises a clear error on every
     backend (the kernels' backward records no graph; the CPU path's graph through its blockwise algorithm was
-    untested), as flash-attn has no double backward."""
+    untested), as flash-attn has no double backward. Also through the op itself, whose registered backward had
+    no refusal (the CPU path silently recorded second-order gradients)."""
     _, device = backend
-    call = getattr(flashtile, entry)
+    call = {"op": _op_call, "flop_counter": _flop_counted_call}.get(entry) or getattr(flashtile, entry)
     q, k, v = (torch.randn(1, 16, 2, 16, device=device, requires_grad=True) for _ in range(3))
     first = torch.autograd.grad(call(q, k, v, causal=True).square().sum(), (q, k, v))
     assert not any(g.requires_grad for g in first)

@@ -58,8 +58,6 @@ def _backward(ctx, dout, dlse):
     return _grads(ctx, dout, dlse, ctx.needs_input_grad[_BIAS], ctx.needs_input_grad[_SINK])
 
 
-torch.library.register_autograd("flashtile::fwd", _backward, setup_context=_setup_context)
-
 _SECOND_ORDER = (b"flashtile's attention backward is not differentiable: second-order gradients (double backward, "
                  b"e.g. a gradient penalty) are not supported, as in flash-attn")
 
@@ -86,6 +84,11 @@ def first_order_only(backward):
         return tuple(None if g is None else next(marked) for g in outputs)
     return wrapper
 
+
+# The op's own backward refuses second order too (torch.ops.flashtile.fwd called directly, or under a dispatch mode
+# such as FlopCounterMode, where flash_attn_func takes the op: the CPU path had silently recorded a graph through its
+# blockwise algorithm, the kernels failed with torch's generic "does not require grad").
+torch.library.register_autograd("flashtile::fwd", first_order_only(_backward), setup_context=_setup_context)
 
 # ctx.needs_input_grad positions of attn_bias and sink in _EagerForward.apply(inputs, *_float_tensors(inputs))
 _EAGER_BIAS, _EAGER_SINK = 1 + _FLOAT_TENSOR_INPUTS.index(_BIAS), 1 + _FLOAT_TENSOR_INPUTS.index(_SINK)
