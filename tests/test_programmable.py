@@ -378,6 +378,19 @@ def table_bias(score, b, h, q_idx, kv_idx, table):
     return score + tl.load(table + h * 16 + kv_idx)
 
 
+def test_score_mod_aux_that_requires_grad_is_refused():
+    """No gradient flows into aux tensors: one that requires grad (a learned table) is refused while grad mode is
+    on, instead of leaving its .grad None (or the output off the graph when only it required grad)."""
+    q, k, v = _qkv()
+    table = torch.zeros(2 * TABLE_SIZE, requires_grad=True)
+    for inputs in ((q, k, v), tuple(t.detach() for t in (q, k, v))):
+        with pytest.raises(ValueError, match="no gradient flows into aux tensors"):
+            flashtile.attention(*inputs, score_mod=rel_bias, score_mod_grad=unit_grad, aux=table)
+    with torch.no_grad():
+        flashtile.attention(q, k, v, score_mod=rel_bias, aux=table)
+    flashtile.attention(q, k, v, score_mod=rel_bias, score_mod_grad=unit_grad, aux=table.detach())
+
+
 def test_aux_must_be_contiguous():
     """The kernels read an aux tensor's memory flat (tl.load(aux + i)), so a transposed view or an expanded tensor
     would be read in the wrong order or past its storage: refused with the fix, not read wrongly."""

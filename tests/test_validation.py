@@ -292,6 +292,22 @@ def test_second_order_gradients_are_refused(backend, entry):
             torch.autograd.grad(second[0].square().sum(), wrt, retain_graph=True, materialize_grads=True)
 
 
+@pytest.mark.parametrize("transform", ["vmap", "grad"])
+@pytest.mark.parametrize("entry", ["flash_attn_func", "attention"])
+def test_func_transforms_are_refused(backend, entry, transform):
+    """torch.func's vmap / grad: a clear refusal on every backend, not torch's errors from inside the kernels'
+    launch (BatchedTensorImpl storage) or the autograd.Function (setup_context)."""
+    _, device = backend
+    call = getattr(flashtile, entry)
+    q, k, v = (torch.randn(1, 8, 2, 16, device=device) for _ in range(3))
+    if transform == "vmap":  # over a stack of 3 q's, each (1, 8, 2, 16)
+        fn, q = torch.func.vmap(lambda q: call(q, k, v)), torch.stack([q] * 3)
+    else:
+        fn = torch.func.grad(lambda q: call(q, k, v).sum())
+    with pytest.raises(NotImplementedError, match="torch.func transforms"):
+        fn(q)
+
+
 def test_forward_mode_ad_is_refused(backend):
     """A dual tensor (torch.autograd.forward_ad, torch.func.jvp): the kernels would drop its tangent (a silent zero
     jvp), so every entry point refuses it, on every backend alike (where an autograd.Function is applied, PyTorch's

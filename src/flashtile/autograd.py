@@ -121,6 +121,7 @@ def forward(*inputs):
     flash_attn_func and the op's implementation on the H200 machine, benchmarks/host_time.py --parts)."""
     if not ops.eager():
         return ops.fwd(*inputs)
+    ops.refuse_func_transforms()
     if torch.is_grad_enabled():
         for i in _FLOAT_TENSOR_INPUTS:  # a loop, not any() over a generator (host time); each a tensor or None
             t = inputs[i]

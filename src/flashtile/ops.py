@@ -80,6 +80,16 @@ def eager_call(op, *args):
     return _IMPLS[op](*args)
 
 
+def refuse_func_transforms():
+    """torch.func transforms (vmap, grad, jacrev, ...): the kernels read raw storage, which a batched or wrapped
+    tensor does not have, and the autograd.Functions define no vmap rule; torch's own errors from deep inside
+    (inplace arithmetic, BatchedTensorImpl storage, setup_context) did not say so. Eager callers only."""
+    if torch._C._functorch.maybe_current_level() is not None:
+        raise NotImplementedError("flashtile does not support torch.func transforms (vmap, grad, jacrev, jvp, ...): "
+                                  "call it on plain tensors, e.g. loop over the batch instead of vmap, and use "
+                                  "torch.autograd.grad / backward for gradients")
+
+
 def _refuse_tangents(args):
     """Forward-mode AD: the kernels would drop a dual tensor's tangent (a silently zero jvp), so refuse it."""
     for a in args:

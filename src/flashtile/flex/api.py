@@ -1,7 +1,7 @@
 """flashtile.attention: programmable attention (score_mod, mask_mod, block-sparse) without torch.compile."""
 import torch
 
-from .. import checks, cpu
+from .. import checks, cpu, ops
 from ..autograd import first_order_only
 from ..runtime import interpreter_active
 from .block_mask import BlockMask, dense_block_mask
@@ -105,7 +105,8 @@ def attention(q, k, v, score_mod=None, mask_mod=None, block_mask=None, softmax_s
     arguments (Triton pointers in the kernels, so a mod reads tl.load(table + index); see
     docs/programmable.md); a Mod (document_mask(ids), and_masks(...)) carries its own aux tensors.
     score_mod_grad(score, b, h, q_idx, kv_idx, *aux) -> d score_mod / d score (elementwise, same
-    arguments): needed for the backward whenever score_mod is given; no gradient flows into aux tensors.
+    arguments): needed for the backward whenever score_mod is given; no gradient flows into aux tensors
+    (score_mod aux tensors that require grad are refused while grad mode is on).
     block_mask: a BlockMask from create_block_mask for these shapes; its mask_mod is used when mask_mod is
     None, and a mask_mod given with it must be that one (the same function over the same aux tensors:
     ValueError otherwise, since full blocks skip the mask). Without a block mask a mask_mod is evaluated in
@@ -117,6 +118,7 @@ def attention(q, k, v, score_mod=None, mask_mod=None, block_mask=None, softmax_s
     flows through lse). Runs the Triton kernels on GPUs and under TRITON_INTERPRET=1; other CPU tensors
     run flashtile.cpu with the mods' PyTorch forms (blockwise, every block evaluated).
     """
+    ops.refuse_func_transforms()
     checks.check_qkv(q, k, v)
     checks.flag("causal", causal)
     checks.flag("return_lse", return_lse)
@@ -147,6 +149,11 @@ def attention(q, k, v, score_mod=None, mask_mod=None, block_mask=None, softmax_s
             if a.device != q.device:
                 raise ValueError(f"aux tensor {i} of {mod.name} is on {a.device} but q is on {q.device}; "
                                  f"aux tensors must be on the inputs' device")
+    if torch.is_grad_enabled() and score is not None and any(a.requires_grad for a in score.aux):
+        # Its gradient would be silently missing (.grad None, or an output cut off from the graph).
+        raise ValueError("an aux tensor of score_mod requires grad, but no gradient flows into aux tensors: pass it "
+                         "detached (.detach()), or give a learned bias as flash_attn_func's attn_bias, which has "
+                         "a gradient")
     aux_pool(score, grad, mask)
     _check_extents((score, grad, mask), q, k)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
