@@ -56,6 +56,27 @@ def test_head_dims(backend, head_dim, causal):
     run_and_check(1, 67, 45, 2, 1, head_dim, causal, torch.float16, device)
 
 
+@pytest.mark.parametrize("head_dim", [1, 12, 36])
+def test_head_dims_padded_to_a_multiple_of_8(backend, head_dim):
+    """Head dims that are not a multiple of 8 are zero-padded, as flash-attn does: out keeps q's head dim, the
+    default scale is 1 / sqrt(head_dim) of the unpadded one, and gradients come back in the unpadded shapes; the
+    varlen and packed entry points too."""
+    _, device = backend
+    run_and_check(1, 33, 20, 2, 1, head_dim, True, torch.float16, device, window_size=(8, -1))
+    q, k, v = make_qkv(1, 20, 20, 2, 2, head_dim, torch.float32, device)
+    qkv = torch.stack([q, k, v], dim=2).detach().requires_grad_()
+    packed = flashtile.flash_attn_qkvpacked_func(qkv, causal=True)
+    want = flashtile.attention_ref(*qkv.detach().double().unbind(2), causal=True)
+    assert packed.shape == q.shape
+    torch.testing.assert_close(packed.double(), want, atol=1e-5, rtol=1e-5)
+    assert torch.autograd.grad(packed.sum(), qkv)[0].shape == qkv.shape
+    cu = torch.tensor([0, 7, 20], dtype=torch.int32, device=device)
+    out = flashtile.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 13, 13, causal=True)
+    for b, (lo, hi) in enumerate(((0, 7), (7, 20))):
+        alone = flashtile.attention_ref(*(t[:, lo:hi].detach().double() for t in (q, k, v)), causal=True)
+        torch.testing.assert_close(out[lo:hi].double(), alone[0], atol=1e-5, rtol=1e-5)
+
+
 HEADS = [(4, 4), (4, 2), (6, 1)]
 
 

@@ -52,10 +52,18 @@ def test_head_ratio():
     expect(ValueError, r"query heads \(5\) must be a multiple of the number of key/value heads \(2\)", q, k, v)
 
 
-@pytest.mark.parametrize("head_dim", [4, 12, 264, 512])
+@pytest.mark.parametrize("head_dim", [257, 264, 512])
 def test_unsupported_head_dim(head_dim):
+    """Past 256 (below it, dims that are not a multiple of 8 are padded: test_attention.py)."""
     q, k, v = qkv((1, 8, 2, head_dim), (1, 8, 2, head_dim))
     expect(ValueError, rf"head dim must be a multiple of 8 between 8 and 256, got {head_dim}", q, k, v)
+
+
+def test_kvcache_head_dim_not_padded():
+    """flash_attn_with_kvcache appends into the cache in place, so its head dim is not padded: refused."""
+    q, cache = torch.randn(1, 1, 2, 12), torch.zeros(1, 8, 2, 12)
+    with pytest.raises(ValueError, match="head dim must be a multiple of 8"):
+        flashtile.flash_attn_with_kvcache(q, cache, cache.clone(), cache_seqlens=4)
 
 
 def test_last_dim_stride():

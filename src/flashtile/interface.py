@@ -16,6 +16,9 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
         scale = checks.softmax_scale_or_default(softmax_scale, q.shape[3])
         return autograd.forward(q, k, v, scale, -1, 0 if causal else -1, 0.0, None, None, None, None, 0, 0, None, 0.0,
                                 None, deterministic)[0]
+    if _head_dim_to_pad(q, k, v):
+        return _with_padded_head_dim(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                     deterministic, return_attn_probs, sink, varlen, attn_bias, shared_cu_seqlens)
     checks.check_qkv(q, k, v, varlen=varlen is not None)
     heads = q.shape[-2]
     if varlen is not None:
@@ -50,6 +53,29 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
                          softcap, alibi_slopes, *varlen, None if attn_bias is None else attn_bias.detach(),
                          dropout_p, rng)
     return out, lse, probs
+
+
+def _head_dim_to_pad(q, k, v):
+    """True for q, k, v of one head dim below the largest that is not a multiple of 8 (the kernels' unit)."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in (q, k, v)):
+        return False
+    d = q.shape[-1]
+    return 0 < d < checks.MAX_HEAD_DIM and d % 8 != 0 and k.shape[-1] == d and v.shape[-1] == d
+
+
+def _with_padded_head_dim(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                          deterministic, return_attn_probs, sink, varlen, attn_bias, shared_cu_seqlens):
+    """As flash-attn: q, k, v zero-padded to the next multiple of 8 (zero columns add nothing to q.k, and the
+    output's extra columns are sliced off; the gradients flow back through the pad), softmax_scale from the
+    unpadded head dim."""
+    d = q.shape[-1]
+    scale = checks.softmax_scale_or_default(softmax_scale, d)
+    q, k, v = (torch.nn.functional.pad(t, (0, -d % 8)) for t in (q, k, v))
+    result = _attention(q, k, v, dropout_p, scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                        return_attn_probs, sink, varlen, attn_bias, shared_cu_seqlens)
+    if return_attn_probs:
+        return result[0][..., :d], *result[1:]
+    return result[..., :d]
 
 
 def _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
@@ -93,7 +119,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), with nheads a
     multiple of nheads_k (MQA/GQA: query head h uses key/value head h // (nheads // nheads_k)).
-    dtype float16, bfloat16 or float32; headdim a multiple of 8 up to 256; last-dim stride 1.
+    dtype float16, bfloat16 or float32; headdim up to 256 (zero-padded to a multiple of 8 where it is not one, as
+    flash-attn does); last-dim stride 1.
     causal: query i sees keys j <= i + seqlen_k - seqlen_q (bottom-right aligned); a query that sees
     no key gets output 0 and lse -inf. softmax_scale defaults to 1 / sqrt(headdim).
     Returns out (batch, seqlen_q, nheads, headdim) in q's dtype; with return_attn_probs=True returns

@@ -84,7 +84,8 @@ def refuse_func_transforms():
     """torch.func transforms (vmap, grad, jacrev, ...): the kernels read raw storage, which a batched or wrapped
     tensor does not have, and the autograd.Functions define no vmap rule; torch's own errors from deep inside
     (inplace arithmetic, BatchedTensorImpl storage, setup_context) did not say so. Eager callers only."""
-    if torch._C._functorch.maybe_current_level() is not None:
+    # forward_ad.dual_level holds a functorch level too: its dual tensors meet _refuse_tangents' message instead.
+    if torch._C._functorch.maybe_current_level() is not None and forward_ad._current_level < 0:
         raise NotImplementedError("flashtile does not support torch.func transforms (vmap, grad, jacrev, jvp, ...): "
                                   "call it on plain tensors, e.g. loop over the batch instead of vmap, and use "
                                   "torch.autograd.grad / backward for gradients")
