@@ -63,11 +63,17 @@ def references(q, k, v, dout, causal, softmax_scale=None, **features):
     return results
 
 
-def visible_row_references(q, k, v, dout, bias):
-    """references() of the rows 4.. of q (bias broadcast to (..., Sq, Sk)) whose rows 0-3 see no key: those rows
-    output 0 whatever q, k and v are, so they add nothing to dk / dv, and the reference's softmax of a row of -inf
-    would be NaN."""
-    return references(q[:, 4:], k, v, dout[:, 4:], False, attn_bias=bias[..., 4:, :])
+def check_rows_from_4(out, q, k, v, bias):
+    """out = attention(q, k, v) with an additive bias (broadcast to (..., Sq, Sk)) whose rows 0-3 see no key, fp32:
+    those rows' out and dq are 0; out, dq of the rows 4.. and dk, dv match the float64 reference of rows 4.. alone
+    (rows 0-3 output 0 whatever q, k and v are, so they add nothing to dk / dv, and the reference's softmax of a row
+    of -inf would be NaN)."""
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(out.device)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    assert torch.all(out[:, :4] == 0) and torch.all(dq[:, :4] == 0)
+    refs = references(q[:, 4:], k, v, dout[:, 4:], False, attn_bias=bias[..., 4:, :])
+    for name, got, r64, rlow in zip(("out", "dq", "dk", "dv"), (out[:, 4:], dq[:, 4:], dk, dv), *refs):
+        assert_close_rule(name, got, r64, rlow, torch.float32)
 
 
 def alibi_slopes(heads, batch=None, device="cuda"):
