@@ -25,13 +25,21 @@ FEATURE_SHAPES = [(1, 1000, 1000, 4, 2), (1, 130, 257, 2, 2), (1, 777, 999, 8, 2
                   (2, 300, 1000, 4, 2)]  # the last: key blocks span sequences (ragged descriptors)
 
 
+def sink_logits(heads):
+    """Sink logits for the feature tests: N(0, 1) per head, but head 0's is -inf (its sink turned off), so a row that a
+    window or a -inf bias hides from a whole key block keeps m = -inf there, as without a sink (the kernels' guard)."""
+    sink = torch.randn(heads, device="cuda")
+    sink[0] = float("-inf")
+    return sink
+
+
 def _feature_inputs(feature, shape, head_dim):
     """(causal, q, k, v, gluon_forward's feature keywords) of a FEATURES entry at a FEATURE_SHAPES shape, bf16 CUDA."""
     _, causal, window_size, softcap, alibi, sink = feature
     batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
                        requires_grad=False)
-    feats = dict(window_size=window_size, softcap=softcap, sink=torch.randn(heads_q, device="cuda") if sink else None,
+    feats = dict(window_size=window_size, softcap=softcap, sink=sink_logits(heads_q) if sink else None,
                  alibi_slopes=alibi_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None)
     return causal, q, k, v, feats
 

@@ -9,6 +9,7 @@ import torch
 
 import flashtile
 from flashtile import gluon_launch, gluon_variants
+from gluon_fwd_utils import sink_logits
 from utils import (alibi_slopes, assert_close_rule, assert_varlen_matches_each_sequence, make_qkv,
                    record_calls)
 
@@ -256,7 +257,7 @@ def test_features_match_reference(monkeypatch, feature, shape):
     _, causal, window_size, softcap, alibi, sink, bias = feature
     batch, seqlen_q, seqlen_k, heads_q, heads_kv = shape
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, 64, torch.bfloat16, "cuda", requires_grad=False)
-    feats = dict(window_size=window_size, softcap=softcap, sink=torch.randn(heads_q, device="cuda") if sink else None,
+    feats = dict(window_size=window_size, softcap=softcap, sink=sink_logits(heads_q) if sink else None,
                  alibi_slopes=alibi_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None,
                  attn_bias=torch.randn(1, heads_q, seqlen_q, -(-seqlen_k // 8) * 8, device="cuda",  # 16-byte rows
                                        dtype=torch.bfloat16)[..., :seqlen_k] if bias else None)

@@ -5,7 +5,7 @@ import torch
 
 import flashtile
 from flashtile import gluon_launch, gluon_variants
-from gluon_fwd_utils import ON_HOPPER, _check_gluon_forward, _cu, _packed
+from gluon_fwd_utils import ON_HOPPER, _check_gluon_forward, _cu, _packed, sink_logits
 from utils import alibi_slopes, assert_close_rule, make_qkv, record_calls
 
 
@@ -170,7 +170,7 @@ def test_bias_matches_reference(monkeypatch, case, shape, head_dim):
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, torch.bfloat16, "cuda",
                        requires_grad=False)
     feats = dict(window_size=window_size, softcap=softcap,
-                 sink=torch.randn(heads_q, device="cuda") if sink else None,
+                 sink=sink_logits(heads_q) if sink else None,
                  alibi_slopes=alibi_slopes(heads_q, batch if alibi == "bh" else None) if alibi else None,
                  attn_bias=_bias(batch, heads_q, seqlen_q, seqlen_k, layout, bias_dtype))
     _check_gluon_forward(q, k, v, causal, feats)
@@ -181,28 +181,35 @@ def test_bias_matches_reference(monkeypatch, case, shape, head_dim):
 @pytest.mark.parametrize("variant,head_dim", [("default", 128), ("default-lr", 128), ("default", 256)],
                          ids=["d128", "d128-lazy", "d256-lazy"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_bias_rows_without_keys_and_the_next_heads_rows(monkeypatch, causal, variant, head_dim):
+@pytest.mark.parametrize("with_sink", [False, True], ids=["no-sink", "sink"])
+def test_bias_rows_without_keys_and_the_next_heads_rows(monkeypatch, with_sink, causal, variant, head_dim):
     """A bias of -inf on every key of some rows (a mask as a bias): those rows get 0 and lse -inf, as the portable
     kernel writes them, also where the rows of a tile past Sq read them (head 1's first rows, read by head 0's last
     tile); NaN in the storage's key columns past Sk (row padding) is never read (TMA zero-fills past the view). With
-    the lazy rescale (D256's default, "default-lr") a row's max stays -inf until it sees a key."""
+    the lazy rescale (D256's default, "default-lr") a row's max stays -inf until it sees a key. Rows 100-139 of head 0
+    see no key in the first blocks, then keys: with a sink of -inf on head 0 (its sink turned off) their max is -inf
+    there as without a sink (session 51: that gave NaN); head 1's finite sink gives its rows without keys lse = sink."""
     monkeypatch.setenv("FLASHTILE_POISON_OUTPUTS", "1")
     q, k, v = make_qkv(1, 300, 1000, 2, 2, head_dim, torch.bfloat16, "cuda", requires_grad=False)
     storage = torch.randn(1, 2, 300, 1008, device="cuda").to(torch.bfloat16)
     storage[..., 1000:] = float("nan")  # past Sk
     bias = storage[..., :1000]
     bias[0, 0, 10] = float("-inf")  # row 10 of head 0 sees no key
+    bias[0, 0, 100:140, :400] = float("-inf")  # rows that see no key in the first blocks
     bias[0, 1, :45] = float("-inf")  # head 1's first rows: what the tile rows past Sq of head 0 read
     bias[0, 1, 200, 500:] = float("-inf")  # a row that sees only the first 500 keys
-    assert gluon_launch.gluon_supported(q, k, v, causal=causal, attn_bias=bias)
-    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, attn_bias=bias, variant=variant)
+    sink = torch.tensor([float("-inf"), 0.3], device="cuda") if with_sink else None
+    assert gluon_launch.gluon_supported(q, k, v, causal=causal, attn_bias=bias, sink=sink)
+    out, lse = gluon_launch.gluon_forward(q, k, v, causal=causal, attn_bias=bias, sink=sink, variant=variant)
     clean = bias.contiguous()
-    ref, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True, attn_bias=clean)
+    ref, lse_ref = flashtile.attention_ref(q, k, v, causal=causal, return_lse=True, attn_bias=clean, sink=sink)
     assert torch.all(out[0, 10, 0] == 0) and lse[0, 0, 10] == float("-inf")
-    assert torch.all(out[0, :45, 1] == 0) and torch.all(lse[0, 1, :45] == float("-inf"))
+    assert torch.all(out[0, :45, 1] == 0)
+    assert torch.all(lse[0, 1, :45] == (0.3 if with_sink else float("-inf")))
     lse_ref = torch.where(torch.isnan(lse_ref), float("-inf"), lse_ref)
     assert_close_rule("out", out, ref.nan_to_num(0.0),
-                      flashtile.attention_ref(q, k, v, causal=causal, upcast=False, attn_bias=clean).nan_to_num(0.0),
+                      flashtile.attention_ref(q, k, v, causal=causal, upcast=False, attn_bias=clean,
+                                              sink=sink).nan_to_num(0.0),
                       torch.bfloat16)
     torch.testing.assert_close(lse.double(), lse_ref, atol=2e-3, rtol=1e-4)
 

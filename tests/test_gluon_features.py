@@ -7,7 +7,7 @@ import torch
 import flashtile
 from flashtile import gluon_launch, gluon_variants
 from gluon_fwd_utils import (FEATURE_SHAPES, ON_HOPPER, _check_gluon_forward, _cu, _dropout_keep, _feature_inputs,
-                             _growing_keys)
+                             _growing_keys, sink_logits)
 from utils import (alibi_slopes, assert_close_rule, assert_varlen_matches_each_sequence, make_qkv, record_calls,
                    record_constexpr)
 
@@ -91,10 +91,10 @@ def test_lazy_rescale_one_tile_matches_reference(variant, head_dim, case, scores
 
 
 def _spec_feats(spec, batch, heads_q, seqlen_q, seqlen_k):
-    """gluon_forward keywords of a test case's spec: window_size, softcap, sink (N(0, 1) logits), ALiBi slopes (B, H)
-    and bias (a (1, H, Sq, Sk) bf16 N(0, 1) bias)."""
+    """gluon_forward keywords of a test case's spec: window_size, softcap, sink (gluon_fwd_utils.sink_logits), ALiBi
+    slopes (B, H) and bias (a (1, H, Sq, Sk) bf16 N(0, 1) bias)."""
     feats = dict(window_size=spec.get("window_size", (-1, -1)), softcap=spec.get("softcap", 0.0),
-                 sink=torch.randn(heads_q, device="cuda") if spec.get("sink") else None,
+                 sink=sink_logits(heads_q) if spec.get("sink") else None,
                  alibi_slopes=alibi_slopes(heads_q, batch) if spec.get("alibi") else None)
     if spec.get("bias"):
         feats["attn_bias"] = torch.randn(1, heads_q, seqlen_q, seqlen_k, device="cuda", dtype=torch.bfloat16)
@@ -258,7 +258,7 @@ def test_alibi_by_mma_matches_reference(variant, head_dim, case, monkeypatch):
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, "cuda", requires_grad=False)
     slopes = alibi_slopes(heads_q, batch if spec.get("per_batch") else None) * spec.get("slope_factor", 1.0)
     feats = dict(alibi_slopes=slopes, window_size=spec.get("window_size", (-1, -1)),
-                 sink=torch.randn(heads_q, device="cuda") if spec.get("sink") else None)
+                 sink=sink_logits(heads_q) if spec.get("sink") else None)
     assert gluon_variants.VARIANTS[variant][head_dim].alibi_mma
     compiled = record_constexpr(monkeypatch, gluon_launch, "gluon_launch_args", "ALIBI_MMA")
     # three consumers (d64-3wg) take ALiBi through the wgmma, but not dropout (takes_config: the default's tiles)

@@ -91,7 +91,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         m_layout: gl.constexpr = m_i.type.layout
         shift = _alibi_row_shift(key_lo + j * BLOCK_N, row0, causal_offset, alibi_log2, m_layout, ALIBI_SIDE)
         m_new = _new_max(m_i, _row_max(s, TREE_MAX) + shift, LAZY_RESCALE)  # [WG_M], finite without a bias
-        if HAS_BIAS and not HAS_SINK:
+        if HAS_BIAS:
             m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_sub = m_new
@@ -108,7 +108,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                             MASKED, CAP_SCALED=False)  # [WG_M, BLOCK_N], tanh(score / softcap) or -inf
         m_new = _new_max(m_i, _row_max(s, TREE_MAX) * softcap_log2, LAZY_RESCALE)  # [WG_M]
-        if IS_LOCAL and MASKED and not HAS_SINK:
+        if IS_LOCAL and MASKED:
             m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_sub = m_new
@@ -119,8 +119,9 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
                             alibi_log2, window_left, window_right, BLOCK_N, IS_CAUSAL, IS_LOCAL, SOFTCAP, HAS_ALIBI,
                             MASKED, bias=bias, HAS_BIAS=HAS_BIAS)
         m_new = _new_max(m_i, _row_max(s, TREE_MAX), LAZY_RESCALE)  # [WG_M]
-        if (IS_LOCAL and MASKED or HAS_BIAS) and not HAS_SINK:
-            # A window can leave a row without a visible key so far: m stays -inf; subtract 0 so exp2 gives 0.
+        if IS_LOCAL and MASKED or HAS_BIAS:
+            # A window can leave a row without a visible key so far: m stays -inf (also with a sink of -inf, one
+            # head's sink turned off); subtract 0 so exp2 gives 0.
             m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_sub = m_new
@@ -133,10 +134,7 @@ def _kv_step(j, o_acc, m_i, l_i, p, q_view, k_bufs, v_bufs, k_ready, k_empty, v_
         if MASKED:
             s = _mask_scores(s, j, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
         m_new = _new_max(m_i, _row_max(s, TREE_MAX) * LOG2E, LAZY_RESCALE)  # [WG_M], log2 units
-        if HAS_SINK:
-            m_sub = m_new
-        else:
-            m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)  # -inf: no key seen yet (and no sink, or one of -inf)
         alpha = gl.exp2(m_i - m_sub)  # [WG_M]
         p_f32 = gl.exp2(s * LOG2E - m_sub[:, None])  # [WG_M, BLOCK_N]
     elif BLOCK_SPARSE and MASKED:
@@ -265,29 +263,26 @@ def _consumer_partition(q_smem, k_bufs, v_bufs, q_bar, k_ready, k_empty, v_ready
         if HAS_SINK:
             # The sink is one more logit of every row: the running max and denominator start from it.
             m_i = gl.maximum(m_i, sink_log2)
-            p_f32 = gl.exp2(s - m_i[:, None])  # [WG_M, BLOCK_N]
-            l_i = gl.sum(p_f32, axis=1) + gl.exp2(sink_log2 - m_i)  # [WG_M]
-        else:
-            if IS_LOCAL or HAS_BIAS:
-                # A window (or a -inf bias) can hide this whole block from a row: m = -inf; subtract 0 so exp2
-                # gives 0, not NaN.
-                p_f32 = gl.exp2(s - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])  # [WG_M, BLOCK_N]
-            else:
-                p_f32 = gl.exp2(s - m_i[:, None])  # [WG_M, BLOCK_N]
-            l_i = gl.sum(p_f32, axis=1)  # [WG_M]
+        m_sub = m_i
+        if IS_LOCAL or HAS_BIAS:
+            # A window (or a -inf bias) can hide this whole block from a row, and a sink may be -inf (one head's sink
+            # turned off): m = -inf; subtract 0 so exp2 gives 0, not NaN.
+            m_sub = gl.where(m_i == float("-inf"), 0.0, m_i)
+        p_f32 = gl.exp2(s - m_sub[:, None])  # [WG_M, BLOCK_N]
+        l_i = gl.sum(p_f32, axis=1)  # [WG_M]
+        if HAS_SINK:
+            l_i = l_i + gl.exp2(sink_log2 - m_sub)
     elif HAS_BIAS:
         # As _kv_step's bias-alone branch: natural-log scores, the factor log2(e) folded into the exp2 argument.
         s = _mask_scores(s * sm_scale + _to_f32_16bit(bias), 0, row0, seqlen_k, causal_offset, BLOCK_N, IS_CAUSAL)
         m_i = gl.max(s, axis=1) * LOG2E  # [WG_M]; -inf where the bias hides every key of the block
         if HAS_SINK:
             m_i = gl.maximum(m_i, sink_log2)
-            m_sub = m_i
-        else:
-            m_sub = gl.where(m_i == float("-inf"), 0.0, m_i)
+        m_sub = gl.where(m_i == float("-inf"), 0.0, m_i)  # still -inf with a sink of -inf
         p_f32 = gl.exp2(s * LOG2E - m_sub[:, None])  # [WG_M, BLOCK_N]
         l_i = gl.sum(p_f32, axis=1)  # [WG_M]
         if HAS_SINK:
-            l_i = l_i + gl.exp2(sink_log2 - m_i)
+            l_i = l_i + gl.exp2(sink_log2 - m_sub)
     elif BLOCK_SPARSE:
         # Masked even when it is a full block: skipping the mask_mod there behind a run-time branch made ptxas spill
         # at D128 (window mask 0 -> 88 B).
