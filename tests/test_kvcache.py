@@ -203,11 +203,41 @@ def test_paged_cache(backend, page_size, causal):
     assert torch.equal(gathered, k_dense)  # the appended tokens landed in the right pages and slots
 
 
+@pytest.mark.parametrize("int_length", [False, True], ids=["tensor-lengths", "int-length"])
+def test_block_table_padded_past_the_pages_in_use(backend, int_length):
+    """As flash-attn, a block table's entries past the pages a row's keys lie in are never read: a table padded there
+    with -1 (or any value) gives what the unpadded table gives, appends included; an entry out of range in a page in
+    use is refused, and the caches are left untouched. The int length takes the common decode step's path."""
+    _, device = backend
+    page_size = 16
+    q, k_dense, v_dense, k_new, v_new = cache_inputs(device, capacity=8 * page_size, seqlen_q=4, new=4)
+    k_pages, v_pages, table = shuffled_pages(k_dense, v_dense, page_size)
+    lengths = [20] * 3 if int_length else [0, page_size + 3, 50]  # cache tokens before the append of 4
+    cache_seqlens = 20 if int_length else torch.tensor(lengths, dtype=torch.int32, device=device)
+    padded = table.clone()
+    for row, (n, pad) in enumerate(zip(lengths, (-1, -(2 ** 31), 1000))):
+        padded[row, -(-(n + 4) // page_size):] = pad  # the pages past those the appended keys reach
+    caches = [(k_pages.clone(), v_pages.clone()) for _ in range(2)]
+    want = flashtile.flash_attn_with_kvcache(q, *caches[0], k_new, v_new, cache_seqlens=cache_seqlens,
+                                             block_table=table, causal=True)
+    got = flashtile.flash_attn_with_kvcache(q, *caches[1], k_new, v_new, cache_seqlens=cache_seqlens,
+                                            block_table=padded, causal=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert all(torch.equal(a, b) for a, b in zip(caches[0], caches[1]))
+    padded[1, 1] = -1  # row 1 reads its second page
+    before = [t.clone() for t in caches[1]]
+    with pytest.raises(ValueError, match=r"block_table entries must index the cache's 24 pages, got values in "
+                                         r"\[-1, \d+\] \(in the pages the keys lie in\)"):
+        flashtile.flash_attn_with_kvcache(q, *caches[1], k_new, v_new, cache_seqlens=cache_seqlens,
+                                          block_table=padded, causal=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, caches[1]))
+
+
 def test_bad_block_table():
     q, _, _, _, _ = cache_inputs("cpu")
     pages = torch.zeros(6, 16, 2, 32)
     with pytest.raises(ValueError, match=r"block_table entries must index the cache's 6 pages, got values in \[0, 6\]"):
-        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=0,
+        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=20,  # two pages per row: [4, 6] read
                                           block_table=torch.tensor([[0, 1], [2, 3], [4, 6]], dtype=torch.int32))
     with pytest.raises(TypeError, match="block_table must be an int32 tensor"):
         flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=0, block_table=torch.zeros(3, 2))
@@ -218,29 +248,38 @@ def test_bad_block_table():
 
 def test_block_table_bounds_read_once_per_version(monkeypatch):
     """A block table's bounds are read to the host (one sync) once per table while it is unchanged (the layers of a
-    decode step share one); an in-place change through torch, or a cache with fewer pages, is checked again."""
+    decode step share one); an in-place change through torch, a cache with fewer pages, or rows that come to use more
+    pages are checked again. Cache lengths of 20 use both pages of each row (page size 16)."""
     q, _, _, _, _ = cache_inputs("cpu")
     pages = torch.zeros(6, 16, 2, 32)
     table = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
     reads = count_read_backs(monkeypatch, "_TABLE_MAX", lambda tensor, value: value[1])  # the tables that passed
     for _ in range(3):
-        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=5, block_table=table)
+        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=20, block_table=table)
     assert reads == [5]
     table[2, 1] = 6  # through torch: the version moves
     with pytest.raises(ValueError, match=r"must index the cache's 6 pages, got values in \[0, 6\]"):
-        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=5, block_table=table)
+        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=20, block_table=table)
     table[2, 1] = 1
-    flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=5, block_table=table)
+    flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=20, block_table=table)
     assert reads == [5, 4]
     with pytest.raises(ValueError, match=r"must index the cache's 4 pages, got values in \[0, 4\]"):
-        flashtile.flash_attn_with_kvcache(q, pages[:4], pages[:4], cache_seqlens=5, block_table=table)
+        flashtile.flash_attn_with_kvcache(q, pages[:4], pages[:4], cache_seqlens=20, block_table=table)
     # The same memory seen with another shape (a view swapped in through .data: no version change) is read again.
     wide = torch.tensor([[0, 1, 6], [2, 3, 6], [4, 1, 6]], dtype=torch.int32)
     table = wide[:, :2]
-    flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=5, block_table=table)
+    flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=20, block_table=table)
     table.data = wide
     with pytest.raises(ValueError, match=r"must index the cache's 6 pages, got values in \[0, 6\]"):
-        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=5, block_table=table)
+        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=40, block_table=table)
+    # Entries past the pages in use are not read: a table passes, then is read again once the rows reach them.
+    table = torch.tensor([[0, 6], [2, 6], [4, 6]], dtype=torch.int32)
+    reads.clear()
+    flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=16, block_table=table)
+    flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=10, block_table=table)
+    assert reads == [4]
+    with pytest.raises(ValueError, match=r"must index the cache's 6 pages, got values in \[0, 6\]"):
+        flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=17, block_table=table)
 
 
 def test_leftpad_and_batch_index_read_once_per_version(monkeypatch):

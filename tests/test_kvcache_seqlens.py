@@ -105,9 +105,9 @@ def test_launches_per_decode_step(monkeypatch, paged, num_splits):
     """With an int cache_seqlens nothing but the kernels runs: no torch.full, no `used + new`. Per call:
     int without append: the attention's 1 (or with splits 2) kernels; int or tensor with an append: one more
     (the rotary-append kernel). Before: int + 1 (the fill), int with append + 2 (fill, add), tensor with
-    append + 1 (the add). A block table's range check reads it back once (its ops; checks._TABLE_MAX keeps the
-    result while the table is unchanged, so the calls after the first check add nothing) and again after an
-    in-place change; a length tensor is read back for the append's capacity check (on a GPU a device-to-host copy,
+    append + 1 (the add). A block table's range check reads the entries in use back once (its ops; checks._TABLE_MAX
+    keeps the result while the table is unchanged and the rows stay in the pages checked, here the first of each row,
+    so the calls after the first check add nothing) and again after an in-place change; a length tensor is read back for the append's capacity check (on a GPU a device-to-host copy,
     skipped under CUDA-graph capture)."""
     q, k_cache, v_cache, table, k, v, _, _ = _inputs(DEVICE, paged)
     attention = ["_attn_fwd_splitkv"] + (["_attn_combine"] if num_splits > 1 else [])
@@ -118,7 +118,7 @@ def test_launches_per_decode_step(monkeypatch, paged, num_splits):
     table_check = _DeviceWork(monkeypatch)
     if table is not None:
         with table_check:
-            checks.block_table(table, q.shape[0], k_cache.shape[0], k_cache.device)
+            checks.block_table_pages(table, k_cache.shape[0], k_cache.shape[1], 10)  # the last call's keys
         assert table_check.work  # the check reads the table (so its absence below means it was not read again)
     length_check = _DeviceWork(monkeypatch)  # a length tensor is read back too (the append's capacity check)
     with length_check:

@@ -354,6 +354,27 @@ def test_varlen_paged_without_queries(backend):
     assert out.shape == q.shape and lse.shape == (4, 0)
 
 
+def test_varlen_paged_table_padded_past_the_pages_in_use(backend):
+    """As flash-attn, entries of block_table past the pages a sequence's keys lie in are never read: padded there with
+    -1 (or any value), the result is the unpadded table's; an entry out of range in a page in use is refused."""
+    _, device = backend
+    page_size = 7
+    q, k, v = (x.detach() for x in packed(SEQLENS_Q, SEQLENS_K, 4, 2, 32, torch.float32, device))
+    cu_q, cu_k = cu(SEQLENS_Q, device), cu(SEQLENS_K, device)
+    (k_pages, table), (v_pages, _) = paginate(k, SEQLENS_K, page_size), paginate(v, SEQLENS_K, page_size)
+    padded = table.clone()
+    for row, n in enumerate(SEQLENS_K):
+        padded[row, -(-n // page_size):] = (-1, -(2 ** 31), 10 ** 6)[row % 3]
+    args = (cu_q, cu_k, max(SEQLENS_Q), max(SEQLENS_K))
+    want = flashtile.flash_attn_varlen_func(q, k_pages, v_pages, *args, block_table=table, causal=True)
+    got = flashtile.flash_attn_varlen_func(q, k_pages, v_pages, *args, block_table=padded, causal=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    row = max(range(len(SEQLENS_K)), key=SEQLENS_K.__getitem__)
+    padded[row, 0] = -1
+    with pytest.raises(ValueError, match=r"block_table entries must index the cache's \d+ pages, got values in \[-1,"):
+        flashtile.flash_attn_varlen_func(q, k_pages, v_pages, *args, block_table=padded, causal=True)
+
+
 def test_varlen_paged_bad_input():
     q, k, v, cu_q, cu_k = _args()
     pages = torch.zeros(4, 4, 2, 16)
@@ -366,8 +387,8 @@ def test_varlen_paged_bad_input():
                                          block_table=table)
     with pytest.raises(ValueError, match=r"block_table must have 2 rows \(one per sequence of cu_seqlens\), got 1"):
         flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, block_table=table[:1])
-    with pytest.raises(ValueError, match=r"block_table entries must index the cache's 4 pages"):
-        flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, block_table=table + 1)
+    with pytest.raises(ValueError, match=r"block_table entries must index the cache's 4 pages"):  # row 1's page 4
+        flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, block_table=table + 2)
     with pytest.raises(ValueError, match=r"k must have 4 dimensions"):
         flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 4, block_table=table)
     with pytest.raises(NotImplementedError, match=r"dropout_p=0.1: dropout is not supported with block_table"):

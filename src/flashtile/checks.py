@@ -193,9 +193,9 @@ def capturing(t):
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def block_table(table, batch, num_pages, device):
-    """int32 (batch, max_pages) page indices into a paged cache of num_pages pages (batch None: any rows). Returns the
-    table as the kernels read it (unit_stride)."""
+def block_table(table, batch, device):
+    """The shape, dtype and device of an int32 (batch, max_pages) page table (batch None: any rows). Returns the table
+    as the kernels read it (unit_stride). Its entries: block_table_pages, once the keys each row reads are known."""
     if not isinstance(table, torch.Tensor) or table.dtype != torch.int32 or table.dim() != 2:
         raise TypeError(f"block_table must be an int32 tensor of shape ({batch or 'batch'}, max_pages), got "
                         f"{getattr(table, 'dtype', type(table).__name__)} {tuple(getattr(table, 'shape', ()))}")
@@ -203,25 +203,39 @@ def block_table(table, batch, num_pages, device):
         raise ValueError(f"block_table must have {batch} rows (the batch), got {table.shape[0]}")
     if table.device != device:
         raise ValueError(f"block_table is on {table.device} but the cache is on {device}")
-    if table.numel() and not capturing(table) and not torch.compiler.is_compiling():
-        _check_pages(table, num_pages)
     return unit_stride(table)
 
 
-def _check_pages(table, num_pages):
-    """Every entry of table indexes one of num_pages pages. The bounds take one device sync; a table that passed and
-    has not changed since (_read_back_key) is not read again, so the layers of a decode step that share one table pay
-    one sync per step (session 36: an eager B8 paged step 0.19 ms, contiguous 0.07 ms)."""
+def block_table_pages(table, num_pages, page_size, keys):
+    """The entries of table that the call reads index one of num_pages pages: row b's first ceil(keys[b] / page_size)
+    (keys: one count per row, or an int for every row; at most the table's capacity). As flash-attn, the entries past
+    them are never read, so a table padded there (with -1, say) is fine. Skipped while capturing / tracing."""
+    if not table.numel() or capturing(table) or torch.compiler.is_compiling():
+        return
+    counts = [keys] * table.shape[0] if isinstance(keys, int) else keys
+    _check_pages(table, num_pages, tuple(-(-n // page_size) for n in counts))
+
+
+def _check_pages(table, num_pages, pages):
+    """The first pages[b] entries of row b index one of num_pages pages. The bounds take one device sync; a table that
+    passed and has not changed since (_read_back_key) is not read again while its rows use no more pages, so the
+    layers of a decode step that share one table pay one sync per step (session 36: an eager B8 paged step 0.19 ms,
+    contiguous 0.07 ms)."""
     key = _read_back_key(table)
     hit = _TABLE_MAX.get(table) if key is not None else None
-    if hit is not None and hit[0] == key and hit[1] < num_pages:
+    if (hit is not None and hit[0] == key and hit[1] < num_pages
+            and all(now <= then for now, then in zip(pages, hit[2]))):
         return
-    low, high = torch.stack(torch.aminmax(table)).tolist()  # one device sync for both bounds
+    entries = table
+    if min(pages) < table.shape[1]:  # 0 stands in for the entries no key reads (a valid page of any cache)
+        in_use = torch.arange(table.shape[1], device=table.device) < torch.tensor(pages, device=table.device)[:, None]
+        entries = table.where(in_use, 0)
+    low, high = torch.stack(torch.aminmax(entries)).tolist()  # one device sync for both bounds
     if low < 0 or high >= num_pages:
         raise ValueError(f"block_table entries must index the cache's {num_pages} pages, got values in "
-                         f"[{low}, {high}]")
+                         f"[{low}, {high}] (in the pages the keys lie in)")
     if key is not None:
-        _TABLE_MAX[table] = (key, high)
+        _TABLE_MAX[table] = (key, high, pages)
 
 
 def _finite(x):

@@ -375,9 +375,10 @@ def kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, 
     counts = seqused_k.tolist() if seqused_k is not None else [0] * q.shape[0]
     for b, used in enumerate(n + seqused_add for n in counts):
         slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
-        if block_table is not None:  # pages of row b, concatenated
-            keys = k_cache[block_table[b].long()].flatten(0, 1)[None, starts[b]:used]
-            values = v_cache[block_table[b].long()].flatten(0, 1)[None, starts[b]:used]
+        if block_table is not None:  # the pages row b's keys lie in, concatenated (entries past them: never read)
+            pages = block_table[b, :-(-used // k_cache.shape[1])].long()
+            keys = k_cache[pages].flatten(0, 1)[None, starts[b]:used]
+            values = v_cache[pages].flatten(0, 1)[None, starts[b]:used]
         else:
             keys, values = k_cache[b:b + 1, starts[b]:used], v_cache[b:b + 1, starts[b]:used]
         out[b:b + 1], lse[b:b + 1] = forward(q[b:b + 1], keys, values, softmax_scale, window_left, window_right,
@@ -386,8 +387,11 @@ def kvcache_forward(q, k_cache, v_cache, seqused_k, block_table, softmax_scale, 
 
 
 def _gather_pages(pages, block_table, lengths):
-    """Packed (sum(lengths), H, D) keys or values: sequence b's first lengths[b] tokens from its pages."""
-    return torch.cat([pages[block_table[b].long()].flatten(0, 1)[:n] for b, n in enumerate(lengths)])
+    """Packed (sum(lengths), H, D) keys or values: sequence b's first lengths[b] tokens from the pages they lie in
+    (block_table's entries past those are never read)."""
+    page_size = pages.shape[1]
+    return torch.cat([pages[block_table[b, :-(-n // page_size)].long()].flatten(0, 1)[:n]
+                      for b, n in enumerate(lengths)])
 
 
 @_no_autocast

@@ -85,13 +85,16 @@ def _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     checks.check_tensor("q", q, 3, "(total_tokens, heads, headdim)", no_tokens_ok=True)
     # (q[None] as a batch of one; without tokens, one token stands in: check_qkv refuses empty tensors)
     checks.check_qkv(q[None] if q.shape[0] else q.new_empty(1, 1, *q.shape[1:]), k, v, same_batch=False)
-    block_table = checks.block_table(block_table, None, k.shape[0], k.device)
+    block_table = checks.block_table(block_table, None, k.device)
     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = checks.check_cu_seqlens(
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k, key_capacity=block_table.shape[1] * k.shape[1])
     batch = cu_seqlens_q.numel() - 1
     if block_table.shape[0] != batch:
         raise ValueError(f"block_table must have {batch} rows (one per sequence of cu_seqlens), got "
                          f"{block_table.shape[0]}")
+    if not torch.compiler.is_compiling() and not checks.capturing(cu_seqlens_k):  # (read back by check_cu_seqlens)
+        offsets = checks.read_back(cu_seqlens_k)
+        checks.block_table_pages(block_table, k.shape[0], k.shape[1], [b - a for a, b in zip(offsets, offsets[1:])])
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sink)):
         raise NotImplementedError("flash_attn_varlen_func with block_table (paged KV) is inference only: no "
                                   "backward; call it under torch.no_grad() or with tensors (q, k, v, sink) that do "
@@ -188,7 +191,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     a sequence is the one a dense batch padded to (max_seqlen_q, max_seqlen_k) would draw.
     block_table (int32 (batch, max_pages)): k and v are a paged cache (num_pages, page_size, nheads_k,
     headdim) of any page size, sequence b's keys are its first cu_seqlens_k[b + 1] - cu_seqlens_k[b] tokens in
-    the pages block_table[b] lists (token t in page block_table[b, t // page_size], slot t % page_size).
+    the pages block_table[b] lists (token t in page block_table[b, t // page_size], slot t % page_size); entries
+    past those pages are never read (a table padded there with -1 is fine, as in flash-attn).
     Inference only: with a block_table, q, k, v and sink must not require grad, and dropout and attn_bias are not
     supported.
     """

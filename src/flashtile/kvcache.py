@@ -70,9 +70,9 @@ def _plain_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_s
     """(out, lse) of the common decode step (host time: it skips the checks and normalization below, which would
     accept it and normalize it to these arguments): a contiguous or paged (block_table) cache whose q / k_cache /
     v_cache passed checks.plain_qkv_ok, an int cache length, an optional append of k, v (no rotary), no other
-    feature. A block table gets the full path's check (checks.block_table: its errors). None where the call needs the
-    full path (k, v that plain_qkv_ok does not take with q or that do not match the cache, or a length outside the
-    cache: the full path raises the error)."""
+    feature. A block table gets the full path's checks (checks.block_table, block_table_pages: their errors). None
+    where the call needs the full path (k, v that plain_qkv_ok does not take with q or that do not match the cache, or
+    a length outside the cache: the full path raises the error)."""
     new_tokens = 0
     if k is not None or v is not None:
         if (k is None or v is None or not checks.plain_qkv_ok(q, k, v) or k.shape[2:] != k_cache.shape[2:]
@@ -81,10 +81,12 @@ def _plain_step(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_s
         new_tokens = k.shape[1]
     capacity = k_cache.shape[1]
     if block_table is not None:
-        block_table = checks.block_table(block_table, q.shape[0], k_cache.shape[0], k_cache.device)
+        block_table = checks.block_table(block_table, q.shape[0], k_cache.device)
         capacity *= block_table.shape[1]
     if not 0 <= cache_seqlens <= capacity - new_tokens:
         return None
+    if block_table is not None:
+        checks.block_table_pages(block_table, k_cache.shape[0], k_cache.shape[1], cache_seqlens + new_tokens)
     scale = checks.softmax_scale_or_default(softmax_scale, q.shape[3])
     if new_tokens:
         ops.call(ops.kvcache_append, q, k_cache, v_cache, k, v, None, None, None, block_table, interleaved, causal,
@@ -112,7 +114,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     pairing (see cpu.apply_rotary). On the GPU one kernel rotates q and the new k and appends k and v
     (flashtile::kvcache_append); the attention is a second launch.
     block_table (int32 (B, max_pages)): a paged cache k_cache/v_cache (num_pages, page_size, Hk, D), any
-    page size; row b's token t lives in page block_table[b, t // page_size] at slot t % page_size.
+    page size; row b's token t lives in page block_table[b, t // page_size] at slot t % page_size. Entries past the
+    pages of the row's keys are never read (a table padded there with -1 is fine, as in flash-attn).
     num_splits: for few queries per KV head (group_size * Sq <= 128, decoding) a split-KV kernel packs the
     query heads of each KV head into one tile and splits the key range over num_splits programs whose
     partial results a second kernel combines; 0 picks the count from the batch, heads and cache length
@@ -149,7 +152,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError(f"cache_batch_idx entries must index the cache's {k_cache.shape[0]} rows, got "
                              f"{indices}")
     if block_table is not None:
-        block_table = checks.block_table(block_table, batch, k_cache.shape[0], k_cache.device)
+        block_table = checks.block_table(block_table, batch, k_cache.device)
         capacity = block_table.shape[1] * k_cache.shape[1]
     if cache_seqlens is None:
         cache_seqlens = capacity
@@ -176,6 +179,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if max(lengths) > capacity:  # the cache must not be written or read past its end
         raise ValueError(f"cache_seqlens + new tokens must lie in [0, {capacity}] (the cache's capacity), got "
                          f"{lengths}")
+    if block_table is not None:  # (skipped while capturing / tracing, as used_list)
+        checks.block_table_pages(block_table, k_cache.shape[0], k_cache.shape[1], lengths)
     if cache_leftpad is not None:
         pads = _row_tensor("cache_leftpad", cache_leftpad, batch, k_cache.device)
         if pads is not None and any(not 0 <= pad <= n for pad, n in zip(pads, used_list)):
