@@ -107,8 +107,8 @@ def test_launches_per_decode_step(monkeypatch, paged, num_splits):
     (the rotary-append kernel). Before: int + 1 (the fill), int with append + 2 (fill, add), tensor with
     append + 1 (the add). A block table's range check reads the entries in use back once (its ops; checks._TABLE_MAX
     keeps the result while the table is unchanged and the rows stay in the pages checked, here the first of each row,
-    so the calls after the first check add nothing) and again after an in-place change; a length tensor is read back for the append's capacity check (on a GPU a device-to-host copy,
-    skipped under CUDA-graph capture)."""
+    so the calls after the first check add nothing) and again after an in-place change; a length tensor is read back
+    for the append's capacity check (on a GPU a device-to-host copy, skipped under CUDA-graph capture)."""
     q, k_cache, v_cache, table, k, v, _, _ = _inputs(DEVICE, paged)
     attention = ["_attn_fwd_splitkv"] + (["_attn_combine"] if num_splits > 1 else [])
     fills = []

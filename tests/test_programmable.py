@@ -376,6 +376,46 @@ def table_bias(score, b, h, q_idx, kv_idx, table):
     return score + tl.load(table + h * 16 + kv_idx)
 
 
+def _returns_none(score, b, h, q_idx, kv_idx):
+    return None
+
+
+def _returns_a_tuple(score, b, h, q_idx, kv_idx):
+    return score, score
+
+
+def _returns_nothing(score, b, h, q_idx, kv_idx):
+    score = score * 2
+
+
+def _mask_returns_bare(b, h, q_idx, kv_idx):
+    if q_idx > 0:
+        return q_idx >= kv_idx
+    return
+
+
+def _nested_bare_return_is_fine(score, b, h, q_idx, kv_idx):
+    def unused():
+        return
+    return score
+
+
+@pytest.mark.parametrize("mods,match", [
+    (dict(score_mod=_returns_none), "score_mod _returns_none returns None"),
+    (dict(score_mod=_returns_a_tuple), "score_mod _returns_a_tuple returns a tuple of 2"),
+    (dict(score_mod=_returns_nothing), "score_mod _returns_nothing has no return statement: it must return the new "
+                                       "score"),
+    (dict(mask_mod=_mask_returns_bare), "mask_mod _mask_returns_bare returns None"),
+], ids=["none", "tuple", "no-return", "mask-bare-return"])
+def test_mods_must_return_one_value(mods, match):
+    """A mod that returns None, a tuple or nothing gets a TypeError that says so (before: the Triton compiler's or the
+    PyTorch form's unrelated error). Read from its source; a nested function's bare return is its own."""
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(TypeError, match=match):
+        flashtile.attention(q, q, q, **mods)
+    assert Mod(_nested_bare_return_is_fine, base=("score", "b", "h", "q_idx", "kv_idx"), name="score_mod")
+
+
 def test_score_mod_aux_that_requires_grad_is_refused():
     """No gradient flows into aux tensors: one that requires grad (a learned table) is refused while grad mode is
     on, instead of leaving its .grad None (or the output off the graph when only it required grad)."""

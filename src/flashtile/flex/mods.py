@@ -8,6 +8,7 @@ torch namespace (`_TorchLanguage`) and each aux tensor by a `_Ptr`, so `tl.load(
 `table.flatten()[i]`. Generated functions (adapters, and_masks/or_masks) are compiled from source kept in
 linecache, where both inspect.getsource (the Triton compiler) and tracebacks find it.
 """
+import ast
 import inspect
 import itertools
 import linecache
@@ -32,6 +33,7 @@ _TRITON = {}
 _TORCH = {}
 _ADAPTERS = {}
 _COMBINED = {}
+_RETURNS_CHECKED = set()
 
 
 def is_jitted(fn):
@@ -157,6 +159,40 @@ def torch_form(fn):
     return _TORCH[py]
 
 
+def _check_returns(py, name):
+    """py returns one value on every `return` (a score, or a mask's boolean): none that is bare, None or a tuple, and
+    at least one. Without this check such a mod fails deep in the Triton compiler or the PyTorch form with an
+    unrelated error. Read from the source once per function; a function without source (generated) is not read."""
+    if py in _RETURNS_CHECKED:
+        return
+    try:
+        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(py)))
+    except (OSError, TypeError, SyntaxError):
+        tree = None
+    if tree is not None and isinstance(tree.body[0], ast.FunctionDef):
+        returns = [node.value for node in _own_nodes(tree.body[0]) if isinstance(node, ast.Return)]
+        if not returns:
+            raise TypeError(f"{name} {py.__name__} has no return statement: it must return "
+                            f"{'the new score' if name.startswith('score') else 'whether the key is visible'}")
+        for value in returns:
+            if value is None or (isinstance(value, ast.Constant) and value.value is None):
+                raise TypeError(f"{name} {py.__name__} returns None: it must return one value per score")
+            if isinstance(value, ast.Tuple):
+                raise TypeError(f"{name} {py.__name__} returns a tuple of {len(value.elts)}: it must return one "
+                                "value per score")
+    _RETURNS_CHECKED.add(py)
+
+
+def _own_nodes(func):
+    """The AST nodes of func's body, not of the functions defined inside it."""
+    nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+    todo = [node for node in func.body if not isinstance(node, nested)]
+    while todo:
+        node = todo.pop()
+        yield node
+        todo.extend(child for child in ast.iter_child_nodes(node) if not isinstance(child, nested))
+
+
 def _positional_count(py):
     params = inspect.signature(py).parameters.values()
     if any(p.kind == p.VAR_POSITIONAL for p in params):
@@ -183,6 +219,7 @@ class Mod:
             raise TypeError(f"{name} must be a Python function (def) or a @triton.jit function, got {py!r}")
         if py.__name__ == "<lambda>":
             raise TypeError(f"{name} must be defined with def, not lambda: Triton compiles it from its source")
+        _check_returns(py, name)
         count = _positional_count(py)
         want = len(base) + len(aux)
         if count is not None and count != want:
