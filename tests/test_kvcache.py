@@ -241,6 +241,10 @@ def test_bad_block_table():
                                           block_table=torch.tensor([[0, 1], [2, 3], [4, 6]], dtype=torch.int32))
     with pytest.raises(TypeError, match="block_table must be an int32 tensor"):
         flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=0, block_table=torch.zeros(3, 2))
+    with pytest.raises(ValueError, match=r"k_cache must have 4 dimensions \(num_pages, page_size, heads, headdim\) "
+                                         r"with block_table, got shape \(96, 2, 32\)"):
+        flashtile.flash_attn_with_kvcache(q, pages.flatten(0, 1), pages.flatten(0, 1), cache_seqlens=0,
+                                          block_table=torch.zeros(3, 2, dtype=torch.int32))
     with pytest.raises(ValueError, match="block_table must have 3 rows"):
         flashtile.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=0,
                                           block_table=torch.zeros(2, 2, dtype=torch.int32))

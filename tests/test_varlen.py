@@ -389,7 +389,8 @@ def test_varlen_paged_bad_input():
         flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, block_table=table[:1])
     with pytest.raises(ValueError, match=r"block_table entries must index the cache's 4 pages"):  # row 1's page 4
         flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, block_table=table + 2)
-    with pytest.raises(ValueError, match=r"k must have 4 dimensions"):
+    with pytest.raises(ValueError, match=r"k must have 4 dimensions \(num_pages, page_size, heads, headdim\) with "
+                                         r"block_table, got shape \(8, 2, 16\)"):
         flashtile.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 5, 4, block_table=table)
     with pytest.raises(NotImplementedError, match=r"dropout_p=0.1: dropout is not supported with block_table"):
         flashtile.flash_attn_varlen_func(q, pages, pages, cu_q, cu_k, 5, 4, dropout_p=0.1, block_table=table)

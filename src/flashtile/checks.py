@@ -70,14 +70,14 @@ def plain_qkv_ok(q, k, v, same_batch=True):
     return q.is_cpu and k.is_cpu and v.is_cpu
 
 
-def check_qkv(q, k, v, varlen=False, same_batch=True, names=("k", "v")):
+def check_qkv(q, k, v, varlen=False, same_batch=True, names=("k", "v"), kv_layout=None):
     """Validate q, k, v against each other: dense (B, S, H, D), or varlen (total, H, D) packed tokens.
     same_batch=False for a paged KV cache, whose first dim counts pages. names: k's and v's in the messages
-    (("k_cache", "v_cache") for a KV cache)."""
+    (("k_cache", "v_cache") for a KV cache); kv_layout: their layout in the messages where it is not q's (pages)."""
     rank, layout = (3, "(total_tokens, heads, headdim)") if varlen else (4, "(batch, seqlen, heads, headdim)")
     kn, vn = names
     for name, t in (("q", q), (kn, k), (vn, v)):
-        check_tensor(name, t, rank, layout, no_tokens_ok=varlen)
+        check_tensor(name, t, rank, layout if name == "q" else kv_layout or layout, no_tokens_ok=varlen)
     for name, t in ((kn, k), (vn, v)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; q, {kn} and {vn} must share one dtype")

@@ -84,7 +84,8 @@ def _paged_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     """flash_attn_varlen_func over a paged cache k, v (num_pages, page_size, Hk, D): forward only."""
     checks.check_tensor("q", q, 3, "(total_tokens, heads, headdim)", no_tokens_ok=True)
     # (q[None] as a batch of one; without tokens, one token stands in: check_qkv refuses empty tensors)
-    checks.check_qkv(q[None] if q.shape[0] else q.new_empty(1, 1, *q.shape[1:]), k, v, same_batch=False)
+    checks.check_qkv(q[None] if q.shape[0] else q.new_empty(1, 1, *q.shape[1:]), k, v, same_batch=False,
+                     kv_layout="(num_pages, page_size, heads, headdim) with block_table")
     block_table = checks.block_table(block_table, None, k.device)
     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = checks.check_cu_seqlens(
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k, key_capacity=block_table.shape[1] * k.shape[1])

@@ -144,7 +144,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError("cache_batch_idx cannot be combined with block_table (reorder the block table's rows "
                          "instead)")
     checks.check_qkv(q, k_cache, v_cache, same_batch=block_table is None and cache_batch_idx is None,
-                     names=("k_cache", "v_cache"))
+                     names=("k_cache", "v_cache"), kv_layout=None if block_table is None else
+                     "(num_pages, page_size, heads, headdim) with block_table")
     batch, capacity = q.shape[0], k_cache.shape[1]
     if cache_batch_idx is not None:
         indices = _row_tensor("cache_batch_idx", cache_batch_idx, batch, k_cache.device)
