@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 import flashtile
+from flashtile import flex
 from flashtile.flex import block_mask as block_mask_module
 from flashtile.flex import tanh
 from flashtile.flex.mods import Mod
@@ -165,6 +166,27 @@ def test_softcap_mod_dense_causal(backend):
     _, device = backend
     q, k, v = make_qkv(2, 60, 80, 2, 1, 32, torch.float32, device)
     check(q, k, v, torch.float32, score=softcap_mod, score_mod_grad=softcap_grad, causal=True, softmax_scale=0.7)
+
+
+def softcap_through_module(score, b, h, q_idx, kv_idx):
+    return 5.0 * flex.tanh(score / 5.0)
+
+
+def softcap_grad_through_module(score, b, h, q_idx, kv_idx):
+    t = flex.tanh(score / 5.0)
+    return 1.0 - t * t
+
+
+def test_helpers_reached_through_a_module(backend):
+    """A helper reached as a module attribute (flex.tanh) works in every form: the kernels, cpu.py and the reference
+    (before: the PyTorch form called the @triton.jit function and failed), and gives what the builtin softcap gives."""
+    _, device = backend
+    q, k, v = make_qkv(1, 40, 50, 2, 2, 32, torch.float32, device)
+    check(q, k, v, torch.float32, score=softcap_through_module, score_mod_grad=softcap_grad_through_module,
+          causal=True)
+    with torch.no_grad():
+        torch.testing.assert_close(flashtile.attention(q, k, v, score_mod=softcap_through_module, causal=True),
+                                   flashtile.flash_attn_func(q, k, v, softcap=5.0, causal=True), rtol=1e-5, atol=1e-5)
 
 
 def test_alibi_mod_matches_builtin(backend):

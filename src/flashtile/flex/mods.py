@@ -141,20 +141,39 @@ _TorchLanguage = types.SimpleNamespace(
 _TorchLanguage.math = _TorchLanguage
 
 
+def _torch_value(value):
+    """What a mod's PyTorch form sees for a global name (or a module attribute) that the Triton form sees as value."""
+    if value is tl or value is tl.math:
+        return _TorchLanguage
+    if is_jitted(value):
+        return torch_form(value)
+    if isinstance(value, tl.constexpr):
+        return value.value
+    if isinstance(value, types.ModuleType) and value is not torch:
+        return _TorchModule(value)
+    return value
+
+
+class _TorchModule:
+    """A module a mod reaches helpers through (`import flashtile.flex as F; F.tanh(x)`), seen by the PyTorch form:
+    its attributes as _torch_value gives them."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return _torch_value(getattr(self._module, name))
+
+
 def torch_form(fn):
     """fn as a PyTorch function of tensors: the same code with `tl` (and every @triton.jit function it
-    calls, recursively) replaced by PyTorch equivalents. Cached per function."""
+    calls, recursively, also through a module's attribute) replaced by PyTorch equivalents. Cached per function."""
     py = python_function(fn)
     if py not in _TORCH:
         glb = dict(py.__globals__)
         for name in py.__code__.co_names:
-            value = glb.get(name)
-            if value is tl:
-                glb[name] = _TorchLanguage
-            elif is_jitted(value):
-                glb[name] = torch_form(value)
-            elif isinstance(value, tl.constexpr):
-                glb[name] = value.value
+            if name in glb:
+                glb[name] = _torch_value(glb[name])
         _TORCH[py] = types.FunctionType(py.__code__, glb, py.__name__, py.__defaults__, py.__closure__)
     return _TORCH[py]
 
