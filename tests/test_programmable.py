@@ -438,6 +438,21 @@ def test_mods_must_return_one_value(mods, match):
     assert Mod(_nested_bare_return_is_fine, base=("score", "b", "h", "q_idx", "kv_idx"), name="score_mod")
 
 
+def _float_mask(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx).to(tl.float32)
+
+
+def test_mask_mod_must_return_booleans(monkeypatch):
+    """A mask_mod that returns numbers is refused by cpu.py and create_block_mask (before: read as nonzero = visible
+    there, while the kernels fail on it with Triton's type error)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # cpu.py
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(TypeError, match=r"mask_mod must return booleans .*, got torch.float32"):
+        flashtile.attention(q, q, q, mask_mod=_float_mask)
+    with pytest.raises(TypeError, match=r"mask_fn must return booleans .*, got torch.float32"):
+        flashtile.create_block_mask(_float_mask, 1, 2, 8, 8, block_size=(16, 16), device="cpu")
+
+
 def test_score_mod_aux_that_requires_grad_is_refused():
     """No gradient flows into aux tensors: one that requires grad (a learned table) is refused while grad mode is
     on, instead of leaving its .grad None (or the output off the graph when only it required grad)."""

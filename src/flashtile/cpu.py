@@ -53,6 +53,16 @@ class Mods:
         self.score, self.grad, self.mask = score, grad, mask
 
 
+def mask_values(result, name="mask_mod"):
+    """A mask_mod's result (its PyTorch form's) as a bool tensor. Anything but booleans is refused, as the kernels
+    refuse it (Triton's type error), rather than read as nonzero = visible here only."""
+    result = torch.as_tensor(result)
+    if result.dtype != torch.bool:
+        raise TypeError(f"{name} must return booleans (a comparison such as q_idx >= kv_idx; `x != 0` of a number), "
+                        f"got {result.dtype}")
+    return result
+
+
 class _Scores:
     """Scores of one (query block, key block) tile, in the kernels' fixed order: softcap, ALiBi, masks.
 
@@ -122,7 +132,7 @@ class _Scores:
             within = cols >= rows - self.left
             visible = within if visible is None else visible & within
         if mods is not None and mods.mask is not None:
-            allowed = torch.as_tensor(mods.mask(self.b, self.h, q_idx, cols), dtype=torch.bool)
+            allowed = mask_values(mods.mask(self.b, self.h, q_idx, cols))
             visible = allowed if visible is None else visible & allowed
         if visible is not None and not visible.all():
             s.masked_fill_(~visible, float("-inf"))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..cpu import mask_values
 from .mods import MASK_ARGS, Mod
 
 _CHUNK_ELEMENTS = 1 << 24  # mask elements evaluated at once by create_block_mask
@@ -142,7 +143,7 @@ def create_block_mask(mask_fn, B, H, Sq, Sk, block_size=(128, 128), device=None,
                 # Indices past the ends are clamped (masks may index tables with them) and then masked out.
                 visible = mod(b, h, q_pos.clamp(max=Sq - 1).view(1, 1, -1, 1),
                               k_pos.clamp(max=Sk - 1).view(1, 1, 1, -1))
-                visible = torch.as_tensor(visible, device=device).to(torch.bool)
+                visible = mask_values(visible, "mask_fn").to(device)
                 visible = visible & (q_pos < Sq).view(-1, 1) & (k_pos < Sk).view(1, -1)
                 tiles = visible.expand(B, H, len(q_pos), len(k_pos)).reshape(
                     B, H, len(q_pos) // rows, rows, len(k_pos) // cols, cols)
